@@ -1,0 +1,393 @@
+package segment
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/google/btree"
+)
+
+// Granule is the unit of allocation in bytes. Every offset and length the
+// allocator hands out or accepts is a multiple of it.
+const Granule = 4096
+
+// Range is a byte range [Off, Off+Len) inside one allocator's space.
+type Range struct {
+	Off uint64
+	Len uint64
+}
+
+// End returns the offset one past the last byte of r.
+func (r Range) End() uint64 { return r.Off + r.Len }
+
+func (r Range) String() string { return fmt.Sprintf("[%d+%d)", r.Off, r.Len) }
+
+// Range returns the range of e inside its segment.
+func (e Extent) Range() Range { return Range{Off: e.Off, Len: e.Len} }
+
+// Stats is a snapshot of an allocator's (or a table's) space.
+type Stats struct {
+	Size        uint64 // bytes managed
+	Used        uint64 // bytes allocated
+	Free        uint64 // bytes free; Used+Free == Size
+	LargestFree uint64 // length of the largest free range
+	FreeRanges  int    // number of free ranges after coalescing
+	// Fragmentation is 1 - LargestFree/Free: 0 when all free space is one
+	// range (or there is none), approaching 1 as it splinters.
+	Fragmentation float64
+}
+
+func fragmentation(largest, free uint64) float64 {
+	if free == 0 {
+		return 0
+	}
+	return 1 - float64(largest)/float64(free)
+}
+
+// btreeDegree suits small fixed-size items: nodes of up to 63 ranges fit in
+// a few cache lines' worth of pointers and keep the trees shallow.
+const btreeDegree = 32
+
+// Allocator hands out granule-aligned ranges of [0, Size). It knows nothing
+// about the memory it describes. It is safe for concurrent use; every method
+// takes a.mu for its whole duration and never calls out while holding it.
+//
+// Free space is kept twice: by offset, for coalescing on Free, and by
+// (length, offset), for best fit on Alloc. Both are O(log n) in the number of
+// free ranges.
+type Allocator struct {
+	size uint64 // immutable
+
+	mu struct {
+		sync.Mutex
+		byOff *btree.BTreeG[Range] // free ranges keyed by Off
+		byLen *btree.BTreeG[Range] // the same ranges keyed by (Len, Off)
+		free  uint64               // sum of the free ranges' lengths
+		used  uint64               // bytes handed out and not yet freed
+	}
+}
+
+func lessByOff(a, b Range) bool { return a.Off < b.Off }
+
+func lessByLen(a, b Range) bool {
+	if a.Len != b.Len {
+		return a.Len < b.Len
+	}
+	return a.Off < b.Off
+}
+
+// NewAllocator returns an allocator over [0, size) with everything free.
+// size is rounded down to a multiple of Granule.
+func NewAllocator(size uint64) *Allocator {
+	a := &Allocator{size: size &^ (Granule - 1)}
+	a.mu.byOff = btree.NewG(btreeDegree, lessByOff)
+	a.mu.byLen = btree.NewG(btreeDegree, lessByLen)
+	if a.size > 0 {
+		a.insertLocked(Range{Off: 0, Len: a.size})
+	}
+	a.mu.free = a.size
+	return a
+}
+
+// Size returns the number of bytes the allocator manages.
+func (a *Allocator) Size() uint64 { return a.size }
+
+// roundUp rounds n up to a multiple of Granule; ok is false on overflow.
+func roundUp(n uint64) (_ uint64, ok bool) {
+	if n > math.MaxUint64-(Granule-1) {
+		return 0, false
+	}
+	return (n + Granule - 1) &^ (Granule - 1), true
+}
+
+// Alloc allocates n bytes, rounded up to Granule, and returns the ranges in
+// the order the caller should lay its bytes out. n == 0 returns nil, nil.
+//
+// If one free range can hold n, Alloc returns a single range taken from the
+// start of the smallest such range (best fit; ties go to the lowest offset).
+// Otherwise it takes the largest free ranges whole, largest first, and the
+// start of one more for the remainder, so an allocation can use all free
+// space. If less than n is free it returns an error wrapping ErrNoSpace and
+// changes nothing.
+//
+// The caller owns the returned ranges until it passes them to Free.
+func (a *Allocator) Alloc(n uint64) ([]Range, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rn, ok := roundUp(n)
+	if !ok || rn > a.mu.free {
+		// max reports the rounded size, or n itself if rounding overflowed.
+		return nil, fmt.Errorf("segment: alloc %d B (free %d B): %w", max(n, rn), a.mu.free, ErrNoSpace)
+	}
+	rs := a.allocLocked(rn)
+	a.checkInvariantsLocked()
+	return rs, nil
+}
+
+// AllocContiguous allocates n bytes, rounded up to Granule, as one range,
+// best fit. n == 0 returns an empty Range and no error. If no free range is
+// large enough it returns an error wrapping ErrNoSpace and changes nothing.
+func (a *Allocator) AllocContiguous(n uint64) (Range, error) {
+	if n == 0 {
+		return Range{}, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	rn, ok := roundUp(n)
+	var r Range
+	if ok {
+		r, ok = a.bestFitLocked(rn)
+	}
+	if !ok {
+		largest, _ := a.mu.byLen.Max()
+		return Range{}, fmt.Errorf("segment: alloc contiguous %d B (largest free %d B): %w",
+			max(n, rn), largest.Len, ErrNoSpace)
+	}
+	a.takeLocked(r, rn)
+	a.checkInvariantsLocked()
+	return Range{Off: r.Off, Len: rn}, nil
+}
+
+// allocUpTo allocates min(n, free) bytes the way Alloc does and returns the
+// ranges, or nil if nothing is free. n must be a multiple of Granule.
+func (a *Allocator) allocUpTo(n uint64) []Range {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n = min(n, a.mu.free)
+	if n == 0 {
+		return nil
+	}
+	rs := a.allocLocked(n)
+	a.checkInvariantsLocked()
+	return rs
+}
+
+// bestFit returns the length of the free range AllocContiguous(n) would
+// take from, or false if there is none. n must be a multiple of Granule.
+func (a *Allocator) bestFit(n uint64) (uint64, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.bestFitLocked(n)
+	return r.Len, ok
+}
+
+// freeBytes returns the number of free bytes.
+func (a *Allocator) freeBytes() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mu.free
+}
+
+// allocLocked allocates n bytes; 0 < n <= a.mu.free and n is a multiple of
+// Granule.
+func (a *Allocator) allocLocked(n uint64) []Range {
+	if r, ok := a.bestFitLocked(n); ok {
+		a.takeLocked(r, n)
+		return []Range{{Off: r.Off, Len: n}}
+	}
+	// No range holds n, so every range taken here but the last is taken whole.
+	var out []Range
+	for n > 0 {
+		r, _ := a.mu.byLen.Max()
+		k := min(r.Len, n)
+		a.takeLocked(r, k)
+		out = append(out, Range{Off: r.Off, Len: k})
+		n -= k
+	}
+	return out
+}
+
+// bestFitLocked returns the smallest free range of at least n bytes, lowest
+// offset first among equals.
+func (a *Allocator) bestFitLocked(n uint64) (best Range, ok bool) {
+	a.mu.byLen.AscendGreaterOrEqual(Range{Len: n}, func(r Range) bool {
+		best, ok = r, true
+		return false
+	})
+	return best, ok
+}
+
+// takeLocked allocates the first k bytes of the free range r.
+func (a *Allocator) takeLocked(r Range, k uint64) {
+	a.deleteLocked(r)
+	if r.Len > k {
+		a.insertLocked(Range{Off: r.Off + k, Len: r.Len - k})
+	}
+	a.mu.free -= k
+	a.mu.used += k
+}
+
+func (a *Allocator) insertLocked(r Range) {
+	a.mu.byOff.ReplaceOrInsert(r)
+	a.mu.byLen.ReplaceOrInsert(r)
+}
+
+func (a *Allocator) deleteLocked(r Range) {
+	a.mu.byOff.Delete(r)
+	a.mu.byLen.Delete(r)
+}
+
+// Free returns r to the free space and merges it with free neighbours. r need
+// not be a whole range from Alloc: any allocated, granule-aligned part of
+// one may be freed, e.g. a tail being trimmed.
+//
+// A range that is empty, unaligned or out of bounds returns an error
+// wrapping ErrBadRange. A range that overlaps free space returns an error
+// wrapping ErrDoubleFree, or panics in builds with -tags invariants. Either
+// way nothing changes.
+func (a *Allocator) Free(r Range) error {
+	if r.Len == 0 || r.Off%Granule != 0 || r.Len%Granule != 0 ||
+		r.Len > a.size || r.Off > a.size-r.Len {
+		return fmt.Errorf("segment: free %v (size %d B): %w", r, a.size, ErrBadRange)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+
+	// prev is the last free range starting at or before r, next the first
+	// one starting after r. Free ranges do not overlap, so r overlaps free
+	// space exactly when it overlaps one of them.
+	var prev, next Range
+	var hasPrev, hasNext bool
+	a.mu.byOff.DescendLessOrEqual(Range{Off: r.Off}, func(f Range) bool {
+		prev, hasPrev = f, true
+		return false
+	})
+	a.mu.byOff.AscendGreaterOrEqual(Range{Off: r.Off + 1}, func(f Range) bool {
+		next, hasNext = f, true
+		return false
+	})
+	var overlap Range
+	switch {
+	case hasPrev && prev.End() > r.Off:
+		overlap = prev
+	case hasNext && next.Off < r.End():
+		overlap = next
+	}
+	if overlap.Len > 0 {
+		err := fmt.Errorf("segment: free %v (overlaps free %v): %w", r, overlap, ErrDoubleFree)
+		if invariants {
+			panic(err)
+		}
+		return err
+	}
+
+	merged := r
+	if hasPrev && prev.End() == r.Off {
+		a.deleteLocked(prev)
+		merged.Off, merged.Len = prev.Off, merged.Len+prev.Len
+	}
+	if hasNext && next.Off == r.End() {
+		a.deleteLocked(next)
+		merged.Len += next.Len
+	}
+	a.insertLocked(merged)
+	a.mu.free += r.Len
+	a.mu.used -= r.Len
+	a.checkInvariantsLocked()
+	return nil
+}
+
+// Stats returns a snapshot of the allocator's space.
+func (a *Allocator) Stats() Stats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	largest, _ := a.mu.byLen.Max()
+	return Stats{
+		Size:          a.size,
+		Used:          a.mu.used,
+		Free:          a.mu.free,
+		LargestFree:   largest.Len,
+		FreeRanges:    a.mu.byOff.Len(),
+		Fragmentation: fragmentation(largest.Len, a.mu.free),
+	}
+}
+
+// FreeRanges returns the free ranges in offset order. It is O(n) and meant
+// for tests and diagnostics.
+func (a *Allocator) FreeRanges() []Range {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Range, 0, a.mu.byOff.Len())
+	a.mu.byOff.Ascend(func(r Range) bool {
+		out = append(out, r)
+		return true
+	})
+	return out
+}
+
+// Check verifies the allocator's invariants (see the package doc) and
+// returns every violation found, each wrapping ErrCorrupt. It is O(n log n)
+// in the number of free ranges.
+func (a *Allocator) Check() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.checkLocked()
+}
+
+// checkInvariantsLocked runs checkLocked in -tags invariants builds and
+// panics on a violation: the allocator has already been corrupted by the
+// operation that just ran.
+func (a *Allocator) checkInvariantsLocked() {
+	if !invariants {
+		return
+	}
+	if err := a.checkLocked(); err != nil {
+		panic(err)
+	}
+}
+
+func (a *Allocator) checkLocked() error {
+	const maxErrs = 8
+	var errs []error
+	bad := func(format string, args ...any) {
+		if len(errs) < maxErrs {
+			errs = append(errs, fmt.Errorf("segment: check: "+format+": %w", append(args, ErrCorrupt)...))
+		}
+	}
+	if nOff, nLen := a.mu.byOff.Len(), a.mu.byLen.Len(); nOff != nLen {
+		bad("%d ranges by offset, %d by length", nOff, nLen)
+	}
+	var sum uint64
+	var prev Range
+	first := true
+	a.mu.byOff.Ascend(func(r Range) bool {
+		switch {
+		case r.Len == 0 || r.Off%Granule != 0 || r.Len%Granule != 0:
+			bad("free %v empty or unaligned", r)
+		case r.Len > a.size || r.Off > a.size-r.Len:
+			bad("free %v beyond size %d B", r, a.size)
+		}
+		if !first {
+			switch {
+			case prev.End() > r.Off:
+				bad("free %v overlaps free %v", prev, r)
+			case prev.End() == r.Off:
+				bad("free %v and %v not coalesced", prev, r)
+			}
+		}
+		if !a.mu.byLen.Has(r) {
+			bad("free %v missing from length index", r)
+		}
+		sum += r.Len
+		prev, first = r, false
+		return true
+	})
+	a.mu.byLen.Ascend(func(r Range) bool {
+		if f, ok := a.mu.byOff.Get(r); !ok || f != r {
+			bad("free %v missing from offset index", r)
+		}
+		return true
+	})
+	if sum != a.mu.free {
+		bad("free ranges sum to %d B, counter says %d B", sum, a.mu.free)
+	}
+	if a.mu.used+a.mu.free != a.size {
+		bad("used %d B + free %d B != size %d B", a.mu.used, a.mu.free, a.size)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,215 @@
+package segment
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// Table is the set of this node's segments. Segments are added at mount and
+// stay until unmount, so lookups are lock-free: Add publishes a new immutable
+// snapshot and readers load it atomically. Table is safe for concurrent use.
+type Table struct {
+	mu   sync.Mutex // serializes Add; readers never take it
+	snap atomic.Pointer[tableSnap]
+}
+
+// tableSnap is never modified once published.
+type tableSnap struct {
+	byID map[ID]*Segment
+	list []*Segment // in Add order
+}
+
+// NewTable returns an empty table.
+func NewTable() *Table {
+	t := &Table{}
+	t.snap.Store(&tableSnap{byID: map[ID]*Segment{}})
+	return t
+}
+
+// Add adds s to the table; the table keeps s until it is dropped. It returns
+// an error wrapping ErrDuplicateSegment if a segment with s.ID is present,
+// or ErrInvalidSegment if s is nil, has no allocator, or its allocator covers
+// more bytes than s.Mem.
+func (t *Table) Add(s *Segment) error {
+	if s == nil || s.Alloc == nil {
+		return fmt.Errorf("segment: add nil segment or allocator: %w", ErrInvalidSegment)
+	}
+	if s.Alloc.Size() > uint64(len(s.Mem)) {
+		return fmt.Errorf("segment: add seg%d (allocator %d B > memory %d B): %w",
+			s.ID, s.Alloc.Size(), len(s.Mem), ErrInvalidSegment)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.snap.Load()
+	if _, dup := old.byID[s.ID]; dup {
+		return fmt.Errorf("segment: add seg%d: %w", s.ID, ErrDuplicateSegment)
+	}
+	next := &tableSnap{byID: maps.Clone(old.byID), list: append(slices.Clip(old.list), s)}
+	next.byID[s.ID] = s
+	t.snap.Store(next)
+	return nil
+}
+
+// Get returns the segment with the given ID. It takes no lock.
+func (t *Table) Get(id ID) (*Segment, bool) {
+	s, ok := t.snap.Load().byID[id]
+	return s, ok
+}
+
+// Segments returns the segments in the order they were added. The caller
+// owns the returned slice, not the segments.
+func (t *Table) Segments() []*Segment {
+	return slices.Clone(t.snap.Load().list)
+}
+
+// maxContiguousTries bounds how often Alloc re-picks a best-fit segment when
+// a concurrent allocation takes the range it chose.
+const maxContiguousTries = 3
+
+// Alloc allocates n bytes, rounded up to Granule, across the table's
+// segments and returns the extents in the order the caller should lay its
+// bytes out. n == 0 returns nil, nil.
+//
+// If some segment has one free range that holds n, Alloc returns that single
+// extent, best fit across all segments (ties go to the segment added first).
+// Otherwise it fills from the segment with the most free space, then the
+// next, each segment allocating as Allocator.Alloc does.
+//
+// If the table has less than n free, Alloc returns an error wrapping
+// ErrNoSpace. Failure is all-or-nothing: anything allocated is freed again
+// before Alloc returns. While that happens a concurrent Alloc may see the
+// space as taken and fail too.
+//
+// The caller owns the returned extents until it passes them to Free.
+func (t *Table) Alloc(n uint64) ([]Extent, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	segs := t.snap.Load().list
+	rn, ok := roundUp(n)
+	if !ok {
+		return nil, fmt.Errorf("segment: alloc %d B (free %d B): %w", n, t.Stats().Free, ErrNoSpace)
+	}
+
+	for range maxContiguousTries {
+		var best *Segment
+		var bestLen uint64
+		for _, s := range segs {
+			if l, ok := s.Alloc.bestFit(rn); ok && (best == nil || l < bestLen) {
+				best, bestLen = s, l
+			}
+		}
+		if best == nil {
+			break
+		}
+		if r, err := best.Alloc.AllocContiguous(rn); err == nil {
+			return []Extent{{Segment: best.ID, Off: r.Off, Len: r.Len}}, nil
+		}
+		// A concurrent Alloc took the range; choose again.
+	}
+
+	order := make([]segFree, 0, len(segs))
+	var total uint64
+	for _, s := range segs {
+		f := s.Alloc.freeBytes()
+		order = append(order, segFree{s, f})
+		total += f
+	}
+	if total < rn {
+		return nil, fmt.Errorf("segment: alloc %d B (free %d B): %w", rn, total, ErrNoSpace)
+	}
+	slices.SortStableFunc(order, func(a, b segFree) int { return cmp.Compare(b.free, a.free) })
+	return t.fill(order, total, rn)
+}
+
+// segFree is a segment and its free bytes when Alloc looked.
+type segFree struct {
+	s    *Segment
+	free uint64
+}
+
+// fill allocates rn bytes from the segments in order, each giving as much
+// as it has. total is what the caller counted free in them; concurrent
+// allocations may since have taken some, in which case fill frees what it
+// got and returns ErrNoSpace.
+func (t *Table) fill(order []segFree, total, rn uint64) ([]Extent, error) {
+	var out []Extent
+	rem := rn
+	for _, sf := range order {
+		if rem == 0 {
+			break
+		}
+		for _, r := range sf.s.Alloc.allocUpTo(rem) {
+			out = append(out, Extent{Segment: sf.s.ID, Off: r.Off, Len: r.Len})
+			rem -= r.Len
+		}
+	}
+	if rem > 0 {
+		err := fmt.Errorf("segment: alloc %d B (free %d B when counted, got %d B): %w",
+			rn, total, rn-rem, ErrNoSpace)
+		if ferr := t.Free(out); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("segment: alloc rollback: %w", ferr))
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// Free frees each extent in its segment. It does not stop at a bad extent:
+// it frees the rest and returns every error joined, each wrapping
+// ErrUnknownSegment, ErrBadRange or ErrDoubleFree (the last panics in
+// -tags invariants builds).
+func (t *Table) Free(es []Extent) error {
+	snap := t.snap.Load()
+	var errs []error
+	for _, e := range es {
+		s, ok := snap.byID[e.Segment]
+		if !ok {
+			errs = append(errs, fmt.Errorf("segment: free %v: %w", e, ErrUnknownSegment))
+			continue
+		}
+		if err := s.Alloc.Free(e.Range()); err != nil {
+			errs = append(errs, fmt.Errorf("segment: seg%d: %w", e.Segment, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Bytes returns the memory of e; see Segment.Bytes for what the slice
+// aliases. It returns an error wrapping ErrUnknownSegment if e's segment is
+// not in the table, or ErrBadRange if e does not lie within it. It takes no
+// lock and does not check that e is allocated.
+func (t *Table) Bytes(e Extent) ([]byte, error) {
+	s, ok := t.Get(e.Segment)
+	if !ok {
+		return nil, fmt.Errorf("segment: bytes %v: %w", e, ErrUnknownSegment)
+	}
+	b := s.Bytes(e)
+	if b == nil {
+		return nil, fmt.Errorf("segment: bytes %v (segment %d B): %w", e, len(s.Mem), ErrBadRange)
+	}
+	return b, nil
+}
+
+// Stats returns the sum of the segments' stats. LargestFree is the largest
+// free range in any one segment; Fragmentation is recomputed from it. The
+// segments are read one at a time, so under concurrent use the sum is not
+// one instant's picture.
+func (t *Table) Stats() Stats {
+	var st Stats
+	for _, s := range t.snap.Load().list {
+		ss := s.Alloc.Stats()
+		st.Size += ss.Size
+		st.Used += ss.Used
+		st.Free += ss.Free
+		st.LargestFree = max(st.LargestFree, ss.LargestFree)
+		st.FreeRanges += ss.FreeRanges
+	}
+	st.Fragmentation = fragmentation(st.LargestFree, st.Free)
+	return st
+}

@@ -1,0 +1,319 @@
+package segment
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"sync"
+	"testing"
+)
+
+func newTable(t testing.TB, sizes ...uint64) *Table {
+	t.Helper()
+	tb := NewTable()
+	for i, n := range sizes {
+		if err := tb.Add(NewSegment(ID(i+1), make([]byte, n))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return tb
+}
+
+func checkTable(t *testing.T, tb *Table) {
+	t.Helper()
+	for _, s := range tb.Segments() {
+		if err := s.Alloc.Check(); err != nil {
+			t.Fatalf("seg%d: %v", s.ID, err)
+		}
+	}
+}
+
+func TestTableAdd(t *testing.T) {
+	tb := NewTable()
+	s1 := NewSegment(1, make([]byte, pg(2)))
+	for _, tc := range []struct {
+		s    *Segment
+		want error
+	}{
+		{s1, nil},
+		{NewSegment(2, nil), nil},
+		{NewSegment(1, make([]byte, pg(1))), ErrDuplicateSegment},
+		{nil, ErrInvalidSegment},
+		{&Segment{ID: 3, Mem: make([]byte, pg(1))}, ErrInvalidSegment},
+		{&Segment{ID: 4, Mem: make([]byte, pg(1)), Alloc: NewAllocator(pg(2))}, ErrInvalidSegment},
+	} {
+		if err := tb.Add(tc.s); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("Add(%+v): %v, want %v", tc.s, err, tc.want)
+		}
+	}
+	if s, ok := tb.Get(1); !ok || s != s1 {
+		t.Errorf("Get(1) = %v, %v", s, ok)
+	}
+	if _, ok := tb.Get(3); ok {
+		t.Errorf("Get(3) found a segment that failed to add")
+	}
+	segs := tb.Segments()
+	if len(segs) != 2 || segs[0].ID != 1 || segs[1].ID != 2 {
+		t.Fatalf("Segments() = %v", segs)
+	}
+	segs[0] = nil // the caller owns the slice
+	if tb.Segments()[0] != s1 {
+		t.Fatal("Segments() shares its slice with the table")
+	}
+}
+
+func TestTableAlloc(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		sizes []uint64 // segment sizes in granules
+		used  [][]Range
+		n     uint64
+		want  []Extent
+	}{
+		{"best fit segment", []uint64{8, 4, 6}, nil, pg(4), []Extent{{2, 0, pg(4)}}},
+		{"best fit hole", []uint64{8, 8}, [][]Range{{pr(0, 6)}, {pr(0, 3)}}, pg(2), []Extent{{1, pg(6), pg(2)}}},
+		{"tie goes to first added", []uint64{4, 4}, nil, pg(1), []Extent{{1, 0, pg(1)}}},
+		{"fill most free first", []uint64{4, 8, 6}, nil, pg(12), []Extent{{2, 0, pg(8)}, {3, 0, pg(4)}}},
+		{"fill splits within segments", []uint64{8, 8}, [][]Range{{pr(2, 1), pr(5, 1)}, {pr(4, 1)}},
+			// seg2 has 7 granules free in [0,4) [5,8), seg1 6 in [0,2) [3,5) [6,8).
+			// Within a segment: largest first, ties by highest offset.
+			pg(12), []Extent{{2, 0, pg(4)}, {2, pg(5), pg(3)}, {1, pg(6), pg(2)}, {1, pg(3), pg(2)}, {1, 0, pg(1)}}},
+		{"everything", []uint64{2, 3}, nil, pg(5), []Extent{{2, 0, pg(3)}, {1, 0, pg(2)}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := NewTable()
+			for i, size := range tc.sizes {
+				s := NewSegment(ID(i+1), make([]byte, pg(size)))
+				if err := tb.Add(s); err != nil {
+					t.Fatal(err)
+				}
+				if i < len(tc.used) {
+					// Allocate exactly the ranges in used.
+					if _, err := s.Alloc.Alloc(pg(size)); err != nil {
+						t.Fatal(err)
+					}
+					prev := uint64(0)
+					for _, u := range append(tc.used[i], pr(size, 0)) {
+						if u.Off > prev {
+							if err := s.Alloc.Free(Range{Off: prev, Len: u.Off - prev}); err != nil {
+								t.Fatal(err)
+							}
+						}
+						prev = u.End()
+					}
+				}
+			}
+			got, err := tb.Alloc(tc.n)
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("Alloc(%d): %v, %v; want %v", tc.n, got, err, tc.want)
+			}
+			if TotalLen(got) != tc.n {
+				t.Fatalf("total %d, want %d", TotalLen(got), tc.n)
+			}
+			checkTable(t, tb)
+		})
+	}
+}
+
+func TestTableAllocNoSpace(t *testing.T) {
+	tb := newTable(t, pg(4), pg(4), pg(2))
+	if _, err := tb.Alloc(pg(3)); err != nil {
+		t.Fatal(err)
+	}
+	before := tb.Stats()
+	for _, n := range []uint64{pg(7) + 1, pg(8), ^uint64(0)} {
+		if es, err := tb.Alloc(n); !errors.Is(err, ErrNoSpace) || es != nil {
+			t.Errorf("Alloc(%d): %v, %v; want ErrNoSpace", n, es, err)
+		}
+	}
+	if after := tb.Stats(); after != before {
+		t.Errorf("stats %+v -> %+v", before, after)
+	}
+	if es, err := tb.Alloc(pg(7)); err != nil || TotalLen(es) != pg(7) {
+		t.Errorf("Alloc all free: %v, %v", es, err)
+	}
+	if es, err := NewTable().Alloc(1); !errors.Is(err, ErrNoSpace) {
+		t.Errorf("empty table: %v, %v", es, err)
+	}
+	checkTable(t, tb)
+}
+
+// TestTableAllocRollback drives fill with a stale view of free space, as
+// when concurrent allocations take space between counting and allocating:
+// everything fill took must be freed again.
+func TestTableAllocRollback(t *testing.T) {
+	tb := newTable(t, pg(4), pg(4), pg(4))
+	segs := tb.Segments()
+	// Someone takes most of seg3 after Alloc counted it as free.
+	if _, err := segs[2].Alloc.Alloc(pg(3)); err != nil {
+		t.Fatal(err)
+	}
+	before := tb.Stats()
+	order := []segFree{{segs[0], pg(4)}, {segs[1], pg(4)}, {segs[2], pg(4)}}
+	es, err := tb.fill(order, pg(12), pg(10))
+	if !errors.Is(err, ErrNoSpace) || es != nil {
+		t.Fatalf("fill: %v, %v; want ErrNoSpace", es, err)
+	}
+	if after := tb.Stats(); after != before {
+		t.Fatalf("rollback left stats %+v, want %+v", after, before)
+	}
+	for _, s := range segs[:2] {
+		if got := s.Alloc.FreeRanges(); !reflect.DeepEqual(got, []Range{pr(0, 4)}) {
+			t.Errorf("seg%d free ranges %v after rollback", s.ID, got)
+		}
+	}
+	checkTable(t, tb)
+}
+
+func TestTableFreeErrors(t *testing.T) {
+	tb := newTable(t, pg(4), pg(4))
+	es, err := tb.Alloc(pg(6))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := []Extent{{9, 0, Granule}, {1, 1, Granule}, {2, pg(4), Granule}}
+	err = tb.Free(append(append([]Extent{bad[0]}, es...), bad[1:]...))
+	for _, want := range []error{ErrUnknownSegment, ErrBadRange} {
+		if !errors.Is(err, want) {
+			t.Errorf("Free: %v; want it to wrap %v", err, want)
+		}
+	}
+	if n := len(err.(interface{ Unwrap() []error }).Unwrap()); n != len(bad) {
+		t.Errorf("Free joined %d errors, want %d: %v", n, len(bad), err)
+	}
+	// The good extents were freed despite the bad ones around them.
+	if st := tb.Stats(); st.Used != 0 || st.FreeRanges != 2 {
+		t.Errorf("stats after free %+v", st)
+	}
+	if err := tb.Free(nil); err != nil {
+		t.Errorf("Free(nil): %v", err)
+	}
+	checkTable(t, tb)
+}
+
+func TestTableBytes(t *testing.T) {
+	tb := newTable(t, pg(2), pg(3)+10)
+	for _, tc := range []struct {
+		e    Extent
+		len  int
+		want error
+	}{
+		{Extent{1, 0, pg(2)}, int(pg(2)), nil},
+		{Extent{2, pg(3), 10}, 10, nil},
+		{Extent{2, pg(3), 11}, 0, ErrBadRange},
+		{Extent{1, pg(2), Granule}, 0, ErrBadRange},
+		{Extent{3, 0, Granule}, 0, ErrUnknownSegment},
+	} {
+		b, err := tb.Bytes(tc.e)
+		if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) || len(b) != tc.len {
+			t.Errorf("Bytes(%v): len %d, %v; want len %d, %v", tc.e, len(b), err, tc.len, tc.want)
+		}
+	}
+}
+
+func TestTableStats(t *testing.T) {
+	tb := newTable(t, pg(8), pg(4))
+	a1, _ := tb.Get(1)
+	if _, err := a1.Alloc.AllocContiguous(pg(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a1.Alloc.Free(pr(0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// seg1: free [0,1) [2,8); seg2: free [0,4).
+	want := Stats{Size: pg(12), Used: pg(1), Free: pg(11), LargestFree: pg(6), FreeRanges: 3,
+		Fragmentation: fragmentation(pg(6), pg(11))}
+	if got := tb.Stats(); got != want {
+		t.Fatalf("%+v, want %+v", got, want)
+	}
+	if got := NewTable().Stats(); got != (Stats{}) {
+		t.Fatalf("empty table: %+v", got)
+	}
+}
+
+// TestTableConcurrent allocates, stamps, verifies and frees through a table
+// from many goroutines while the table is nearly full, so that fills race and
+// roll back, and adds segments midway to exercise the lock-free lookups.
+func TestTableConcurrent(t *testing.T) {
+	s := seed(t)
+	const workers, iters = 8, 300
+	tb := newTable(t, 96<<10, 64<<10, 32<<10)
+	var wg sync.WaitGroup
+	errc := make(chan error, workers+1)
+	wg.Go(func() {
+		for id := ID(10); id < 14; id++ {
+			if err := tb.Add(NewSegment(id, make([]byte, 16<<10))); err != nil {
+				errc <- err
+			}
+		}
+	})
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(s, uint64(w)))
+			stamp := byte(w + 1)
+			for range iters {
+				es, err := tb.Alloc(uint64(rng.IntN(40<<10) + 1))
+				if errors.Is(err, ErrNoSpace) {
+					continue
+				} else if err != nil {
+					errc <- err
+					return
+				}
+				for _, e := range es {
+					b, err := tb.Bytes(e)
+					if err != nil {
+						errc <- err
+						return
+					}
+					for i := range b {
+						b[i] = stamp
+					}
+				}
+				for _, e := range es {
+					b, _ := tb.Bytes(e)
+					for _, c := range b {
+						if c != stamp {
+							errc <- fmt.Errorf("worker %d: %v overwritten", w, e)
+							return
+						}
+					}
+				}
+				if err := tb.Free(es); err != nil {
+					errc <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Error(err)
+	}
+	st := tb.Stats()
+	if st.Used != 0 || st.FreeRanges != len(tb.Segments()) || len(tb.Segments()) != 7 {
+		t.Errorf("after all frees: %+v over %d segments", st, len(tb.Segments()))
+	}
+	checkTable(t, tb)
+}
+
+func BenchmarkTableAlloc(b *testing.B) {
+	for _, n := range []uint64{64 << 10, 4 << 20} {
+		b.Run(fmt.Sprintf("segments=4/size=%dKiB", n>>10), func(b *testing.B) {
+			tb := newTable(b, 1<<24, 1<<24, 1<<24, 1<<24)
+			b.SetBytes(int64(n))
+			b.ReportAllocs()
+			for b.Loop() {
+				es, err := tb.Alloc(n)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tb.Free(es); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+		})
+	}
+}

@@ -1,0 +1,204 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/google/btree"
+)
+
+// Embedded is the in-process Index for a single machine. It keeps objects
+// in a B-tree ordered by key; every successful swap bumps one revision
+// counter, which becomes the version of the objects it wrote.
+type Embedded struct {
+	mu struct {
+		sync.Mutex
+		tree     *btree.BTreeG[*Object]
+		rev      uint64
+		closed   bool
+		watchers map[*watcher]struct{}
+	}
+}
+
+var _ Index = (*Embedded)(nil)
+
+// NewEmbedded returns an empty embedded index.
+func NewEmbedded() *Embedded {
+	x := &Embedded{}
+	x.mu.tree = btree.NewG(32, func(a, b *Object) bool { return a.Key < b.Key })
+	x.mu.watchers = make(map[*watcher]struct{})
+	return x
+}
+
+// Get implements Index.
+func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return nil, ErrClosed
+	}
+	o, ok := x.mu.tree.Get(&Object{Key: key})
+	if !ok {
+		return nil, fmt.Errorf("get %q: %w", key, ErrNotFound)
+	}
+	return o, nil
+}
+
+// CompareAndSwap implements Index.
+func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return 0, ErrClosed
+	}
+	seen := make(map[string]bool, len(swaps))
+	for _, s := range swaps {
+		if seen[s.Key] {
+			return 0, fmt.Errorf("swap %q twice in one transaction: %w", s.Key, ErrInvalid)
+		}
+		seen[s.Key] = true
+		if s.New != nil && s.New.Key != s.Key {
+			return 0, fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
+		}
+		var cur uint64
+		if o, ok := x.mu.tree.Get(&Object{Key: s.Key}); ok {
+			cur = o.Version
+		}
+		if cur != s.Old {
+			return 0, fmt.Errorf("swap %q: have version %d, want %d: %w", s.Key, cur, s.Old, ErrConflict)
+		}
+	}
+	x.mu.rev++
+	rev := x.mu.rev
+	events := make([]Event, 0, len(swaps))
+	for _, s := range swaps {
+		if s.New == nil {
+			if old, ok := x.mu.tree.Delete(&Object{Key: s.Key}); ok {
+				events = append(events, Event{Type: EventDelete, Object: old})
+			}
+			continue
+		}
+		s.New.Version = rev
+		o := s.New.Clone()
+		x.mu.tree.ReplaceOrInsert(o)
+		events = append(events, Event{Type: EventPut, Object: o})
+	}
+	for w := range x.mu.watchers {
+		w.send(events)
+	}
+	return rev, nil
+}
+
+// Scan implements Index.
+func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*Object, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return nil, ErrClosed
+	}
+	if from < prefix {
+		from = prefix
+	}
+	var out []*Object
+	x.mu.tree.AscendGreaterOrEqual(&Object{Key: from}, func(o *Object) bool {
+		if !strings.HasPrefix(o.Key, prefix) {
+			return false
+		}
+		out = append(out, o)
+		return limit <= 0 || len(out) < limit
+	})
+	return out, nil
+}
+
+// Watch implements Index. Events are queued per watcher without bound, so
+// a slow reader never blocks commits.
+func (x *Embedded) Watch(ctx context.Context, prefix string) (<-chan Event, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return nil, ErrClosed
+	}
+	w := &watcher{prefix: prefix, out: make(chan Event), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	x.mu.watchers[w] = struct{}{}
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-w.done:
+		}
+		x.mu.Lock()
+		delete(x.mu.watchers, w)
+		x.mu.Unlock()
+		w.stop()
+	}()
+	go w.run(ctx)
+	return w.out, nil
+}
+
+// Close implements Index.
+func (x *Embedded) Close() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return nil
+	}
+	x.mu.closed = true
+	for w := range x.mu.watchers {
+		w.stop()
+	}
+	x.mu.watchers = nil
+	return nil
+}
+
+type watcher struct {
+	prefix string
+	out    chan Event
+	wake   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+	mu     struct {
+		sync.Mutex
+		queue []Event
+	}
+}
+
+func (w *watcher) send(events []Event) {
+	w.mu.Lock()
+	for _, e := range events {
+		if strings.HasPrefix(e.Object.Key, w.prefix) {
+			w.mu.queue = append(w.mu.queue, e)
+		}
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (w *watcher) stop() { w.once.Do(func() { close(w.done) }) }
+
+func (w *watcher) run(ctx context.Context) {
+	defer close(w.out)
+	for {
+		w.mu.Lock()
+		q := w.mu.queue
+		w.mu.queue = nil
+		w.mu.Unlock()
+		for _, e := range q {
+			select {
+			case w.out <- e:
+			case <-w.done:
+				return
+			}
+		}
+		select {
+		case <-w.wake:
+		case <-w.done:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}

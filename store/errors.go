@@ -1,0 +1,22 @@
+package store
+
+import "errors"
+
+// Sentinel errors. Callers match them with errors.Is; fs/ maps them to errno.
+var (
+	ErrNotFound     = errors.New("store: no such key")
+	ErrExists       = errors.New("store: key exists")
+	ErrConflict     = errors.New("store: version conflict")
+	ErrNotDir       = errors.New("store: not a directory")
+	ErrIsDir        = errors.New("store: is a directory")
+	ErrNotEmpty     = errors.New("store: directory not empty")
+	ErrNameTooLong  = errors.New("store: name too long")
+	ErrInvalidName  = errors.New("store: invalid name")
+	ErrNoSpace      = errors.New("store: no space")
+	ErrStale        = errors.New("store: object replaced or removed")
+	ErrLost         = errors.New("store: no surviving replica")
+	ErrInvalid      = errors.New("store: invalid argument")
+	ErrTooLarge     = errors.New("store: too large")
+	ErrClosed       = errors.New("store: closed")
+	ErrUnsupported  = errors.New("store: unsupported")
+)

@@ -1,0 +1,117 @@
+package store
+
+import (
+	"context"
+	"errors"
+)
+
+// touch marks key as most recently used.
+func (s *Store) touch(key string) {
+	s.lru.Lock()
+	if e, ok := s.lru.elem[key]; ok {
+		s.lru.list.MoveToFront(e)
+	} else {
+		s.lru.elem[key] = s.lru.list.PushFront(key)
+	}
+	s.lru.Unlock()
+}
+
+// forget drops key from the LRU.
+func (s *Store) forget(key string) {
+	s.lru.Lock()
+	if e, ok := s.lru.elem[key]; ok {
+		s.lru.list.Remove(e)
+		delete(s.lru.elem, key)
+	}
+	s.lru.Unlock()
+}
+
+// lruTail returns up to n keys, least recently used first.
+func (s *Store) lruTail(n int) []string {
+	s.lru.Lock()
+	defer s.lru.Unlock()
+	out := make([]string, 0, n)
+	for e := s.lru.list.Back(); e != nil && len(out) < n; e = e.Prev() {
+		out = append(out, e.Value.(string))
+	}
+	return out
+}
+
+// evictOne removes key if it may be evicted: a file with local bytes,
+// not pinned and not open. It returns the bytes freed (possibly later, once
+// a racing reader lets go) and whether it evicted.
+func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
+	o, err := s.idx.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			s.forget(key)
+		}
+		return 0, false
+	}
+	if o.Kind != KindFile || o.Pinned || o.Size == 0 || len(s.localExtents(o)) == 0 || s.IsOpen(o.Ino) {
+		return 0, false
+	}
+	swaps := []Swap{{Key: key, Old: o.Version}}
+	if sw, err := s.keepParent(ctx, key, map[string]bool{key: true}); err == nil && sw != nil {
+		swaps = append(swaps, *sw)
+	}
+	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+		return 0, false
+	}
+	s.committed([]*Object{o}, nil, []string{key})
+	s.stats.evictions.Add(1)
+	s.stats.evictedBytes.Add(o.Size)
+	return o.Size, true
+}
+
+// evictFor evicts least recently used objects until need bytes are free
+// (and use is below the low watermark). It reports whether it freed any.
+func (s *Store) evictFor(need uint64) bool {
+	ctx := context.Background()
+	st := s.segs.Stats()
+	target := max(need, st.Size-uint64(float64(st.Size)*s.opts.LowWater))
+	return s.evictUntil(ctx, target)
+}
+
+// evictUntil evicts until target bytes are free or nothing evictable is
+// left.
+func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
+	any := false
+	tried := map[string]bool{}
+	for s.segs.Stats().Free < target {
+		keys := s.lruTail(64 + len(tried))
+		progress := false
+		for _, k := range keys {
+			if tried[k] {
+				continue
+			}
+			tried[k] = true
+			if _, ok := s.evictOne(ctx, k); ok {
+				any, progress = true, true
+				if s.segs.Stats().Free >= target {
+					return true
+				}
+			}
+		}
+		if !progress {
+			break
+		}
+	}
+	return any
+}
+
+// evictLoop keeps use under the high watermark in the background.
+func (s *Store) evictLoop() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-s.kick:
+		}
+		st := s.segs.Stats()
+		if float64(st.Used) > s.opts.HighWater*float64(st.Size) {
+			s.evictUntil(context.Background(), st.Size-uint64(s.opts.LowWater*float64(st.Size)))
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package store
+
+import "context"
+
+// Swap is one conditional change in an Index.CompareAndSwap: it applies only
+// if the key's current version is Old (0: the key must be absent). New nil
+// deletes the key.
+type Swap struct {
+	Key string
+	Old uint64
+	New *Object
+}
+
+// EventType says what happened to a key.
+type EventType uint8
+
+const (
+	EventPut EventType = iota
+	EventDelete
+)
+
+// Event reports one committed change. For deletes, Object holds the last
+// version that was removed.
+type Event struct {
+	Type   EventType
+	Object *Object
+}
+
+// Index is the consistent map key -> Object that every daemon shares.
+// Implementations: the embedded index (one machine) and etcd (a cluster).
+type Index interface {
+	// Get returns the current object of key, or ErrNotFound.
+	Get(ctx context.Context, key string) (*Object, error)
+	// CompareAndSwap applies all swaps atomically or none of them. On
+	// success every New object carries the returned version; on a failed
+	// condition it returns an error wrapping ErrConflict and changes nothing.
+	CompareAndSwap(ctx context.Context, swaps ...Swap) (uint64, error)
+	// Scan returns up to limit objects, in key order, whose keys start with
+	// prefix and are >= from. limit <= 0 means no limit.
+	Scan(ctx context.Context, prefix, from string, limit int) ([]*Object, error)
+	// Watch delivers every committed change to keys starting with prefix,
+	// in commit order, until ctx ends; then the channel is closed.
+	Watch(ctx context.Context, prefix string) (<-chan Event, error)
+	// Close releases the index. Later calls fail with ErrClosed.
+	Close() error
+}

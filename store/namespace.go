@@ -1,0 +1,435 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// newObject builds a fresh object for key from an optional template.
+func (s *Store) newObject(key string, kind Kind, t *Object) *Object {
+	o := &Object{Key: key, Kind: kind, Mode: 0o644}
+	if kind == KindDir {
+		o.Mode = 0o755
+	}
+	if t != nil {
+		o.Mode, o.Uid, o.Gid, o.Ino, o.Pinned = t.Mode&0o7777, t.Uid, t.Gid, t.Ino, t.Pinned
+		if len(t.Xattrs) > 0 {
+			o.Xattrs = t.Clone().Xattrs
+		}
+	}
+	if o.Ino == 0 {
+		o.Ino = NewIno()
+	}
+	o.Mtime = s.now()
+	o.Ctime = o.Mtime
+	return o
+}
+
+// Stat returns the object of key. A key that has no object of its own but
+// is the prefix of other keys is an implicit directory: Stat synthesizes
+// it (Version 0). The root is key "".
+func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
+	if key == "" {
+		return &Object{Key: "", Kind: KindDir, Ino: 1, Mode: 0o755}, nil
+	}
+	o, err := s.idx.Get(ctx, key)
+	if err == nil || !errors.Is(err, ErrNotFound) {
+		return o, err
+	}
+	kids, err := s.idx.Scan(ctx, key+"/", "", 1)
+	if err != nil {
+		return nil, err
+	}
+	if len(kids) == 0 {
+		return nil, fmt.Errorf("stat %q: %w", key, ErrNotFound)
+	}
+	return &Object{Key: key, Kind: KindDir, Ino: implicitIno(key), Mode: 0o755}, nil
+}
+
+// checkParent verifies that the directory that would hold key exists.
+func (s *Store) checkParent(ctx context.Context, key string) error {
+	p := Parent(key)
+	if p == "" {
+		return nil
+	}
+	o, err := s.Stat(ctx, p)
+	if err != nil {
+		return err
+	}
+	if o.Kind != KindDir {
+		return fmt.Errorf("parent %q: %w", p, ErrNotDir)
+	}
+	return nil
+}
+
+// DirEntry is one child in a listing.
+type DirEntry struct {
+	Name string
+	Kind Kind
+	Ino  uint64
+	// Object is the child's object; nil for implicit directories.
+	Object *Object
+}
+
+// List returns the immediate children of directory dir in name order.
+func (s *Store) List(ctx context.Context, dir string) ([]DirEntry, error) {
+	d, err := s.Stat(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	if d.Kind != KindDir {
+		return nil, fmt.Errorf("list %q: %w", dir, ErrNotDir)
+	}
+	prefix := ""
+	if dir != "" {
+		prefix = dir + "/"
+	}
+	var out []DirEntry
+	seen := map[string]bool{}
+	from := prefix
+	const batch = 256
+	for {
+		objs, err := s.idx.Scan(ctx, prefix, from, batch)
+		if err != nil {
+			return nil, err
+		}
+		if len(objs) == 0 {
+			break
+		}
+		next := ""
+		for _, o := range objs {
+			rest := o.Key[len(prefix):]
+			if i := strings.IndexByte(rest, '/'); i >= 0 {
+				name := rest[:i]
+				if !seen[name] {
+					seen[name] = true
+					out = append(out, DirEntry{Name: name, Kind: KindDir, Ino: implicitIno(prefix + name)})
+				}
+				// Skip the rest of this subtree: '0' follows '/'.
+				next = prefix + name + "0"
+				break
+			}
+			if !seen[rest] {
+				seen[rest] = true
+				out = append(out, DirEntry{Name: rest, Kind: o.Kind, Ino: o.Ino, Object: o})
+			} else if o.Kind == KindDir {
+				// An explicit directory listed after its implicit form:
+				// prefer the real inode.
+				for i := range out {
+					if out[i].Name == rest {
+						out[i] = DirEntry{Name: rest, Kind: KindDir, Ino: o.Ino, Object: o}
+					}
+				}
+			}
+			next = o.Key + "\x00"
+		}
+		from = next
+	}
+	// Explicit entries and implicit ones arrive in key order, which is
+	// name order except that a subtree "a/" sorts after "a.b"; sort to be
+	// exact.
+	sortEntries(out)
+	return out, nil
+}
+
+func sortEntries(es []DirEntry) {
+	for i := 1; i < len(es); i++ {
+		for j := i; j > 0 && es[j].Name < es[j-1].Name; j-- {
+			es[j], es[j-1] = es[j-1], es[j]
+		}
+	}
+}
+
+// Create makes an empty file at key. Exclusive fails on an existing key;
+// otherwise an existing file is returned as is.
+func (s *Store) Create(ctx context.Context, key string, t *Object, exclusive bool) (*Object, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, fmt.Errorf("create %q: %w", key, err)
+	}
+	for {
+		cur, err := s.Stat(ctx, key)
+		switch {
+		case err == nil && cur.Kind == KindDir:
+			return nil, fmt.Errorf("create %q: %w", key, ErrIsDir)
+		case err == nil && exclusive:
+			return nil, fmt.Errorf("create %q: %w", key, ErrExists)
+		case err == nil:
+			return cur, nil
+		case !errors.Is(err, ErrNotFound):
+			return nil, err
+		}
+		if err := s.checkParent(ctx, key); err != nil {
+			return nil, err
+		}
+		o := s.newObject(key, KindFile, t)
+		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, New: o}); err != nil {
+			if errors.Is(err, ErrConflict) {
+				continue
+			}
+			return nil, err
+		}
+		s.committed(nil, []*Object{o}, nil)
+		return o, nil
+	}
+}
+
+// Mkdir makes an explicit, empty directory.
+func (s *Store) Mkdir(ctx context.Context, key string, t *Object) (*Object, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, fmt.Errorf("mkdir %q: %w", key, err)
+	}
+	if _, err := s.Stat(ctx, key); err == nil {
+		return nil, fmt.Errorf("mkdir %q: %w", key, ErrExists)
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	if err := s.checkParent(ctx, key); err != nil {
+		return nil, err
+	}
+	o := s.newObject(key, KindDir, t)
+	if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, New: o}); err != nil {
+		if errors.Is(err, ErrConflict) {
+			return nil, fmt.Errorf("mkdir %q: %w", key, ErrExists)
+		}
+		return nil, err
+	}
+	return o, nil
+}
+
+func (s *Store) hasChildren(ctx context.Context, key string) (bool, error) {
+	kids, err := s.idx.Scan(ctx, key+"/", "", 1)
+	return len(kids) > 0, err
+}
+
+// keepParent returns a swap that materializes key's parent as an explicit
+// directory when removing key (and the keys in gone) would leave it an
+// empty implicit directory that vanishes: rm -r expects it to stay.
+func (s *Store) keepParent(ctx context.Context, key string, gone map[string]bool) (*Swap, error) {
+	p := Parent(key)
+	if p == "" {
+		return nil, nil
+	}
+	if _, err := s.idx.Get(ctx, p); err == nil {
+		return nil, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	kids, err := s.idx.Scan(ctx, p+"/", "", len(gone)+1)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range kids {
+		if !gone[k.Key] {
+			return nil, nil
+		}
+	}
+	d := s.newObject(p, KindDir, nil)
+	d.Ino = implicitIno(p)
+	return &Swap{Key: p, New: d}, nil
+}
+
+// Rmdir removes an empty directory.
+func (s *Store) Rmdir(ctx context.Context, key string) error {
+	for {
+		o, err := s.Stat(ctx, key)
+		if err != nil {
+			return err
+		}
+		if o.Kind != KindDir {
+			return fmt.Errorf("rmdir %q: %w", key, ErrNotDir)
+		}
+		if has, err := s.hasChildren(ctx, key); err != nil {
+			return err
+		} else if has {
+			return fmt.Errorf("rmdir %q: %w", key, ErrNotEmpty)
+		}
+		swaps := []Swap{{Key: key, Old: o.Version}}
+		if sw, err := s.keepParent(ctx, key, map[string]bool{key: true}); err != nil {
+			return err
+		} else if sw != nil {
+			swaps = append(swaps, *sw)
+		}
+		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+			if errors.Is(err, ErrConflict) {
+				continue
+			}
+			return err
+		}
+		return nil
+	}
+}
+
+// Delete removes the file at key. With ifIno not zero, only that object.
+func (s *Store) Delete(ctx context.Context, key string, ifIno uint64) error {
+	for {
+		o, err := s.idx.Get(ctx, key)
+		if err != nil {
+			if errors.Is(err, ErrNotFound) {
+				if _, serr := s.Stat(ctx, key); serr == nil {
+					return fmt.Errorf("delete %q: %w", key, ErrIsDir)
+				}
+			}
+			return err
+		}
+		if o.Kind == KindDir {
+			return fmt.Errorf("delete %q: %w", key, ErrIsDir)
+		}
+		if ifIno != 0 && o.Ino != ifIno {
+			return fmt.Errorf("delete %q: %w", key, ErrStale)
+		}
+		swaps := []Swap{{Key: key, Old: o.Version}}
+		if sw, err := s.keepParent(ctx, key, map[string]bool{key: true}); err != nil {
+			return err
+		} else if sw != nil {
+			swaps = append(swaps, *sw)
+		}
+		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+			if errors.Is(err, ErrConflict) {
+				continue
+			}
+			return err
+		}
+		s.committed([]*Object{o}, nil, []string{key})
+		return nil
+	}
+}
+
+// Update changes the metadata of the object at key with fn (which gets a
+// private copy) and swaps it in, retrying on conflicts. ifIno as in Delete.
+// fn must not change Key, Kind, Ino, Size or Replicas.
+func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*Object) error) (*Object, error) {
+	for {
+		o, err := s.Stat(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if ifIno != 0 && o.Ino != ifIno {
+			return nil, fmt.Errorf("update %q: %w", key, ErrStale)
+		}
+		n := o.Clone()
+		if err := fn(n); err != nil {
+			return nil, err
+		}
+		n.Key, n.Kind, n.Ino, n.Size, n.Replicas = o.Key, o.Kind, o.Ino, o.Size, o.Replicas
+		n.Ctime = s.now()
+		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, Old: o.Version, New: n}); err != nil {
+			if errors.Is(err, ErrConflict) {
+				continue
+			}
+			return nil, err
+		}
+		return n, nil
+	}
+}
+
+// Rename flags, as in renameat2(2).
+const (
+	RenameNoReplace = 1 << 0
+	RenameExchange  = 1 << 1
+)
+
+// Rename moves oldKey (a file or a whole directory) to newKey atomically,
+// replacing a file or an empty directory there.
+func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32) error {
+	if err := ValidateKey(newKey); err != nil {
+		return fmt.Errorf("rename to %q: %w", newKey, err)
+	}
+	if flags&RenameExchange != 0 {
+		return fmt.Errorf("rename exchange: %w", ErrUnsupported)
+	}
+	if flags&^uint32(RenameNoReplace) != 0 {
+		return fmt.Errorf("rename flags %#x: %w", flags, ErrInvalid)
+	}
+	if oldKey == newKey {
+		return nil
+	}
+	if strings.HasPrefix(newKey, oldKey+"/") {
+		return fmt.Errorf("rename %q into itself: %w", oldKey, ErrInvalid)
+	}
+	for {
+		src, err := s.Stat(ctx, oldKey)
+		if err != nil {
+			return err
+		}
+		dst, err := s.Stat(ctx, newKey)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if err := s.checkParent(ctx, newKey); err != nil {
+			return err
+		}
+		var swaps []Swap
+		var replaced []*Object
+		gone := map[string]bool{}
+		if dst != nil {
+			if flags&RenameNoReplace != 0 {
+				return fmt.Errorf("rename to %q: %w", newKey, ErrExists)
+			}
+			switch {
+			case src.Kind == KindFile && dst.Kind == KindDir:
+				return fmt.Errorf("rename to %q: %w", newKey, ErrIsDir)
+			case src.Kind == KindDir && dst.Kind == KindFile:
+				return fmt.Errorf("rename to %q: %w", newKey, ErrNotDir)
+			case dst.Kind == KindDir:
+				if has, err := s.hasChildren(ctx, newKey); err != nil {
+					return err
+				} else if has {
+					return fmt.Errorf("rename to %q: %w", newKey, ErrNotEmpty)
+				}
+			}
+		}
+		var dstVersion uint64
+		if dst != nil {
+			dstVersion = dst.Version
+			replaced = append(replaced, dst)
+		}
+		move := func(o *Object, to string, old uint64) {
+			n := o.Clone()
+			n.Key = to
+			n.Ctime = s.now()
+			swaps = append(swaps, Swap{Key: o.Key, Old: o.Version}, Swap{Key: to, Old: old, New: n})
+			gone[o.Key] = true
+		}
+		if src.Version != 0 {
+			move(src, newKey, dstVersion)
+		} else if dstVersion != 0 {
+			// Implicit source directory over an explicit empty one.
+			swaps = append(swaps, Swap{Key: newKey, Old: dstVersion})
+		}
+		if src.Kind == KindDir {
+			kids, err := s.idx.Scan(ctx, oldKey+"/", "", 0)
+			if err != nil {
+				return err
+			}
+			for _, k := range kids {
+				move(k, newKey+k.Key[len(oldKey):], 0)
+			}
+		}
+		if p := Parent(oldKey); p != "" && !strings.HasPrefix(newKey, p+"/") {
+			if sw, err := s.keepParent(ctx, oldKey, gone); err != nil {
+				return err
+			} else if sw != nil {
+				swaps = append(swaps, *sw)
+			}
+		}
+		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+			if errors.Is(err, ErrConflict) {
+				continue
+			}
+			return err
+		}
+		var put []*Object
+		var deleted []string
+		for _, sw := range swaps {
+			if sw.New != nil {
+				put = append(put, sw.New)
+			} else {
+				deleted = append(deleted, sw.Key)
+			}
+		}
+		s.committed(replaced, put, deleted)
+		return nil
+	}
+}

@@ -1,0 +1,121 @@
+package store
+
+import (
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+)
+
+// Kind tells files from explicit directories.
+type Kind uint8
+
+const (
+	KindFile Kind = iota
+	KindDir
+)
+
+// Replica is one full copy of an object's bytes on one node.
+type Replica struct {
+	Node    string
+	Extents []segment.Extent
+}
+
+// Object is the index entry of one key. Objects handed out by an Index are
+// shared: treat them as immutable and Clone before changing one.
+type Object struct {
+	Key     string
+	Kind    Kind
+	Ino     uint64 // stable across renames and content replacement
+	Size    uint64
+	Version uint64 // assigned by the Index at every successful swap
+	Mode    uint32 // permission bits (07777)
+	Uid     uint32
+	Gid     uint32
+	Mtime   int64 // Unix nanoseconds
+	Ctime   int64
+	Pinned  bool // never evicted
+	// Xattrs holds user extended attributes (names without the "user." prefix).
+	Xattrs   map[string][]byte
+	Replicas []Replica
+}
+
+// Clone returns a deep copy of o.
+func (o *Object) Clone() *Object {
+	c := *o
+	c.Xattrs = maps.Clone(o.Xattrs)
+	c.Replicas = make([]Replica, len(o.Replicas))
+	for i, r := range o.Replicas {
+		c.Replicas[i] = Replica{Node: r.Node, Extents: slices.Clone(r.Extents)}
+	}
+	if len(o.Replicas) == 0 {
+		c.Replicas = nil
+	}
+	return &c
+}
+
+// ReplicaOn returns the replica stored on node, if any.
+func (o *Object) ReplicaOn(node string) (Replica, bool) {
+	for _, r := range o.Replicas {
+		if r.Node == node {
+			return r, true
+		}
+	}
+	return Replica{}, false
+}
+
+// Parent returns the key of the directory holding key ("" for the root).
+func Parent(key string) string {
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		return key[:i]
+	}
+	return ""
+}
+
+// Base returns the last component of key.
+func Base(key string) string {
+	return key[strings.LastIndexByte(key, '/')+1:]
+}
+
+// Join appends name to the directory key dir.
+func Join(dir, name string) string {
+	if dir == "" {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// Limits on names, as on Linux file systems.
+const (
+	MaxNameLen = 255
+	MaxKeyLen  = 4095
+)
+
+// ValidateName checks one path component.
+func ValidateName(name string) error {
+	switch {
+	case len(name) > MaxNameLen:
+		return ErrNameTooLong
+	case name == "", name == ".", name == "..", strings.ContainsAny(name, "/\x00"):
+		return ErrInvalidName
+	}
+	return nil
+}
+
+// ValidateKey checks a whole key: slash-separated valid names, no leading or
+// trailing slash, at most MaxKeyLen bytes.
+func ValidateKey(key string) error {
+	if len(key) > MaxKeyLen {
+		return ErrNameTooLong
+	}
+	if key == "" {
+		return ErrInvalidName
+	}
+	for name := range strings.SplitSeq(key, "/") {
+		if err := ValidateName(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}

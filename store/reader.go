@@ -1,0 +1,119 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// Reader is a lease on one committed version of an object: its bytes stay
+// in place, unchanged, until Close, even if the key is replaced, renamed or
+// removed meanwhile.
+type Reader struct {
+	s      *Store
+	obj    *Object
+	b      *body
+	closed atomic.Bool
+}
+
+// OpenReader returns a lease on the current version of key.
+func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
+	s.mu.Lock()
+	obj, err := s.idx.Get(ctx, key)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
+	if obj.Kind == KindDir {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("open %q: %w", key, ErrIsDir)
+	}
+	if obj.Size > 0 && len(s.localExtents(obj)) == 0 {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
+	}
+	b := s.acquireLocked(obj)
+	s.mu.opens[obj.Ino]++
+	s.mu.Unlock()
+	s.touch(key)
+	return &Reader{s: s, obj: obj, b: b}, nil
+}
+
+// Object returns the version this reader holds.
+func (r *Reader) Object() *Object { return r.obj }
+
+// Size returns the size of the held version.
+func (r *Reader) Size() uint64 { return r.obj.Size }
+
+// Slices returns views of the held bytes [off, off+n), clipped to the size,
+// straight into segment memory. They stay valid while the reader (or a
+// Hold on it) is open; the caller must not write to them.
+func (r *Reader) Slices(off, n uint64) ([][]byte, error) {
+	if r.b == nil || off >= r.obj.Size {
+		return nil, nil
+	}
+	n = min(n, r.obj.Size-off)
+	var out [][]byte
+	var err error
+	span(r.b.extents, r.b.starts, off, n, func(e segment.Extent, _ uint64) bool {
+		var m []byte
+		m, err = r.s.segs.Bytes(e)
+		if err != nil {
+			return false
+		}
+		out = append(out, m)
+		return true
+	})
+	return out, err
+}
+
+// ReadAt copies the held bytes at off into p through the transfer engine
+// and returns the count (short at the end of the object).
+func (r *Reader) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
+	if r.b == nil || off >= r.obj.Size {
+		return 0, nil
+	}
+	n := min(uint64(len(p)), r.obj.Size-off)
+	reqs := r.requests(transfer.Read, transfer.HostBuffer(p), off, n)
+	if err := r.s.eng.Submit(ctx, reqs); err != nil {
+		return 0, err
+	}
+	return int(n), nil
+}
+
+func (r *Reader) requests(op transfer.Op, buf transfer.Buffer, off, n uint64) []transfer.Request {
+	var reqs []transfer.Request
+	span(r.b.extents, r.b.starts, off, n, func(e segment.Extent, rel uint64) bool {
+		reqs = append(reqs, transfer.Request{Op: op, Buf: buf, BufOff: rel, Extent: e})
+		return true
+	})
+	return reqs
+}
+
+// Hold takes an extra reference on the held bytes, for replies that are
+// sent after the call that produced them returns. The returned function
+// drops it; call it exactly once.
+func (r *Reader) Hold() func() {
+	if r.b == nil {
+		return func() {}
+	}
+	r.b.refs.Add(1)
+	var once atomic.Bool
+	return func() {
+		if once.CompareAndSwap(false, true) {
+			r.s.release(r.b)
+		}
+	}
+}
+
+// Close drops the lease. Closing twice is a no-op.
+func (r *Reader) Close() {
+	if r.closed.Swap(true) {
+		return
+	}
+	r.s.release(r.b)
+	r.s.closeIno(r.obj.Ino)
+}

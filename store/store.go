@@ -1,0 +1,304 @@
+package store
+
+import (
+	"container/list"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// Options configures a Store.
+type Options struct {
+	// Node names this daemon in replica lists. Zero value: "local".
+	Node string
+	// Index holds the namespace. Required.
+	Index Index
+	// Segments are this node's memory. Required.
+	Segments *segment.Table
+	// Engine moves bytes. Required.
+	Engine *transfer.Engine
+	// Evict turns LRU eviction on. When off, a full store fails writes
+	// with ErrNoSpace.
+	Evict bool
+	// HighWater and LowWater are fractions of capacity: when use passes
+	// HighWater, objects are evicted until it is below LowWater. Zero
+	// values: 0.95 and 0.85.
+	HighWater, LowWater float64
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultOptions returns the defaults for the optional fields.
+func DefaultOptions() Options {
+	return Options{Node: "local", Evict: true, HighWater: 0.95, LowWater: 0.85, Now: time.Now}
+}
+
+// Validate reports every bad field at once.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Index == nil {
+		errs = append(errs, errors.New("store: Options.Index is required"))
+	}
+	if o.Segments == nil {
+		errs = append(errs, errors.New("store: Options.Segments is required"))
+	}
+	if o.Engine == nil {
+		errs = append(errs, errors.New("store: Options.Engine is required"))
+	}
+	if o.HighWater < 0 || o.HighWater > 1 {
+		errs = append(errs, fmt.Errorf("store: HighWater %v not in [0,1]", o.HighWater))
+	}
+	if o.LowWater < 0 || o.LowWater > 1 {
+		errs = append(errs, fmt.Errorf("store: LowWater %v not in [0,1]", o.LowWater))
+	}
+	if o.HighWater != 0 && o.LowWater > o.HighWater {
+		errs = append(errs, fmt.Errorf("store: LowWater %v above HighWater %v", o.LowWater, o.HighWater))
+	}
+	return errors.Join(errs...)
+}
+
+// Store is the object layer: it turns an Index and local segments into
+// objects with two-phase writes, reader leases and eviction.
+type Store struct {
+	opts  Options
+	idx   Index
+	segs  *segment.Table
+	eng   *transfer.Engine
+	kick  chan struct{}
+	done  chan struct{}
+	wg    sync.WaitGroup
+	stats struct {
+		evictions, evictedBytes atomic.Uint64
+		commits, revokes        atomic.Uint64
+	}
+	mu struct {
+		sync.Mutex
+		bodies map[segment.Extent]*body
+		opens  map[uint64]int // Ino -> open readers and drafts
+	}
+	lru struct {
+		sync.Mutex
+		list *list.List // of string keys, most recent at front
+		elem map[string]*list.Element
+	}
+}
+
+// New returns a store over the given index and segments.
+func New(o Options) (*Store, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	d := DefaultOptions()
+	if o.Node == "" {
+		o.Node = d.Node
+	}
+	if o.HighWater == 0 {
+		o.HighWater = d.HighWater
+	}
+	if o.LowWater == 0 {
+		o.LowWater = min(d.LowWater, o.HighWater)
+	}
+	if o.Now == nil {
+		o.Now = d.Now
+	}
+	s := &Store{opts: o, idx: o.Index, segs: o.Segments, eng: o.Engine,
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
+	s.mu.bodies = make(map[segment.Extent]*body)
+	s.mu.opens = make(map[uint64]int)
+	s.lru.list = list.New()
+	s.lru.elem = make(map[string]*list.Element)
+	if o.Evict {
+		s.wg.Add(1)
+		go s.evictLoop()
+	}
+	return s, nil
+}
+
+// Close stops background work. Open readers and drafts stay valid until
+// they are closed, but the index and segments belong to the caller.
+func (s *Store) Close() {
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+	s.wg.Wait()
+}
+
+// Node returns this store's node name.
+func (s *Store) Node() string { return s.opts.Node }
+
+// Index returns the index the store runs on.
+func (s *Store) Index() Index { return s.idx }
+
+// Stats are the store's figures for status and metrics.
+type Stats struct {
+	Segments     segment.Stats
+	Objects      int
+	Evictions    uint64
+	EvictedBytes uint64
+	Commits      uint64
+	Revokes      uint64
+	OpenObjects  int
+	LiveBodies   int
+}
+
+// Stats returns current figures. Objects counts keys known to the LRU,
+// which is every file committed through this store.
+func (s *Store) Stats() Stats {
+	st := Stats{
+		Segments:     s.segs.Stats(),
+		Evictions:    s.stats.evictions.Load(),
+		EvictedBytes: s.stats.evictedBytes.Load(),
+		Commits:      s.stats.commits.Load(),
+		Revokes:      s.stats.revokes.Load(),
+	}
+	s.lru.Lock()
+	st.Objects = s.lru.list.Len()
+	s.lru.Unlock()
+	s.mu.Lock()
+	st.OpenObjects = len(s.mu.opens)
+	st.LiveBodies = len(s.mu.bodies)
+	s.mu.Unlock()
+	return st
+}
+
+// NewIno returns a fresh inode number for a new object.
+func NewIno() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	// Keep the top bit clear: implicit directories use it.
+	return binary.LittleEndian.Uint64(b[:])&(1<<63-1) | 2
+}
+
+func implicitIno(key string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return h.Sum64() | 1<<63
+}
+
+func (s *Store) now() int64 { return s.opts.Now().UnixNano() }
+
+// localExtents returns the extents of obj's replica on this node.
+func (s *Store) localExtents(obj *Object) []segment.Extent {
+	if r, ok := obj.ReplicaOn(s.opts.Node); ok {
+		return r.Extents
+	}
+	return nil
+}
+
+// retireLocked marks the local body of a replaced or deleted object for
+// freeing; it is freed now if nobody holds it. Caller holds s.mu.
+func (s *Store) retireLocked(obj *Object) {
+	ext := s.localExtents(obj)
+	if len(ext) == 0 {
+		return
+	}
+	b := s.mu.bodies[ext[0]]
+	if b == nil {
+		_ = s.segs.Free(ext)
+		return
+	}
+	b.retired = true
+	if b.refs.Load() == 0 {
+		s.freeBodyLocked(b)
+	}
+}
+
+func (s *Store) freeBodyLocked(b *body) {
+	if b.freed {
+		return
+	}
+	b.freed = true
+	delete(s.mu.bodies, b.id)
+	_ = s.segs.Free(b.extents)
+}
+
+// acquireLocked takes a reference on the local body of obj. Caller holds s.mu.
+func (s *Store) acquireLocked(obj *Object) *body {
+	ext := s.localExtents(obj)
+	if len(ext) == 0 {
+		return nil
+	}
+	b := s.mu.bodies[ext[0]]
+	if b == nil {
+		b = newBody(ext, obj.Size)
+		s.mu.bodies[ext[0]] = b
+	}
+	b.refs.Add(1)
+	return b
+}
+
+func (s *Store) release(b *body) {
+	if b == nil {
+		return
+	}
+	if n := b.refs.Add(-1); n > 0 {
+		return
+	} else if n < 0 {
+		panic("store: body released more often than acquired")
+	}
+	s.mu.Lock()
+	if b.refs.Load() == 0 && b.retired {
+		s.freeBodyLocked(b)
+	}
+	s.mu.Unlock()
+}
+
+func (s *Store) openIno(ino uint64) {
+	s.mu.Lock()
+	s.mu.opens[ino]++
+	s.mu.Unlock()
+}
+
+func (s *Store) closeIno(ino uint64) {
+	s.mu.Lock()
+	if s.mu.opens[ino] <= 1 {
+		delete(s.mu.opens, ino)
+	} else {
+		s.mu.opens[ino]--
+	}
+	s.mu.Unlock()
+}
+
+// IsOpen reports whether any reader or draft holds the object with ino.
+func (s *Store) IsOpen(ino uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.opens[ino] > 0
+}
+
+// committed does the local bookkeeping after a successful swap: retire the
+// bodies of replaced objects and refresh the LRU.
+func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
+	s.mu.Lock()
+	for _, o := range replaced {
+		if o != nil {
+			s.retireLocked(o)
+		}
+	}
+	s.mu.Unlock()
+	for _, k := range deleted {
+		s.forget(k)
+	}
+	for _, o := range put {
+		if o.Kind == KindFile {
+			s.touch(o.Key)
+		}
+	}
+	s.stats.commits.Add(1)
+	if s.opts.Evict {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -1,0 +1,174 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Resolver maps an extent of a local segment to its memory.
+// *segment.Table implements it.
+type Resolver interface {
+	Bytes(e segment.Extent) ([]byte, error)
+}
+
+// Options configures an Engine.
+type Options struct {
+	// Local resolves extents of this daemon's segments. Required.
+	Local Resolver
+	// Workers copy chunks of large batches; 0 means runtime.NumCPU().
+	Workers int
+	// SplitBytes is the batch size from which copies are split across
+	// workers; 0 means 8 MiB.
+	SplitBytes uint64
+	// ChunkBytes is the size of one worker's piece; 0 means 2 MiB.
+	ChunkBytes uint64
+	// Registerer receives the engine's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}
+
+// DefaultOptions returns the options New uses for zero fields.
+func DefaultOptions() Options {
+	return Options{Workers: runtime.NumCPU(), SplitBytes: 8 << 20, ChunkBytes: 2 << 20}
+}
+
+// Validate reports every bad field at once.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Local == nil {
+		errs = append(errs, errors.New("transfer: Options.Local is required"))
+	}
+	if o.Workers < 0 {
+		errs = append(errs, fmt.Errorf("transfer: Options.Workers %d < 0", o.Workers))
+	}
+	if o.ChunkBytes != 0 && o.ChunkBytes < 4096 {
+		errs = append(errs, fmt.Errorf("transfer: Options.ChunkBytes %d < 4096", o.ChunkBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// Engine runs transfer requests. It is safe for concurrent use.
+type Engine struct {
+	opts    Options
+	work    chan chunk
+	wg      sync.WaitGroup
+	closeMu sync.RWMutex
+	closed  bool
+	stats   statsCounters
+	metrics *metrics
+}
+
+type chunk struct {
+	dst, src []byte
+	done     *sync.WaitGroup
+}
+
+// New starts an engine and its worker pool.
+func New(o Options) (*Engine, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	d := DefaultOptions()
+	if o.Workers == 0 {
+		o.Workers = d.Workers
+	}
+	if o.SplitBytes == 0 {
+		o.SplitBytes = d.SplitBytes
+	}
+	if o.ChunkBytes == 0 {
+		o.ChunkBytes = d.ChunkBytes
+	}
+	e := &Engine{opts: o, work: make(chan chunk, 4*o.Workers)}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	e.metrics = m
+	for range o.Workers {
+		e.wg.Add(1)
+		go e.worker()
+	}
+	return e, nil
+}
+
+func (e *Engine) worker() {
+	defer e.wg.Done()
+	for c := range e.work {
+		copy(c.dst, c.src)
+		c.done.Done()
+	}
+}
+
+// Close stops the workers after in-flight batches finish.
+func (e *Engine) Close() {
+	e.closeMu.Lock()
+	if !e.closed {
+		e.closed = true
+		close(e.work)
+	}
+	e.closeMu.Unlock()
+	e.wg.Wait()
+}
+
+// Submit runs every request of the batch and returns once all are done. A
+// request that cannot run is reported in the returned error (a joined error
+// naming each failed request by index); the others still run. Submit does
+// not return before every copy it started has finished, so the caller may
+// reuse its buffers as soon as it returns.
+func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	if e.closed {
+		return ErrClosed
+	}
+	start := time.Now()
+	var errs []error
+	type pair struct{ dst, src []byte }
+	pairs := make([]pair, 0, len(reqs))
+	var total uint64
+	for i, r := range reqs {
+		if err := r.validate(); err != nil {
+			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+			continue
+		}
+		seg, err := e.opts.Local.Bytes(r.Extent)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("request %d: %v: %w", i, r.Extent, errors.Join(err, ErrNoStrategy)))
+			continue
+		}
+		buf := r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
+		if r.Op == Read {
+			pairs = append(pairs, pair{buf, seg})
+		} else {
+			pairs = append(pairs, pair{seg, buf})
+		}
+		total += r.Extent.Len
+	}
+	if total < e.opts.SplitBytes || e.opts.Workers < 2 {
+		for _, p := range pairs {
+			copy(p.dst, p.src)
+		}
+	} else {
+		var wg sync.WaitGroup
+		cb := int(e.opts.ChunkBytes)
+		for _, p := range pairs {
+			for off := 0; off < len(p.dst); off += cb {
+				end := min(off+cb, len(p.dst))
+				wg.Add(1)
+				e.work <- chunk{dst: p.dst[off:end], src: p.src[off:end], done: &wg}
+			}
+		}
+		wg.Wait()
+	}
+	e.account(pathLocal, reqs, total, len(pairs), time.Since(start))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,88 @@
+package transfer
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Path names a strategy in statistics and metrics.
+type Path string
+
+const pathLocal Path = "local-memcpy"
+
+// Stats are cumulative counters since the engine started.
+type Stats struct {
+	// BytesRead and BytesWritten count bytes moved out of and into segments.
+	BytesRead, BytesWritten uint64
+	// Copies counts passes over the bytes: one per byte moved by memcpy.
+	// CopiedBytes/(BytesRead+BytesWritten) is the copies-per-byte figure.
+	CopiedBytes uint64
+	Requests    uint64
+}
+
+type statsCounters struct {
+	read, written, copied, requests atomic.Uint64
+}
+
+// Stats returns the counters.
+func (e *Engine) Stats() Stats {
+	return Stats{
+		BytesRead:    e.stats.read.Load(),
+		BytesWritten: e.stats.written.Load(),
+		CopiedBytes:  e.stats.copied.Load(),
+		Requests:     e.stats.requests.Load(),
+	}
+}
+
+type metrics struct {
+	bytes   *prometheus.CounterVec
+	copies  *prometheus.CounterVec
+	latency *prometheus.HistogramVec
+}
+
+func newMetrics(r prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mooncake_transfer_bytes_total",
+			Help: "Bytes moved between buffers and segments, by path and direction.",
+		}, []string{"path", "op"}),
+		copies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mooncake_transfer_copied_bytes_total",
+			Help: "Bytes copied by the CPU or a DMA engine, by path; divide by bytes_total for copies per byte.",
+		}, []string{"path"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mooncake_transfer_batch_seconds",
+			Help:    "Latency of one Submit batch, by path.",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 12),
+		}, []string{"path"}),
+	}
+	if r != nil {
+		for _, c := range []prometheus.Collector{m.bytes, m.copies, m.latency} {
+			if err := r.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+func (e *Engine) account(p Path, reqs []Request, copied uint64, n int, d time.Duration) {
+	var rd, wr uint64
+	for _, r := range reqs {
+		if r.Op == Read {
+			rd += r.Extent.Len
+		} else {
+			wr += r.Extent.Len
+		}
+	}
+	e.stats.read.Add(rd)
+	e.stats.written.Add(wr)
+	e.stats.copied.Add(copied)
+	e.stats.requests.Add(uint64(n))
+	e.metrics.bytes.WithLabelValues(string(p), "read").Add(float64(rd))
+	e.metrics.bytes.WithLabelValues(string(p), "write").Add(float64(wr))
+	e.metrics.copies.WithLabelValues(string(p)).Add(float64(copied))
+	e.metrics.latency.WithLabelValues(string(p)).Observe(d.Seconds())
+}
