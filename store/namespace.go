@@ -32,7 +32,7 @@ func (s *Store) newObject(key string, kind Kind, t *Object) *Object {
 // it (Version 0). The root is key "".
 func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 	if key == "" {
-		return &Object{Key: "", Kind: KindDir, Ino: 1, Mode: 0o755}, nil
+		return &Object{Key: "", Kind: KindDir, Ino: 1, Mode: 0o755, Mtime: s.started, Ctime: s.started}, nil
 	}
 	o, err := s.idx.Get(ctx, key)
 	if err == nil || !errors.Is(err, ErrNotFound) {

@@ -68,14 +68,15 @@ func (o Options) Validate() error {
 // Store is the object layer: it turns an Index and local segments into
 // objects with two-phase writes, reader leases and eviction.
 type Store struct {
-	opts  Options
-	idx   Index
-	segs  *segment.Table
-	eng   *transfer.Engine
-	kick  chan struct{}
-	done  chan struct{}
-	wg    sync.WaitGroup
-	stats struct {
+	opts    Options
+	idx     Index
+	segs    *segment.Table
+	eng     *transfer.Engine
+	kick    chan struct{}
+	done    chan struct{}
+	started int64 // Unix ns; the root directory's times
+	wg      sync.WaitGroup
+	stats   struct {
 		evictions, evictedBytes atomic.Uint64
 		commits, revokes        atomic.Uint64
 	}
@@ -110,7 +111,7 @@ func New(o Options) (*Store, error) {
 		o.Now = d.Now
 	}
 	s := &Store{opts: o, idx: o.Index, segs: o.Segments, eng: o.Engine,
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), done: make(chan struct{}), started: o.Now().UnixNano()}
 	s.mu.bodies = make(map[segment.Extent]*body)
 	s.mu.opens = make(map[uint64]int)
 	s.lru.list = list.New()

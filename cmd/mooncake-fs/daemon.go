@@ -1,0 +1,383 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sirupsen/logrus"
+
+	mfs "github.com/mooncake-fs/mooncake-fs/fs"
+	"github.com/mooncake-fs/mooncake-fs/pinned"
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// mountConfig is everything "mount" takes from its flags.
+type mountConfig struct {
+	dir         string
+	size        uint64
+	segmentSize uint64
+	evict       string
+	high, low   float64
+	huge        string
+	allowOther  bool
+	metrics     string
+	logLevel    string
+	fuseDebug   bool
+	node        string
+}
+
+func defaultSize() uint64 {
+	// A quarter of available memory, at most 4 GiB, at least 256 MiB.
+	avail := uint64(1 << 30)
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for line := range strings.SplitSeq(string(b), "\n") {
+			var kb uint64
+			if _, err := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); err == nil {
+				avail = kb << 10
+			}
+		}
+	}
+	s := min(avail/4, 4<<30)
+	s = max(s, 256<<20)
+	return s &^ (2<<20 - 1)
+}
+
+func parseMountFlags(args []string) (*mountConfig, error) {
+	c := &mountConfig{size: defaultSize(), segmentSize: 1 << 30}
+	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
+	fl.Var(sizeFlag{&c.size}, "size", "store capacity (e.g. 4GiB); default: a quarter of available memory, at most 4 GiB")
+	fl.Var(sizeFlag{&c.segmentSize}, "segment-size", "largest single segment (one pinned region)")
+	fl.StringVar(&c.evict, "evict", "on", "on: evict least recently used objects when full; off: writes fail with ENOSPC")
+	fl.Float64Var(&c.high, "evict-high", 0.95, "eviction starts above this fraction of capacity")
+	fl.Float64Var(&c.low, "evict-low", 0.85, "eviction stops below this fraction of capacity")
+	fl.StringVar(&c.huge, "hugepages", "auto", "auto: 2 MiB pages if obtainable; require; off")
+	fl.BoolVar(&c.allowOther, "allow-other", true, "let other users use the mount (mode bits are enforced)")
+	fl.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics at ADDR (e.g. 127.0.0.1:9100); off when empty")
+	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error; debug logs one line per operation")
+	fl.BoolVar(&c.fuseDebug, "fuse-debug", false, "log every FUSE request")
+	fl.StringVar(&c.node, "node", "local", "this node's name in replica lists")
+	if err := fl.Parse(args); err != nil {
+		return nil, err
+	}
+	dir, err := mountpointArg(fl.Args())
+	if err != nil {
+		return nil, err
+	}
+	if c.dir, err = filepath.Abs(dir); err != nil {
+		return nil, err
+	}
+	var errs []error
+	if c.evict != "on" && c.evict != "off" {
+		errs = append(errs, fmt.Errorf("--evict %q: want on or off", c.evict))
+	}
+	if c.size < 4<<20 {
+		errs = append(errs, fmt.Errorf("--size %d: at least 4 MiB", c.size))
+	}
+	if c.segmentSize < 2<<20 {
+		errs = append(errs, fmt.Errorf("--segment-size %d: at least 2 MiB", c.segmentSize))
+	}
+	if !(0 < c.low && c.low <= c.high && c.high <= 1) {
+		errs = append(errs, fmt.Errorf("--evict-low %v / --evict-high %v: want 0 < low <= high <= 1", c.low, c.high))
+	}
+	if _, err := hugeMode(c.huge); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := logrus.ParseLevel(c.logLevel); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level: %w", err))
+	}
+	return c, errors.Join(errs...)
+}
+
+func hugeMode(s string) (pinned.HugeMode, error) {
+	switch s {
+	case "auto":
+		return pinned.HugeAuto, nil
+	case "require", "on":
+		return pinned.HugeRequire, nil
+	case "off":
+		return pinned.HugeOff, nil
+	}
+	return 0, fmt.Errorf("--hugepages %q: want auto, require or off", s)
+}
+
+// daemon is one running mount with everything under it.
+type daemon struct {
+	cfg     *mountConfig
+	log     *logrus.Logger
+	regions []*pinned.Region
+	segs    *segment.Table
+	eng     *transfer.Engine
+	idx     store.Index
+	st      *store.Store
+	mnt     *mfs.Mount
+	reg     *prometheus.Registry
+	started time.Time
+}
+
+func runMount(args []string) error {
+	cfg, err := parseMountFlags(args)
+	if err != nil {
+		return err
+	}
+	log := logrus.New()
+	log.SetOutput(os.Stderr)
+	lvl, _ := logrus.ParseLevel(cfg.logLevel)
+	log.SetLevel(lvl)
+	d := &daemon{cfg: cfg, log: log, started: time.Now(), reg: prometheus.NewRegistry()}
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := d.start(); err != nil {
+		d.stop()
+		return err
+	}
+	// The harness and scripts wait for this line.
+	fmt.Printf("READY %s\n", cfg.dir)
+	log.WithFields(logrus.Fields{"mountpoint": cfg.dir, "size": formatSize(cfg.size), "segments": len(d.regions)}).Info("mounted")
+
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	unmounted := make(chan struct{})
+	go func() { d.mnt.Wait(); close(unmounted) }()
+	select {
+	case s := <-sigs:
+		log.WithField("signal", s.String()).Info("unmounting")
+		if err := d.mnt.Unmount(10 * time.Second); err != nil {
+			log.WithError(err).Warn("unmount")
+		}
+	case <-unmounted:
+		log.Info("unmounted from outside")
+	}
+	d.stop()
+	log.Info("stopped")
+	return nil
+}
+
+func (d *daemon) start() error {
+	mode, _ := hugeMode(d.cfg.huge)
+	d.segs = segment.NewTable()
+	remaining := d.cfg.size
+	for id := segment.ID(0); remaining > 0; id++ {
+		sz := min(remaining, d.cfg.segmentSize)
+		po := pinned.DefaultOptions()
+		po.Size = sz
+		po.Huge = mode
+		r, err := pinned.Map(po)
+		if err != nil {
+			return fmt.Errorf("segment %d (%s): %w", id, formatSize(sz), err)
+		}
+		d.regions = append(d.regions, r)
+		for _, w := range r.Info().Warnings {
+			d.log.Warn(w)
+		}
+		if err := d.segs.Add(segment.NewSegment(id, r.Bytes()[:sz])); err != nil {
+			return err
+		}
+		remaining -= sz
+	}
+	var err error
+	d.eng, err = transfer.New(transfer.Options{Local: d.segs, Registerer: d.reg})
+	if err != nil {
+		return err
+	}
+	d.idx = store.NewEmbedded()
+	so := store.DefaultOptions()
+	so.Node = d.cfg.node
+	so.Index = d.idx
+	so.Segments = d.segs
+	so.Engine = d.eng
+	so.Evict = d.cfg.evict == "on"
+	so.HighWater, so.LowWater = d.cfg.high, d.cfg.low
+	if d.st, err = store.New(so); err != nil {
+		return err
+	}
+	d.reg.MustRegister(newStoreCollector(d))
+	fo := mfs.DefaultOptions()
+	fo.Store = d.st
+	fo.Log = d.log
+	fo.AllowOther = d.cfg.allowOther
+	fo.Registerer = d.reg
+	fo.Debug = d.cfg.fuseDebug
+	fo.Status = func() ([]byte, error) { return json.Marshal(d.status()) }
+	if d.mnt, err = mfs.MountFS(d.cfg.dir, fo); err != nil {
+		return err
+	}
+	if d.cfg.metrics != "" {
+		ln, err := net.Listen("tcp", d.cfg.metrics)
+		if err != nil {
+			return fmt.Errorf("--metrics %s: %w", d.cfg.metrics, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+		go func() { _ = http.Serve(ln, mux) }()
+		d.log.WithField("addr", ln.Addr().String()).Info("metrics")
+	}
+	return nil
+}
+
+func (d *daemon) stop() {
+	if d.st != nil {
+		d.st.Close()
+	}
+	if d.idx != nil {
+		_ = d.idx.Close()
+	}
+	if d.eng != nil {
+		d.eng.Close()
+	}
+	for _, r := range d.regions {
+		if err := r.Close(); err != nil {
+			d.log.WithError(err).Warn("release segment memory")
+		}
+	}
+}
+
+// Status is the document behind "mooncake-fs status --json".
+type Status struct {
+	Mountpoint    string          `json:"mountpoint"`
+	Node          string          `json:"node"`
+	PID           int             `json:"pid"`
+	UptimeSeconds float64         `json:"uptime_s"`
+	Capacity      uint64          `json:"capacity"`
+	Used          uint64          `json:"used"`
+	Free          uint64          `json:"free"`
+	LargestFree   uint64          `json:"largest_free"`
+	Fragmentation float64         `json:"fragmentation"`
+	Objects       int             `json:"objects"`
+	OpenObjects   int             `json:"open_objects"`
+	Evict         EvictStatus     `json:"evict"`
+	Commits       uint64          `json:"commits"`
+	Revokes       uint64          `json:"revokes"`
+	Memory        MemoryStatus    `json:"memory"`
+	Segments      []SegmentStatus `json:"segments"`
+	Transfer      transfer.Stats  `json:"transfer"`
+	Fuse          map[string]any  `json:"fuse"`
+	CPUs          int             `json:"cpus"`
+}
+
+// EvictStatus describes eviction.
+type EvictStatus struct {
+	Enabled      bool    `json:"enabled"`
+	High         float64 `json:"high"`
+	Low          float64 `json:"low"`
+	Evictions    uint64  `json:"evictions"`
+	EvictedBytes uint64  `json:"evicted_bytes"`
+}
+
+// MemoryStatus says what memory backs the segments.
+type MemoryStatus struct {
+	Hugepages     bool     `json:"hugepages"`
+	PageSize      uint64   `json:"page_size"`
+	LockedBytes   uint64   `json:"locked_bytes"`
+	HugeBytes     uint64   `json:"hugepage_bytes"`
+	ReservedPages int      `json:"reserved_pages"`
+	PrefaultMS    float64  `json:"prefault_ms"`
+	Warnings      []string `json:"warnings,omitempty"`
+}
+
+// SegmentStatus is one segment.
+type SegmentStatus struct {
+	ID       uint32 `json:"id"`
+	Size     uint64 `json:"size"`
+	Used     uint64 `json:"used"`
+	Huge     bool   `json:"hugepages"`
+	PageSize uint64 `json:"page_size"`
+	Locked   bool   `json:"locked"`
+}
+
+func (d *daemon) status() Status {
+	st := d.st.Stats()
+	s := Status{
+		Mountpoint:    d.cfg.dir,
+		Node:          d.st.Node(),
+		PID:           os.Getpid(),
+		UptimeSeconds: time.Since(d.started).Seconds(),
+		Capacity:      st.Segments.Size,
+		Used:          st.Segments.Used,
+		Free:          st.Segments.Free,
+		LargestFree:   st.Segments.LargestFree,
+		Fragmentation: st.Segments.Fragmentation,
+		Objects:       st.Objects,
+		OpenObjects:   st.OpenObjects,
+		Evict: EvictStatus{Enabled: d.cfg.evict == "on", High: d.cfg.high, Low: d.cfg.low,
+			Evictions: st.Evictions, EvictedBytes: st.EvictedBytes},
+		Commits:  st.Commits,
+		Revokes:  st.Revokes,
+		Transfer: d.eng.Stats(),
+		Fuse:     d.mnt.Settings(),
+		CPUs:     runtime.NumCPU(),
+	}
+	s.Memory.Hugepages = len(d.regions) > 0
+	for i, r := range d.regions {
+		in := r.Info()
+		seg := d.segs.Segments()[i]
+		s.Segments = append(s.Segments, SegmentStatus{ID: uint32(seg.ID), Size: seg.Alloc.Size(),
+			Used: seg.Alloc.Stats().Used, Huge: in.Huge, PageSize: in.PageSize, Locked: in.Locked})
+		s.Memory.Hugepages = s.Memory.Hugepages && in.Huge
+		s.Memory.PageSize = max(s.Memory.PageSize, in.PageSize)
+		if in.Locked {
+			s.Memory.LockedBytes += in.Size
+		}
+		if in.Huge {
+			s.Memory.HugeBytes += in.Size
+		}
+		s.Memory.ReservedPages += in.ReservedPages
+		s.Memory.PrefaultMS += float64(in.Prefault.Microseconds()) / 1000
+		s.Memory.Warnings = append(s.Memory.Warnings, in.Warnings...)
+	}
+	return s
+}
+
+// storeCollector exports store figures to Prometheus at scrape time.
+type storeCollector struct {
+	d                                       *daemon
+	capacity, used, objects, evictions, pin *prometheus.Desc
+}
+
+func newStoreCollector(d *daemon) *storeCollector {
+	return &storeCollector{d: d,
+		capacity:  prometheus.NewDesc("mooncake_store_capacity_bytes", "Segment capacity.", nil, nil),
+		used:      prometheus.NewDesc("mooncake_store_used_bytes", "Bytes allocated in segments.", nil, nil),
+		objects:   prometheus.NewDesc("mooncake_store_objects", "Objects held locally.", nil, nil),
+		evictions: prometheus.NewDesc("mooncake_store_evictions_total", "Objects evicted.", nil, nil),
+		pin:       prometheus.NewDesc("mooncake_memory_locked_bytes", "Segment bytes locked in memory.", nil, nil),
+	}
+}
+
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.objects, c.evictions, c.pin} {
+		ch <- d
+	}
+}
+
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.d.st.Stats()
+	ch <- prometheus.MustNewConstMetric(c.capacity, prometheus.GaugeValue, float64(st.Segments.Size))
+	ch <- prometheus.MustNewConstMetric(c.used, prometheus.GaugeValue, float64(st.Segments.Used))
+	ch <- prometheus.MustNewConstMetric(c.objects, prometheus.GaugeValue, float64(st.Objects))
+	ch <- prometheus.MustNewConstMetric(c.evictions, prometheus.CounterValue, float64(st.Evictions))
+	var locked uint64
+	for _, r := range c.d.regions {
+		if in := r.Info(); in.Locked {
+			locked += in.Size
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.pin, prometheus.GaugeValue, float64(locked))
+}
+
+var _ = context.Background

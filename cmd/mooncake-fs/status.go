@@ -1,0 +1,104 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"golang.org/x/sys/unix"
+)
+
+func runStatus(args []string) error {
+	fl := flag.NewFlagSet("status", flag.ContinueOnError)
+	asJSON := fl.Bool("json", false, "print the full status as JSON")
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	dir, err := mountpointArg(fl.Args())
+	if err != nil {
+		return err
+	}
+	raw, err := readStatus(dir)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		os.Stdout.Write(raw)
+		fmt.Println()
+		return nil
+	}
+	var s Status
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return fmt.Errorf("decode status: %w", err)
+	}
+	printStatus(&s)
+	return nil
+}
+
+// readStatus fetches the daemon's status through the root's xattr.
+func readStatus(dir string) ([]byte, error) {
+	buf := make([]byte, 64<<10)
+	n, err := unix.Getxattr(dir, "user.mooncake.status", buf)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a running mooncake-fs mount (%w)", dir, err)
+	}
+	return buf[:n], nil
+}
+
+func pct(a, b uint64) string {
+	if b == 0 {
+		return "0%"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(b))
+}
+
+func printStatus(s *Status) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	mem := "4 KiB pages (no hugepages)"
+	if s.Memory.Hugepages {
+		mem = fmt.Sprintf("hugepages (%s pages)", formatSize(s.Memory.PageSize))
+	}
+	ev := "off (writes fail with ENOSPC when full)"
+	if s.Evict.Enabled {
+		ev = fmt.Sprintf("on, %.0f%% -> %.0f%%", 100*s.Evict.High, 100*s.Evict.Low)
+	}
+	rows := [][2]string{
+		{"mountpoint", s.Mountpoint},
+		{"node", fmt.Sprintf("%s (pid %d, up %.0fs)", s.Node, s.PID, s.UptimeSeconds)},
+		{"capacity", formatSize(s.Capacity)},
+		{"used", fmt.Sprintf("%s (%s)", formatSize(s.Used), pct(s.Used, s.Capacity))},
+		{"free", fmt.Sprintf("%s, largest range %s, fragmentation %.2f", formatSize(s.Free), formatSize(s.LargestFree), s.Fragmentation)},
+		{"objects", fmt.Sprintf("%d (%d open)", s.Objects, s.OpenObjects)},
+		{"memory", mem},
+		{"locked", fmt.Sprintf("%s of %s", formatSize(s.Memory.LockedBytes), formatSize(s.Capacity))},
+		{"segments", fmt.Sprint(len(s.Segments))},
+		{"eviction", ev},
+		{"evictions", fmt.Sprintf("%d (%s)", s.Evict.Evictions, formatSize(s.Evict.EvictedBytes))},
+		{"commits", fmt.Sprintf("%d (%d revoked)", s.Commits, s.Revokes)},
+		{"transfer", fmt.Sprintf("%s in, %s out", formatSize(s.Transfer.BytesWritten), formatSize(s.Transfer.BytesRead))},
+	}
+	for _, r := range rows {
+		fmt.Fprintf(w, "%s\t%s\n", r[0], r[1])
+	}
+	if len(s.Memory.Warnings) > 0 {
+		fmt.Fprintf(w, "warnings\t%s\n", strings.Join(s.Memory.Warnings, "; "))
+	}
+	w.Flush()
+}
+
+func runUmount(args []string) error {
+	dir, err := mountpointArg(args)
+	if err != nil {
+		return err
+	}
+	if err := unix.Unmount(dir, 0); err != nil {
+		if err == unix.EBUSY {
+			return fmt.Errorf("%s: busy (files are open); close them or use umount -l", dir)
+		}
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sirupsen/logrus"
+)
+
+// Options configures the file system.
+type Options struct {
+	// Store serves the objects. Required.
+	Store *store.Store
+	// Log receives one debug line per operation and warnings. Nil: logrus'
+	// standard logger.
+	Log *logrus.Logger
+	// AllowOther lets users other than the daemon's use the mount.
+	AllowOther bool
+	// DefaultPermissions makes the kernel enforce mode bits.
+	DefaultPermissions bool
+	// EntryTimeout, AttrTimeout and NegativeTimeout are the kernel's cache
+	// lifetimes. Every change made through this mount invalidates them, so
+	// they only bound staleness of changes made elsewhere.
+	EntryTimeout, AttrTimeout, NegativeTimeout time.Duration
+	// MaxWrite is the largest read or write request (at most 1 MiB, the
+	// kernel's request and pipe limit).
+	MaxWrite int
+	// MaxReadAhead bounds kernel readahead for mmap'ed reads.
+	MaxReadAhead int
+	// MaxBackground is the number of asynchronous requests the kernel may
+	// keep in flight.
+	MaxBackground int
+	// Status returns the document served as the root's
+	// user.mooncake.status xattr (JSON). Nil serves the store's figures.
+	Status func() ([]byte, error)
+	// Registerer receives the per-operation metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// Debug logs every FUSE request (very verbose).
+	Debug bool
+}
+
+// DefaultOptions returns options with every tunable set; Store is left nil.
+func DefaultOptions() Options {
+	return Options{
+		AllowOther:         true,
+		DefaultPermissions: true,
+		EntryTimeout:       time.Second,
+		AttrTimeout:        time.Second,
+		NegativeTimeout:    time.Second,
+		MaxWrite:           1 << 20,
+		MaxReadAhead:       1 << 20,
+		MaxBackground:      64,
+	}
+}
+
+// Validate reports every bad field at once.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Store == nil {
+		errs = append(errs, errors.New("fs: Options.Store is required"))
+	}
+	if o.MaxWrite < 4096 || o.MaxWrite > 1<<20 {
+		errs = append(errs, fmt.Errorf("fs: MaxWrite %d not in [4096, 1 MiB]", o.MaxWrite))
+	}
+	if o.MaxReadAhead < 0 || o.MaxBackground < 0 {
+		errs = append(errs, fmt.Errorf("fs: MaxReadAhead %d / MaxBackground %d negative", o.MaxReadAhead, o.MaxBackground))
+	}
+	for _, d := range []time.Duration{o.EntryTimeout, o.AttrTimeout, o.NegativeTimeout} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("fs: negative cache timeout %v", d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// FS is the state shared by every node of one mount.
+type FS struct {
+	opts    Options
+	st      *store.Store
+	log     *logrus.Logger
+	metrics *metrics
+}
+
+func newFS(o Options) (*FS, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Log == nil {
+		o.Log = logrus.StandardLogger()
+	}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	return &FS{opts: o, st: o.Store, log: o.Log, metrics: m}, nil
+}

@@ -1,0 +1,39 @@
+package fs
+
+import (
+	"context"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+// Ioctl implements gofs.NodeIoctler: the ABI of package ioctl. Unknown
+// commands answer ENOTTY, malformed arguments EINVAL; neither changes
+// anything.
+func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (result int32, errno syscall.Errno) {
+	start := time.Now()
+	var err error
+	key, _ := n.key()
+	defer func() { n.fs.opDone(ctx, "ioctl", key, 0, start, errno, err) }()
+	if ioctl.TypeOf(cmd) != ioctl.Type {
+		return 0, syscall.ENOTTY
+	}
+	switch cmd {
+	case ioctl.CmdGetMagic:
+		if len(output) < ioctl.SizeMagicArg {
+			return 0, syscall.EINVAL
+		}
+		copy(output, ioctl.MagicArg{Magic: ioctl.MagicValue}.Marshal())
+		return 0, 0
+	case ioctl.CmdGetABIVersion:
+		if len(output) < ioctl.SizeABIVersionArg {
+			return 0, syscall.EINVAL
+		}
+		copy(output, ioctl.ABIVersionArg{Major: ioctl.ABIMajor, Minor: ioctl.ABIMinor}.Marshal())
+		return 0, 0
+	}
+	return 0, syscall.ENOTTY
+}

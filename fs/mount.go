@@ -1,0 +1,150 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"strings"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Mount is a mounted file system.
+type Mount struct {
+	Dir    string
+	server *fuse.Server
+	fs     *FS
+}
+
+// MountFS mounts the store at dir and starts serving. A stale FUSE mount
+// left at dir by a daemon that died is detached first. As root the mount
+// is made with mount(2) directly; otherwise fusermount3 is used.
+func MountFS(dir string, o Options) (*Mount, error) {
+	f, err := newFS(o)
+	if err != nil {
+		return nil, err
+	}
+	if err := PrepareMountpoint(dir); err != nil {
+		return nil, err
+	}
+	et, at, nt := o.EntryTimeout, o.AttrTimeout, o.NegativeTimeout
+	mo := fuse.MountOptions{
+		AllowOther:           o.AllowOther,
+		FsName:               "mooncake",
+		Name:                 "mooncake",
+		MaxWrite:             o.MaxWrite,
+		MaxReadAhead:         o.MaxReadAhead,
+		MaxBackground:        o.MaxBackground,
+		DirectMount:          os.Geteuid() == 0,
+		IgnoreSecurityLabels: true,
+		Debug:                o.Debug,
+		ExtraCapabilities:    fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_DIRECT_IO_ALLOW_MMAP,
+	}
+	if o.DefaultPermissions {
+		mo.Options = append(mo.Options, "default_permissions")
+	}
+	if o.Debug {
+		mo.Logger = log.New(f.log.WriterLevel(4), "", 0)
+	}
+	root := &node{fs: f}
+	server, err := gofs.Mount(dir, root, &gofs.Options{
+		MountOptions:    mo,
+		EntryTimeout:    &et,
+		AttrTimeout:     &at,
+		NegativeTimeout: &nt,
+		RootStableAttr:  &gofs.StableAttr{Ino: 1},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	return &Mount{Dir: dir, server: server, fs: f}, nil
+}
+
+// Settings returns the negotiated kernel settings for status output.
+func (m *Mount) Settings() map[string]any {
+	k := m.server.KernelSettings()
+	return map[string]any{
+		"max_write":      m.fs.opts.MaxWrite,
+		"max_readahead":  m.fs.opts.MaxReadAhead,
+		"max_background": m.fs.opts.MaxBackground,
+		"kernel_abi":     fmt.Sprintf("%d.%d", k.Major, k.Minor),
+		"entry_timeout":  m.fs.opts.EntryTimeout.String(),
+		"attr_timeout":   m.fs.opts.AttrTimeout.String(),
+		"direct_io":      true,
+	}
+}
+
+// Unmount detaches the mount and waits until every request in flight,
+// commits included, has finished. If files are still open it retries for
+// up to timeout, then detaches lazily (the kernel finishes the rest).
+func (m *Mount) Unmount(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = m.server.Unmount(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			if lerr := unix.Unmount(m.Dir, unix.MNT_DETACH); lerr != nil {
+				return fmt.Errorf("fs: unmount %s: %w (lazy: %v)", m.Dir, err, lerr)
+			}
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	m.server.Wait()
+	return nil
+}
+
+// Wait blocks until the file system is unmounted (also from outside).
+func (m *Mount) Wait() { m.server.Wait() }
+
+// PrepareMountpoint creates dir if needed and detaches a stale FUSE mount
+// there (stat fails with ENOTCONN once its daemon is gone).
+func PrepareMountpoint(dir string) error {
+	_, err := os.Stat(dir)
+	switch {
+	case err == nil:
+	case errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED):
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("fs: detach stale mount at %s: %w", dir, err)
+		}
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("fs: create mountpoint: %w", err)
+		}
+	default:
+		return fmt.Errorf("fs: mountpoint %s: %w", dir, err)
+	}
+	if mounted, err := IsMooncakeMount(dir); err == nil && mounted {
+		// A mount is there and answers: another daemon is serving it.
+		return fmt.Errorf("fs: %s is already a mooncake-fs mount", dir)
+	}
+	return nil
+}
+
+// IsMooncakeMount reports whether dir is a mount point of type
+// fuse.mooncake according to /proc/self/mountinfo.
+func IsMooncakeMount(dir string) (bool, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 10 || fields[4] != dir {
+			continue
+		}
+		for i, f := range fields {
+			if f == "-" && i+1 < len(fields) && fields[i+1] == "fuse.mooncake" {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}

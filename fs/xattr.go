@@ -1,0 +1,211 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
+)
+
+// Extended attributes. The user.mooncake.* names are computed from the
+// object (and .pin can be set); other user.* names are stored with the
+// object; other namespaces are not supported.
+const (
+	xattrPrefix   = "user."
+	xattrSize     = "user.mooncake.size"
+	xattrVersion  = "user.mooncake.version"
+	xattrLocation = "user.mooncake.location"
+	xattrPin      = "user.mooncake.pin"
+	xattrStatus   = "user.mooncake.status"
+	mooncakeNS    = "mooncake."
+	maxXattrValue = 64 << 10
+)
+
+func location(o *store.Object) string {
+	var b strings.Builder
+	for i, r := range o.Replicas {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(r.Node)
+		b.WriteByte(':')
+		for j, e := range r.Extents {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(e.String())
+		}
+	}
+	return b.String()
+}
+
+func (n *node) xattrValue(ctx context.Context, attr string) ([]byte, error) {
+	if attr == xattrStatus && n.IsRoot() {
+		if n.fs.opts.Status != nil {
+			return n.fs.opts.Status()
+		}
+		return []byte(fmt.Sprintf("%+v", n.fs.st.Stats())), nil
+	}
+	key, ok := n.key()
+	if !ok {
+		return nil, store.ErrNotFound
+	}
+	o, err := n.fs.st.Stat(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	switch attr {
+	case xattrSize:
+		return []byte(strconv.FormatUint(n.sizeOf(o), 10)), nil
+	case xattrVersion:
+		return []byte(strconv.FormatUint(o.Version, 10)), nil
+	case xattrLocation:
+		return []byte(location(o)), nil
+	case xattrPin:
+		if o.Pinned {
+			return []byte("1"), nil
+		}
+		return []byte("0"), nil
+	}
+	if name, ok := strings.CutPrefix(attr, xattrPrefix); ok {
+		if v, ok := o.Xattrs[name]; ok {
+			return v, nil
+		}
+	}
+	return nil, syscall.ENODATA
+}
+
+// Getxattr implements gofs.NodeGetxattrer.
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (sz uint32, errno syscall.Errno) {
+	start := time.Now()
+	var err error
+	defer func() { n.fs.opDone(ctx, "getxattr", attr, 0, start, errno, err) }()
+	v, err := n.xattrValue(ctx, attr)
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	if len(dest) == 0 {
+		return uint32(len(v)), 0
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+// Setxattr implements gofs.NodeSetxattrer.
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) (errno syscall.Errno) {
+	start := time.Now()
+	var err error
+	defer func() { n.fs.opDone(ctx, "setxattr", attr, 0, start, errno, err) }()
+	name, ok := strings.CutPrefix(attr, xattrPrefix)
+	if !ok {
+		return syscall.EOPNOTSUPP
+	}
+	if len(data) > maxXattrValue || len(name) > store.MaxNameLen {
+		return syscall.E2BIG
+	}
+	key, ok := n.key()
+	if !ok {
+		return syscall.ENOENT
+	}
+	if name == "mooncake.pin" {
+		var pin bool
+		switch strings.TrimSpace(string(data)) {
+		case "1", "true":
+			pin = true
+		case "0", "false":
+		default:
+			return syscall.EINVAL
+		}
+		_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
+			o.Pinned = pin
+			return nil
+		})
+		return toErrno(err)
+	}
+	if strings.HasPrefix(name, mooncakeNS) {
+		// Computed attributes are read-only; unknown ones are reserved.
+		return syscall.EPERM
+	}
+	_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
+		_, exists := o.Xattrs[name]
+		if flags&0x1 != 0 && exists { // XATTR_CREATE
+			return store.ErrExists
+		}
+		if flags&0x2 != 0 && !exists { // XATTR_REPLACE
+			return syscall.ENODATA
+		}
+		if o.Xattrs == nil {
+			o.Xattrs = map[string][]byte{}
+		}
+		o.Xattrs[name] = append([]byte(nil), data...)
+		return nil
+	})
+	return toErrno(err)
+}
+
+// Removexattr implements gofs.NodeRemovexattrer.
+func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errno) {
+	start := time.Now()
+	var err error
+	defer func() { n.fs.opDone(ctx, "removexattr", attr, 0, start, errno, err) }()
+	name, ok := strings.CutPrefix(attr, xattrPrefix)
+	if !ok {
+		return syscall.EOPNOTSUPP
+	}
+	if strings.HasPrefix(name, mooncakeNS) {
+		return syscall.EPERM
+	}
+	key, ok := n.key()
+	if !ok {
+		return syscall.ENOENT
+	}
+	_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
+		if _, ok := o.Xattrs[name]; !ok {
+			return syscall.ENODATA
+		}
+		delete(o.Xattrs, name)
+		return nil
+	})
+	return toErrno(err)
+}
+
+// Listxattr implements gofs.NodeListxattrer.
+func (n *node) Listxattr(ctx context.Context, dest []byte) (sz uint32, errno syscall.Errno) {
+	key, ok := n.key()
+	if !ok {
+		return 0, syscall.ENOENT
+	}
+	var names []string
+	if n.IsRoot() {
+		names = append(names, xattrStatus)
+	} else {
+		o, err := n.fs.st.Stat(ctx, key)
+		if err != nil {
+			return 0, toErrno(err)
+		}
+		if o.Kind == store.KindFile {
+			names = append(names, xattrSize, xattrVersion, xattrLocation, xattrPin)
+		}
+		for k := range o.Xattrs {
+			names = append(names, xattrPrefix+k)
+		}
+	}
+	var buf []byte
+	for _, s := range names {
+		buf = append(buf, s...)
+		buf = append(buf, 0)
+	}
+	if len(dest) == 0 {
+		return uint32(len(buf)), 0
+	}
+	if len(dest) < len(buf) {
+		return uint32(len(buf)), syscall.ERANGE
+	}
+	return uint32(copy(dest, buf)), 0
+}
