@@ -1,0 +1,47 @@
+// Package store is the object layer: it turns an Index (the consistent map
+// key -> Object) and this node's segments into objects with atomic
+// replacement, reader leases and eviction. It never sees a syscall.
+//
+// # Write protocol
+//
+// A Draft reserves extents (phase 1), the transfer engine moves bytes into
+// them (phase 2), and Commit swaps the new Object into the Index with a
+// compare-and-swap on the version (phase 3). A draft that is closed without
+// committing frees its reservation (revoke). A draft starts from a base
+// version without copying it; the first change copies the base (copy on
+// write), except truncation to zero.
+//
+// # Reader leases and freeing
+//
+// The local bytes of one committed version are a body, identified by its
+// first extent (unique among live allocations). A Reader holds its body;
+// a replacing or deleting commit retires the old body, which is freed when
+// its last holder lets go. Metadata-only updates keep the body.
+//
+// # Eviction
+//
+// With Options.Evict, allocation failures evict least recently used files
+// that are neither open nor pinned, and a background loop keeps use between
+// LowWater and HighWater. Without it, a full store fails with ErrNoSpace.
+//
+// # Directories
+//
+// Keys are slash-separated paths. A directory is explicit (an Object of
+// KindDir, from Mkdir) or implicit (the prefix of other keys). Removing the
+// last child of an implicit directory makes it explicit in the same
+// transaction, so "rm -r" finds the directory it expects.
+//
+// # Lock order
+//
+// Store.mu (bodies, open counts) -> Index internals; Store.lru is a leaf;
+// Draft.rw -> Draft.mu -> Store.mu. No store lock is held across a
+// transfer. Store.mu is held across Index.Get in OpenReader so that an
+// open and a concurrent replace cannot interleave between the lookup and
+// the lease; Index.Get must therefore be served locally (the embedded
+// index, or a watch-fed cache).
+//
+// # Errors
+//
+// Sentinels in errors.go, wrapped with the key and sizes; fs/ maps them to
+// errno.
+package store

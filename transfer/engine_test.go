@@ -1,0 +1,152 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand"
+	"testing"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+)
+
+func newEngine(t *testing.T, segSize int, o Options) (*Engine, *segment.Table) {
+	t.Helper()
+	tab := segment.NewTable()
+	for id := range 2 {
+		if err := tab.Add(segment.NewSegment(segment.ID(id), make([]byte, segSize))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o.Local = tab
+	e, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e, tab
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		size int
+		opts Options
+	}{
+		{"inline", 64 << 10, Options{}},
+		{"split", 24 << 20, Options{Workers: 3, SplitBytes: 1 << 20, ChunkBytes: 64 << 10}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, _ := newEngine(t, 32<<20, c.opts)
+			src := make([]byte, c.size)
+			rand.New(rand.NewSource(1)).Read(src)
+			// Spread over two segments, the second extent unaligned.
+			half := uint64(c.size / 2)
+			ext := []segment.Extent{{Segment: 1, Off: 4096, Len: half}, {Segment: 0, Off: 12345, Len: uint64(c.size) - half}}
+			var reqs []Request
+			var off uint64
+			for _, x := range ext {
+				reqs = append(reqs, Request{Op: Write, Buf: HostBuffer(src), BufOff: off, Extent: x})
+				off += x.Len
+			}
+			if err := e.Submit(context.Background(), reqs); err != nil {
+				t.Fatal(err)
+			}
+			dst := make([]byte, c.size)
+			for i := range reqs {
+				reqs[i].Op = Read
+				reqs[i].Buf = HostBuffer(dst)
+			}
+			if err := e.Submit(context.Background(), reqs); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(src, dst) {
+				t.Fatal("round trip differs")
+			}
+			st := e.Stats()
+			if st.BytesWritten != uint64(c.size) || st.BytesRead != uint64(c.size) || st.CopiedBytes != 2*uint64(c.size) {
+				t.Fatalf("stats %+v: want one copy per byte each way", st)
+			}
+		})
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	e, tab := newEngine(t, 1<<20, Options{})
+	buf := make([]byte, 8192)
+	seg, _ := tab.Get(0)
+	copy(seg.Mem, bytes.Repeat([]byte{7}, 1<<20))
+	reqs := []Request{
+		{Op: Read, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 0, Off: 0, Len: 4096}},       // fine
+		{Op: Read, Buf: HostBuffer(buf), BufOff: 8000, Extent: segment.Extent{Segment: 0, Off: 0, Len: 4096}},    // past buffer
+		{Op: Read, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 9, Off: 0, Len: 16}},         // no segment
+		{Op: Write, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 0, Off: 1 << 20, Len: 4096}}, // past segment
+		{Op: Read, Buf: HostBuffer(buf), BufOff: ^uint64(0), Extent: segment.Extent{Segment: 0, Off: 0, Len: 2}},  // overflow
+	}
+	err := e.Submit(context.Background(), reqs)
+	if !errors.Is(err, ErrBadRequest) || !errors.Is(err, ErrNoStrategy) {
+		t.Fatalf("err = %v", err)
+	}
+	if buf[0] != 7 || buf[4096] != 0 {
+		t.Fatal("the valid request must still run, the bad ones must not touch the buffer")
+	}
+	if seg.Mem[(1<<20)-1] != 7 {
+		t.Fatal("segment changed by a rejected write")
+	}
+}
+
+func TestClosed(t *testing.T) {
+	e, _ := newEngine(t, 1<<20, Options{})
+	e.Close()
+	if err := e.Submit(context.Background(), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("err = %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	e2, _ := newEngine(t, 1<<20, Options{})
+	if err := e2.Submit(ctx, nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	err := Options{Workers: -1, ChunkBytes: 10}.Validate()
+	for _, want := range []string{"Local", "Workers", "ChunkBytes"} {
+		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(want)) {
+			t.Errorf("Validate error %v does not name %s", err, want)
+		}
+	}
+}
+
+func BenchmarkSubmit(b *testing.B) {
+	for _, size := range []int{1 << 20, 64 << 20} {
+		b.Run(sizeName(size), func(b *testing.B) {
+			tab := segment.NewTable()
+			_ = tab.Add(segment.NewSegment(0, make([]byte, size)))
+			e, _ := New(Options{Local: tab})
+			defer e.Close()
+			buf := make([]byte, size)
+			reqs := []Request{{Op: Write, Buf: HostBuffer(buf), Extent: segment.Extent{Segment: 0, Len: uint64(size)}}}
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			for b.Loop() {
+				_ = e.Submit(context.Background(), reqs)
+			}
+			b.ReportMetric(float64(size)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+		})
+	}
+}
+
+func sizeName(n int) string {
+	if n >= 1<<20 {
+		return "size=" + itoa(n>>20) + "MiB"
+	}
+	return "size=" + itoa(n>>10) + "KiB"
+}
+
+func itoa(n int) string {
+	if n < 10 {
+		return string(rune('0' + n))
+	}
+	return itoa(n/10) + string(rune('0'+n%10))
+}
