@@ -162,15 +162,24 @@ func (p hugePool) setNr(n int) error {
 	return nil
 }
 
-// growLocked raises nr_hugepages by n and reports how many pages the kernel
-// really added, which may be fewer (fragmentation, no memory). The caller
-// holds the pool lock.
+// growLocked makes n more hugepages free and reports by how much
+// nr_hugepages rose (which includes surplus pages made persistent); the
+// kernel may grant fewer (fragmentation, no memory). The caller holds the
+// pool lock.
 func (p hugePool) growLocked(n int) (added int, err error) {
 	before, err := p.nr()
 	if err != nil {
 		return 0, err
 	}
-	werr := p.setNr(before + n)
+	// Pages in use above nr_hugepages are surplus; raising nr_hugepages
+	// first turns them into persistent pages and adds fresh free pages only
+	// beyond that, so grow from the total, surplus included. Shrinking later
+	// by what was added restores the surplus as it was.
+	st, err := p.stats()
+	if err != nil {
+		return 0, err
+	}
+	werr := p.setNr(max(before, st.Total) + n)
 	after, err := p.nr()
 	if err != nil {
 		return 0, errors.Join(werr, err)

@@ -2,6 +2,7 @@ package pinned
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,6 +84,12 @@ func TestHugepageStatus(t *testing.T) {
 // fakePool is a pool over a temp procfs whose nr_hugepages is a plain file,
 // so the read-modify-write logic runs without touching the kernel.
 func fakePool(t *testing.T, nr string) hugePool {
+	return fakePoolTotal(t, nr, 0)
+}
+
+// fakePoolTotal also writes a meminfo whose HugePages_Total is total
+// (persistent plus surplus pages).
+func fakePoolTotal(t *testing.T, nr string, total int) hugePool {
 	t.Helper()
 	dir := t.TempDir()
 	p := hugePool{procRoot: dir, lockPath: filepath.Join(dir, "lock")}
@@ -90,6 +97,10 @@ func fakePool(t *testing.T, nr string) hugePool {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(p.nrPath(), []byte(nr), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mi := fmt.Sprintf("HugePages_Total: %d\nHugePages_Free: 0\nHugePages_Rsvd: 0\nHugePages_Surp: 0\nHugepagesize: 2048 kB\n", total)
+	if err := os.WriteFile(filepath.Join(dir, "meminfo"), []byte(mi), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -120,6 +131,27 @@ func TestHugePoolGrowShrink(t *testing.T) {
 	}
 	if n, _ := p.nr(); n != 0 {
 		t.Errorf("after shrink(100): nr() = %d, want 0 (never below)", n)
+	}
+}
+
+// Surplus pages (in use above nr_hugepages) are made persistent first when
+// nr_hugepages rises, so growth must start from the total.
+func TestHugePoolGrowOverSurplus(t *testing.T) {
+	p := fakePoolTotal(t, "0\n", 4)
+	unlock, err := p.lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	added, err := p.growLocked(3)
+	unlock()
+	if err != nil || added != 7 {
+		t.Fatalf("growLocked(3) over 4 surplus = %d, %v; want nr raised by 7", added, err)
+	}
+	if err := p.shrink(added); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := p.nr(); n != 0 {
+		t.Errorf("after shrink: nr() = %d, want 0", n)
 	}
 }
 

@@ -1,7 +1,336 @@
 package main
 
-import "errors"
+// The bench command measures the mount against ceilings taken in the same
+// run, on the same machine, by the same worker code: a throughput claim is
+// a ratio against its ceiling (STYLE.md, Benchmarks).
+//
+// Three kinds of process take part:
+//
+//   - bench (this process) mounts a private daemon and a tmpfs under a
+//     temporary directory, runs the cases and reports. It never does I/O
+//     on the mount itself: a process that both serves and uses a FUSE
+//     mount can deadlock, and its own work would disturb the figures.
+//   - the daemon, "mooncake-fs mount" run as a child, in its own process
+//     group so that a terminal's ^C reaches only bench, which then stops
+//     it with SIGTERM (and Pdeathsig stops it if bench is killed).
+//   - workers, "mooncake-fs bench worker PHASE CASE DIR PARAMS" (internal,
+//     not for users), one fresh process per phase and repetition. See
+//     bench_worker.go for the protocol.
+//
+// Each repetition runs the mooncake side and then the ceiling side, so
+// that noise from other work on the machine falls on both alike.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// benchConfig is everything "bench" takes from its flags.
+type benchConfig struct {
+	json      bool
+	cases     []benchCase
+	size      uint64
+	storeSize uint64
+	tmpfsSize uint64
+	reps      int
+	files     int
+	keepGoing bool
+}
+
+const (
+	benchBlock    = 1 << 20 // bytes per read(2)/write(2) of the sequential cases
+	benchFileSize = 4 << 10 // bytes per file of fuse-small-files
+)
+
+func parseBenchFlags(args []string) (*benchConfig, error) {
+	c := &benchConfig{size: 1 << 30}
+	var names string
+	fl := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fl.BoolVar(&c.json, "json", false, "print one JSON object per case")
+	fl.StringVar(&names, "case", "", "comma-separated cases to run; default all: "+strings.Join(benchCaseNames(), ", "))
+	fl.Var(sizeFlag{&c.size}, "size", "bytes per pass of the sequential cases")
+	fl.Var(sizeFlag{&c.storeSize}, "store-size", "capacity of the benchmark's own mount; default max(3 GiB, 2*size+1 GiB)")
+	fl.IntVar(&c.reps, "reps", 3, "repetitions of each side of each case; the median is reported")
+	fl.IntVar(&c.files, "files", 5000, "files per pass of fuse-small-files")
+	fl.BoolVar(&c.keepGoing, "keep-going", false, "report a failed case and run the next instead of stopping")
+	if err := fl.Parse(args); err != nil {
+		return nil, err
+	}
+	var errs []error
+	if fl.NArg() > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments %q", fl.Args()))
+	}
+	var err error
+	if c.cases, err = selectBenchCases(names); err != nil {
+		errs = append(errs, err)
+	}
+	if c.size < benchBlock {
+		errs = append(errs, fmt.Errorf("--size %d: at least 1 MiB", c.size))
+	}
+	if c.reps < 1 {
+		errs = append(errs, fmt.Errorf("--reps %d: at least 1", c.reps))
+	}
+	if c.files < 1 {
+		errs = append(errs, fmt.Errorf("--files %d: at least 1", c.files))
+	}
+	// The sequential cases hold one file of --size at a time per side;
+	// the rest is slack for small files and the allocator.
+	need := c.size + 64<<20 + uint64(c.files)*benchFileSize
+	if c.storeSize == 0 {
+		c.storeSize = max(3<<30, 2*c.size+1<<30)
+	} else if c.storeSize < need {
+		errs = append(errs, fmt.Errorf("--store-size %s: the cases need at least %s", formatSize(c.storeSize), formatSize(need)))
+	}
+	c.storeSize = (c.storeSize + 2<<20 - 1) &^ (2<<20 - 1)
+	c.tmpfsSize = need + 256<<20
+	return c, errors.Join(errs...)
+}
 
 func runBench(args []string) error {
-	return errors.New("bench: not built yet")
+	if len(args) > 0 && args[0] == "worker" {
+		return runBenchWorker(args[1:])
+	}
+	cfg, err := parseBenchFlags(args)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("must run as root: it mounts a tmpfs and a FUSE daemon")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own binary: %w", err)
+	}
+	// Signals cancel ctx and stay caught until cleanup is done: a second
+	// ^C must not kill bench with mounts still in place.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+
+	env := &benchEnv{self: self}
+	defer func() {
+		if cerr := env.close(); cerr != nil {
+			fmt.Fprintf(os.Stderr, "mooncake-fs bench: cleanup: %v\n", cerr)
+		}
+	}()
+	if err := env.start(ctx, cfg.storeSize, cfg.tmpfsSize); err != nil {
+		env.failed = ctx.Err() == nil
+		return interrupted(ctx, err)
+	}
+	r := &benchRunner{env: env, cfg: cfg}
+	out := &benchOutput{json: cfg.json}
+	out.begin(cfg)
+	failed := 0
+	for _, c := range cfg.cases {
+		res, err := r.runCase(ctx, c)
+		if err != nil {
+			env.failed = ctx.Err() == nil
+			if ctx.Err() != nil || !cfg.keepGoing {
+				return interrupted(ctx, fmt.Errorf("%s: %w", c.name, err))
+			}
+			out.caseError(c.name, err)
+			failed++
+			continue
+		}
+		out.result(res)
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d cases failed", failed, len(cfg.cases))
+	}
+	return nil
+}
+
+func interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted; cleaned up (%v)", err)
+	}
+	return err
+}
+
+// benchRunner runs the cases of one bench invocation.
+type benchRunner struct {
+	env *benchEnv
+	cfg *benchConfig
+}
+
+// benchSide is one place a case runs: the mount or its ceiling.
+type benchSide struct {
+	label string
+	dir   string
+	mount bool // the mooncake side: sample the daemon's CPU
+}
+
+type sideRun struct {
+	sample    benchSample
+	daemonCPU float64
+}
+
+func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, error) {
+	var sides []benchSide
+	switch c.target {
+	case onMount:
+		sides = []benchSide{{"mooncake", r.env.mnt, true}, {c.ceiling, r.env.tmpfs, false}}
+	case inMemory:
+		sides = []benchSide{{c.name, "", false}}
+	}
+	p := benchParams{Size: r.cfg.size, Block: benchBlock, Files: r.cfg.files, FileSize: benchFileSize}
+	if c.setup != nil {
+		for _, s := range sides {
+			if _, err := r.env.worker(ctx, "setup", c.name, s.dir, p, false); err != nil {
+				return benchResult{}, err
+			}
+		}
+	}
+	runs := make([][]sideRun, len(sides))
+	var err error
+	for rep := 0; rep < r.cfg.reps && err == nil; rep++ {
+		p.Rep = rep
+		for i, s := range sides {
+			var sr sideRun
+			if sr, err = r.env.worker(ctx, "run", c.name, s.dir, p, s.mount); err != nil {
+				break
+			}
+			runs[i] = append(runs[i], sr)
+		}
+	}
+	if c.teardown != nil && ctx.Err() == nil {
+		for _, s := range sides {
+			if _, terr := r.env.worker(ctx, "teardown", c.name, s.dir, p, false); terr != nil && err == nil {
+				err = terr
+			}
+		}
+	}
+	if err != nil {
+		return benchResult{}, err
+	}
+	m := median(runs[0], c.small)
+	ceil := m
+	if len(sides) > 1 {
+		ceil = median(runs[1], c.small)
+	}
+	res := makeBenchResult(c, sides[len(sides)-1].label, m.sample, ceil.sample, len(runs[0]))
+	if c.target == onMount {
+		res.DaemonCPU = round(m.daemonCPU, 2)
+	}
+	return res, nil
+}
+
+// median returns the run with the median rate (ops/s for small-operation
+// cases, bytes/s otherwise); with an even count, the faster of the middle
+// two. The median, not the best, because the machine is shared: it drops
+// one disturbed repetition either way. Both sides use it.
+func median(runs []sideRun, small bool) sideRun {
+	s := append([]sideRun(nil), runs...)
+	sort.SliceStable(s, func(i, j int) bool { return s[i].sample.rate(small) < s[j].sample.rate(small) })
+	return s[len(s)/2]
+}
+
+// benchResult is one line of "bench --json".
+type benchResult struct {
+	Case           string  `json:"case"`
+	Bytes          uint64  `json:"bytes"`
+	GBps           float64 `json:"gbps"`
+	Ceiling        string  `json:"ceiling"`
+	CeilingGBps    float64 `json:"ceiling_gbps"`
+	Ratio          float64 `json:"ratio"`
+	OpsPerS        float64 `json:"ops_per_s,omitempty"`
+	P50us          float64 `json:"p50_us,omitempty"`
+	P99us          float64 `json:"p99_us,omitempty"`
+	CeilingOpsPerS float64 `json:"ceiling_ops_per_s,omitempty"`
+	CeilingP50us   float64 `json:"ceiling_p50_us,omitempty"`
+	CeilingP99us   float64 `json:"ceiling_p99_us,omitempty"`
+	// DaemonCPU is the daemon's CPU time per wall second while the
+	// reported mooncake repetition ran (1 = one core busy).
+	DaemonCPU float64 `json:"daemon_cpu,omitempty"`
+	Reps      int     `json:"reps"`
+}
+
+// makeBenchResult turns the reported samples of both sides into a line.
+// GB/s is 1e9 bytes per second, which is bytes per nanosecond.
+func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int) benchResult {
+	res := benchResult{
+		Case:        c.name,
+		Bytes:       m.Bytes,
+		GBps:        round(m.gbps(), 3),
+		Ceiling:     ceiling,
+		CeilingGBps: round(ceil.gbps(), 3),
+		Reps:        reps,
+	}
+	if c.small {
+		res.OpsPerS = round(m.opsPerS(), 0)
+		res.P50us, res.P99us = round(float64(m.P50ns)/1e3, 1), round(float64(m.P99ns)/1e3, 1)
+		res.CeilingOpsPerS = round(ceil.opsPerS(), 0)
+		res.CeilingP50us, res.CeilingP99us = round(float64(ceil.P50ns)/1e3, 1), round(float64(ceil.P99ns)/1e3, 1)
+		res.Ratio = round(ratio(m.opsPerS(), ceil.opsPerS()), 3)
+	} else {
+		res.Ratio = round(ratio(m.gbps(), ceil.gbps()), 3)
+	}
+	return res
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// round rounds x to digits decimal places.
+func round(x float64, digits int) float64 {
+	p := math.Pow(10, float64(digits))
+	return math.Round(x*p) / p
+}
+
+// benchOutput prints results as they come: JSON lines, or a table.
+type benchOutput struct {
+	json bool
+}
+
+const benchRow = "%-18s %8s  %-18s %8s %6s %9s %8s %8s %10s %7s\n"
+
+func (o *benchOutput) begin(cfg *benchConfig) {
+	if o.json {
+		return
+	}
+	fmt.Printf("# median of %d repetitions per side; GB/s = 1e9 B/s; ratio = mooncake / ceiling (ops/s for small files)\n", cfg.reps)
+	fmt.Printf("# mount: %s store, sequential passes of %s in %s blocks, %d files of %s\n",
+		formatSize(cfg.storeSize), formatSize(cfg.size), formatSize(benchBlock), cfg.files, formatSize(benchFileSize))
+	fmt.Printf(benchRow, "CASE", "GB/s", "CEILING", "GB/s", "RATIO", "OPS/S", "P50 us", "P99 us", "CEIL OPS/S", "DAEMON")
+}
+
+func (o *benchOutput) result(r benchResult) {
+	if o.json {
+		b, _ := json.Marshal(r)
+		fmt.Println(string(b))
+		return
+	}
+	f := func(x float64, digits int) string { return fmt.Sprintf("%.*f", digits, x) }
+	ops, p50, p99, cops, cpu := "-", "-", "-", "-", "-"
+	if r.OpsPerS > 0 {
+		ops, p50, p99, cops = f(r.OpsPerS, 0), f(r.P50us, 1), f(r.P99us, 1), f(r.CeilingOpsPerS, 0)
+	}
+	if r.DaemonCPU > 0 {
+		cpu = f(r.DaemonCPU, 2)
+	}
+	fmt.Printf(benchRow, r.Case, f(r.GBps, 3), r.Ceiling, f(r.CeilingGBps, 3), f(r.Ratio, 3), ops, p50, p99, cops, cpu)
+}
+
+func (o *benchOutput) caseError(name string, err error) {
+	if o.json {
+		b, _ := json.Marshal(struct {
+			Case  string `json:"case"`
+			Error string `json:"error"`
+		}{name, err.Error()})
+		fmt.Println(string(b))
+		return
+	}
+	fmt.Printf("%-18s error: %v\n", name, err)
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -140,6 +139,10 @@ func runMount(args []string) error {
 	log.SetOutput(os.Stderr)
 	lvl, _ := logrus.ParseLevel(cfg.logLevel)
 	log.SetLevel(lvl)
+	// Catch signals before anything is mounted, so a SIGTERM at any point
+	// after READY unmounts cleanly instead of killing the process.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	d := &daemon{cfg: cfg, log: log, started: time.Now(), reg: prometheus.NewRegistry()}
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := d.start(); err != nil {
@@ -150,8 +153,6 @@ func runMount(args []string) error {
 	fmt.Printf("READY %s\n", cfg.dir)
 	log.WithFields(logrus.Fields{"mountpoint": cfg.dir, "size": formatSize(cfg.size), "segments": len(d.regions)}).Info("mounted")
 
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	unmounted := make(chan struct{})
 	go func() { d.mnt.Wait(); close(unmounted) }()
 	select {
@@ -380,4 +381,3 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.pin, prometheus.GaugeValue, float64(locked))
 }
 
-var _ = context.Background

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestNearestRank(t *testing.T) {
+	seq := func(n int) []int64 {
+		xs := make([]int64, n)
+		for i := range xs {
+			xs[i] = int64(i + 1)
+		}
+		return xs
+	}
+	for _, c := range []struct {
+		xs       []int64
+		p50, p99 int64
+	}{
+		{nil, 0, 0},
+		{[]int64{7}, 7, 7},
+		{[]int64{3, 1}, 1, 3},
+		{[]int64{5, 1, 4, 2, 3}, 3, 5},
+		{seq(100), 50, 99},
+		{seq(5000), 2500, 4950},
+		{seq(101), 51, 100},
+	} {
+		xs := slices.Clone(c.xs)
+		// Shuffle-free reversal: percentiles must sort.
+		slices.Reverse(xs)
+		p50, p99 := percentiles(xs)
+		if p50 != c.p50 || p99 != c.p99 {
+			t.Errorf("percentiles(%d values) = %d, %d; want %d, %d", len(c.xs), p50, p99, c.p50, c.p99)
+		}
+	}
+}
+
+func TestBenchResultJSON(t *testing.T) {
+	seqWrite, _ := lookupBenchCase("fuse-seq-write")
+	small, _ := lookupBenchCase("fuse-small-files")
+	for _, c := range []struct {
+		name string
+		c    benchCase
+		m, k benchSample
+		want string
+	}{
+		{
+			name: "throughput",
+			c:    seqWrite,
+			// 1 GiB in 0.5 s against 1 GiB in 0.25 s.
+			m:    benchSample{Bytes: 1 << 30, Ns: 500_000_000, Ops: 1024},
+			k:    benchSample{Bytes: 1 << 30, Ns: 250_000_000, Ops: 1024},
+			want: `{"case":"fuse-seq-write","bytes":1073741824,"gbps":2.147,"ceiling":"tmpfs-seq-write","ceiling_gbps":4.295,"ratio":0.5,"reps":3}`,
+		},
+		{
+			name: "small",
+			c:    small,
+			// 5000 files in 0.25 s against 5000 in 0.05 s.
+			m: benchSample{Bytes: 5000 * 4096, Ns: 250_000_000, Ops: 5000, P50ns: 41_234, P99ns: 120_060},
+			k: benchSample{Bytes: 5000 * 4096, Ns: 50_000_000, Ops: 5000, P50ns: 9_960, P99ns: 20_000},
+			want: `{"case":"fuse-small-files","bytes":20480000,"gbps":0.082,"ceiling":"tmpfs-small-files","ceiling_gbps":0.41,"ratio":0.2,` +
+				`"ops_per_s":20000,"p50_us":41.2,"p99_us":120.1,"ceiling_ops_per_s":100000,"ceiling_p50_us":10,"ceiling_p99_us":20,"reps":3}`,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := json.Marshal(makeBenchResult(c.c, c.c.ceiling, c.m, c.k, 3))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != c.want {
+				t.Errorf("got  %s\nwant %s", b, c.want)
+			}
+		})
+	}
+}
+
+func TestMemcpyIsItsOwnCeiling(t *testing.T) {
+	c, _ := lookupBenchCase("memcpy")
+	s := benchSample{Bytes: 1 << 30, Ns: 1e8, Ops: 16}
+	r := makeBenchResult(c, c.ceiling, s, s, 3)
+	if r.Ratio != 1 || r.GBps != r.CeilingGBps || r.Ceiling != "memcpy" || r.OpsPerS != 0 {
+		t.Errorf("memcpy result %+v: want ratio 1 against itself, no ops figures", r)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	runs := []sideRun{
+		{sample: benchSample{Bytes: 100, Ns: 10, Ops: 1}},  // 10 B/ns, 0.1 ops/ns
+		{sample: benchSample{Bytes: 100, Ns: 50, Ops: 10}}, // 2 B/ns, 0.2 ops/ns
+		{sample: benchSample{Bytes: 100, Ns: 20, Ops: 1}},  // 5 B/ns, 0.05 ops/ns
+	}
+	if got := median(runs, false).sample.Ns; got != 20 {
+		t.Errorf("median by bytes/s picked ns=%d, want 20", got)
+	}
+	if got := median(runs, true).sample.Ns; got != 10 {
+		t.Errorf("median by ops/s picked ns=%d, want 10", got)
+	}
+	if got := median(runs[:1], false).sample.Ns; got != 10 {
+		t.Errorf("median of one picked ns=%d", got)
+	}
+	if runs[0].sample.Ns != 10 {
+		t.Error("median reordered its argument")
+	}
+}
+
+func TestSelectBenchCases(t *testing.T) {
+	names := func(cs []benchCase) string {
+		var s []string
+		for _, c := range cs {
+			s = append(s, c.name)
+		}
+		return strings.Join(s, ",")
+	}
+	all, err := selectBenchCases("")
+	if err != nil || names(all) != strings.Join(benchCaseNames(), ",") {
+		t.Fatalf("all cases: %q, %v", names(all), err)
+	}
+	// Table order, duplicates once.
+	got, err := selectBenchCases(" fuse-small-files,memcpy,memcpy ")
+	if err != nil || names(got) != "memcpy,fuse-small-files" {
+		t.Errorf("got %q, %v", names(got), err)
+	}
+	if _, err := selectBenchCases("memcpy,nope,fuse-nope"); err == nil || !strings.Contains(err.Error(), "nope, fuse-nope") {
+		t.Errorf("unknown cases: err %v", err)
+	}
+	if _, err := selectBenchCases(","); err == nil {
+		t.Error("empty list accepted")
+	}
+}
+
+func TestBenchCaseTable(t *testing.T) {
+	seen := map[string]bool{}
+	for _, c := range benchCases() {
+		if seen[c.name] {
+			t.Errorf("case %s twice", c.name)
+		}
+		seen[c.name] = true
+		if c.run == nil || c.ceiling == "" {
+			t.Errorf("case %s: needs run and a ceiling label", c.name)
+		}
+		if c.target == onMount && !strings.HasPrefix(c.ceiling, "tmpfs-") {
+			t.Errorf("case %s: ceiling %q on the tmpfs should say so", c.name, c.ceiling)
+		}
+	}
+}
+
+func TestParseBenchFlags(t *testing.T) {
+	c, err := parseBenchFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.size != 1<<30 || c.storeSize != 3<<30 || c.reps != 3 || c.files != 5000 || c.json || c.keepGoing {
+		t.Errorf("defaults: %+v", c)
+	}
+	c, err = parseBenchFlags([]string{"--json", "--size", "2GiB", "--case", "memcpy", "--keep-going"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.size != 2<<30 || c.storeSize != 5<<30 || !c.json || !c.keepGoing || len(c.cases) != 1 {
+		t.Errorf("flags: %+v", c)
+	}
+	// Every bad flag is reported at once.
+	_, err = parseBenchFlags([]string{"--size", "1KiB", "--reps", "0", "--case", "x", "--store-size", "1MiB"})
+	if err == nil {
+		t.Fatal("bad flags accepted")
+	}
+	for _, want := range []string{"--size", "--reps", "--case", "--store-size"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+}
+
+func TestWorkerProtocol(t *testing.T) {
+	// The memcpy case needs no file system: run it through the worker
+	// entry point in this process and decode its line like bench does.
+	p := benchParams{Size: memcpyBuf}
+	raw, _ := json.Marshal(p)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	err = runBench([]string{"worker", "run", "memcpy", "", string(raw)})
+	os.Stdout = stdout
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf [4096]byte
+	n, _ := r.Read(buf[:])
+	var s benchSample
+	if err := json.Unmarshal(buf[:n], &s); err != nil {
+		t.Fatalf("worker line %q: %v", buf[:n], err)
+	}
+	if s.Bytes != memcpyBuf || s.Ns <= 0 || s.Ops != 1 {
+		t.Errorf("sample %+v", s)
+	}
+	for _, bad := range [][]string{
+		{"worker", "run", "memcpy", ""},
+		{"worker", "run", "nope", "", "{}"},
+		{"worker", "sing", "memcpy", "", "{}"},
+		{"worker", "run", "memcpy", "", "{"},
+	} {
+		if err := runBench(bad); err == nil {
+			t.Errorf("runBench(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestProcCPU(t *testing.T) {
+	if _, err := procCPU(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+}
