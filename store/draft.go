@@ -180,12 +180,21 @@ func (d *Draft) WriteAt(ctx context.Context, p []byte, off uint64) (int, error) 
 	if end < off {
 		return 0, fmt.Errorf("store: write %d B at %d: %w", len(p), off, ErrTooLarge)
 	}
-	if err := d.ensureOwn(ctx, ^uint64(0)); err != nil {
-		return 0, err
+	for {
+		if err := d.ensureOwn(ctx, ^uint64(0)); err != nil {
+			return 0, err
+		}
+		d.rw.RLock()
+		d.mu.Lock()
+		if d.mu.own || d.mu.closed {
+			break
+		}
+		// A commit between ensureOwn and RLock made the committed version
+		// the base again; writing now would go to extents no commit sees.
+		d.mu.Unlock()
+		d.rw.RUnlock()
 	}
-	d.rw.RLock()
 	defer d.rw.RUnlock()
-	d.mu.Lock()
 	if d.mu.closed {
 		d.mu.Unlock()
 		return 0, ErrClosed
@@ -342,6 +351,13 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			if err := d.s.checkParent(ctx, o.Key); err != nil {
 				return nil, err
 			}
+			// No object, but maybe an implicit directory: a file there
+			// would hide its children.
+			if has, err := d.s.hasChildren(ctx, o.Key); err != nil {
+				return nil, err
+			} else if has {
+				return nil, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
+			}
 			next = d.s.newObject(o.Key, KindFile, o.Template)
 		}
 		next.Size = size
@@ -352,7 +368,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			next.Replicas = []Replica{{Node: d.s.opts.Node, Extents: ext}}
 		}
 		_, err = d.s.idx.CompareAndSwap(ctx, Swap{Key: o.Key, Old: old, New: next})
-		if errors.Is(err, ErrConflict) && !o.Exclusive && ctx.Err() == nil {
+		if errors.Is(err, ErrConflict) && ctx.Err() == nil {
+			// Look again: an Exclusive commit that lost the race now sees
+			// the winner and fails with ErrExists, IfIno rechecks the inode.
 			continue
 		}
 		if err != nil {

@@ -44,7 +44,12 @@ type Object struct {
 // Clone returns a deep copy of o.
 func (o *Object) Clone() *Object {
 	c := *o
+	// The values too: a caller may hand in a buffer it reuses (a FUSE
+	// request), and the index keeps what it was given.
 	c.Xattrs = maps.Clone(o.Xattrs)
+	for k, v := range c.Xattrs {
+		c.Xattrs[k] = slices.Clone(v)
+	}
 	c.Replicas = make([]Replica, len(o.Replicas))
 	for i, r := range o.Replicas {
 		c.Replicas[i] = Replica{Node: r.Node, Extents: slices.Clone(r.Extents)}

@@ -380,4 +380,3 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.pin, prometheus.GaugeValue, float64(locked))
 }
-
