@@ -109,8 +109,8 @@ func (s *Store) evictLoop() {
 			return
 		case <-s.kick:
 		}
-		st := s.segs.Stats()
-		if float64(st.Used) > s.opts.HighWater*float64(st.Size) {
+		if s.aboveHighWater() {
+			st := s.segs.Stats()
 			s.evictUntil(context.Background(), st.Size-uint64(s.opts.LowWater*float64(st.Size)))
 		}
 	}

@@ -296,10 +296,16 @@ func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
 		}
 	}
 	s.stats.commits.Add(1)
-	if s.opts.Evict {
+	if s.opts.Evict && s.aboveHighWater() {
 		select {
 		case s.kick <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// aboveHighWater reports whether use passed the high watermark.
+func (s *Store) aboveHighWater() bool {
+	st := s.segs.Stats()
+	return float64(st.Used) > s.opts.HighWater*float64(st.Size)
 }
