@@ -87,8 +87,10 @@ func (d *Draft) reserveLocked(need uint64) error {
 	}
 	grow := need - d.mu.capacity
 	want := max(grow, min(max(d.mu.capacity, minGrow), maxGrow))
-	ext, err := d.s.alloc(want)
-	if err != nil && want > grow {
+	// Speculative growth never evicts: only what is really needed may
+	// push other objects out.
+	ext, err := d.s.segs.Alloc(want)
+	if err != nil {
 		ext, err = d.s.alloc(grow)
 	}
 	if err != nil {

@@ -1,0 +1,736 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
+)
+
+func TestCommitMakesContentVisible(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	data := pattern(1, 10_000)
+	ino := store.NewIno()
+	d := s.NewDraft(ino, nil, true)
+	defer d.Close()
+	if n, err := d.WriteAt(ctx, data, 0); err != nil || n != len(data) {
+		t.Fatalf("WriteAt: %d, %v", n, err)
+	}
+	// Nothing is visible before the commit.
+	if _, err := s.Stat(ctx, "f"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Stat before commit: %v", err)
+	}
+	equalBytes(t, "draft before commit", readDraft(t, d), data)
+	o, err := d.Commit(ctx, store.CommitOptions{Key: "f", Template: &store.Object{Ino: ino, Mode: 0o600, Uid: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Size != uint64(len(data)) || o.Ino != ino || o.Mode != 0o600 || o.Uid != 5 || o.Version == 0 || o.Kind != store.KindFile {
+		t.Fatalf("committed %+v", o)
+	}
+	st, err := s.Stat(ctx, "f")
+	if err != nil || st.Size != uint64(len(data)) || st.Version != o.Version {
+		t.Fatalf("Stat = %+v, %v", st, err)
+	}
+	equalBytes(t, "committed", s.read(t, "f"), data)
+	if d.Dirty() {
+		t.Error("draft dirty right after its commit")
+	}
+	// The reservation's tail was trimmed: only the rounded size is used.
+	if got, want := s.used(), roundUp(uint64(len(data))); got != want {
+		t.Errorf("Used = %d after commit, want %d", got, want)
+	}
+	if st := s.Stats(); st.Commits == 0 || st.Revokes != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	// Short reads at the end, nothing past it.
+	r, err := s.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	buf := make([]byte, 100)
+	if n, err := r.ReadAt(ctx, buf, uint64(len(data))-10); n != 10 || err != nil {
+		t.Fatalf("ReadAt at end-10: %d, %v", n, err)
+	}
+	equalBytes(t, "tail", buf[:10], data[len(data)-10:])
+	if n, err := r.ReadAt(ctx, buf, uint64(len(data))); n != 0 || err != nil {
+		t.Fatalf("ReadAt at end: %d, %v", n, err)
+	}
+	if sl, err := r.Slices(uint64(len(data)), 10); len(sl) != 0 || err != nil {
+		t.Fatalf("Slices at end: %v, %v", sl, err)
+	}
+}
+
+func TestCommitEmptyFile(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	o := s.put(t, "empty", nil)
+	if o.Size != 0 || len(o.Replicas) != 0 {
+		t.Fatalf("empty object %+v", o)
+	}
+	if got := s.read(t, "empty"); len(got) != 0 {
+		t.Fatalf("read %d B", len(got))
+	}
+	// Truncating a file to zero and committing releases its bytes.
+	s.put(t, "f", pattern(2, 50_000))
+	d := s.edit(t, "f")
+	if err := d.Truncate(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Commit(context.Background(), store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if got := s.read(t, "f"); len(got) != 0 {
+		t.Fatalf("read %d B after truncate to 0", len(got))
+	}
+	if u := s.used(); u != 0 {
+		t.Fatalf("Used = %d, want 0", u)
+	}
+}
+
+// A reader opened before a replacing commit keeps its version, and the old
+// bytes are freed exactly when the last reader lets go.
+func TestReaderKeepsOldVersionUntilClose(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	v1 := pattern(1, 30_000)
+	v2 := pattern(2, 70_000)
+	s.put(t, "f", v1)
+	r1, err := s.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := s.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.put(t, "f", v2)
+	equalBytes(t, "new readers", s.read(t, "f"), v2)
+	both := roundUp(uint64(len(v1))) + roundUp(uint64(len(v2)))
+	if u := s.used(); u != both {
+		t.Fatalf("Used = %d with the old version held, want %d", u, both)
+	}
+	for i, r := range []*store.Reader{r1, r2} {
+		got, err := readAll(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalBytes(t, fmt.Sprintf("reader %d of the old version", i), got, v1)
+	}
+	r1.Close()
+	if u := s.used(); u != both {
+		t.Fatalf("Used = %d after the first of two readers closed, want %d", u, both)
+	}
+	got, _ := readAll(r2)
+	equalBytes(t, "second reader after the first closed", got, v1)
+	r2.Close()
+	r2.Close() // closing twice is a no-op
+	if u, want := s.used(), roundUp(uint64(len(v2))); u != want {
+		t.Fatalf("Used = %d after the last reader closed, want %d", u, want)
+	}
+	// Deleting while a reader is open: same rule.
+	r3, err := s.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = readAll(r3)
+	equalBytes(t, "reader of a deleted file", got, v2)
+	if u := s.used(); u != roundUp(uint64(len(v2))) {
+		t.Fatalf("Used = %d with a deleted file open", u)
+	}
+	r3.Close()
+	if u := s.used(); u != 0 {
+		t.Fatalf("Used = %d after the deleted file's reader closed", u)
+	}
+	if st := s.Stats(); st.LiveBodies != 0 || st.OpenObjects != 0 {
+		t.Fatalf("stats after everything closed: %+v", st)
+	}
+}
+
+func TestReaderHold(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	v1 := pattern(1, 20_000)
+	s.put(t, "f", v1)
+	r, err := s.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl, err := r.Slices(1000, 5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := r.Hold()
+	r.Close()
+	s.put(t, "f", pattern(2, 20_000)) // replace: v1 is retired but held
+	equalBytes(t, "held slices after Close and replace", bytes.Join(sl, nil), v1[1000:6000])
+	if u := s.used(); u != 2*roundUp(20_000) {
+		t.Fatalf("Used = %d while held", u)
+	}
+	release()
+	release() // only the first call counts
+	if u := s.used(); u != roundUp(20_000) {
+		t.Fatalf("Used = %d after the hold was released", u)
+	}
+}
+
+func TestDraftCloseRevokes(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	base := pattern(1, 12_345)
+	s.put(t, "f", base)
+	before := s.used()
+	revokes := s.Stats().Revokes
+
+	// A new draft written and dropped.
+	d := s.NewDraft(store.NewIno(), nil, true)
+	if _, err := d.WriteAt(ctx, pattern(2, 300_000), 0); err != nil {
+		t.Fatal(err)
+	}
+	if s.used() <= before {
+		t.Fatal("a written draft reserved nothing")
+	}
+	d.Close()
+	d.Close()
+	if u := s.used(); u != before {
+		t.Fatalf("Used = %d after revoking a new draft, want %d", u, before)
+	}
+	if _, err := d.WriteAt(ctx, []byte("x"), 0); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("WriteAt after Close: %v", err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "g"}); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Commit after Close: %v", err)
+	}
+	if err := d.Truncate(ctx, 5); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("Truncate after Close: %v", err)
+	}
+
+	// A copy-on-write draft of an existing file, changed and dropped.
+	d = s.edit(t, "f")
+	if _, err := d.WriteAt(ctx, []byte("changed"), 100); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if u := s.used(); u != before {
+		t.Fatalf("Used = %d after revoking a copy-on-write draft, want %d", u, before)
+	}
+	if got := s.Stats().Revokes; got != revokes+2 {
+		t.Fatalf("Revokes = %d, want %d", got, revokes+2)
+	}
+	equalBytes(t, "file after revoked drafts", s.read(t, "f"), base)
+	if _, err := s.Stat(ctx, "g"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Stat(g): %v", err)
+	}
+	// An unchanged draft is not a revoke.
+	d = s.edit(t, "f")
+	d.Close()
+	if got := s.Stats().Revokes; got != revokes+2 {
+		t.Fatalf("Revokes = %d after closing an unchanged draft", got)
+	}
+	if st := s.Stats(); st.OpenObjects != 0 {
+		t.Fatalf("OpenObjects = %d", st.OpenObjects)
+	}
+}
+
+func TestCommitExclusive(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	orig := pattern(1, 5000)
+	s.put(t, "f", orig)
+	before := s.used()
+	d := s.NewDraft(store.NewIno(), nil, true)
+	defer d.Close()
+	if _, err := d.WriteAt(ctx, pattern(2, 5000), 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.Commit(ctx, store.CommitOptions{Key: "f", Exclusive: true})
+	wantErr(t, "exclusive commit over an existing key", err, store.ErrExists)
+	equalBytes(t, "existing file", s.read(t, "f"), orig)
+	// The draft is still usable: commit it elsewhere.
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "g", Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "g", s.read(t, "g"), pattern(2, 5000))
+	d.Close()
+	if u := s.used(); u != before+roundUp(5000) {
+		t.Fatalf("Used = %d, want %d", u, before+roundUp(5000))
+	}
+}
+
+// raceIndex is a fault-injecting Index: before the first CompareAndSwap it
+// runs hook once, to let a competitor win a race deterministically.
+type raceIndex struct {
+	store.Index
+	once sync.Once
+	hook func()
+}
+
+func (x *raceIndex) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64, error) {
+	x.once.Do(func() {
+		if x.hook != nil {
+			x.hook()
+		}
+	})
+	return x.Index.CompareAndSwap(ctx, swaps...)
+}
+
+// An exclusive commit that loses the race between its check and its swap
+// reports ErrExists, like one that loses it earlier, not a bare conflict
+// (which fs would turn into EAGAIN).
+func TestCommitExclusiveRace(t *testing.T) {
+	x := &raceIndex{Index: store.NewEmbedded()}
+	s := newTestStore(t, 4<<20, withIndex(x))
+	ctx := context.Background()
+	x.hook = func() {
+		o := &store.Object{Key: "f", Kind: store.KindFile, Ino: 77, Mode: 0o644}
+		if _, err := x.Index.CompareAndSwap(ctx, store.Swap{Key: "f", New: o}); err != nil {
+			t.Error(err)
+		}
+	}
+	d := s.NewDraft(store.NewIno(), nil, true)
+	defer d.Close()
+	if _, err := d.WriteAt(ctx, []byte("mine"), 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err := d.Commit(ctx, store.CommitOptions{Key: "f", Exclusive: true})
+	wantErr(t, "exclusive commit that lost the race", err, store.ErrExists)
+	if o, err := s.Stat(ctx, "f"); err != nil || o.Ino != 77 {
+		t.Fatalf("Stat = %+v, %v; want the winner", o, err)
+	}
+}
+
+func TestCommitIfIno(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	o := s.put(t, "f", pattern(1, 100))
+	d := s.edit(t, "f")
+	defer d.Close()
+	if _, err := d.WriteAt(ctx, []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// Same inode: fine, even after a metadata change bumped the version.
+	if _, err := s.Update(ctx, "f", 0, func(n *store.Object) error { n.Mode = 0o600; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.Commit(ctx, store.CommitOptions{Key: "f", IfIno: o.Ino})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != 0o600 || c.Ino != o.Ino {
+		t.Fatalf("commit lost the metadata change: %+v", c)
+	}
+	// The file is replaced by another inode (renamed over): stale.
+	s.put(t, "g", pattern(2, 100))
+	if err := s.Rename(ctx, "g", "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.WriteAt(ctx, []byte("y"), 1); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Commit(ctx, store.CommitOptions{Key: "f", IfIno: o.Ino})
+	wantErr(t, "commit to a replaced file", err, store.ErrStale)
+	equalBytes(t, "replacement", s.read(t, "f"), pattern(2, 100))
+	// The file is gone: stale.
+	if err := s.Delete(ctx, "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.Commit(ctx, store.CommitOptions{Key: "f", IfIno: o.Ino})
+	wantErr(t, "commit to a removed file", err, store.ErrStale)
+	if _, err := s.Stat(ctx, "f"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("stale commit recreated the file: %v", err)
+	}
+	d.Close()
+	if u := s.used(); u != 0 {
+		t.Fatalf("Used = %d after everything is gone", u)
+	}
+}
+
+func TestCommitPlacement(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	if _, err := s.Mkdir(ctx, "dir", nil); err != nil {
+		t.Fatal(err)
+	}
+	s.put(t, "file", []byte("x"))
+	s.mkdirAll(t, "imp/child")
+	s.put(t, "imp/child", []byte("x"))
+	s.makeImplicit(t, "imp")
+	for _, tc := range []struct {
+		key  string
+		want error
+	}{
+		{"dir", store.ErrIsDir},
+		{"imp", store.ErrIsDir},
+		{"missing/f", store.ErrNotFound},
+		{"file/f", store.ErrNotDir},
+		{"bad//name", store.ErrInvalidName},
+		{"", store.ErrInvalidName},
+	} {
+		d := s.NewDraft(store.NewIno(), nil, true)
+		if _, err := d.WriteAt(ctx, []byte("data"), 0); err != nil {
+			t.Fatal(err)
+		}
+		_, err := d.Commit(ctx, store.CommitOptions{Key: tc.key})
+		d.Close()
+		wantErr(t, fmt.Sprintf("commit to %q", tc.key), err, tc.want)
+	}
+	if o, err := s.Stat(ctx, "imp"); err != nil || o.Kind != store.KindDir {
+		t.Fatalf("Stat(imp) = %+v, %v; want the implicit directory to stay one", o, err)
+	}
+	if u := s.used(); u != 2*roundUp(1) {
+		t.Fatalf("Used = %d, want two one-granule files", u)
+	}
+}
+
+// A copy-on-write draft written in the middle keeps the rest of the bytes,
+// and the base is not touched until the commit.
+func TestCopyOnWrite(t *testing.T) {
+	s := newTestStore(t, 4<<20, withSegments(2))
+	ctx := context.Background()
+	base := pattern(1, 600_000) // larger than the first reservation: several extents
+	s.put(t, "f", base)
+	r, err := s.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	d := s.edit(t, "f")
+	defer d.Close()
+	if d.Dirty() || d.Size() != uint64(len(base)) {
+		t.Fatalf("fresh draft: dirty %v size %d", d.Dirty(), d.Size())
+	}
+	equalBytes(t, "unchanged draft reads the base", readDraft(t, d), base)
+	patch := pattern(9, 1000)
+	if _, err := d.WriteAt(ctx, patch, 300_000); err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Clone(base)
+	copy(want[300_000:], patch)
+	equalBytes(t, "draft", readDraft(t, d), want)
+	equalBytes(t, "committed before commit", s.read(t, "f"), base)
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "after commit", s.read(t, "f"), want)
+	got, _ := readAll(r)
+	equalBytes(t, "old reader", got, base)
+
+	// The draft goes on from the committed version.
+	if _, err := d.WriteAt(ctx, []byte("end"), uint64(len(want))); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "end"...)
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "second commit", s.read(t, "f"), want)
+	// An unchanged draft commits nothing, even if someone else committed.
+	other := pattern(3, 10)
+	s.put(t, "f", other)
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "after an empty commit", s.read(t, "f"), other)
+	d.Close()
+	r.Close()
+	if u, w := s.used(), roundUp(uint64(len(other))); u != w {
+		t.Fatalf("Used = %d, want %d", u, w)
+	}
+	s.checkAlloc(t)
+}
+
+func TestTruncate(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	base := pattern(1, 10_000)
+	s.put(t, "f", base)
+
+	t.Run("up fills zeros", func(t *testing.T) {
+		d := s.edit(t, "f")
+		defer d.Close()
+		if err := d.Truncate(ctx, 50_000); err != nil {
+			t.Fatal(err)
+		}
+		want := append(bytes.Clone(base), make([]byte, 40_000)...)
+		equalBytes(t, "draft", readDraft(t, d), want)
+		if !d.Dirty() {
+			t.Error("truncated draft not dirty")
+		}
+	})
+	t.Run("down then up reads zeros", func(t *testing.T) {
+		d := s.edit(t, "f")
+		defer d.Close()
+		if err := d.Truncate(ctx, 3000); err != nil {
+			t.Fatal(err)
+		}
+		equalBytes(t, "down", readDraft(t, d), base[:3000])
+		if err := d.Truncate(ctx, 9000); err != nil {
+			t.Fatal(err)
+		}
+		want := append(bytes.Clone(base[:3000]), make([]byte, 6000)...)
+		equalBytes(t, "down then up", readDraft(t, d), want)
+		if _, err := d.Commit(ctx, store.CommitOptions{Key: "g"}); err != nil {
+			t.Fatal(err)
+		}
+		equalBytes(t, "committed", s.read(t, "g"), want)
+		// Again on the committed version, across the granule the commit trimmed at.
+		if err := d.Truncate(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Truncate(ctx, 20_000); err != nil {
+			t.Fatal(err)
+		}
+		want = append(bytes.Clone(base[:100]), make([]byte, 19_900)...)
+		equalBytes(t, "down then up after commit", readDraft(t, d), want)
+	})
+	t.Run("written draft down then up", func(t *testing.T) {
+		d := s.NewDraft(store.NewIno(), nil, true)
+		defer d.Close()
+		data := pattern(2, 8000)
+		if _, err := d.WriteAt(ctx, data, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Truncate(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.WriteAt(ctx, []byte("z"), 7000); err != nil {
+			t.Fatal(err)
+		}
+		want := make([]byte, 7001)
+		copy(want, data[:10])
+		want[7000] = 'z'
+		equalBytes(t, "draft", readDraft(t, d), want)
+	})
+	t.Run("to zero", func(t *testing.T) {
+		d := s.edit(t, "f")
+		defer d.Close()
+		if err := d.Truncate(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		if d.Size() != 0 {
+			t.Fatalf("size %d", d.Size())
+		}
+		if err := d.Truncate(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+		equalBytes(t, "zero then five", readDraft(t, d), make([]byte, 5))
+	})
+	equalBytes(t, "base after revoked drafts", s.read(t, "f"), base)
+}
+
+func TestWritePastEOFLeavesZeroGap(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	base := pattern(1, 5000)
+	s.put(t, "f", base)
+	d := s.edit(t, "f")
+	defer d.Close()
+	tail := pattern(2, 3000)
+	const off = 400_000 // past the first reservation
+	if _, err := d.WriteAt(ctx, tail, off); err != nil {
+		t.Fatal(err)
+	}
+	// And a small gap inside the reservation, from a fresh draft.
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]byte, off+len(tail))
+	copy(want, base)
+	copy(want[off:], tail)
+	equalBytes(t, "sparse file", s.read(t, "f"), want)
+
+	n := s.NewDraft(store.NewIno(), nil, true)
+	defer n.Close()
+	if _, err := n.WriteAt(ctx, []byte("b"), 5000); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.WriteAt(ctx, []byte("a"), 10); err != nil {
+		t.Fatal(err)
+	}
+	want = make([]byte, 5001)
+	want[10], want[5000] = 'a', 'b'
+	equalBytes(t, "new sparse draft", readDraft(t, n), want)
+	if _, err := n.WriteAt(ctx, []byte("x"), ^uint64(0)); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("write past 2^64: %v", err)
+	}
+}
+
+func TestConcurrentDisjointWrites(t *testing.T) {
+	s := newTestStore(t, 16<<20, withSegments(2), withSmallCopies())
+	ctx := context.Background()
+	s.put(t, "f", pattern(1, 100_000))
+	d := s.edit(t, "f") // copy on write races with the writers
+	defer d.Close()
+	const writers, pieces, piece = 8, 16, 9000
+	want := make([]byte, writers*pieces*piece)
+	copy(want, pattern(1, 100_000))
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Go(func() {
+			// Writer w owns pieces w, w+writers, ...; written back to
+			// front so the draft grows from many goroutines at once.
+			for p := pieces - 1; p >= 0; p-- {
+				i := p*writers + w
+				data := pattern(byte(i), piece)
+				if _, err := d.WriteAt(ctx, data, uint64(i*piece)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for w := range writers {
+		for p := range pieces {
+			i := p*writers + w
+			copy(want[i*piece:], pattern(byte(i), piece))
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "after concurrent writes", s.read(t, "f"), want)
+	d.Close()
+	if u := s.used(); u != roundUp(uint64(len(want))) {
+		t.Fatalf("Used = %d, want %d", u, roundUp(uint64(len(want))))
+	}
+	s.checkAlloc(t)
+}
+
+// Writes racing with commits of the same draft (one file open twice, one
+// handle flushing while the other writes) are never lost: every write that
+// returned before the final commit is in it.
+func TestWritesRacingCommits(t *testing.T) {
+	s := newTestStore(t, 16<<20)
+	ctx := context.Background()
+	const n = 2000
+	s.put(t, "f", make([]byte, n))
+	d := s.edit(t, "f")
+	defer d.Close()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+				errs <- err
+				return
+			}
+		}
+	})
+	want := make([]byte, n)
+	for i := range n {
+		want[i] = byte(i%250) + 1
+		if _, err := d.WriteAt(ctx, want[i:i+1], uint64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "after racing commits", s.read(t, "f"), want)
+	d.Close()
+	if u := s.used(); u != roundUp(n) {
+		t.Fatalf("Used = %d, want %d", u, roundUp(n))
+	}
+}
+
+// Several drafts of one key commit concurrently, last committer wins; a
+// reader always sees one whole version, and nothing leaks.
+func TestConcurrentCommitsAndReaders(t *testing.T) {
+	s := newTestStore(t, 32<<20, withSegments(3), noEvict())
+	ctx := context.Background()
+	const writers, commits, readers = 4, 30, 4
+	// Version v of the file is size(v) bytes of byte v.
+	size := func(v byte) int { return 1000 + int(v)*997 }
+	version := func(w, i int) byte { return byte(1 + w*commits + i) }
+	s.put(t, "f", bytes.Repeat([]byte{0xFF}, size(0xFF)))
+	var wg sync.WaitGroup
+	errs := make(chan error, writers+readers)
+	stop := make(chan struct{})
+	for w := range writers {
+		wg.Go(func() {
+			for i := range commits {
+				v := version(w, i)
+				d := s.NewDraft(store.NewIno(), nil, true)
+				_, err := d.WriteAt(ctx, bytes.Repeat([]byte{v}, size(v)), 0)
+				if err == nil {
+					_, err = d.Commit(ctx, store.CommitOptions{Key: "f"})
+				}
+				d.Close()
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	var rwg sync.WaitGroup
+	for range readers {
+		rwg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := s.OpenReader(ctx, "f")
+				if err != nil {
+					errs <- err
+					return
+				}
+				b, err := readAll(r)
+				r.Close()
+				if err != nil {
+					errs <- err
+					return
+				}
+				v := b[0]
+				if len(b) != size(v) || !bytes.Equal(b, bytes.Repeat([]byte{v}, len(b))) {
+					errs <- fmt.Errorf("reader saw a torn version: %d B starting with %d", len(b), v)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	rwg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	last := s.read(t, "f")
+	if u := s.used(); u != roundUp(uint64(len(last))) {
+		t.Fatalf("Used = %d, want %d for the last version", u, roundUp(uint64(len(last))))
+	}
+	if st := s.Stats(); st.OpenObjects != 0 {
+		t.Fatalf("OpenObjects = %d", st.OpenObjects)
+	}
+	s.checkAlloc(t)
+}

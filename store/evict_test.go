@@ -1,0 +1,247 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/store"
+)
+
+// present reports which of keys exist.
+func (s *testStore) present(t testing.TB, keys []string) (in, out []string) {
+	t.Helper()
+	for _, k := range keys {
+		_, err := s.Index.Get(context.Background(), k)
+		switch {
+		case err == nil:
+			in = append(in, k)
+		case errors.Is(err, store.ErrNotFound):
+			out = append(out, k)
+		default:
+			t.Fatal(err)
+		}
+	}
+	return in, out
+}
+
+func (s *testStore) pin(t testing.TB, key string) {
+	t.Helper()
+	if _, err := s.Update(context.Background(), key, 0, func(o *store.Object) error { o.Pinned = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With the high watermark at 1 the background evictor never runs, so every
+// eviction is made by a write that found the store full: deterministic.
+func TestEvictLRU(t *testing.T) {
+	const size, obj = 8 << 20, 512 << 10
+	s := newTestStore(t, size, withOptions(func(o *store.Options) { o.HighWater = 1 }))
+	ctx := context.Background()
+	var keys []string
+	for i := range 10 {
+		k := fmt.Sprintf("o%d", i)
+		keys = append(keys, k)
+		s.put(t, k, pattern(byte(i), obj))
+	}
+	s.pin(t, "o1")
+	r, err := s.OpenReader(ctx, "o0") // used: moves to the front
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	open, err := s.OpenReader(ctx, "o2") // open: never evicted
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	draft := s.edit(t, "o3") // the base of an open draft: never evicted
+	defer draft.Close()
+
+	order := []string{"o4", "o5", "o6", "o7", "o8", "o9", "o0"} // least recently used first
+	for i := range 30 {
+		k := fmt.Sprintf("n%d", i)
+		keys = append(keys, k)
+		order = append(order, k)
+		s.put(t, k, pattern(byte(100+i), obj))
+		_, gone := s.present(t, keys)
+		if !sameSet(gone, order[:len(gone)]) {
+			t.Fatalf("after writing %s evicted %q; want the least recently used first: %q", k, gone, order[:len(gone)])
+		}
+		if st := s.Stats(); st.Evictions != uint64(len(gone)) || st.EvictedBytes != uint64(len(gone))*obj {
+			t.Fatalf("Evictions %d (%d B) with %d keys evicted", st.Evictions, st.EvictedBytes, len(gone))
+		}
+	}
+	if s.Stats().Evictions < 20 {
+		t.Fatalf("only %d evictions", s.Stats().Evictions)
+	}
+	for i, k := range []string{"o1", "o2", "o3"} {
+		equalBytes(t, k, s.read(t, k), pattern(byte(i+1), obj))
+	}
+	got, _ := readAll(open)
+	equalBytes(t, "open reader", got, pattern(2, obj))
+	equalBytes(t, "open draft", readDraft(t, draft), pattern(3, obj))
+	// What is left is exactly what the index holds.
+	in, _ := s.present(t, keys)
+	if u := s.used(); u != uint64(len(in))*obj {
+		t.Fatalf("Used = %d with %d objects of %d B", u, len(in), obj)
+	}
+	s.checkAlloc(t)
+}
+
+// The background evictor brings use from over the high watermark to just
+// under the low one, oldest first.
+func TestEvictBackground(t *testing.T) {
+	const size, obj = 8 << 20, 256 << 10
+	s := newTestStore(t, size) // watermarks 0.95 and 0.85
+	ctx := context.Background()
+	var keys []string
+	put := func(i int) {
+		k := fmt.Sprintf("o%02d", i)
+		keys = append(keys, k)
+		s.put(t, k, pattern(byte(i), obj))
+	}
+	put(0)
+	put(1)
+	s.pin(t, "o00")
+	r, err := s.OpenReader(ctx, "o01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	fsize := float64(size)
+	high, low := uint64(0.95*fsize), uint64(0.85*fsize)
+	for i := 2; s.used()+obj <= high; i++ {
+		put(i)
+	}
+	if e := s.Stats().Evictions; e != 0 {
+		t.Fatalf("%d evictions below the high watermark", e)
+	}
+	put(len(keys)) // crosses the high watermark
+	// Wait for the evictor: poll until the index, the counters and the
+	// segments agree on a use below the low watermark.
+	deadline := time.Now().Add(30 * time.Second)
+	var gone []string
+	for {
+		var in []string
+		in, gone = s.present(t, keys)
+		st := s.Stats()
+		if st.Segments.Used <= low && st.Evictions == uint64(len(gone)) && st.Segments.Used == uint64(len(in))*obj {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("evictor did not settle: %+v, %d of %d keys gone", st, len(gone), len(keys))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if want := keys[2 : 2+len(gone)]; !sameSet(gone, want) {
+		t.Fatalf("evicted %q, want the oldest unpinned, unopened keys %q", gone, want)
+	}
+	// Not more than needed: one object fewer would have left use above low.
+	if u := s.used(); u+obj <= low {
+		t.Fatalf("Used = %d: evicted more than down to the low watermark %d", u, low)
+	}
+	if st := s.Stats(); st.EvictedBytes != uint64(len(gone))*obj {
+		t.Fatalf("EvictedBytes = %d for %d objects", st.EvictedBytes, len(gone))
+	}
+	equalBytes(t, "pinned", s.read(t, "o00"), pattern(0, obj))
+	got, _ := readAll(r)
+	equalBytes(t, "open", got, pattern(1, obj))
+}
+
+// Without eviction a full store refuses writes with ErrNoSpace and
+// everything committed stays as it was.
+func TestNoSpace(t *testing.T) {
+	const size, obj = 4 << 20, 512 << 10
+	s := newTestStore(t, size, noEvict(), withSegments(2))
+	ctx := context.Background()
+	var keys []string
+	for i := range size / obj {
+		k := fmt.Sprintf("o%d", i)
+		keys = append(keys, k)
+		s.put(t, k, pattern(byte(i), obj))
+	}
+	if u := s.used(); u != size {
+		t.Fatalf("Used = %d, want a full store", u)
+	}
+	check := func(what string) {
+		t.Helper()
+		for i, k := range keys {
+			equalBytes(t, what+": "+k, s.read(t, k), pattern(byte(i), obj))
+		}
+		if u := s.used(); u != size {
+			t.Fatalf("%s: Used = %d, want %d", what, u, size)
+		}
+		s.checkAlloc(t)
+	}
+	_, err := s.tryPut("new", pattern(9, 1000))
+	wantErr(t, "put into a full store", err, store.ErrNoSpace)
+	if !errors.Is(err, segment.ErrNoSpace) {
+		t.Errorf("%v does not wrap the segment's cause", err)
+	}
+	check("after a refused put")
+
+	d := s.edit(t, "o0") // copy on write needs space too
+	_, err = d.WriteAt(ctx, []byte("x"), 0)
+	wantErr(t, "copy on write in a full store", err, store.ErrNoSpace)
+	err = d.Truncate(ctx, obj*2)
+	wantErr(t, "truncate up in a full store", err, store.ErrNoSpace)
+	d.Close()
+	check("after a refused copy on write")
+
+	// A draft that runs out of space part way is revoked cleanly.
+	if err := s.Delete(ctx, keys[len(keys)-1], 0); err != nil {
+		t.Fatal(err)
+	}
+	keys = keys[:len(keys)-1]
+	d = s.NewDraft(store.NewIno(), nil, true)
+	if _, err := d.WriteAt(ctx, pattern(7, obj), 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err = d.WriteAt(ctx, pattern(8, segment.Granule), obj)
+	wantErr(t, "growing past the end", err, store.ErrNoSpace)
+	equalBytes(t, "draft after a refused write", readDraft(t, d), pattern(7, obj))
+	d.Close()
+	if u := s.used(); u != size-obj {
+		t.Fatalf("Used = %d after revoking, want %d", u, size-obj)
+	}
+	s.put(t, "last", pattern(byte(len(keys)), obj))
+	keys = append(keys, "last")
+	check("after refilling")
+	if st := s.Stats(); st.Evictions != 0 {
+		t.Fatalf("Evictions = %d with eviction off", st.Evictions)
+	}
+}
+
+// With eviction on but nothing evictable, writes fail with ErrNoSpace too.
+func TestEvictNothingEvictable(t *testing.T) {
+	const size, obj = 2 << 20, 512 << 10
+	s := newTestStore(t, size, withOptions(func(o *store.Options) { o.HighWater = 1 }))
+	ctx := context.Background()
+	for i := range size / obj {
+		k := fmt.Sprintf("o%d", i)
+		s.put(t, k, pattern(byte(i), obj))
+		if i%2 == 0 {
+			s.pin(t, k)
+		} else {
+			r, err := s.OpenReader(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+		}
+	}
+	_, err := s.tryPut("new", []byte("x"))
+	wantErr(t, "put with nothing evictable", err, store.ErrNoSpace)
+	if st := s.Stats(); st.Evictions != 0 || st.Segments.Used != size {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func sameSet(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
+}
