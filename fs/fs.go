@@ -82,6 +82,7 @@ type FS struct {
 	st      *store.Store
 	log     *logrus.Logger
 	metrics *metrics
+	splice  bool // large read replies are spliced (see splice.go)
 }
 
 func newFS(o Options) (*FS, error) {
@@ -95,5 +96,9 @@ func newFS(o Options) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FS{opts: o, st: o.Store, log: o.Log, metrics: m}, nil
+	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
+	if !f.splice {
+		f.log.Warnf("fs.pipe-max-size is below %d B: read replies use writev, about a third slower than splice", PipeSizeFor(o.MaxWrite))
+	}
+	return f, nil
 }

@@ -134,6 +134,11 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 			release()
 			return fuse.ReadResultData(nil), 0
 		}
+		if n.fs.splice && got >= spliceMin {
+			if r, err := newSplicedResult(slices, got, release); err == nil {
+				return r, 0
+			}
+		}
 		return &readResult{slices: slices, size: got, release: release}, 0
 	}
 	d := h.draft()

@@ -76,6 +76,7 @@ func (m *Mount) Settings() map[string]any {
 		"entry_timeout":  m.fs.opts.EntryTimeout.String(),
 		"attr_timeout":   m.fs.opts.AttrTimeout.String(),
 		"direct_io":      true,
+		"splice_reads":   m.fs.splice,
 	}
 }
 

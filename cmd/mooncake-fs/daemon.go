@@ -135,6 +135,9 @@ func runMount(args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := reexecForSplice(); err != nil {
+		return err
+	}
 	log := logrus.New()
 	log.SetOutput(os.Stderr)
 	lvl, _ := logrus.ParseLevel(cfg.logLevel)
@@ -379,4 +382,26 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.pin, prometheus.GaugeValue, float64(locked))
+}
+
+// reexecEnv marks a daemon that already re-executed itself.
+const reexecEnv = "MOONCAKE_FS_REEXEC"
+
+// reexecForSplice raises fs.pipe-max-size so that 1 MiB read replies can
+// be spliced, then re-executes the daemon: go-fuse reads the limit once
+// when the process starts. Without root it changes nothing and the daemon
+// serves reads with writev.
+func reexecForSplice() error {
+	if os.Geteuid() != 0 || os.Getenv(reexecEnv) != "" || mfs.SpliceReady(mfs.DefaultOptions().MaxWrite) {
+		return nil
+	}
+	changed, err := mfs.RaisePipeMaxSize(2 * mfs.PipeSizeFor(mfs.DefaultOptions().MaxWrite))
+	if err != nil || !changed {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	return syscall.Exec(exe, os.Args, append(os.Environ(), reexecEnv+"=1"))
 }
