@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"sync"
 	"syscall"
 	"time"
 
@@ -13,6 +14,15 @@ type metrics struct {
 	ops    *prometheus.HistogramVec
 	errors *prometheus.CounterVec
 	bytes  *prometheus.CounterVec
+	obs    sync.Map // op -> prometheus.Observer, resolved once per op
+}
+
+func (m *metrics) observer(op string) prometheus.Observer {
+	if v, ok := m.obs.Load(op); ok {
+		return v.(prometheus.Observer)
+	}
+	v, _ := m.obs.LoadOrStore(op, m.ops.WithLabelValues(op))
+	return v.(prometheus.Observer)
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -46,7 +56,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 // as errors.
 func (f *FS) opDone(ctx context.Context, op, key string, n int, start time.Time, errno syscall.Errno, err error) {
 	d := time.Since(start)
-	f.metrics.ops.WithLabelValues(op).Observe(d.Seconds())
+	f.metrics.observer(op).Observe(d.Seconds())
 	if n > 0 && (op == "read" || op == "write") {
 		f.metrics.bytes.WithLabelValues(op).Add(float64(n))
 	}

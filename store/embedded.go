@@ -41,7 +41,7 @@ func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
 	}
 	o, ok := x.mu.tree.Get(&Object{Key: key})
 	if !ok {
-		return nil, fmt.Errorf("get %q: %w", key, ErrNotFound)
+		return nil, &keyError{"get", key, ErrNotFound}
 	}
 	return o, nil
 }

@@ -1,6 +1,9 @@
 package store
 
-import "errors"
+import (
+	"errors"
+	"strconv"
+)
 
 // Sentinel errors. Callers match them with errors.Is; fs/ maps them to errno.
 var (
@@ -20,3 +23,13 @@ var (
 	ErrClosed      = errors.New("store: closed")
 	ErrUnsupported = errors.New("store: unsupported")
 )
+
+// keyError wraps a sentinel with the operation and key. It formats only
+// when printed: lookups that miss are common and must stay cheap.
+type keyError struct {
+	op, key string
+	err     error
+}
+
+func (e *keyError) Error() string { return e.op + " " + strconv.Quote(e.key) + ": " + e.err.Error() }
+func (e *keyError) Unwrap() error { return e.err }

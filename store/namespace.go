@@ -43,7 +43,7 @@ func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 		return nil, err
 	}
 	if len(kids) == 0 {
-		return nil, fmt.Errorf("stat %q: %w", key, ErrNotFound)
+		return nil, &keyError{"stat", key, ErrNotFound}
 	}
 	return &Object{Key: key, Kind: KindDir, Ino: implicitIno(key), Mode: 0o755}, nil
 }

@@ -2,11 +2,10 @@ package store
 
 import (
 	"container/list"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -172,12 +171,12 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// NewIno returns a fresh inode number for a new object.
+// NewIno returns a fresh inode number for a new object: 62 random bits
+// (math/rand/v2 is seeded from the OS and needs no syscall per call), so
+// daemons of a cluster need no coordination to stay unique.
 func NewIno() uint64 {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
 	// Keep the top bit clear: implicit directories use it.
-	return binary.LittleEndian.Uint64(b[:])&(1<<63-1) | 2
+	return rand.Uint64()&(1<<63-1) | 2
 }
 
 func implicitIno(key string) uint64 {

@@ -77,9 +77,9 @@ func TestBadRequests(t *testing.T) {
 	seg, _ := tab.Get(0)
 	copy(seg.Mem, bytes.Repeat([]byte{7}, 1<<20))
 	reqs := []Request{
-		{Op: Read, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 0, Off: 0, Len: 4096}},       // fine
-		{Op: Read, Buf: HostBuffer(buf), BufOff: 8000, Extent: segment.Extent{Segment: 0, Off: 0, Len: 4096}},    // past buffer
-		{Op: Read, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 9, Off: 0, Len: 16}},         // no segment
+		{Op: Read, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 0, Off: 0, Len: 4096}},        // fine
+		{Op: Read, Buf: HostBuffer(buf), BufOff: 8000, Extent: segment.Extent{Segment: 0, Off: 0, Len: 4096}},     // past buffer
+		{Op: Read, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 9, Off: 0, Len: 16}},          // no segment
 		{Op: Write, Buf: HostBuffer(buf), BufOff: 0, Extent: segment.Extent{Segment: 0, Off: 1 << 20, Len: 4096}}, // past segment
 		{Op: Read, Buf: HostBuffer(buf), BufOff: ^uint64(0), Extent: segment.Extent{Segment: 0, Off: 0, Len: 2}},  // overflow
 	}

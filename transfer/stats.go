@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,26 @@ type metrics struct {
 	bytes   *prometheus.CounterVec
 	copies  *prometheus.CounterVec
 	latency *prometheus.HistogramVec
+	paths   sync.Map // Path -> *pathMetrics, resolved once per path
+}
+
+type pathMetrics struct {
+	read, written, copied prometheus.Counter
+	latency               prometheus.Observer
+}
+
+func (m *metrics) path(p Path) *pathMetrics {
+	if v, ok := m.paths.Load(p); ok {
+		return v.(*pathMetrics)
+	}
+	pm := &pathMetrics{
+		read:    m.bytes.WithLabelValues(string(p), "read"),
+		written: m.bytes.WithLabelValues(string(p), "write"),
+		copied:  m.copies.WithLabelValues(string(p)),
+		latency: m.latency.WithLabelValues(string(p)),
+	}
+	v, _ := m.paths.LoadOrStore(p, pm)
+	return v.(*pathMetrics)
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -81,8 +102,13 @@ func (e *Engine) account(p Path, reqs []Request, copied uint64, n int, d time.Du
 	e.stats.written.Add(wr)
 	e.stats.copied.Add(copied)
 	e.stats.requests.Add(uint64(n))
-	e.metrics.bytes.WithLabelValues(string(p), "read").Add(float64(rd))
-	e.metrics.bytes.WithLabelValues(string(p), "write").Add(float64(wr))
-	e.metrics.copies.WithLabelValues(string(p)).Add(float64(copied))
-	e.metrics.latency.WithLabelValues(string(p)).Observe(d.Seconds())
+	pm := e.metrics.path(p)
+	if rd > 0 {
+		pm.read.Add(float64(rd))
+	}
+	if wr > 0 {
+		pm.written.Add(float64(wr))
+	}
+	pm.copied.Add(float64(copied))
+	pm.latency.Observe(d.Seconds())
 }
