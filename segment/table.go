@@ -201,7 +201,11 @@ func (t *Table) Bytes(e Extent) ([]byte, error) {
 // segments are read one at a time, so under concurrent use the sum is not
 // one instant's picture.
 func (t *Table) Stats() Stats {
+	// Fragmentation is the free-weighted mean of the segments' own: free
+	// space split only by segment boundaries is not fragmented, since an
+	// object's extents may lie in several segments.
 	var st Stats
+	var weighted float64
 	for _, s := range t.snap.Load().list {
 		ss := s.Alloc.Stats()
 		st.Size += ss.Size
@@ -209,7 +213,10 @@ func (t *Table) Stats() Stats {
 		st.Free += ss.Free
 		st.LargestFree = max(st.LargestFree, ss.LargestFree)
 		st.FreeRanges += ss.FreeRanges
+		weighted += ss.Fragmentation * float64(ss.Free)
 	}
-	st.Fragmentation = fragmentation(st.LargestFree, st.Free)
+	if st.Free > 0 {
+		st.Fragmentation = weighted / float64(st.Free)
+	}
 	return st
 }

@@ -221,9 +221,10 @@ func TestTableStats(t *testing.T) {
 	if err := a1.Alloc.Free(pr(0, 1)); err != nil {
 		t.Fatal(err)
 	}
-	// seg1: free [0,1) [2,8); seg2: free [0,4).
+	// seg1: free [0,1) [2,8); seg2: free [0,4). Fragmentation is the
+	// free-weighted mean of the segments' (seg2 has none).
 	want := Stats{Size: pg(12), Used: pg(1), Free: pg(11), LargestFree: pg(6), FreeRanges: 3,
-		Fragmentation: fragmentation(pg(6), pg(11))}
+		Fragmentation: fragmentation(pg(6), pg(7)) * float64(pg(7)) / float64(pg(11))}
 	if got := tb.Stats(); got != want {
 		t.Fatalf("%+v, want %+v", got, want)
 	}
