@@ -34,7 +34,7 @@ const MagicValue uint64 = 0x454b41434e4f4f4d
 // bumps change existing structs.
 const (
 	ABIMajor = 1
-	ABIMinor = 0
+	ABIMinor = 1
 )
 
 func ioc(dir, nr, size uint32) uint32 {
@@ -60,9 +60,10 @@ func TypeOf(cmd uint32) uint32 { return cmd >> iocTypeSh & 0xff }
 
 // Errors of argument decoding.
 var (
-	ErrShortArg = errors.New("ioctl: argument too short")
-	ErrArgSize  = errors.New("ioctl: argument size field mismatch")
-	ErrFlags    = errors.New("ioctl: unknown flags")
+	ErrShortArg  = errors.New("ioctl: argument too short")
+	ErrArgSize   = errors.New("ioctl: argument size field mismatch")
+	ErrFlags     = errors.New("ioctl: unknown flags")
+	ErrBatchFull = errors.New("ioctl: batch full")
 )
 
 // Header is the leading word of every argument struct.

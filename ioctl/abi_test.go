@@ -60,3 +60,84 @@ func TestDecodeRejects(t *testing.T) {
 		t.Errorf("bad size: %v", err)
 	}
 }
+
+// TestDataCommandNumbers pins the data-path commands.
+func TestDataCommandNumbers(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		cmd, want uint32
+	}{
+		{"REGISTER_BUFFER", CmdRegisterBuffer, 0xc0684d10},
+		{"UNREGISTER_BUFFER", CmdUnregisterBuffer, 0x40104d11},
+		{"PUT_BUF", CmdPutBuf, 0xc0384d12},
+		{"GET_BUF", CmdGetBuf, 0xc0384d13},
+		{"PUT_VM", CmdPutVM, 0xc0304d14},
+		{"GET_VM", CmdGetVM, 0xc0304d15},
+		{"STAT", CmdStat, 0xc0f84d16},
+		{"BATCH_PUT", CmdBatchPut, 0xfff84d17},
+		{"BATCH_GET", CmdBatchGet, 0xfff84d18},
+	} {
+		if c.cmd != c.want {
+			t.Errorf("%s = %#x, want %#x", c.name, c.cmd, c.want)
+		}
+		if s := Size(c.cmd); s%8 != 0 || s > MaxArgSize {
+			t.Errorf("%s size %d", c.name, s)
+		}
+	}
+}
+
+// TestFieldOffsets encodes each struct with distinct values and finds each
+// at the offset the C header uses.
+func TestFieldOffsets(t *testing.T) {
+	u64 := func(b []byte, off uint64) uint64 { return le.Uint64(b[off:]) }
+	u32 := func(b []byte, off uint64) uint32 { return le.Uint32(b[off:]) }
+	r := (&RegisterArg{Fd: 7, Kind: KindHost, Len: 11, Offset: 13, ID: 17}).Marshal()
+	if u32(r, fieldOffsets["mc_register.fd"]) != 7 || u32(r, fieldOffsets["mc_register.kind"]) != 1 ||
+		u64(r, fieldOffsets["mc_register.len"]) != 11 || u64(r, fieldOffsets["mc_register.offset"]) != 13 ||
+		u64(r, fieldOffsets["mc_register.id"]) != 17 {
+		t.Error("RegisterArg offsets")
+	}
+	b := (&BufArg{ID: 1, BufOff: 2, Len: 3, ObjOff: 4, Result: 5, Version: 6}).Marshal()
+	for i, f := range []string{"id", "buf_off", "len", "obj_off", "result", "version"} {
+		if u64(b, fieldOffsets["mc_buf."+f]) != uint64(i+1) {
+			t.Errorf("BufArg.%s offset", f)
+		}
+	}
+	v := (&VMArg{Addr: 1, Len: 2, ObjOff: 3, Result: 4, Version: 5}).Marshal()
+	for i, f := range []string{"addr", "len", "obj_off", "result", "version"} {
+		if u64(v, fieldOffsets["mc_vm."+f]) != uint64(i+1) {
+			t.Errorf("VMArg.%s offset", f)
+		}
+	}
+	s := &StatArg{ObjSize: 1, Version: 2, Ino: 3, MtimeNs: 4, Mode: 5, Pinned: 6, Replicas: 7, Extents: 8}
+	copy(s.Location[:], "n:x")
+	sb := s.Marshal()
+	if u64(sb, fieldOffsets["mc_stat.size"]) != 1 || u64(sb, fieldOffsets["mc_stat.mtime_ns"]) != 4 ||
+		u32(sb, fieldOffsets["mc_stat.mode"]) != 5 || u32(sb, fieldOffsets["mc_stat.extents"]) != 8 ||
+		string(sb[fieldOffsets["mc_stat.location"]:][:3]) != "n:x" {
+		t.Error("StatArg offsets")
+	}
+	var ba BatchArg
+	ba.Source = BatchVM
+	ba.ID = 9
+	if _, err := ba.AddKey("k1", BatchEntry{Addr: 1, Len: 2, ObjOff: 3, Result: -4, Version: 5, Flags: FlagExcl}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ba.AddKey("key2", BatchEntry{Len: 8}); err != nil {
+		t.Fatal(err)
+	}
+	bb := ba.Marshal()
+	e0 := fieldOffsets["mc_batch.entries"]
+	if u32(bb, fieldOffsets["mc_batch.count"]) != 2 || u32(bb, fieldOffsets["mc_batch.source"]) != BatchVM ||
+		u64(bb, fieldOffsets["mc_batch.id"]) != 9 || int64(u64(bb, e0+fieldOffsets["mc_batch_entry.result"])) != -4 ||
+		u32(bb, e0+fieldOffsets["mc_batch_entry.flags"]) != FlagExcl {
+		t.Error("BatchArg offsets")
+	}
+	var back BatchArg
+	if err := back.Unmarshal(bb); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := back.Key(1); err != nil || k != "key2" || back.Entries[0].Result != -4 {
+		t.Errorf("batch round trip: %q %v %+v", k, err, back.Entries[0])
+	}
+}

@@ -13,7 +13,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add(ABIVersionArg{Major: 1}.Marshal())
 	f.Add([]byte{})
 	f.Add(make([]byte, 7))
+	f.Add((&BufArg{ID: 1, Len: 4096}).Marshal())
+	f.Add((&BatchArg{Count: 1}).Marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {
+		decodeAll(t, b)
 		var m MagicArg
 		if err := m.Unmarshal(b); err == nil {
 			if !bytes.Equal(m.Marshal(), b[:SizeMagicArg]) {
@@ -31,4 +34,34 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("unexpected error %v", err)
 		}
 	})
+}
+
+// decodeAll runs the data-path decoders: they must not panic, must fail
+// only with decoding errors, and batch keys must stay in bounds.
+func decodeAll(t *testing.T, b []byte) {
+	ok := func(err error) {
+		if err != nil && !errors.Is(err, ErrShortArg) && !errors.Is(err, ErrArgSize) {
+			t.Fatalf("unexpected error %v", err)
+		}
+	}
+	var r RegisterArg
+	ok(r.Unmarshal(b))
+	var u UnregisterArg
+	ok(u.Unmarshal(b))
+	var ba BufArg
+	ok(ba.Unmarshal(b))
+	var v VMArg
+	ok(v.Unmarshal(b))
+	var s StatArg
+	ok(s.Unmarshal(b))
+	var bt BatchArg
+	if err := bt.Unmarshal(b); err == nil {
+		for i := range min(int(bt.Count), MaxBatch) {
+			if k, err := bt.Key(i); err == nil && len(k) > BatchKeyBytes {
+				t.Fatalf("key %d longer than the key area", i)
+			}
+		}
+	} else {
+		ok(err)
+	}
 }

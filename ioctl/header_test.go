@@ -1,0 +1,104 @@
+package ioctl
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestCHeader compiles a program against mooncake_fs.h and checks every
+// struct size, field offset and command number it prints against Go.
+func TestCHeader(t *testing.T) {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler")
+	}
+	dir := t.TempDir()
+	src := `#include <stdio.h>
+#include <stddef.h>
+#include "mooncake_fs.h"
+#define S(t) printf("sizeof %s %zu\n", #t, sizeof(struct t));
+#define O(t, f) printf("offsetof %s.%s %zu\n", #t, #f, offsetof(struct t, f));
+#define C(c) printf("cmd %s %lu\n", #c, (unsigned long)(c));
+int main(void) {
+	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch)
+	O(mc_register, fd) O(mc_register, kind) O(mc_register, len) O(mc_register, offset) O(mc_register, id) O(mc_register, handle)
+	O(mc_buf, id) O(mc_buf, buf_off) O(mc_buf, len) O(mc_buf, obj_off) O(mc_buf, result) O(mc_buf, version)
+	O(mc_vm, addr) O(mc_vm, len) O(mc_vm, obj_off) O(mc_vm, result) O(mc_vm, version)
+	O(mc_stat, size) O(mc_stat, version) O(mc_stat, ino) O(mc_stat, mtime_ns) O(mc_stat, mode) O(mc_stat, pinned) O(mc_stat, replicas) O(mc_stat, extents) O(mc_stat, location)
+	O(mc_batch_entry, key_off) O(mc_batch_entry, key_len) O(mc_batch_entry, flags) O(mc_batch_entry, addr) O(mc_batch_entry, len) O(mc_batch_entry, obj_off) O(mc_batch_entry, result) O(mc_batch_entry, version)
+	O(mc_batch, count) O(mc_batch, source) O(mc_batch, id) O(mc_batch, entries) O(mc_batch, keys)
+	C(MC_IOC_GET_MAGIC) C(MC_IOC_GET_ABI_VERSION) C(MC_IOC_REGISTER_BUFFER) C(MC_IOC_UNREGISTER_BUFFER)
+	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET)
+	printf("const MC_MAX_BATCH %d\nconst MC_ABI_MINOR %d\nconst MC_ABI_MAJOR %d\n", MC_MAX_BATCH, MC_ABI_MINOR, MC_ABI_MAJOR);
+	printf("const MC_MAGIC %llu\n", (unsigned long long)MC_MAGIC);
+	return 0;
+}
+`
+	wd, _ := os.Getwd()
+	if err := os.WriteFile(filepath.Join(dir, "h.c"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "h")
+	if out, err := exec.Command(cc, "-Wall", "-Werror", "-I", wd, "-o", bin, filepath.Join(dir, "h.c")).CombinedOutput(); err != nil {
+		t.Fatalf("compile: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{
+		"sizeof mc_magic": SizeMagicArg, "sizeof mc_abi_version": SizeABIVersionArg,
+		"sizeof mc_register": SizeRegisterArg, "sizeof mc_unregister": SizeUnregisterArg,
+		"sizeof mc_buf": SizeBufArg, "sizeof mc_vm": SizeVMArg, "sizeof mc_stat": SizeStatArg,
+		"sizeof mc_batch_entry": SizeBatchEntry, "sizeof mc_batch": SizeBatchArg,
+		"cmd MC_IOC_GET_MAGIC": uint64(CmdGetMagic), "cmd MC_IOC_GET_ABI_VERSION": uint64(CmdGetABIVersion),
+		"cmd MC_IOC_REGISTER_BUFFER": uint64(CmdRegisterBuffer), "cmd MC_IOC_UNREGISTER_BUFFER": uint64(CmdUnregisterBuffer),
+		"cmd MC_IOC_PUT_BUF": uint64(CmdPutBuf), "cmd MC_IOC_GET_BUF": uint64(CmdGetBuf),
+		"cmd MC_IOC_PUT_VM": uint64(CmdPutVM), "cmd MC_IOC_GET_VM": uint64(CmdGetVM),
+		"cmd MC_IOC_STAT": uint64(CmdStat), "cmd MC_IOC_BATCH_PUT": uint64(CmdBatchPut), "cmd MC_IOC_BATCH_GET": uint64(CmdBatchGet),
+		"const MC_MAX_BATCH": MaxBatch, "const MC_ABI_MINOR": ABIMinor, "const MC_ABI_MAJOR": ABIMajor,
+		"const MC_MAGIC": MagicValue,
+	}
+	for name, off := range fieldOffsets {
+		want["offsetof "+name] = off
+	}
+	seen := map[string]bool{}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		name, v := line[:i], line[i+1:]
+		got, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("bad line %q", line)
+		}
+		w, ok := want[name]
+		if !ok {
+			t.Errorf("C prints %q, which the test does not know", name)
+			continue
+		}
+		seen[name] = true
+		if got != w {
+			t.Errorf("%s: C says %d, Go says %d", name, got, w)
+		}
+	}
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("%s not checked in C", name)
+		}
+	}
+}
+
+// fieldOffsets are the wire offsets the Go encoders use (see data.go).
+var fieldOffsets = map[string]uint64{
+	"mc_register.fd": 8, "mc_register.kind": 12, "mc_register.len": 16, "mc_register.offset": 24, "mc_register.id": 32, "mc_register.handle": 40,
+	"mc_buf.id": 8, "mc_buf.buf_off": 16, "mc_buf.len": 24, "mc_buf.obj_off": 32, "mc_buf.result": 40, "mc_buf.version": 48,
+	"mc_vm.addr": 8, "mc_vm.len": 16, "mc_vm.obj_off": 24, "mc_vm.result": 32, "mc_vm.version": 40,
+	"mc_stat.size": 8, "mc_stat.version": 16, "mc_stat.ino": 24, "mc_stat.mtime_ns": 32, "mc_stat.mode": 40, "mc_stat.pinned": 44,
+	"mc_stat.replicas": 48, "mc_stat.extents": 52, "mc_stat.location": 56,
+	"mc_batch_entry.key_off": 0, "mc_batch_entry.key_len": 2, "mc_batch_entry.flags": 4, "mc_batch_entry.addr": 8,
+	"mc_batch_entry.len": 16, "mc_batch_entry.obj_off": 24, "mc_batch_entry.result": 32, "mc_batch_entry.version": 40,
+	"mc_batch.count": 8, "mc_batch.source": 12, "mc_batch.id": 16, "mc_batch.entries": 24, "mc_batch.keys": batchKeysOff,
+}

@@ -1,0 +1,128 @@
+/*
+ * mooncake_fs.h - the ioctl ABI of mooncake-fs, for C and C++ programs.
+ *
+ * Every argument is a fixed-size, 8-byte-aligned, explicitly padded,
+ * little-endian struct starting with {size, flags}; set size to
+ * sizeof(struct) before each call. Commands act on the key of the open
+ * file (batch commands on a directory). Errors come back in errno:
+ * ENOTTY (unknown command), EINVAL (bad size, flags or arguments), EFAULT
+ * (memory outside a registered buffer or the caller's address space),
+ * ERANGE (offset outside the object), ENOENT, EEXIST (MC_FLAG_EXCL),
+ * ENOSPC. This header must agree with package ioctl; a Go test checks it.
+ */
+#ifndef MOONCAKE_FS_H
+#define MOONCAKE_FS_H
+
+#include <stdint.h>
+#include <linux/ioctl.h>
+
+#define MC_IOC_TYPE 'M'
+#define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
+#define MC_ABI_MAJOR 1
+#define MC_ABI_MINOR 1
+
+struct mc_header {
+	uint32_t size;
+	uint32_t flags;
+};
+
+struct mc_magic {
+	struct mc_header h;
+	uint64_t magic; /* out */
+};
+
+struct mc_abi_version {
+	struct mc_header h;
+	uint32_t major; /* out */
+	uint32_t minor; /* out */
+};
+
+#define MC_KIND_HOST 1u
+
+struct mc_register {
+	struct mc_header h;
+	int32_t fd;         /* in: memfd or shm fd of the caller */
+	uint32_t kind;      /* in: MC_KIND_HOST */
+	uint64_t len;       /* in */
+	uint64_t offset;    /* in: page aligned */
+	uint64_t id;        /* out */
+	uint8_t handle[64]; /* reserved (CUDA IPC handle) */
+};
+
+struct mc_unregister {
+	struct mc_header h;
+	uint64_t id;
+};
+
+#define MC_FLAG_EXCL (1u << 0)   /* put: fail with EEXIST if the key exists */
+#define MC_FLAG_UPDATE (1u << 1) /* put: write at obj_off into a copy */
+
+struct mc_buf {
+	struct mc_header h;
+	uint64_t id;
+	uint64_t buf_off;
+	uint64_t len;
+	uint64_t obj_off;
+	uint64_t result;  /* out: bytes moved */
+	uint64_t version; /* out */
+};
+
+struct mc_vm {
+	struct mc_header h;
+	uint64_t addr;
+	uint64_t len;
+	uint64_t obj_off;
+	uint64_t result;  /* out */
+	uint64_t version; /* out */
+};
+
+struct mc_stat {
+	struct mc_header h;
+	uint64_t size;
+	uint64_t version;
+	uint64_t ino;
+	int64_t mtime_ns;
+	uint32_t mode;
+	uint32_t pinned;
+	uint32_t replicas;
+	uint32_t extents;
+	char location[192]; /* NUL-terminated, truncated */
+};
+
+#define MC_MAX_BATCH 64
+#define MC_BATCH_BUF 0u /* entry addr is an offset in buffer id */
+#define MC_BATCH_VM 1u  /* entry addr is an address of the caller */
+
+struct mc_batch_entry {
+	uint16_t key_off;
+	uint16_t key_len;
+	uint32_t flags;
+	uint64_t addr;
+	uint64_t len;
+	uint64_t obj_off;
+	int64_t result; /* out: bytes, or -errno for this key */
+	uint64_t version;
+};
+
+struct mc_batch {
+	struct mc_header h;
+	uint32_t count;
+	uint32_t source;
+	uint64_t id;
+	struct mc_batch_entry entries[MC_MAX_BATCH];
+	char keys[16376 - 24 - MC_MAX_BATCH * 48];
+};
+
+#define MC_IOC_GET_MAGIC _IOR(MC_IOC_TYPE, 0x01, struct mc_magic)
+#define MC_IOC_GET_ABI_VERSION _IOR(MC_IOC_TYPE, 0x02, struct mc_abi_version)
+#define MC_IOC_REGISTER_BUFFER _IOWR(MC_IOC_TYPE, 0x10, struct mc_register)
+#define MC_IOC_UNREGISTER_BUFFER _IOW(MC_IOC_TYPE, 0x11, struct mc_unregister)
+#define MC_IOC_PUT_BUF _IOWR(MC_IOC_TYPE, 0x12, struct mc_buf)
+#define MC_IOC_GET_BUF _IOWR(MC_IOC_TYPE, 0x13, struct mc_buf)
+#define MC_IOC_PUT_VM _IOWR(MC_IOC_TYPE, 0x14, struct mc_vm)
+#define MC_IOC_GET_VM _IOWR(MC_IOC_TYPE, 0x15, struct mc_vm)
+#define MC_IOC_STAT _IOWR(MC_IOC_TYPE, 0x16, struct mc_stat)
+#define MC_IOC_BATCH_PUT _IOWR(MC_IOC_TYPE, 0x17, struct mc_batch)
+#define MC_IOC_BATCH_GET _IOWR(MC_IOC_TYPE, 0x18, struct mc_batch)
+
+#endif /* MOONCAKE_FS_H */
