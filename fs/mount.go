@@ -105,13 +105,33 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 // Wait blocks until the file system is unmounted (also from outside).
 func (m *Mount) Wait() { m.server.Wait() }
 
-// PrepareMountpoint creates dir if needed and detaches a stale FUSE mount
-// there (stat fails with ENOTCONN once its daemon is gone).
+// PrepareMountpoint creates dir if needed and detaches a dead FUSE mount
+// left there by a daemon that was killed. A mooncake-fs mount that still
+// answers is an error: another daemon serves it.
 func PrepareMountpoint(dir string) error {
-	_, err := os.Stat(dir)
+	mounted, err := IsMooncakeMount(dir)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		// The kernel may answer stat from its attribute cache for a while
+		// after the daemon died; getxattr always reaches the daemon.
+		switch err := probeMount(dir, 3*time.Second); {
+		case err == nil:
+			return fmt.Errorf("fs: %s is already a mooncake-fs mount (a daemon serves it)", dir)
+		case errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED):
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+				return fmt.Errorf("fs: detach dead mount at %s: %w", dir, err)
+			}
+		default:
+			return fmt.Errorf("fs: %s is a mooncake-fs mount that does not answer (%v); detach it with umount -l", dir, err)
+		}
+	}
+	_, err = os.Stat(dir)
 	switch {
 	case err == nil:
 	case errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED):
+		// A dead FUSE mount of another file system.
 		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("fs: detach stale mount at %s: %w", dir, err)
 		}
@@ -122,11 +142,23 @@ func PrepareMountpoint(dir string) error {
 	default:
 		return fmt.Errorf("fs: mountpoint %s: %w", dir, err)
 	}
-	if mounted, err := IsMooncakeMount(dir); err == nil && mounted {
-		// A mount is there and answers: another daemon is serving it.
-		return fmt.Errorf("fs: %s is already a mooncake-fs mount", dir)
-	}
 	return nil
+}
+
+// probeMount asks the daemon behind dir for its status, giving up after
+// timeout (a hung daemon must not hang the new one).
+func probeMount(dir string, timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := unix.Getxattr(dir, xattrStatus, make([]byte, 64<<10))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("no answer in %v", timeout)
+	}
 }
 
 // IsMooncakeMount reports whether dir is a mount point of type

@@ -223,6 +223,14 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
 	mtime, hasMtime := in.GetMTime()
+	if hasMtime {
+		// An open writer commits at close: keep the time for that commit.
+		n.mu.Lock()
+		if d := n.mu.draft; d != nil {
+			d.SetMtime(mtime.UnixNano())
+		}
+		n.mu.Unlock()
+	}
 	if hasMode || hasUID || hasGID || hasMtime {
 		_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
 			if hasMode {

@@ -37,6 +37,7 @@ type Draft struct {
 		zeroed   uint64 // bytes [0,zeroed) are defined: written or zero-filled
 		dirty    bool
 		closed   bool
+		mtime    int64 // explicit modification time (SetMtime) since the last change; 0: now
 	}
 }
 
@@ -223,6 +224,7 @@ func (d *Draft) WriteAt(ctx context.Context, p []byte, off uint64) (int, error) 
 	d.mu.Lock()
 	d.mu.size = max(d.mu.size, end)
 	d.mu.dirty = true
+	d.mu.mtime = 0
 	d.mu.Unlock()
 	return len(p), nil
 }
@@ -256,6 +258,15 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 		return 0, err
 	}
 	return int(n), nil
+}
+
+// SetMtime sets the modification time the next commit publishes (as
+// futimens does before close, for cp -p and tar); a later write or
+// truncate resets it to the commit time.
+func (d *Draft) SetMtime(ns int64) {
+	d.mu.Lock()
+	d.mu.mtime = ns
+	d.mu.Unlock()
 }
 
 // Truncate sets the draft's size; growing fills with zeros.
@@ -293,6 +304,7 @@ func (d *Draft) Truncate(ctx context.Context, size uint64) error {
 	d.mu.zeroed = size
 	d.mu.size = size
 	d.mu.dirty = true
+	d.mu.mtime = 0
 	return nil
 }
 
@@ -365,6 +377,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		next.Size = size
 		next.Mtime = d.s.now()
 		next.Ctime = next.Mtime
+		if d.mu.mtime != 0 {
+			next.Mtime = d.mu.mtime
+		}
 		next.Replicas = nil
 		if len(ext) > 0 {
 			next.Replicas = []Replica{{Node: d.s.opts.Node, Extents: ext}}
@@ -390,6 +405,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		d.s.committed(nil, []*Object{next}, nil)
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
 		d.mu.dirty = false
+		d.mu.mtime = 0
 		if size > 0 {
 			d.mu.base = &Reader{s: d.s, obj: next, b: b}
 			d.mu.own = false
@@ -457,6 +473,10 @@ func (d *Draft) Close() {
 
 // alloc reserves n bytes of local segment space, evicting if allowed.
 func (s *Store) alloc(n uint64) ([]segment.Extent, error) {
+	if size := s.segs.Stats().Size; n > size {
+		// Evicting cannot help: refuse before anything is evicted.
+		return nil, fmt.Errorf("store: reserve %d B in a store of %d B: %w", n, size, ErrNoSpace)
+	}
 	ext, err := s.segs.Alloc(n)
 	if err == nil || !errors.Is(err, segment.ErrNoSpace) {
 		return ext, err

@@ -404,7 +404,11 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 				return err
 			}
 			for _, k := range kids {
-				move(k, newKey+k.Key[len(oldKey):], 0)
+				to := newKey + k.Key[len(oldKey):]
+				if len(to) > MaxKeyLen {
+					return fmt.Errorf("rename %q to %q: %q would become %d B: %w", oldKey, newKey, k.Key, len(to), ErrNameTooLong)
+				}
+				move(k, to, 0)
 			}
 		}
 		if p := Parent(oldKey); p != "" && !strings.HasPrefix(newKey, p+"/") {

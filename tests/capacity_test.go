@@ -1,0 +1,208 @@
+package tests
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCapacityNoEvict fills a store that does not evict: dd ends with
+// ENOSPC, every file committed before stays intact, and removing files
+// makes room again.
+func TestCapacityNoEvict(t *testing.T) {
+	t.Parallel()
+	const capacity, fileSize = 64 * miB, 4 * miB
+	d := startDaemon(t, "--size", "64MiB", "--evict", "off")
+	local := t.TempDir()
+	run(t, "mkdir", d.path("fill"))
+	src := func(i int) string { return filepath.Join(local, fmt.Sprintf("src-%d", i)) }
+	dst := func(i int) string { return d.path("fill", fmt.Sprintf("f-%d", i)) }
+
+	committed := -1
+	for i := 0; i < 2*capacity/fileSize; i++ {
+		writeRandom(t, src(i), fileSize, uint64(100+i))
+		out, err := runErr("dd", "if="+src(i), "of="+dst(i), "bs=1M", "status=none")
+		if err != nil {
+			if !strings.Contains(out, "No space left on device") {
+				t.Fatalf("dd of file %d failed, but not with ENOSPC: %v\n%s", i, err, out)
+			}
+			t.Logf("file %d: %s", i, strings.TrimSpace(out))
+			break
+		}
+		committed = i
+	}
+	if committed == 2*capacity/fileSize-1 {
+		t.Fatalf("wrote %d MiB into a %d MiB store without ENOSPC", 2*capacity/miB, capacity/miB)
+	}
+	if committed < capacity/fileSize/2 {
+		t.Errorf("ENOSPC after only %d files of %d MiB in a %d MiB store", committed+1, fileSize/miB, capacity/miB)
+	}
+	for i := 0; i <= committed; i++ {
+		run(t, "cmp", src(i), dst(i))
+	}
+	// The failed file holds what was written before ENOSPC, or nothing.
+	failed := committed + 1
+	if out, err := runErr("stat", "--cached=never", "-c", "%s", dst(failed)); err == nil {
+		size := strings.TrimSpace(out)
+		if size != "0" {
+			run(t, "cmp", "-n", size, src(failed), dst(failed))
+		}
+	}
+
+	st := d.quiesce(t)
+	if st.Used > st.Capacity || st.Capacity != capacity {
+		t.Errorf("status: used %d, capacity %d; want used <= capacity = %d", st.Used, st.Capacity, capacity)
+	}
+	if st.Evict.Enabled || st.Evict.Evictions != 0 {
+		t.Errorf("status evict = %+v with --evict off", st.Evict)
+	}
+
+	// Room again after removing files.
+	run(t, "rm", "-f", dst(0), dst(1), dst(failed))
+	waitFor(t, "space freed by rm", func() (bool, string) {
+		s := d.status(t)
+		return s.Free >= 2*fileSize, fmt.Sprintf("%+v", s)
+	})
+	run(t, "dd", "if="+src(failed), "of="+dst(failed), "bs=1M", "status=none")
+	run(t, "cmp", src(failed), dst(failed))
+	for i := 2; i <= committed; i++ {
+		run(t, "cmp", src(i), dst(i))
+	}
+}
+
+// TestCapacityEvictLRU writes past the capacity of an evicting store:
+// the least recently used unpinned files go, a pinned one stays, and every
+// file that stays is intact.
+func TestCapacityEvictLRU(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "setfattr", "getfattr")
+	const fileSize = 20 * miB
+	d := startDaemon(t, "--size", "64MiB")
+	local := t.TempDir()
+	names := []string{"A", "B", "C", "D", "E"}
+	src := map[string]string{}
+	for i, n := range names {
+		src[n] = filepath.Join(local, n)
+		writeRandom(t, src[n], fileSize, uint64(200+i))
+	}
+	for _, n := range []string{"A", "B", "C"} {
+		run(t, "cp", src[n], d.path(n))
+	}
+	// 60 MiB fit in 64 MiB, below the 95% high watermark: nothing may go.
+	ls := func() map[string]bool {
+		present := map[string]bool{}
+		for _, n := range strings.Fields(run(t, "ls", d.dir)) {
+			present[n] = true
+		}
+		return present
+	}
+	present := ls()
+	if st := d.quiesce(t); st.Evict.Evictions != 0 || !present["A"] || !present["B"] || !present["C"] {
+		t.Errorf("after writing A, B, C (60 MiB into 64 MiB, below the high watermark): present %v, evictions %d (%d B); want all three, no eviction",
+			present, st.Evict.Evictions, st.Evict.EvictedBytes)
+	}
+	// Reading A leaves B the least recently used; B is pinned, so C is
+	// the first to go.
+	if present["A"] {
+		run(t, "cmp", src["A"], d.path("A"))
+	}
+	run(t, "setfattr", "-n", "user.mooncake.pin", "-v", "1", d.path("B"))
+	aBefore := present["A"]
+
+	for _, n := range []string{"D", "E"} {
+		run(t, "cp", src[n], d.path(n))
+	}
+	st := d.quiesce(t)
+	present = ls()
+	t.Logf("after writing D and E: present %v, status used %d evictions %d (%d B)", present, st.Used, st.Evict.Evictions, st.Evict.EvictedBytes)
+
+	if !present["B"] {
+		t.Errorf("the pinned file B was evicted")
+	} else if pin := run(t, "getfattr", "--absolute-names", "--only-values", "-n", "user.mooncake.pin", d.path("B")); pin != "1" {
+		t.Errorf("B: user.mooncake.pin = %q, want 1", pin)
+	}
+	if !present["E"] {
+		t.Errorf("E, the file written last, was evicted")
+	}
+	if st.Evict.Evictions == 0 || st.Evict.EvictedBytes < fileSize {
+		t.Errorf("status evict = %+v after writing 100 MiB into 64 MiB", st.Evict)
+	}
+	if present["C"] {
+		t.Errorf("C, the least recently used unpinned file, survived")
+	}
+	if aBefore && present["C"] && !present["A"] {
+		t.Errorf("A was evicted before C, which was used less recently")
+	}
+	if st.Used > st.Capacity {
+		t.Errorf("status used %d > capacity %d", st.Used, st.Capacity)
+	}
+	for _, n := range names {
+		if present[n] {
+			run(t, "cmp", src[n], d.path(n))
+		}
+	}
+}
+
+// holdScript opens a file, reads it whole, prints "held <size>" and waits
+// for a line on stdin; then it reads the file again through the same
+// descriptor and prints "reread ok" if both reads match the source.
+const holdScript = `
+import os, sys
+src, target = sys.argv[1], sys.argv[2]
+want = open(src, "rb").read()
+fd = os.open(target, os.O_RDONLY)
+first = os.pread(fd, len(want) + 1, 0)
+print("held", len(first), flush=True)
+sys.stdin.readline()
+again = os.pread(fd, len(want) + 1, 0)
+os.close(fd)
+print("first", "ok" if first == want else "BAD", "reread", "ok" if again == want else "BAD", flush=True)
+`
+
+// TestCapacityEvictOpen: a file held open by a reader is never evicted,
+// even when it is the least recently used.
+func TestCapacityEvictOpen(t *testing.T) {
+	t.Parallel()
+	const fileSize = 16 * miB
+	d := startDaemon(t, "--size", "64MiB")
+	local := t.TempDir()
+	src := func(n string) string { return filepath.Join(local, n) }
+	for i, n := range []string{"X", "F1", "F2", "F3", "F4", "F5"} {
+		writeRandom(t, src(n), fileSize, uint64(300+i))
+	}
+	run(t, "cp", src("X"), d.path("X"))
+
+	holder := background(t, python, "-c", holdScript, src("X"), d.path("X"))
+	holder.waitOutput(t, "held")
+	if st := d.status(t); st.OpenObjects < 1 {
+		t.Errorf("status open_objects = %d while X is held open", st.OpenObjects)
+	}
+	// X is now the least recently used file; F1..F5 need 80 MiB more.
+	for _, n := range []string{"F1", "F2", "F3", "F4", "F5"} {
+		run(t, "cp", src(n), d.path(n))
+	}
+	st := d.status(t)
+	if st.Evict.Evictions == 0 {
+		t.Errorf("no evictions after writing 96 MiB into 64 MiB: %+v", st.Evict)
+	}
+	if out, err := runErr("stat", "--cached=never", "-c", "%s", d.path("X")); err != nil || strings.TrimSpace(out) != fmt.Sprint(fileSize) {
+		t.Errorf("X, held open, is gone or changed after eviction: %v\n%s", err, out)
+	}
+	if _, err := io.WriteString(holder.stdin, "close\n"); err != nil {
+		t.Fatal(err)
+	}
+	if out := holder.mustWait(t); !strings.Contains(out, "first ok reread ok") {
+		t.Errorf("the holder of X read wrong bytes:\n%s", out)
+	}
+	// Closed and unpinned, X may go now, but while it stays it is intact.
+	if out, err := runErr("cmp", src("X"), d.path("X")); err != nil && !strings.Contains(out, "No such file") {
+		t.Errorf("cmp X: %v\n%s", err, out)
+	}
+	present := strings.Fields(run(t, "ls", d.dir))
+	t.Logf("present after F1..F5: %v; evictions %d", present, st.Evict.Evictions)
+	for _, n := range present {
+		run(t, "cmp", src(n), d.path(n))
+	}
+}

@@ -1,0 +1,760 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCopyLarge copies a 256 MiB random file in and out with cp.
+func TestCopyLarge(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "512MiB")
+	local := t.TempDir()
+	src, back := filepath.Join(local, "src"), filepath.Join(local, "back")
+	const size = 256 * miB
+	writeRandom(t, src, size, 1)
+
+	run(t, "cp", src, d.path("big"))
+	run(t, "cmp", src, d.path("big"))
+	run(t, "cp", d.path("big"), back)
+	run(t, "cmp", src, back)
+	if got := strings.TrimSpace(run(t, "stat", "-c", "%s", d.path("big"))); got != strconv.Itoa(size) {
+		t.Errorf("stat size = %s, want %d", got, size)
+	}
+	if st := d.quiesce(t); st.Used < size || st.Used > st.Capacity {
+		t.Errorf("status used = %d, want in [%d, capacity %d]", st.Used, size, st.Capacity)
+	}
+}
+
+// TestPOSIX runs the tools people use on files against one mount; each
+// subtest works in its own directory.
+func TestPOSIX(t *testing.T) {
+	t.Parallel()
+	const capacity = 256 * miB
+	d := startDaemon(t, "--size", "256MiB")
+	for _, c := range []struct {
+		name string
+		fn   func(t *testing.T, d *daemon, dir string)
+	}{
+		{"DD", testDD},
+		{"RandomOps", testRandomOps},
+		{"Mmap", testMmap},
+		{"TarAndRemove", testTarAndRemove},
+		{"Rsync", testRsync},
+		{"Rename", testRename},
+		{"RenameOverOpen", testRenameOverOpen},
+		{"ConcurrentWritersReaders", testConcurrentWritersReaders},
+		{"StatUtime", testStatUtime},
+		{"Permissions", testPermissions},
+		{"Ls", testLs},
+		{"Statfs", func(t *testing.T, d *daemon, dir string) { testStatfs(t, d, capacity) }},
+		{"Xattrs", testXattrs},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d.checkAlive(t)
+			dir := d.path(c.name)
+			run(t, "mkdir", dir)
+			c.fn(t, d, dir)
+			d.checkAlive(t)
+		})
+	}
+}
+
+// testDD writes and reads back with dd at 4 KiB and 1 MiB blocks (the
+// size is not a multiple of either), then patches in place and appends.
+func testDD(t *testing.T, d *daemon, dir string) {
+	local := t.TempDir()
+	src := filepath.Join(local, "src")
+	writeRandom(t, src, 8*miB+1234, 2)
+	for _, bs := range []string{"4k", "1M"} {
+		f, back := filepath.Join(dir, "f-"+bs), filepath.Join(local, "back-"+bs)
+		run(t, "dd", "if="+src, "of="+f, "bs="+bs, "status=none")
+		run(t, "dd", "if="+f, "of="+back, "bs="+bs, "status=none")
+		run(t, "cmp", src, back)
+		run(t, "cmp", src, f)
+	}
+
+	// The same edits on a local model and on the mounted file.
+	patch, model := filepath.Join(local, "patch"), filepath.Join(local, "model")
+	writeRandom(t, patch, 64*kiB+17, 3)
+	run(t, "cp", src, model)
+	f := filepath.Join(dir, "f-4k")
+	for _, args := range [][]string{
+		{"bs=4k", "seek=3", "conv=notrunc"},       // overwrite in the middle
+		{"bs=1M", "oflag=append", "conv=notrunc"}, // append
+		{"bs=4k", "seek=4096"},                    // truncate to 16 MiB, then write past the old end
+	} {
+		for _, out := range []string{model, f} {
+			run(t, "dd", append([]string{"if=" + patch, "of=" + out, "status=none"}, args...)...)
+		}
+		run(t, "cmp", model, f)
+	}
+}
+
+// randomOpsScript applies the same random pwrite/ftruncate/truncate/fsync
+// operations to a local model file and to the mounted file, reopening both
+// with O_RDWR between batches, and compares reads, sizes and (after every
+// close or fsync) the whole content as a fresh reader sees it.
+const randomOpsScript = `
+import os, random, sys
+seed, model, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+print("seed", seed, flush=True)
+rng = random.Random(seed)
+MAX = 6 << 20
+hist = []
+def fail(msg):
+    print("FAIL:", msg)
+    print("seed", seed, "last operations:")
+    for h in hist[-30:]:
+        print("  ", h)
+    sys.exit(1)
+def whole(p):
+    with open(p, "rb") as f:
+        return f.read()
+for p in (model, target):
+    os.close(os.open(p, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644))
+size, nops = 0, 0
+for batch in range(24):
+    fds = [os.open(p, os.O_RDWR) for p in (model, target)]
+    sizes = [os.fstat(fd).st_size for fd in fds]
+    if sizes != [size, size]:
+        fail(f"batch {batch}: sizes after reopen {sizes}, want {size}")
+    for i in range(rng.randint(4, 24)):
+        nops += 1
+        r = rng.random()
+        if r < 0.6:
+            off = rng.randint(0, min(size + (256 << 10), MAX - 1))
+            n = rng.choice([1, 511, 4095, 4096, 4097, 65536, 131072, rng.randint(1, 400000)])
+            n = max(1, min(n, MAX - off))
+            data = rng.randbytes(n)
+            hist.append(f"batch {batch}: pwrite off={off} n={n}")
+            for fd in fds:
+                w = os.pwrite(fd, data, off)
+                if w != n:
+                    fail(f"short pwrite: {w} of {n}")
+            size = max(size, off + n)
+        elif r < 0.72:
+            ns = rng.choice([0, rng.randint(0, size), size + rng.randint(1, 300000), rng.randint(0, MAX)])
+            hist.append(f"batch {batch}: ftruncate {ns}")
+            for fd in fds:
+                os.ftruncate(fd, ns)
+            size = ns
+        elif r < 0.8:
+            ns = rng.randint(0, size + 100000)
+            hist.append(f"batch {batch}: truncate(path) {ns} with the file open")
+            for p in (model, target):
+                os.truncate(p, ns)
+            size = ns
+        elif r < 0.85:
+            hist.append(f"batch {batch}: fsync")
+            os.fsync(fds[1])
+            if whole(target) != whole(model):
+                fail("a new reader after fsync does not see the model's content")
+        else:
+            off = rng.randint(0, size + 10)
+            n = rng.randint(1, 1 << 20)
+            hist.append(f"batch {batch}: pread off={off} n={n}")
+            a, b = os.pread(fds[0], n, off), os.pread(fds[1], n, off)
+            if a != b:
+                fail(f"pread off={off} n={n}: got {len(b)} B, model {len(a)} B, contents differ")
+        got = os.fstat(fds[1]).st_size
+        if got != size:
+            fail(f"fstat size {got}, model {size}")
+    for fd in fds:
+        os.close(fd)
+    if whole(target) != whole(model):
+        fail(f"after the close of batch {batch}, a new reader does not see the model's content")
+print("ops", nops, "final size", size)
+`
+
+// testRandomOps runs randomOpsScript with a fixed seed (override with
+// MOONCAKE_E2E_SEED) and compares the files with cmp at the end.
+func testRandomOps(t *testing.T, d *daemon, dir string) {
+	seed := int64(20261129)
+	if s := os.Getenv("MOONCAKE_E2E_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
+			t.Fatalf("MOONCAKE_E2E_SEED=%q: %v", s, err)
+		}
+	}
+	t.Logf("seed %d (set MOONCAKE_E2E_SEED to change it)", seed)
+	model, target := filepath.Join(t.TempDir(), "model"), filepath.Join(dir, "target")
+	out := py(t, randomOpsScript, strconv.FormatInt(seed, 10), model, target)
+	t.Log(strings.TrimSpace(out))
+	run(t, "cmp", model, target)
+}
+
+const mmapScript = `
+import mmap, random, sys
+import numpy as np
+src, target = sys.argv[1], sys.argv[2]
+want = open(src, "rb").read()
+with open(target, "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if len(m) != len(want):
+        sys.exit(f"mmap length {len(m)}, want {len(want)}")
+    if m[:] != want:
+        first = next(i for i in range(len(want)) if m[i] != want[i])
+        sys.exit(f"mmap content differs from byte {first}")
+    rng = random.Random(7)
+    for _ in range(300):
+        off = rng.randrange(len(want))
+        n = rng.randint(1, 300000)
+        if m[off:off + n] != want[off:off + n]:
+            sys.exit(f"mmap slice [{off}:{off + n}] differs")
+    m.close()
+a = np.memmap(target, dtype=np.uint8, mode="r")
+b = np.fromfile(src, dtype=np.uint8)
+if a.shape != b.shape or not np.array_equal(a, b):
+    sys.exit("numpy.memmap content differs")
+n4 = len(want) // 4
+w = np.memmap(target, dtype="<u4", mode="r", shape=(n4,))
+if not np.array_equal(w, np.frombuffer(want[:4 * n4], dtype="<u4")):
+    sys.exit("numpy.memmap <u4 view differs")
+print("ok", len(want))
+`
+
+// testMmap reads a mounted file through mmap.mmap and numpy.memmap.
+func testMmap(t *testing.T, d *daemon, dir string) {
+	requireNumpy(t)
+	src := filepath.Join(t.TempDir(), "src")
+	writeRandom(t, src, 5*miB+123, 4)
+	target := filepath.Join(dir, "mapped")
+	run(t, "cp", src, target)
+	py(t, mmapScript, src, target)
+}
+
+// treeFile is one file of a test tree; dirs are implied, plus the empty
+// ones listed in treeEmptyDirs.
+type treeFile struct {
+	path string
+	size int64
+	mode os.FileMode
+}
+
+var treeFiles = []treeFile{
+	{"zero", 0, 0o644},
+	{"one", 1, 0o644},
+	{"mib", miB, 0o644},
+	{"exec.sh", 50, 0o755},
+	{"private", 10, 0o600},
+	{"with space/file name.txt", 100, 0o644},
+	{"ünïcødé.bin", 333, 0o644},
+	{"a/page", 4096, 0o644},
+	{"a/page-1", 4095, 0o644},
+	{"a/page+1", 4097, 0o644},
+	{"a/b/odd", 65537, 0o640},
+	{"a/b/empty-file", 0, 0o644},
+	{"a/b/c/big", 3*miB + 5, 0o644},
+}
+
+var treeEmptyDirs = []string{"empty", "nested/empty/inner", "a/b/c/leaf"}
+
+// makeTree builds the test tree under root on local disk, with fixed file
+// mtimes so that tools that keep them can be checked.
+func makeTree(t *testing.T, root string, seed uint64) {
+	t.Helper()
+	for i, f := range treeFiles {
+		p := filepath.Join(root, f.path)
+		writeRandom(t, p, f.size, seed*1000+uint64(i))
+		if err := os.Chmod(p, f.mode); err != nil {
+			t.Fatal(err)
+		}
+		mt := time.Unix(1500000000+int64(i)*3600, 0)
+		if err := os.Chtimes(p, mt, mt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range treeEmptyDirs {
+		if err := os.MkdirAll(filepath.Join(root, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// treeListing describes a tree as stat sees it, bypassing the kernel's
+// attribute cache: every entry with its type and mode, files with their
+// size. treeTimes lists the file mtimes.
+func treeListing(t *testing.T, root string) string {
+	t.Helper()
+	return sh(t, `cd "$1" && {
+find . -mindepth 1 -type d -exec stat --cached=never -c '%n|%F|%a' {} +
+find . -type f -exec stat --cached=never -c '%n|%F|%a|%s' {} +
+} | LC_ALL=C sort`, root)
+}
+
+func treeTimes(t *testing.T, root string) string {
+	t.Helper()
+	return sh(t, `cd "$1" && find . -type f -exec stat --cached=never -c '%n %Y' {} + | LC_ALL=C sort`, root)
+}
+
+// compareTrees runs diff -r and compares the listings and the mtimes.
+func compareTrees(t *testing.T, want, got string) {
+	t.Helper()
+	run(t, "diff", "-r", want, got)
+	if a, b := treeListing(t, want), treeListing(t, got); a != b {
+		t.Errorf("types, modes or sizes under %s differ from %s:\n--- want\n%s--- got\n%s", got, want, a, b)
+	}
+	if a, b := treeTimes(t, want), treeTimes(t, got); a != b {
+		t.Errorf("file mtimes under %s differ from %s (see StatUtime):\n--- want\n%s--- got\n%s", got, want, a, b)
+	}
+}
+
+// testTarAndRemove extracts a tree with tar, compares it, removes it with
+// rm -r and checks that nothing is left: no entry, no bytes, no object.
+func testTarAndRemove(t *testing.T, d *daemon, dir string) {
+	src := filepath.Join(t.TempDir(), "tree")
+	makeTree(t, src, 5)
+	before := d.quiesce(t)
+
+	dst := filepath.Join(dir, "tree")
+	sh(t, `mkdir "$2" && tar -C "$1" -cf - . | tar -C "$2" -xpf -`, src, dst)
+	compareTrees(t, src, dst)
+
+	run(t, "rm", "-r", dst)
+	if out, err := runErr("ls", "-A", dir); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("ls -A %s after rm -r = %q, %v; want empty", dir, out, err)
+	}
+	if out, err := runErr("stat", dst); err == nil || !strings.Contains(out, "No such file") {
+		t.Errorf("stat %s after rm -r: %v\n%s", dst, err, out)
+	}
+	waitFor(t, "used and objects back to their values before the tree", func() (bool, string) {
+		s := d.status(t)
+		return s.OpenObjects == 0 && s.Used == before.Used && s.Objects == before.Objects,
+			fmt.Sprintf("used %d objects %d open %d, before: used %d objects %d", s.Used, s.Objects, s.OpenObjects, before.Used, before.Objects)
+	})
+}
+
+// testRsync copies a tree with rsync -a, then syncs changes (a rewritten
+// file, a new one, a deleted one) with --delete.
+func testRsync(t *testing.T, d *daemon, dir string) {
+	requireTools(t, "rsync")
+	src := filepath.Join(t.TempDir(), "tree")
+	makeTree(t, src, 6)
+	dst := filepath.Join(dir, "tree")
+	run(t, "rsync", "-a", src+"/", dst+"/")
+	compareTrees(t, src, dst)
+
+	writeRandom(t, filepath.Join(src, "a/b/odd"), 70001, 61)
+	writeRandom(t, filepath.Join(src, "new.bin"), 12345, 62)
+	if err := os.Remove(filepath.Join(src, "one")); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "rsync", "-a", "--delete", src+"/", dst+"/")
+	compareTrees(t, src, dst)
+}
+
+// testRename moves files and directories, replacing existing ones.
+func testRename(t *testing.T, d *daemon, dir string) {
+	sh(t, `set -eux
+cd "$1"
+printf old > a
+printf new > b
+mv b a
+test "$(cat a)" = new
+test ! -e b
+mkdir sub
+mv a sub/a
+test "$(cat sub/a)" = new
+test ! -e a
+mkdir sub/inner
+printf x > sub/inner/x
+mv sub sub2
+test "$(cat sub2/inner/x)" = x
+test "$(cat sub2/a)" = new
+test ! -e sub
+mkdir empty
+mv -T sub2 empty
+test "$(cat empty/inner/x)" = x
+test ! -e sub2
+test "$(ls empty | tr '\n' ' ')" = "a inner "
+`, dir)
+}
+
+const renameOverOpenScript = `
+import os, sys
+d = sys.argv[1]
+def put(p, b):
+    with open(p, "wb") as f:
+        f.write(b)
+def get(p):
+    with open(p, "rb") as f:
+        return f.read()
+def check(label, ok):
+    print(f"{label}={'OK' if ok else 'FAIL'}", flush=True)
+def readall(fd):
+    out = b""
+    while True:
+        b = os.read(fd, 65536)
+        if not b:
+            return out
+        out += b
+target, incoming = d + "/target", d + "/incoming"
+old, new = b"old-" * 50000, b"NEW!" * 70000
+put(target, old)
+put(incoming, new)
+
+fd = os.open(target, os.O_RDONLY)
+head = os.read(fd, 1000)
+os.rename(incoming, target)
+check("old_fd_reads_old", head + readall(fd) == old)
+check("old_fd_pread_old", os.pread(fd, len(new), 0) == old)
+check("old_fd_fstat_old_size", os.fstat(fd).st_size == len(old))
+check("new_open_sees_new", get(target) == new)
+check("source_name_gone", not os.path.exists(incoming))
+os.close(fd)
+
+fd = os.open(target, os.O_RDONLY)
+put(target, b"third")
+check("reader_keeps_version_over_otrunc_rewrite", os.pread(fd, len(new) + 10, 0) == new)
+check("new_open_sees_rewrite", get(target) == b"third")
+os.close(fd)
+
+fd = os.open(target, os.O_RDONLY)
+os.unlink(target)
+check("reader_keeps_unlinked", os.pread(fd, 100, 0) == b"third")
+check("unlinked_name_gone", not os.path.exists(target))
+os.close(fd)
+`
+
+// testRenameOverOpen: a reader that opened a file before it was replaced
+// (by rename, by an O_TRUNC rewrite, by unlink) keeps reading its version.
+func testRenameOverOpen(t *testing.T, d *daemon, dir string) {
+	out := py(t, renameOverOpenScript, dir)
+	want := map[string]string{}
+	for _, l := range []string{"old_fd_reads_old", "old_fd_pread_old", "old_fd_fstat_old_size", "new_open_sees_new",
+		"source_name_gone", "reader_keeps_version_over_otrunc_rewrite", "new_open_sees_rewrite",
+		"reader_keeps_unlinked", "unlinked_name_gone"} {
+		want[l] = "OK"
+	}
+	checkResults(t, out, want)
+}
+
+// concurrentScript is a writer or a reader. Writer w writes files
+// w{w}-{i} with content made from (w, i) in 64 KiB writes: even i in place,
+// odd i to a temporary name renamed at the end. A reader opens random
+// files until the file "done" appears and checks each: ENOENT, or the whole
+// content; an empty file is allowed only for in-place files (open(O_CREAT)
+// makes the name at once, the content comes at close). Then it checks that
+// every file is whole. Readers print "ready" before their first open, and
+// look only at files they have not yet seen whole.
+const concurrentScript = `
+import os, random, sys
+mode, d, nw, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cache = {}
+def content(w, i):
+    if (w, i) not in cache:
+        r = random.Random(w * 1000 + i)
+        cache[(w, i)] = r.randbytes(4096 * r.randint(1, 200) + r.randint(0, 4095))
+    return cache[(w, i)]
+if mode == "writer":
+    w = int(sys.argv[5])
+    for i in range(n):
+        data, final = content(w, i), f"{d}/w{w}-{i}"
+        p = final if i % 2 == 0 else f"{d}/.tmp-w{w}-{i}"
+        fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        off = 0
+        while off < len(data):
+            off += os.write(fd, data[off:off + 65536])
+        os.close(fd)
+        if p != final:
+            os.rename(p, final)
+    print("writer", w, "wrote", n, "files")
+    sys.exit(0)
+seen = {"enoent": 0, "empty": 0, "whole": 0}
+def check(w, i):
+    try:
+        f = open(f"{d}/w{w}-{i}", "rb")
+    except FileNotFoundError:
+        seen["enoent"] += 1
+        return False
+    with f:
+        got = f.read()
+    want = content(w, i)
+    if got == want:
+        seen["whole"] += 1
+        return True
+    if not got and i % 2 == 0:
+        seen["empty"] += 1
+        return False
+    print(f"FAIL: w{w}-{i}: read {len(got)} B, want {len(want)} B, contents differ: a partial or corrupt file")
+    sys.exit(1)
+rng = random.Random(int(sys.argv[5]))
+todo = [(w, i) for w in range(nw) for i in range(n)]
+print("ready", flush=True)
+while not os.path.exists(d + "/done"):
+    k = rng.randrange(len(todo)) if todo else None
+    if k is None:
+        continue
+    if check(*todo[k]):
+        todo[k] = todo[-1]
+        todo.pop()
+for w in range(nw):
+    for i in range(n):
+        if not check(w, i):
+            print(f"FAIL: w{w}-{i} is not whole after its writer exited")
+            sys.exit(1)
+print("reader", seen)
+`
+
+// testConcurrentWritersReaders runs writers and readers in parallel
+// processes; readers must never see a partial file.
+func testConcurrentWritersReaders(t *testing.T, d *daemon, dir string) {
+	const writers, readers, files = 3, 2, 16
+	nw, n := strconv.Itoa(writers), strconv.Itoa(files)
+	var rs, ws []*bg
+	for r := range readers {
+		rs = append(rs, background(t, python, "-c", concurrentScript, "reader", dir, nw, n, strconv.Itoa(100+r)))
+	}
+	for _, r := range rs {
+		r.waitOutput(t, "ready")
+	}
+	for w := range writers {
+		ws = append(ws, background(t, python, "-c", concurrentScript, "writer", dir, nw, n, strconv.Itoa(w)))
+	}
+	for _, w := range ws {
+		w.mustWait(t)
+	}
+	run(t, "touch", filepath.Join(dir, "done"))
+	for _, r := range rs {
+		t.Log(strings.TrimSpace(r.mustWait(t)))
+	}
+	if out := run(t, "ls", "-A", dir); strings.Contains(out, ".tmp-") {
+		t.Errorf("temporary files left after rename:\n%s", out)
+	}
+}
+
+// testStatUtime checks sizes, times and modes as stat shows them, asking
+// the daemon each time (stat --cached=never) rather than the kernel's
+// attribute cache.
+func testStatUtime(t *testing.T, d *daemon, dir string) {
+	sh(t, `set -eux
+cd "$1"
+st() { stat --cached=never -c "$@"; }
+printf hello > f
+test "$(st %s f)" = 5
+touch -m -d @1000000000 f
+test "$(st %Y f)" = 1000000000
+truncate -s 12345 f
+test "$(st %s f)" = 12345
+printf more >> f
+test "$(st %s f)" = 12349
+test "$(st %Y f)" -gt 1000000000
+touch -m -d @1000000000 f
+chmod 0640 f
+test "$(st %a f)" = 640
+test "$(st %Y f)" = 1000000000
+mkdir d
+test "$(st %F d)" = directory
+test "$(st %F f)" = "regular file"
+: > empty
+test "$(st %s empty)" = 0
+`, dir)
+	out := py(t, `
+import os, sys
+p = sys.argv[1] + "/f"
+os.utime(p, ns=(1, 1234567890123456789))
+print(os.stat(p).st_mtime_ns)
+`, dir)
+	if got := strings.TrimSpace(out); got != "1234567890123456789" {
+		t.Errorf("st_mtime_ns after os.utime = %s, want 1234567890123456789", got)
+	}
+
+	// Times set on a file that is open for writing, after the last write,
+	// must stick: tar -x and cp -p set them with futimens before close.
+	py(t, `
+import os, sys
+fd = os.open(sys.argv[1] + "/futimens", os.O_CREAT | os.O_WRONLY, 0o644)
+os.write(fd, b"data")
+os.utime(fd, ns=(2000000000 * 10**9, 2000000000 * 10**9))
+os.close(fd)
+`, dir)
+	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", filepath.Join(dir, "futimens"))); got != "2000000000" {
+		t.Errorf("mtime set with futimens before close(2) = %s after close, want 2000000000", got)
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	writeRandom(t, src, 10000, 7)
+	mt := time.Unix(1600000000, 0)
+	if err := os.Chtimes(src, mt, mt); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "cp", "-p", src, filepath.Join(dir, "cp-p"))
+	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", filepath.Join(dir, "cp-p"))); got != "1600000000" {
+		t.Errorf("mtime after cp -p = %s, want 1600000000", got)
+	}
+}
+
+// testPermissions checks that mode bits hold for an unprivileged user.
+func testPermissions(t *testing.T, d *daemon, dir string) {
+	requireTools(t, "setpriv")
+	sh(t, `set -eux
+cd "$1"
+chmod 0755 .
+printf secret > private
+chmod 0600 private
+printf public > public
+chmod 0644 public
+mkdir open
+chmod 0777 open
+`, dir)
+	for _, c := range []struct {
+		script, want string // want: output, or "!" + an error message
+	}{
+		{`cat "$1/public"`, "public"},
+		{`cat "$1/private"`, "!Permission denied"},
+		{`printf x >> "$1/public"`, "!Permission denied"},
+		{`: > "$1/new"`, "!Permission denied"},
+		{`chmod 0666 "$1/public"`, "!Operation not permitted"},
+		{`rm -f "$1/public"`, "!Permission denied"},
+		{`printf mine > "$1/open/mine" && stat -c %u:%g:%a "$1/open/mine"`, "65534:65534:644"},
+	} {
+		out, err := asNobody("umask 022; "+c.script, dir)
+		out = strings.TrimSpace(out)
+		if msg, ok := strings.CutPrefix(c.want, "!"); ok {
+			if err == nil || !strings.Contains(out, msg) {
+				t.Errorf("as nobody: %s = %q, %v; want an error with %q", c.script, out, err, msg)
+			}
+		} else if err != nil || out != c.want {
+			t.Errorf("as nobody: %s = %q, %v; want %q", c.script, out, err, c.want)
+		}
+	}
+	if got := strings.TrimSpace(run(t, "cat", filepath.Join(dir, "public"))); got != "public" {
+		t.Errorf("public = %q after the denied writes", got)
+	}
+}
+
+// testLs lists directories, one with more entries than a listing batch.
+func testLs(t *testing.T, d *daemon, dir string) {
+	sh(t, `set -eux
+cd "$1"
+mkdir -p a b/c empty
+touch f1 b/f2 b/c/f3
+`, dir)
+	if got := run(t, "ls", "-1", dir); got != "a\nb\nempty\nf1\n" {
+		t.Errorf("ls -1 = %q", got)
+	}
+	out := run(t, "ls", "-la", dir)
+	for _, name := range []string{" .", " ..", " a", " b", " empty", " f1"} {
+		if !strings.Contains(out, name+"\n") {
+			t.Errorf("ls -la has no %q:\n%s", name, out)
+		}
+	}
+	want := "a\nb\nb/c\nb/c/f3\nb/f2\nempty\nf1\n"
+	if got := sh(t, `cd "$1" && find . -mindepth 1 -printf '%P\n' | LC_ALL=C sort`, dir); got != want {
+		t.Errorf("find = %q, want %q", got, want)
+	}
+
+	const many = 700
+	py(t, `
+import os, sys
+d = sys.argv[1] + "/many"
+os.mkdir(d)
+for i in range(int(sys.argv[2])):
+    open(f"{d}/file-{i:04d}", "wb").close()
+`, dir, strconv.Itoa(many))
+	got := strings.Fields(run(t, "ls", "-1", filepath.Join(dir, "many")))
+	var names []string
+	for i := range many {
+		names = append(names, fmt.Sprintf("file-%04d", i))
+	}
+	if !slices.Equal(got, names) {
+		t.Errorf("ls of %d files listed %d names (first %q)", many, len(got), got[:min(len(got), 3)])
+	}
+}
+
+// testStatfs checks that statfs reports the --size capacity.
+func testStatfs(t *testing.T, d *daemon, capacity uint64) {
+	f := strings.Fields(run(t, "stat", "-f", "-c", "%S %b %f %a %l %T", d.dir))
+	if len(f) != 6 {
+		t.Fatalf("stat -f: %q", f)
+	}
+	var n [5]uint64
+	for i := range n {
+		v, err := strconv.ParseUint(f[i], 10, 64)
+		if err != nil {
+			t.Fatalf("stat -f field %d %q: %v", i, f[i], err)
+		}
+		n[i] = v
+	}
+	bsize, blocks, bfree, bavail, namelen := n[0], n[1], n[2], n[3], n[4]
+	if bsize*blocks != capacity {
+		t.Errorf("stat -f: %d blocks of %d B = %d B, want the --size %d", blocks, bsize, bsize*blocks, capacity)
+	}
+	if bfree > blocks || bavail > bfree {
+		t.Errorf("stat -f: free %d, available %d, of %d blocks", bfree, bavail, blocks)
+	}
+	if namelen != 255 {
+		t.Errorf("stat -f: name length %d, want 255", namelen)
+	}
+	lines := strings.Split(strings.TrimSpace(run(t, "df", "-B1", "--output=size", d.dir)), "\n")
+	if got := strings.TrimSpace(lines[len(lines)-1]); got != strconv.FormatUint(capacity, 10) {
+		t.Errorf("df -B1 size = %s, want %d", got, capacity)
+	}
+	if st := d.status(t); st.Capacity != capacity {
+		t.Errorf("status capacity = %d, want %d", st.Capacity, capacity)
+	}
+}
+
+// testXattrs reads the computed user.mooncake.* attributes, pins and
+// unpins, and round-trips a user attribute.
+func testXattrs(t *testing.T, d *daemon, dir string) {
+	requireTools(t, "getfattr", "setfattr")
+	f := filepath.Join(dir, "f")
+	sh(t, `head -c 3000 /dev/zero > "$1"`, f)
+	get := func(name string) string {
+		t.Helper()
+		return run(t, "getfattr", "--absolute-names", "--only-values", "-n", name, f)
+	}
+	if v := get("user.mooncake.size"); v != "3000" {
+		t.Errorf("user.mooncake.size = %q, want 3000", v)
+	}
+	v1, err := strconv.ParseUint(get("user.mooncake.version"), 10, 64)
+	if err != nil {
+		t.Fatalf("user.mooncake.version: %v", err)
+	}
+	sh(t, `printf more >> "$1"`, f)
+	if v := get("user.mooncake.size"); v != "3004" {
+		t.Errorf("user.mooncake.size after append = %q, want 3004", v)
+	}
+	if v2, err := strconv.ParseUint(get("user.mooncake.version"), 10, 64); err != nil || v2 <= v1 {
+		t.Errorf("user.mooncake.version after a rewrite = %d (%v), want more than %d", v2, err, v1)
+	}
+	if loc := get("user.mooncake.location"); !strings.HasPrefix(loc, "local:") {
+		t.Errorf("user.mooncake.location = %q, want local:<extents>", loc)
+	}
+	if v := get("user.mooncake.pin"); v != "0" {
+		t.Errorf("user.mooncake.pin = %q, want 0", v)
+	}
+	run(t, "setfattr", "-n", "user.mooncake.pin", "-v", "1", f)
+	if v := get("user.mooncake.pin"); v != "1" {
+		t.Errorf("user.mooncake.pin after setting 1 = %q", v)
+	}
+	run(t, "setfattr", "-n", "user.mooncake.pin", "-v", "0", f)
+	if v := get("user.mooncake.pin"); v != "0" {
+		t.Errorf("user.mooncake.pin after setting 0 = %q", v)
+	}
+
+	run(t, "setfattr", "-n", "user.color", "-v", "blue", f)
+	if v := get("user.color"); v != "blue" {
+		t.Errorf("user.color = %q", v)
+	}
+	all := run(t, "getfattr", "--absolute-names", "-d", "-m", "-", f)
+	for _, name := range []string{"user.color", "user.mooncake.size", "user.mooncake.version", "user.mooncake.location", "user.mooncake.pin"} {
+		if !strings.Contains(all, name+"=") {
+			t.Errorf("getfattr -d -m - has no %s:\n%s", name, all)
+		}
+	}
+	run(t, "setfattr", "-x", "user.color", f)
+	if out, err := runErr("getfattr", "--absolute-names", "-n", "user.color", f); err == nil || !strings.Contains(out, "No such attribute") {
+		t.Errorf("getfattr of a removed attribute: %v\n%s", err, out)
+	}
+	if v := get("user.mooncake.size"); v != "3004" {
+		t.Errorf("user.mooncake.size after the xattr changes = %q, want 3004", v)
+	}
+}
