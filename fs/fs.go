@@ -83,6 +83,7 @@ type FS struct {
 	log     *logrus.Logger
 	metrics *metrics
 	splice  bool // large read replies are spliced (see splice.go)
+	regs    regStats
 }
 
 func newFS(o Options) (*FS, error) {

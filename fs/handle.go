@@ -22,6 +22,7 @@ type handle struct {
 	reader   *store.Reader // read-only handles
 	writable bool
 	obj      *store.Object // the object at open time
+	regs     regTable      // buffers registered on this open file
 	mu       sync.Mutex
 	released bool
 }
@@ -48,7 +49,9 @@ func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint
 			r.Close()
 			return nil, store.ErrStale
 		}
-		return &handle{n: n, reader: r, obj: r.Object()}, nil
+		h := &handle{n: n, reader: r, obj: r.Object()}
+		h.regs.fs = n.fs
+		return h, nil
 	}
 	trunc := flags&syscall.O_TRUNC != 0
 	n.mu.Lock()
@@ -66,7 +69,9 @@ func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint
 	if o == nil {
 		o, _ = n.fs.st.Stat(ctx, key)
 	}
-	return &handle{n: n, writable: true, obj: o}, nil
+	h := &handle{n: n, writable: true, obj: o}
+	h.regs.fs = n.fs
+	return h, nil
 }
 
 func (h *handle) draft() *store.Draft {
@@ -207,6 +212,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	if done {
 		return 0
 	}
+	h.regs.closeAll()
 	if h.reader != nil {
 		h.reader.Close()
 		return 0

@@ -34,6 +34,13 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 		}
 		copy(output, ioctl.ABIVersionArg{Major: ioctl.ABIMajor, Minor: ioctl.ABIMinor}.Marshal())
 		return 0, 0
+	case ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer, ioctl.CmdPutBuf, ioctl.CmdGetBuf,
+		ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat, ioctl.CmdBatchPut, ioctl.CmdBatchGet:
+		if len(input) < int(ioctl.Size(cmd)) || len(output) < int(ioctl.Size(cmd)) {
+			return 0, syscall.EINVAL
+		}
+		err = n.ioctlData(ctx, fh, cmd, input, output)
+		return 0, toErrno(err)
 	}
 	return 0, syscall.ENOTTY
 }

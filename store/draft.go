@@ -176,12 +176,21 @@ func (d *Draft) ensureOwn(ctx context.Context, keep uint64) error {
 // WriteAt copies p into the draft at off, growing it as needed. Bytes
 // between the old end and off read as zeros.
 func (d *Draft) WriteAt(ctx context.Context, p []byte, off uint64) (int, error) {
-	if len(p) == 0 {
+	n, err := d.WriteFrom(ctx, transfer.HostBuffer(p), off)
+	return int(n), err
+}
+
+// WriteFrom copies the whole of buf (host, registered or another process's
+// memory) into the draft at off: one copy, by the transfer engine. On a
+// failed copy the range reads as zeros, never as stale bytes.
+func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
+	n := buf.Size()
+	if n == 0 {
 		return 0, nil
 	}
-	end := off + uint64(len(p))
+	end := off + n
 	if end < off {
-		return 0, fmt.Errorf("store: write %d B at %d: %w", len(p), off, ErrTooLarge)
+		return 0, fmt.Errorf("store: write %d B at %d: %w", n, off, ErrTooLarge)
 	}
 	for {
 		if err := d.ensureOwn(ctx, ^uint64(0)); err != nil {
@@ -214,11 +223,14 @@ func (d *Draft) WriteAt(ctx context.Context, p []byte, off uint64) (int, error) 
 	d.mu.Unlock()
 
 	var reqs []transfer.Request
-	span(ext, starts, off, uint64(len(p)), func(e segment.Extent, rel uint64) bool {
-		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(p), BufOff: rel, Extent: e})
+	span(ext, starts, off, n, func(e segment.Extent, rel uint64) bool {
+		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e})
 		return true
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
+		d.mu.Lock()
+		d.zeroLocked(off, end)
+		d.mu.Unlock()
 		return 0, err
 	}
 	d.mu.Lock()
@@ -226,7 +238,7 @@ func (d *Draft) WriteAt(ctx context.Context, p []byte, off uint64) (int, error) 
 	d.mu.dirty = true
 	d.mu.mtime = 0
 	d.mu.Unlock()
-	return len(p), nil
+	return n, nil
 }
 
 // ReadAt copies draft bytes at off into p and returns the count, short at
@@ -317,6 +329,9 @@ type CommitOptions struct {
 	IfIno uint64
 	// Exclusive fails with ErrExists if the key exists: first writer wins.
 	Exclusive bool
+	// IfVersion, when not zero, requires the key's current version to be
+	// exactly this; otherwise Commit fails with ErrConflict.
+	IfVersion uint64
 	// Template gives Mode, Uid, Gid, Ino and Xattrs for a key that does
 	// not exist yet. Nil means mode 0644, owner 0, a new inode number.
 	Template *Object
@@ -358,6 +373,8 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			return nil, fmt.Errorf("commit %q: %w", o.Key, ErrExists)
 		case o.IfIno != 0 && (cur == nil || cur.Ino != o.IfIno):
 			return nil, fmt.Errorf("commit %q (inode %d): %w", o.Key, o.IfIno, ErrStale)
+		case o.IfVersion != 0 && (cur == nil || cur.Version != o.IfVersion):
+			return nil, fmt.Errorf("commit %q: not at version %d: %w", o.Key, o.IfVersion, ErrConflict)
 		case cur != nil:
 			next = cur.Clone()
 			old = cur.Version

@@ -22,6 +22,7 @@ var (
 	ErrTooLarge    = errors.New("store: too large")
 	ErrClosed      = errors.New("store: closed")
 	ErrUnsupported = errors.New("store: unsupported")
+	ErrRange       = errors.New("store: offset outside the object")
 )
 
 // keyError wraps a sentinel with the operation and key. It formats only

@@ -73,15 +73,30 @@ func (r *Reader) Slices(off, n uint64) ([][]byte, error) {
 // ReadAt copies the held bytes at off into p through the transfer engine
 // and returns the count (short at the end of the object).
 func (r *Reader) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
-	if r.b == nil || off >= r.obj.Size {
+	if off >= r.obj.Size {
 		return 0, nil
 	}
-	n := min(uint64(len(p)), r.obj.Size-off)
-	reqs := r.requests(transfer.Read, transfer.HostBuffer(p), off, n)
+	n, err := r.ReadTo(ctx, transfer.HostBuffer(p), off)
+	return int(n), err
+}
+
+// ReadTo copies the held bytes at off into buf (host, registered or
+// another process's memory), one copy, and returns the count: the buffer's
+// size, or less at the end of the object. An offset past the end is
+// ErrRange.
+func (r *Reader) ReadTo(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
+	if off > r.obj.Size {
+		return 0, fmt.Errorf("read at %d of %d B: %w", off, r.obj.Size, ErrRange)
+	}
+	if r.b == nil || off == r.obj.Size {
+		return 0, nil
+	}
+	n := min(buf.Size(), r.obj.Size-off)
+	reqs := r.requests(transfer.Read, buf, off, n)
 	if err := r.s.eng.Submit(ctx, reqs); err != nil {
 		return 0, err
 	}
-	return int(n), nil
+	return n, nil
 }
 
 func (r *Reader) requests(op transfer.Op, buf transfer.Buffer, off, n uint64) []transfer.Request {

@@ -56,17 +56,12 @@ func (o Options) Validate() error {
 // Engine runs transfer requests. It is safe for concurrent use.
 type Engine struct {
 	opts    Options
-	work    chan chunk
+	work    chan func()
 	wg      sync.WaitGroup
 	closeMu sync.RWMutex
 	closed  bool
 	stats   statsCounters
 	metrics *metrics
-}
-
-type chunk struct {
-	dst, src []byte
-	done     *sync.WaitGroup
 }
 
 // New starts an engine and its worker pool.
@@ -84,7 +79,7 @@ func New(o Options) (*Engine, error) {
 	if o.ChunkBytes == 0 {
 		o.ChunkBytes = d.ChunkBytes
 	}
-	e := &Engine{opts: o, work: make(chan chunk, 4*o.Workers)}
+	e := &Engine{opts: o, work: make(chan func(), 4*o.Workers)}
 	m, err := newMetrics(o.Registerer)
 	if err != nil {
 		return nil, err
@@ -99,9 +94,8 @@ func New(o Options) (*Engine, error) {
 
 func (e *Engine) worker() {
 	defer e.wg.Done()
-	for c := range e.work {
-		copy(c.dst, c.src)
-		c.done.Done()
+	for job := range e.work {
+		job()
 	}
 }
 
@@ -132,9 +126,9 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 	}
 	start := time.Now()
 	var errs []error
-	type pair struct{ dst, src []byte }
-	pairs := make([]pair, 0, len(reqs))
-	var total uint64
+	var mem []memPair
+	var vm []vmPiece
+	var memBytes, vmBytes uint64
 	for i, r := range reqs {
 		if err := r.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
@@ -145,30 +139,53 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 			errs = append(errs, fmt.Errorf("request %d: %v: %w", i, r.Extent, errors.Join(err, ErrNoStrategy)))
 			continue
 		}
-		buf := r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
-		if r.Op == Read {
-			pairs = append(pairs, pair{buf, seg})
-		} else {
-			pairs = append(pairs, pair{seg, buf})
+		switch r.Buf.Kind {
+		case Host, Registered:
+			buf := r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
+			if r.Op == Read {
+				mem = append(mem, memPair{buf, seg})
+			} else {
+				mem = append(mem, memPair{seg, buf})
+			}
+			memBytes += r.Extent.Len
+		case ProcessVM:
+			vm = append(vm, vmPiece{idx: i, op: r.Op, pid: r.Buf.Pid, addr: r.Buf.Addr + r.BufOff, local: seg})
+			vmBytes += r.Extent.Len
+		default:
+			errs = append(errs, fmt.Errorf("request %d: buffer kind %v: %w", i, r.Buf.Kind, ErrNoStrategy))
 		}
-		total += r.Extent.Len
 	}
+	if len(mem) > 0 {
+		e.copyMem(mem, memBytes)
+		e.account(pathLocal, reqs, Host, memBytes, len(mem), time.Since(start))
+	}
+	if len(vm) > 0 {
+		vstart := time.Now()
+		errs = append(errs, e.copyVM(vm, vmBytes)...)
+		e.account(pathProcessVM, reqs, ProcessVM, vmBytes, len(vm), time.Since(vstart))
+	}
+	return errors.Join(errs...)
+}
+
+type memPair struct{ dst, src []byte }
+
+// copyMem copies inline, or in chunks across the workers for large batches.
+func (e *Engine) copyMem(pairs []memPair, total uint64) {
 	if total < e.opts.SplitBytes || e.opts.Workers < 2 {
 		for _, p := range pairs {
 			copy(p.dst, p.src)
 		}
-	} else {
-		var wg sync.WaitGroup
-		cb := int(e.opts.ChunkBytes)
-		for _, p := range pairs {
-			for off := 0; off < len(p.dst); off += cb {
-				end := min(off+cb, len(p.dst))
-				wg.Add(1)
-				e.work <- chunk{dst: p.dst[off:end], src: p.src[off:end], done: &wg}
-			}
-		}
-		wg.Wait()
+		return
 	}
-	e.account(pathLocal, reqs, total, len(pairs), time.Since(start))
-	return errors.Join(errs...)
+	var wg sync.WaitGroup
+	cb := int(e.opts.ChunkBytes)
+	for _, p := range pairs {
+		for off := 0; off < len(p.dst); off += cb {
+			end := min(off+cb, len(p.dst))
+			dst, src := p.dst[off:end], p.src[off:end]
+			wg.Add(1)
+			e.work <- func() { copy(dst, src); wg.Done() }
+		}
+	}
+	wg.Wait()
 }

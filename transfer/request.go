@@ -32,6 +32,10 @@ const (
 	// Registered is host memory shared with a client and registered once
 	// (a memfd or shm mapping); it is copied like Host.
 	Registered
+	// ProcessVM is memory of another process, named by Pid and Addr: it is
+	// copied with process_vm_readv/writev, straight between that process
+	// and the segment (one copy, no staging).
+	ProcessVM
 )
 
 func (k Kind) String() string {
@@ -40,6 +44,8 @@ func (k Kind) String() string {
 		return "host"
 	case Registered:
 		return "registered"
+	case ProcessVM:
+		return "process-vm"
 	}
 	return fmt.Sprintf("kind(%d)", k)
 }
@@ -48,7 +54,24 @@ func (k Kind) String() string {
 // for the duration of Submit and keeps no reference afterwards.
 type Buffer struct {
 	Kind Kind
-	Mem  []byte
+	Mem  []byte // Host and Registered
+	// ProcessVM: the process and the address range [Addr, Addr+Len).
+	Pid  int
+	Addr uint64
+	Len  uint64
+}
+
+// Size returns the buffer's length.
+func (b Buffer) Size() uint64 {
+	if b.Kind == ProcessVM {
+		return b.Len
+	}
+	return uint64(len(b.Mem))
+}
+
+// VMBuffer names Len bytes at Addr in process pid.
+func VMBuffer(pid int, addr, n uint64) Buffer {
+	return Buffer{Kind: ProcessVM, Pid: pid, Addr: addr, Len: n}
 }
 
 // HostBuffer wraps b as a Host buffer.
@@ -63,9 +86,13 @@ type Request struct {
 }
 
 func (r Request) validate() error {
-	if r.BufOff > uint64(len(r.Buf.Mem)) || r.Extent.Len > uint64(len(r.Buf.Mem))-r.BufOff {
+	n := r.Buf.Size()
+	if r.BufOff > n || r.Extent.Len > n-r.BufOff {
 		return fmt.Errorf("%v %d B at buffer offset %d of %d B: %w",
-			r.Op, r.Extent.Len, r.BufOff, len(r.Buf.Mem), ErrBadRequest)
+			r.Op, r.Extent.Len, r.BufOff, n, ErrBadRequest)
+	}
+	if r.Buf.Kind == ProcessVM && r.Buf.Addr+n < r.Buf.Addr {
+		return fmt.Errorf("address range %#x+%d wraps: %w", r.Buf.Addr, n, ErrBadRequest)
 	}
 	return nil
 }

@@ -11,7 +11,10 @@ import (
 // Path names a strategy in statistics and metrics.
 type Path string
 
-const pathLocal Path = "local-memcpy"
+const (
+	pathLocal     Path = "local-memcpy"
+	pathProcessVM Path = "process-vm"
+)
 
 // Stats are cumulative counters since the engine started.
 type Stats struct {
@@ -89,9 +92,12 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (e *Engine) account(p Path, reqs []Request, copied uint64, n int, d time.Duration) {
+func (e *Engine) account(p Path, reqs []Request, kind Kind, copied uint64, n int, d time.Duration) {
 	var rd, wr uint64
 	for _, r := range reqs {
+		if (r.Buf.Kind == ProcessVM) != (kind == ProcessVM) {
+			continue
+		}
 		if r.Op == Read {
 			rd += r.Extent.Len
 		} else {

@@ -271,7 +271,15 @@ type Status struct {
 	Segments      []SegmentStatus `json:"segments"`
 	Transfer      transfer.Stats  `json:"transfer"`
 	Fuse          map[string]any  `json:"fuse"`
+	Registrations RegStatus       `json:"registrations"`
 	CPUs          int             `json:"cpus"`
+}
+
+// RegStatus counts client buffers registered through REGISTER_BUFFER.
+type RegStatus struct {
+	Live  int64 `json:"live"`
+	Total int64 `json:"total"`
+	Bytes int64 `json:"bytes"`
 }
 
 // EvictStatus describes eviction.
@@ -326,6 +334,7 @@ func (d *daemon) status() Status {
 		Fuse:     d.mnt.Settings(),
 		CPUs:     runtime.NumCPU(),
 	}
+	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
 	s.Memory.Hugepages = len(d.regions) > 0
 	for i, r := range d.regions {
 		in := r.Info()

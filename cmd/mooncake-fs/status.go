@@ -78,7 +78,8 @@ func printStatus(s *Status) {
 		{"eviction", ev},
 		{"evictions", fmt.Sprintf("%d (%s)", s.Evict.Evictions, formatSize(s.Evict.EvictedBytes))},
 		{"commits", fmt.Sprintf("%d (%d revoked)", s.Commits, s.Revokes)},
-		{"transfer", fmt.Sprintf("%s in, %s out", formatSize(s.Transfer.BytesWritten), formatSize(s.Transfer.BytesRead))},
+		{"transfer", fmt.Sprintf("%s in, %s out, %.2f copies per byte", formatSize(s.Transfer.BytesWritten), formatSize(s.Transfer.BytesRead), copiesPerByte(s))},
+		{"registered", fmt.Sprintf("%d buffers, %s (%d since start)", s.Registrations.Live, formatSize(uint64(s.Registrations.Bytes)), s.Registrations.Total)},
 	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "%s\t%s\n", r[0], r[1])
@@ -101,4 +102,12 @@ func runUmount(args []string) error {
 		return fmt.Errorf("%s: %w", dir, err)
 	}
 	return nil
+}
+
+func copiesPerByte(s *Status) float64 {
+	moved := s.Transfer.BytesRead + s.Transfer.BytesWritten
+	if moved == 0 {
+		return 0
+	}
+	return float64(s.Transfer.CopiedBytes) / float64(moved)
 }

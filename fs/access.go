@@ -1,0 +1,74 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"syscall"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
+)
+
+// Permission bits, as in access(2).
+const (
+	mayRead  = 4
+	mayWrite = 2
+	mayExec  = 1
+)
+
+// allowed applies the mode bits of o to the caller, as the kernel's
+// default_permissions does for file operations. Batch ioctls reach keys
+// the kernel never looked up, so the daemon checks them itself.
+func allowed(p *callerProc, o *store.Object, want uint32) bool {
+	if p.uid == 0 {
+		// Root may do anything but execute a file without any x bit.
+		return want&mayExec == 0 || o.Kind == store.KindDir || o.Mode&0o111 != 0
+	}
+	var bits uint32
+	switch {
+	case p.uid == o.Uid:
+		bits = o.Mode >> 6
+	case p.gid == o.Gid || slices.Contains(p.groups, o.Gid):
+		bits = o.Mode >> 3
+	default:
+		bits = o.Mode
+	}
+	return bits&want == want
+}
+
+// checkPath verifies that the caller may search every directory from dir
+// (the directory the batch was issued on, included) down to key's parent.
+func (f *FS) checkPath(ctx context.Context, p *callerProc, dir, key string) error {
+	cur := dir
+	for {
+		o, err := f.st.Stat(ctx, cur)
+		if err != nil {
+			return err
+		}
+		if o.Kind != store.KindDir {
+			return fmt.Errorf("%q: %w", cur, store.ErrNotDir)
+		}
+		if !allowed(p, o, mayExec) {
+			return fmt.Errorf("search %q: %w", cur, syscall.EACCES)
+		}
+		parent := store.Parent(key)
+		if cur == parent {
+			return nil
+		}
+		rest := parent[len(cur):]
+		if cur != "" {
+			rest = rest[1:]
+		}
+		next, _, _ := cutFirst(rest)
+		cur = store.Join(cur, next)
+	}
+}
+
+func cutFirst(s string) (string, string, bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '/' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}

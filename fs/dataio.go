@@ -1,0 +1,361 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// Errors of the data-path ioctls.
+var (
+	errNotWritable = errors.New("fs: put on a file not open for writing")
+	errBufRange    = errors.New("fs: range outside the registered buffer")
+	errNotDirFd    = errors.New("fs: batch needs a directory")
+	errBadBatch    = errors.New("fs: malformed batch")
+)
+
+// regBuffer returns [off, off+n) of registration id as a transfer buffer,
+// held until done is called.
+func regBuffer(t *regTable, id, off, n uint64) (transfer.Buffer, func(), error) {
+	r, err := t.get(id)
+	if err != nil {
+		return transfer.Buffer{}, nil, err
+	}
+	if off > uint64(len(r.mem)) || n > uint64(len(r.mem))-off {
+		r.inflight.Done()
+		return transfer.Buffer{}, nil, fmt.Errorf("%d B at %d of a %d B buffer: %w", n, off, len(r.mem), errBufRange)
+	}
+	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, r.inflight.Done, nil
+}
+
+// putObject writes buf as key's new content (or, with FlagUpdate, into a
+// copy of the current content at objOff) and commits it: the whole put is
+// one atomic version change. ino is the inode a new object gets; openVer
+// is the version the caller saw at open (for FlagExcl through a file).
+func (f *FS) putObject(ctx context.Context, key string, ino uint64, tmpl *store.Object, buf transfer.Buffer, objOff uint64, flags uint32, excl func(cur *store.Object) bool) (*store.Object, error) {
+	if err := ioctl.ValidatePut(flags); err != nil {
+		return nil, err
+	}
+	if flags&ioctl.FlagUpdate == 0 && objOff != 0 {
+		return nil, fmt.Errorf("put at object offset %d without FlagUpdate: %w", objOff, store.ErrInvalid)
+	}
+	var d *store.Draft
+	if flags&ioctl.FlagUpdate != 0 {
+		base, err := f.st.OpenReader(ctx, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		if base != nil {
+			ino = base.Object().Ino
+		}
+		d = f.st.NewDraft(ino, base, false)
+	} else {
+		d = f.st.NewDraft(ino, nil, true)
+	}
+	defer d.Close()
+	if _, err := d.WriteFrom(ctx, buf, objOff); err != nil {
+		return nil, err
+	}
+	opts := store.CommitOptions{Key: key, Template: tmpl}
+	if flags&ioctl.FlagExcl != 0 {
+		cur, err := f.st.Stat(ctx, key)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			opts.Exclusive = true
+		case err != nil:
+			return nil, err
+		case !excl(cur):
+			return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
+		default:
+			opts.IfVersion = cur.Version
+		}
+	}
+	o, err := d.Commit(ctx, opts)
+	if errors.Is(err, store.ErrConflict) && flags&ioctl.FlagExcl != 0 {
+		return nil, fmt.Errorf("put %q: another writer won: %w", key, store.ErrExists)
+	}
+	return o, err
+}
+
+// getObject reads up to buf's size at objOff of key's current version (or
+// of r, when the caller holds one).
+func (f *FS) getObject(ctx context.Context, key string, r *store.Reader, buf transfer.Buffer, objOff uint64) (uint64, uint64, error) {
+	if r == nil {
+		var err error
+		if r, err = f.st.OpenReader(ctx, key); err != nil {
+			return 0, 0, err
+		}
+		defer r.Close()
+	}
+	n, err := r.ReadTo(ctx, buf, objOff)
+	return n, r.Object().Version, err
+}
+
+// afterPut brings the node up to date with a version committed by an
+// ioctl: a clean shared draft restarts from it, and the kernel drops
+// cached attributes and mapped pages.
+func (n *node) afterPut(ctx context.Context, key string) {
+	n.mu.Lock()
+	if d := n.mu.draft; d != nil && !d.Dirty() {
+		if r, err := n.fs.st.OpenReader(ctx, key); err == nil {
+			if r.Object().Ino == n.StableAttr().Ino {
+				d.Close()
+				n.mu.draft = n.fs.st.NewDraft(r.Object().Ino, r, false)
+			} else {
+				r.Close()
+			}
+		}
+	}
+	n.mu.Unlock()
+	// Notify after the reply: the kernel may wait for the inode that this
+	// very request is still using.
+	go n.NotifyContent(0, 0)
+}
+
+// invalidateKey makes the kernel forget what it cached about dir/rel
+// after a batch put: the inode's attributes if it is known, else the
+// (negative) dentry in its parent.
+func (n *node) invalidateKey(rel string) {
+	parent := &n.Inode
+	parts := strings.Split(rel, "/")
+	for i, name := range parts {
+		ch := parent.GetChild(name)
+		if ch == nil {
+			if i == len(parts)-1 {
+				parent.NotifyEntry(name)
+			}
+			return
+		}
+		if i == len(parts)-1 {
+			ch.NotifyContent(0, 0)
+			return
+		}
+		parent = ch
+	}
+}
+
+// ioctlData serves the data-path commands. It returns errno and fills out.
+func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte) error {
+	var regs *regTable
+	var h *handle
+	var dh *dirHandle
+	switch x := fh.(type) {
+	case *handle:
+		h, regs = x, &x.regs
+	case *dirHandle:
+		dh, regs = x, &x.regs
+	default:
+		return syscall.EBADF
+	}
+	key, ok := n.key()
+	if !ok {
+		return store.ErrStale
+	}
+	switch cmd {
+	case ioctl.CmdRegisterBuffer:
+		var a ioctl.RegisterArg
+		if err := a.Unmarshal(in); err != nil {
+			return err
+		}
+		if err := n.fs.register(ctx, regs, &a); err != nil {
+			return err
+		}
+		copy(out, a.Marshal())
+		return nil
+	case ioctl.CmdUnregisterBuffer:
+		var a ioctl.UnregisterArg
+		if err := a.Unmarshal(in); err != nil {
+			return err
+		}
+		return regs.remove(a.ID)
+	case ioctl.CmdBatchPut, ioctl.CmdBatchGet:
+		if dh == nil {
+			return errNotDirFd
+		}
+		return n.batch(ctx, dh, key, cmd == ioctl.CmdBatchPut, in, out)
+	}
+	if h == nil {
+		return store.ErrIsDir
+	}
+	switch cmd {
+	case ioctl.CmdPutBuf, ioctl.CmdGetBuf:
+		var a ioctl.BufArg
+		if err := a.Unmarshal(in); err != nil {
+			return err
+		}
+		buf, done, err := regBuffer(regs, a.ID, a.BufOff, a.Len)
+		if err != nil {
+			return err
+		}
+		defer done()
+		a.Result, a.Version, err = n.moveData(ctx, h, key, cmd == ioctl.CmdPutBuf, buf, a.ObjOff, a.Flags)
+		if err != nil {
+			return err
+		}
+		copy(out, a.Marshal())
+		return nil
+	case ioctl.CmdPutVM, ioctl.CmdGetVM:
+		var a ioctl.VMArg
+		if err := a.Unmarshal(in); err != nil {
+			return err
+		}
+		p, err := procOf(ctx)
+		if err != nil {
+			return err
+		}
+		buf := transfer.VMBuffer(p.tid, a.Addr, a.Len)
+		a.Result, a.Version, err = n.moveData(ctx, h, key, cmd == ioctl.CmdPutVM, buf, a.ObjOff, a.Flags)
+		if err != nil {
+			return err
+		}
+		copy(out, a.Marshal())
+		return nil
+	case ioctl.CmdStat:
+		var a ioctl.StatArg
+		if err := a.Unmarshal(in); err != nil {
+			return err
+		}
+		o, err := n.fs.st.Stat(ctx, key)
+		if err != nil {
+			return err
+		}
+		a = ioctl.StatArg{Header: a.Header, ObjSize: n.sizeOf(o), Version: o.Version, Ino: o.Ino, MtimeNs: o.Mtime,
+			Mode: o.Mode, Replicas: uint32(len(o.Replicas))}
+		if o.Pinned {
+			a.Pinned = 1
+		}
+		if len(o.Replicas) > 0 {
+			a.Extents = uint32(len(o.Replicas[0].Extents))
+		}
+		copy(a.Location[:len(a.Location)-1], location(o))
+		copy(out, a.Marshal())
+		return nil
+	}
+	return syscall.ENOTTY
+}
+
+// moveData runs one put or get through handle h.
+func (n *node) moveData(ctx context.Context, h *handle, key string, put bool, buf transfer.Buffer, objOff uint64, flags uint32) (uint64, uint64, error) {
+	if !put {
+		if flags != 0 {
+			return 0, 0, fmt.Errorf("get flags %#x: %w", flags, ioctl.ErrFlags)
+		}
+		return n.fs.getObject(ctx, key, h.reader, buf, objOff)
+	}
+	if !h.writable {
+		return 0, 0, errNotWritable
+	}
+	openVer := uint64(0)
+	if h.obj != nil {
+		openVer = h.obj.Version
+	}
+	o, err := n.fs.putObject(ctx, key, n.StableAttr().Ino, nil, buf, objOff, flags, func(cur *store.Object) bool {
+		return cur.Size == 0 && cur.Version == openVer
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	n.afterPut(ctx, key)
+	return buf.Size(), o.Version, nil
+}
+
+// batch serves BATCH_PUT and BATCH_GET on directory dir. Each key gets its
+// own result; only a malformed batch fails the whole call.
+func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
+	var a ioctl.BatchArg
+	if err := a.Unmarshal(in); err != nil {
+		return err
+	}
+	if a.Count > ioctl.MaxBatch || (a.Source != ioctl.BatchBuf && a.Source != ioctl.BatchVM) || a.Flags != 0 {
+		return fmt.Errorf("count %d, source %d, flags %#x: %w", a.Count, a.Source, a.Flags, errBadBatch)
+	}
+	p, err := procOf(ctx)
+	if err != nil {
+		return err
+	}
+	uid, gid := caller(ctx)
+	for i := range int(a.Count) {
+		e := &a.Entries[i]
+		ver, err := n.batchOne(ctx, dh, p, dir, put, &a, i, uid, gid)
+		if err != nil {
+			e.Result = -int64(toErrno(err))
+			e.Version = 0
+			continue
+		}
+		e.Result, e.Version = int64(e.Len), ver
+	}
+	copy(out, a.Marshal())
+	return nil
+}
+
+func (n *node) batchOne(ctx context.Context, dh *dirHandle, p *callerProc, dir string, put bool, a *ioctl.BatchArg, i int, uid, gid uint32) (uint64, error) {
+	e := &a.Entries[i]
+	rel, err := a.Key(i)
+	if err != nil {
+		return 0, err
+	}
+	if err := store.ValidateKey(rel); err != nil {
+		return 0, err
+	}
+	key := store.Join(dir, rel)
+	if len(key) > store.MaxKeyLen {
+		return 0, store.ErrNameTooLong
+	}
+	if err := n.fs.checkPath(ctx, p, dir, key); err != nil {
+		return 0, err
+	}
+	var buf transfer.Buffer
+	if a.Source == ioctl.BatchBuf {
+		b, done, err := regBuffer(&dh.regs, a.ID, e.Addr, e.Len)
+		if err != nil {
+			return 0, err
+		}
+		defer done()
+		buf = b
+	} else {
+		buf = transfer.VMBuffer(p.tid, e.Addr, e.Len)
+	}
+	cur, err := n.fs.st.Stat(ctx, key)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return 0, err
+	}
+	if !put {
+		if cur == nil {
+			return 0, err
+		}
+		if cur.Kind == store.KindDir {
+			return 0, store.ErrIsDir
+		}
+		if !allowed(p, cur, mayRead) {
+			return 0, syscall.EACCES
+		}
+		got, ver, err := n.fs.getObject(ctx, key, nil, buf, e.ObjOff)
+		e.Len = got
+		return ver, err
+	}
+	switch {
+	case cur != nil && !allowed(p, cur, mayWrite):
+		return 0, syscall.EACCES
+	case cur == nil:
+		parent, err := n.fs.st.Stat(ctx, store.Parent(key))
+		if err != nil {
+			return 0, err
+		}
+		if !allowed(p, parent, mayWrite|mayExec) {
+			return 0, syscall.EACCES
+		}
+	}
+	tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: store.NewIno()}
+	o, err := n.fs.putObject(ctx, key, tmpl.Ino, tmpl, buf, e.ObjOff, e.Flags, func(*store.Object) bool { return false })
+	if err != nil {
+		return 0, err
+	}
+	go n.invalidateKey(rel)
+	return o.Version, nil
+}

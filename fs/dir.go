@@ -1,0 +1,85 @@
+package fs
+
+import (
+	"context"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// dirHandle is an open directory: a listing made at the first read, and
+// the buffers registered on it for batch ioctls.
+type dirHandle struct {
+	n    *node
+	regs regTable
+	mu   sync.Mutex
+	ds   gofs.DirStream
+}
+
+var (
+	_ gofs.NodeOpendirHandler = (*node)(nil)
+	_ gofs.FileReaddirenter   = (*dirHandle)(nil)
+	_ gofs.FileSeekdirer      = (*dirHandle)(nil)
+	_ gofs.FileReleasedirer   = (*dirHandle)(nil)
+)
+
+// OpendirHandle implements gofs.NodeOpendirHandler.
+func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	h := &dirHandle{n: n}
+	h.regs.fs = n.fs
+	return h, 0, 0
+}
+
+func (h *dirHandle) stream(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	if h.ds == nil {
+		ds, errno := h.n.Readdir(ctx)
+		if errno != 0 {
+			return nil, errno
+		}
+		h.ds = ds
+	}
+	return h.ds, 0
+}
+
+// Readdirent implements gofs.FileReaddirenter.
+func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ds, errno := h.stream(ctx)
+	if errno != 0 || !ds.HasNext() {
+		return nil, errno
+	}
+	e, errno := ds.Next()
+	return &e, errno
+}
+
+// Seekdir implements gofs.FileSeekdirer; seeking to 0 lists afresh.
+func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if off == 0 && h.ds != nil {
+		h.ds.Close()
+		h.ds = nil
+	}
+	ds, errno := h.stream(ctx)
+	if errno != 0 {
+		return errno
+	}
+	if sd, ok := ds.(gofs.FileSeekdirer); ok {
+		return sd.Seekdir(ctx, off)
+	}
+	return syscall.ENOTSUP
+}
+
+// Releasedir implements gofs.FileReleasedirer.
+func (h *dirHandle) Releasedir(ctx context.Context, releaseFlags uint32) {
+	h.mu.Lock()
+	if h.ds != nil {
+		h.ds.Close()
+		h.ds = nil
+	}
+	h.mu.Unlock()
+	h.regs.closeAll()
+}

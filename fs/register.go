@@ -1,0 +1,199 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"github.com/mooncake-fs/mooncake-fs/pinned"
+)
+
+// Errors of buffer registration.
+var (
+	errBadID       = errors.New("fs: no such registered buffer on this file")
+	errNotOwner    = errors.New("fs: caller does not own the process")
+	errBadRegister = errors.New("fs: bad registration")
+)
+
+// maxRegister bounds one registration (the address space, not memory: the
+// mapping is the client's memory).
+const maxRegister = 1 << 40
+
+// registration is client memory mapped into the daemon once. Copies in
+// flight hold it (inflight), so unregistering waits for them before it
+// unmaps.
+type registration struct {
+	sh       *pinned.Shared
+	mem      []byte
+	inflight sync.WaitGroup
+}
+
+// regTable holds the registrations of one open file description: they die
+// with it, so a client that crashes leaks nothing (the kernel releases its
+// files, FUSE releases the handle, the handle unmaps).
+type regTable struct {
+	fs *FS
+	mu struct {
+		sync.Mutex
+		next uint64
+		m    map[uint64]*registration
+	}
+}
+
+// regStats are the daemon-wide figures of registered buffers.
+type regStats struct {
+	live, total, bytes atomic.Int64
+}
+
+func (t *regTable) add(r *registration) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mu.m == nil {
+		t.mu.m = make(map[uint64]*registration)
+	}
+	t.mu.next++
+	t.mu.m[t.mu.next] = r
+	t.fs.regs.live.Add(1)
+	t.fs.regs.total.Add(1)
+	t.fs.regs.bytes.Add(int64(len(r.mem)))
+	return t.mu.next
+}
+
+// get returns registration id, held until the caller calls done.
+func (t *regTable) get(id uint64) (*registration, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.mu.m[id]
+	if !ok {
+		return nil, fmt.Errorf("buffer %d: %w", id, errBadID)
+	}
+	r.inflight.Add(1)
+	return r, nil
+}
+
+func (t *regTable) remove(id uint64) error {
+	t.mu.Lock()
+	r, ok := t.mu.m[id]
+	delete(t.mu.m, id)
+	t.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("buffer %d: %w", id, errBadID)
+	}
+	t.release(r)
+	return nil
+}
+
+func (t *regTable) release(r *registration) {
+	r.inflight.Wait()
+	if err := r.sh.Close(); err != nil {
+		t.fs.log.WithError(err).Warn("unmap registered buffer")
+	}
+	t.fs.regs.live.Add(-1)
+	t.fs.regs.bytes.Add(-int64(len(r.mem)))
+}
+
+// closeAll releases every registration (the file was released).
+func (t *regTable) closeAll() {
+	t.mu.Lock()
+	m := t.mu.m
+	t.mu.m = nil
+	t.mu.Unlock()
+	for _, r := range m {
+		t.release(r)
+	}
+}
+
+// callerProc identifies the process behind a request.
+type callerProc struct {
+	tid, tgid int
+	uid, gid  uint32
+	groups    []uint32
+}
+
+// procOf reads the caller's identity from /proc and checks that the
+// process still runs with the credentials the kernel put in the request.
+func procOf(ctx context.Context) (*callerProc, error) {
+	c, ok := fuse.FromContext(ctx)
+	if !ok || c.Pid == 0 {
+		return nil, fmt.Errorf("no calling process: %w", errNotOwner)
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(c.Pid)) + "/status")
+	if err != nil {
+		return nil, fmt.Errorf("caller %d: %w", c.Pid, errNotOwner)
+	}
+	p := &callerProc{tid: int(c.Pid), uid: c.Uid, gid: c.Gid}
+	var fsuid = -1
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		f := strings.Fields(v)
+		switch k {
+		case "Tgid":
+			if len(f) > 0 {
+				p.tgid, _ = strconv.Atoi(f[0])
+			}
+		case "Uid":
+			if len(f) == 4 {
+				fsuid, _ = strconv.Atoi(f[3])
+			}
+		case "Groups":
+			for _, g := range f {
+				if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+					p.groups = append(p.groups, uint32(n))
+				}
+			}
+		}
+	}
+	if p.tgid == 0 || fsuid != int(c.Uid) {
+		return nil, fmt.Errorf("caller %d (uid %d in request, fsuid %d now): %w", c.Pid, c.Uid, fsuid, errNotOwner)
+	}
+	return p, nil
+}
+
+// register maps the caller's memfd or shm file into the daemon.
+func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) error {
+	if a.Kind != ioctl.KindHost {
+		return fmt.Errorf("kind %d: %w", a.Kind, errBadRegister)
+	}
+	if a.Flags != 0 {
+		return fmt.Errorf("register flags %#x: %w", a.Flags, ioctl.ErrFlags)
+	}
+	if a.Len == 0 || a.Len > maxRegister || a.Fd < 0 {
+		return fmt.Errorf("fd %d, %d B: %w", a.Fd, a.Len, errBadRegister)
+	}
+	p, err := procOf(ctx)
+	if err != nil {
+		return err
+	}
+	pidfd, err := unix.PidfdOpen(p.tgid, 0)
+	if err != nil {
+		return fmt.Errorf("pidfd_open %d: %w", p.tgid, err)
+	}
+	defer unix.Close(pidfd)
+	fd, err := unix.PidfdGetfd(pidfd, int(a.Fd), 0)
+	if err != nil {
+		return fmt.Errorf("take fd %d of process %d: %w", a.Fd, p.tgid, err)
+	}
+	defer unix.Close(fd)
+	sh, err := pinned.MapShared(fd, a.Offset, a.Len)
+	if err != nil {
+		return errors.Join(err, errBadRegister)
+	}
+	a.ID = t.add(&registration{sh: sh, mem: sh.Bytes()})
+	return nil
+}
+
+// Registrations returns the live registrations, how many were ever made,
+// and the bytes mapped now.
+func (m *Mount) Registrations() (live, total, bytes int64) {
+	r := &m.fs.regs
+	return r.live.Load(), r.total.Load(), r.bytes.Load()
+}

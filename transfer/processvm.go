@@ -1,0 +1,114 @@
+package transfer
+
+import (
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// vmPiece is one request against another process's memory.
+type vmPiece struct {
+	idx   int
+	op    Op
+	pid   int
+	addr  uint64
+	local []byte
+}
+
+// maxIov is the kernel's limit on iovecs per call (UIO_MAXIOV).
+const maxIov = 1024
+
+// copyVM moves the pieces with process_vm_readv (writes into segments) and
+// process_vm_writev (reads out of segments): the kernel copies straight
+// between the other process's pages and the segment, once. Large batches
+// are split into chunks that the workers copy in parallel.
+func (e *Engine) copyVM(pieces []vmPiece, total uint64) []error {
+	var jobs []vmPiece
+	cb := int(e.opts.ChunkBytes)
+	if total < e.opts.SplitBytes || e.opts.Workers < 2 {
+		jobs = pieces
+	} else {
+		for _, p := range pieces {
+			for off := 0; off < len(p.local); off += cb {
+				end := min(off+cb, len(p.local))
+				jobs = append(jobs, vmPiece{idx: p.idx, op: p.op, pid: p.pid, addr: p.addr + uint64(off), local: p.local[off:end]})
+			}
+		}
+	}
+	if len(jobs) == len(pieces) {
+		return vmGroups(jobs)
+	}
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for i := range jobs {
+		j := jobs[i : i+1]
+		wg.Add(1)
+		e.work <- func() {
+			defer wg.Done()
+			if es := vmGroups(j); len(es) > 0 {
+				mu.Lock()
+				errs = append(errs, es...)
+				mu.Unlock()
+			}
+		}
+	}
+	wg.Wait()
+	return errs
+}
+
+// vmGroups issues one syscall per run of pieces with the same direction
+// and process (up to maxIov each).
+func vmGroups(ps []vmPiece) []error {
+	var errs []error
+	for len(ps) > 0 {
+		n := 1
+		for n < len(ps) && n < maxIov && ps[n].op == ps[0].op && ps[n].pid == ps[0].pid {
+			n++
+		}
+		if err := vmCall(ps[:n]); err != nil {
+			errs = append(errs, err)
+		}
+		ps = ps[n:]
+	}
+	return errs
+}
+
+func vmCall(ps []vmPiece) error {
+	local := make([]unix.Iovec, len(ps))
+	remote := make([]unix.RemoteIovec, len(ps))
+	var want int
+	for i, p := range ps {
+		if len(p.local) > 0 {
+			local[i].Base = &p.local[0]
+		}
+		local[i].SetLen(len(p.local))
+		remote[i] = unix.RemoteIovec{Base: uintptr(p.addr), Len: len(p.local)}
+		want += len(p.local)
+	}
+	var n int
+	var err error
+	if ps[0].op == Write {
+		n, err = unix.ProcessVMReadv(ps[0].pid, local, remote, 0)
+	} else {
+		n, err = unix.ProcessVMWritev(ps[0].pid, local, remote, 0)
+	}
+	if err != nil {
+		return fmt.Errorf("request %d: process %d at %#x: %w", ps[0].idx, ps[0].pid, ps[0].addr, vmErr(err))
+	}
+	if n != want {
+		return fmt.Errorf("request %d: process %d at %#x: %d of %d B: %w", ps[0].idx, ps[0].pid, ps[0].addr, n, want, ErrFault)
+	}
+	return nil
+}
+
+func vmErr(err error) error {
+	switch err {
+	case unix.EFAULT:
+		return ErrFault
+	case unix.ESRCH:
+		return ErrNoProcess
+	}
+	return err
+}
