@@ -33,6 +33,7 @@ bench: build
 # Short fuzzing runs of every decoder of untrusted bytes.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 30s ./ioctl/
+	$(GO) test -run '^$$' -fuzz FuzzIoctl -fuzztime 60s ./fs/
 
 clean:
 	rm -rf bin

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"math/rand"
+	"os"
+	"runtime"
 	"testing"
+	"unsafe"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
@@ -149,4 +152,51 @@ func itoa(n int) string {
 		return string(rune('0' + n))
 	}
 	return itoa(n/10) + string(rune('0'+n%10))
+}
+
+// TestProcessVM copies between a segment and this process's own memory by
+// address, the way PUT_VM and GET_VM reach a client.
+func TestProcessVM(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		o := Options{}
+		if split {
+			o = Options{Workers: 2, SplitBytes: 1 << 20, ChunkBytes: 64 << 10}
+		}
+		e, _ := newEngine(t, 8<<20, o)
+		src := make([]byte, 3<<20)
+		rand.New(rand.NewSource(3)).Read(src)
+		pid := os.Getpid()
+		addr := uint64(uintptr(unsafe.Pointer(&src[0])))
+		ext := []segment.Extent{{Segment: 0, Off: 8192, Len: 1 << 20}, {Segment: 1, Off: 0, Len: 2 << 20}}
+		var reqs []Request
+		var off uint64
+		for _, x := range ext {
+			reqs = append(reqs, Request{Op: Write, Buf: VMBuffer(pid, addr, uint64(len(src))), BufOff: off, Extent: x})
+			off += x.Len
+		}
+		if err := e.Submit(context.Background(), reqs); err != nil {
+			t.Fatal(err)
+		}
+		dst := make([]byte, len(src))
+		daddr := uint64(uintptr(unsafe.Pointer(&dst[0])))
+		for i := range reqs {
+			reqs[i].Op = Read
+			reqs[i].Buf = VMBuffer(pid, daddr, uint64(len(dst)))
+		}
+		if err := e.Submit(context.Background(), reqs); err != nil {
+			t.Fatal(err)
+		}
+		runtime.KeepAlive(src)
+		if !bytes.Equal(src, dst) {
+			t.Fatalf("split=%v: round trip differs", split)
+		}
+		if st := e.Stats(); st.CopiedBytes != 2*uint64(len(src)) {
+			t.Fatalf("copied %d B, want one copy per byte each way", st.CopiedBytes)
+		}
+		// An address outside the process fails with ErrFault and no copy.
+		bad := []Request{{Op: Write, Buf: VMBuffer(pid, 8, 4096), Extent: segment.Extent{Segment: 0, Len: 4096}}}
+		if err := e.Submit(context.Background(), bad); !errors.Is(err, ErrFault) {
+			t.Fatalf("bad address: %v", err)
+		}
+	}
 }
