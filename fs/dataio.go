@@ -218,14 +218,19 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		return nil
 	case ioctl.CmdStat:
 		var a ioctl.StatArg
-		if err := a.Unmarshal(in); err != nil {
-			return err
-		}
-		o, err := n.fs.st.Stat(ctx, key)
+		err := a.Unmarshal(in)
 		if err != nil {
 			return err
 		}
-		a = ioctl.StatArg{Header: a.Header, ObjSize: n.sizeOf(o), Version: o.Version, Ino: o.Ino, MtimeNs: o.Mtime,
+		// The version GETs through this handle would read: the one held
+		// by a read-only handle, else the current one.
+		var o *store.Object
+		if h.reader != nil {
+			o = h.reader.Object()
+		} else if o, err = n.fs.st.Stat(ctx, key); err != nil {
+			return err
+		}
+		a = ioctl.StatArg{Header: a.Header, ObjSize: o.Size, Version: o.Version, Ino: o.Ino, MtimeNs: o.Mtime,
 			Mode: o.Mode, Replicas: uint32(len(o.Replicas))}
 		if o.Pinned {
 			a.Pinned = 1

@@ -36,7 +36,10 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 		return 0, 0
 	case ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer, ioctl.CmdPutBuf, ioctl.CmdGetBuf,
 		ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat, ioctl.CmdBatchPut, ioctl.CmdBatchGet:
-		if len(input) < int(ioctl.Size(cmd)) || len(output) < int(ioctl.Size(cmd)) {
+		// The kernel passes an input buffer for _IOW commands and an output
+		// buffer for _IOR ones, each of the size the command encodes.
+		size := int(ioctl.Size(cmd))
+		if ioctl.Dir(cmd)&1 != 0 && len(input) < size || ioctl.Dir(cmd)&2 != 0 && len(output) < size {
 			return 0, syscall.EINVAL
 		}
 		err = n.ioctlData(ctx, fh, cmd, input, output)
