@@ -1,0 +1,567 @@
+"""Files, directories and a mount-level client over the mooncake-fs ioctls.
+
+Single-key commands act on the key of an open file (``File``); batch
+commands act on a directory (``Directory``) with keys relative to it.
+``Client`` ties both to a mount and resolves keys against it. Data moves
+with PUT_VM/GET_VM by default: the daemon copies straight between this
+process's memory (bytes, bytearray, memoryview, numpy arrays...) and the
+store with process_vm_readv/writev, one copy and nothing to register. For
+memory registered once and reused, see ``mooncake_fs.pool.BufferPool``.
+"""
+
+import ctypes
+import errno
+import fcntl
+import os
+import weakref
+from contextlib import ExitStack
+from typing import NamedTuple
+
+from . import _abi
+from ._buffer import new_bytes, pinned
+
+
+class NotMooncakeError(OSError):
+    """The path is not on a mooncake-fs mount (GET_MAGIC failed)."""
+
+
+class BatchError(OSError):
+    """Some keys of a batch failed. ``results`` maps every key of the call
+    to bytes moved (>= 0) or a negative errno; errno is the first failure's."""
+
+    def __init__(self, results, what="batch"):
+        failed = {k: r for k, r in results.items() if r is not None and r < 0}
+        first = next(iter(failed.values()))
+        names = ", ".join(f"{k!r}: {errno.errorcode.get(-r, -r)}" for k, r in list(failed.items())[:8])
+        super().__init__(-first, f"{what}: {len(failed)} of {len(results)} keys failed ({names})")
+        self.results = results
+
+
+class Stat(NamedTuple):
+    """What STAT reports about an object."""
+
+    size: int
+    version: int
+    ino: int
+    mtime_ns: int
+    mode: int
+    pinned: bool
+    replicas: int
+    extents: int
+    location: str
+
+
+def ioctl(fd, cmd, arg, name=None):
+    """Issue cmd on fd with the ctypes struct arg as in/out buffer; errors
+    raise OSError with the errno (and name as the filename)."""
+    try:
+        fcntl.ioctl(fd, cmd, arg, True)
+    except OSError as e:
+        raise OSError(e.errno, os.strerror(e.errno), name) from None
+
+
+def _put_flags(exclusive, update):
+    return (_abi.FLAG_EXCL if exclusive else 0) | (_abi.FLAG_UPDATE if update else 0)
+
+
+def _numpy():
+    import numpy  # optional dependency, imported on first use
+
+    return numpy
+
+
+class _Handle:
+    """An open file description on the mount; the base of File and Directory."""
+
+    _oflags = os.O_RDONLY
+
+    def __init__(self, path, flags, perm=0o644):
+        self.name = os.fspath(path)
+        self._fd = os.open(self.name, flags | os.O_CLOEXEC, perm)
+        self._close = weakref.finalize(self, os.close, self._fd)
+        self._close.atexit = False
+
+    def fileno(self):
+        if not self._close.alive:
+            raise ValueError(f"{self.name}: closed")
+        return self._fd
+
+    @property
+    def closed(self):
+        return not self._close.alive
+
+    def close(self):
+        """Close the file; its registrations die with it."""
+        self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"fd={self._fd}"
+        return f"<{type(self).__name__} {self.name!r} {state}>"
+
+    def _ioctl(self, cmd, arg):
+        ioctl(self.fileno(), cmd, arg, self.name)
+        return arg
+
+    def probe(self):
+        """Check that this is a mooncake-fs file; return the daemon's ABI
+        version as (major, minor)."""
+        try:
+            m = self._ioctl(_abi.GET_MAGIC, _abi.Magic())
+        except OSError as e:
+            if e.errno in (errno.ENOTTY, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise NotMooncakeError(e.errno, "not a mooncake-fs file", self.name) from None
+            raise
+        if m.magic != _abi.MAGIC:
+            raise NotMooncakeError(errno.ENOTTY, f"bad magic {m.magic:#x}", self.name)
+        v = self._ioctl(_abi.GET_ABI_VERSION, _abi.ABIVersion())
+        return v.major, v.minor
+
+    def register(self, fd, length, offset=0):
+        """Register length bytes at offset of memfd/shm fd (a descriptor of
+        this process, readable and writable) on this open file; return the
+        buffer id. It stays valid until unregister() or close()."""
+        a = self._ioctl(_abi.REGISTER_BUFFER, _abi.Register(fd=fd, kind=_abi.KIND_HOST, len=length, offset=offset))
+        return a.id
+
+    def unregister(self, buf_id):
+        self._ioctl(_abi.UNREGISTER_BUFFER, _abi.Unregister(id=buf_id))
+
+
+class File(_Handle):
+    """An open key. mode "r" opens read-only (GET reads the version current
+    at open); "w" opens read-write, creating the key if needed (PUT needs
+    it)."""
+
+    def __init__(self, path, mode="r", *, perm=0o644):
+        if mode == "r":
+            flags = os.O_RDONLY
+        elif mode in ("w", "rw", "r+", "w+"):
+            flags = os.O_RDWR | os.O_CREAT
+        else:
+            raise ValueError(f"mode {mode!r}: want 'r' or 'w'")
+        self.mode = mode
+        super().__init__(path, flags, perm)
+
+    def stat(self):
+        s = self._ioctl(_abi.STAT, _abi.Stat())
+        return Stat(s.size, s.version, s.ino, s.mtime_ns, s.mode, bool(s.pinned), s.replicas, s.extents,
+                    s.location.decode("utf-8", "replace"))
+
+    # --- process memory (VM) ---
+
+    def put_vm(self, addr, length, *, offset=0, exclusive=False, update=False):
+        """PUT_VM of raw memory; return (bytes moved, version)."""
+        a = _abi.VM(addr=addr, len=length, obj_off=offset)
+        a.h.flags = _put_flags(exclusive, update)
+        self._ioctl(_abi.PUT_VM, a)
+        return a.result, a.version
+
+    def get_vm(self, addr, length, offset=0):
+        """GET_VM into raw memory; return (bytes moved, version)."""
+        a = self._ioctl(_abi.GET_VM, _abi.VM(addr=addr, len=length, obj_off=offset))
+        return a.result, a.version
+
+    def put(self, data, *, offset=0, exclusive=False, update=False):
+        """Replace the object with data (any C-contiguous buffer: bytes,
+        bytearray, memoryview, numpy array; non-contiguous numpy arrays are
+        copied first), atomically. exclusive: EEXIST unless the object is
+        empty and unchanged since this file was opened. update: write data
+        at offset into a copy of the current version instead. Returns the
+        version written."""
+        data = _contiguous(data)
+        with pinned(data) as (addr, n):
+            moved, version = self.put_vm(addr, n, offset=offset, exclusive=exclusive, update=update)
+        if moved != n:
+            raise OSError(errno.EIO, f"short put: {moved} of {n} bytes", self.name)
+        return version
+
+    def get_into(self, out, offset=0):
+        """Read up to len(out) bytes at offset into out (a writable
+        C-contiguous buffer: bytearray, memoryview, numpy array...); return
+        the count."""
+        with pinned(out, writable=True) as (addr, n):
+            return self.get_vm(addr, n, offset)[0]
+
+    def _read_whole(self, offset, alloc):
+        """Read the object from offset to its end into alloc(n) -> (obj,
+        addr); return (obj, count).
+
+        STAT gives the size of the latest version, while a read-only file
+        reads the version current at its open, and either may change in
+        between. So a read that fills the buffer is followed by a one-byte
+        probe past it: the read is complete when the probe finds the end of
+        the same version."""
+        probe = ctypes.c_ubyte()
+        paddr = ctypes.addressof(probe)
+        for _ in range(8):
+            st = self.stat()
+            n = max(st.size - offset, 0)
+            obj, addr = alloc(n)
+            count, version = self.get_vm(addr, n, offset) if n else (0, None)
+            if count < n:
+                return obj, count  # reached the end of the version read
+            try:
+                more, pversion = self.get_vm(paddr, 1, offset + n)
+            except OSError as e:
+                if e.errno != errno.ERANGE or not n:
+                    raise  # offset beyond the object
+                continue  # shrank in between
+            if more == 0 and (version is None or pversion == version):
+                return obj, n
+        return self._read_growing(offset, alloc)
+
+    def _read_growing(self, offset, alloc):
+        """Slow path of _read_whole: read in doubling chunks until the end of
+        one version, then copy into alloc(total)."""
+        for _ in range(8):
+            data, version, chunk = bytearray(), None, 1 << 20
+            while True:
+                part = bytearray(chunk)
+                with pinned(part, writable=True) as (addr, n):
+                    count, v = self.get_vm(addr, n, offset + len(data))
+                if version is not None and v != version:
+                    break  # another version: start over
+                version = v
+                data += part[:count]
+                if count < chunk:
+                    obj, addr = alloc(len(data))
+                    if data:
+                        with pinned(data) as (src, n):
+                            ctypes.memmove(addr, src, n)
+                    return obj, len(data)
+                chunk *= 2
+        raise OSError(errno.EAGAIN, "object kept changing during the read", self.name)
+
+    def get(self, length=None, offset=0):
+        """Return length bytes at offset (default: to the end) as bytes,
+        read with one copy straight into the new bytes object."""
+        if length is None:
+            b, count = self._read_whole(offset, new_bytes)
+        else:
+            b, addr = new_bytes(length)
+            count = self.get_vm(addr, length, offset)[0] if length else 0
+        return b if count == len(b) else b[:count]
+
+    def get_array(self, dtype="uint8", shape=None, offset=0):
+        """Read into a new numpy array. With shape, exactly that many
+        elements must be there (ValueError otherwise); without, the rest of
+        the object from offset as a 1-D array."""
+        np = _numpy()
+        dtype = np.dtype(dtype)
+        if shape is not None:
+            out = np.empty(shape, dtype)
+            count = self.get_into(out, offset) if out.nbytes else 0
+            if count != out.nbytes:
+                raise ValueError(f"{self.name}: {count} bytes at offset {offset}, array {shape} of {dtype} needs {out.nbytes}")
+            return out
+
+        def alloc(n):
+            if n % dtype.itemsize:
+                raise ValueError(f"{self.name}: {n} bytes is not a multiple of {dtype} ({dtype.itemsize} B)")
+            a = np.empty(n // dtype.itemsize, dtype)
+            return a, a.ctypes.data
+
+        a, count = self._read_whole(offset, alloc)
+        if count != a.nbytes:
+            if count % dtype.itemsize:
+                raise ValueError(f"{self.name}: {count} bytes is not a multiple of {dtype}")
+            a = a[: count // dtype.itemsize].copy()
+        return a
+
+    # --- registered buffers ---
+
+    def put_buf(self, buf_id, buf_off, length, *, offset=0, exclusive=False, update=False):
+        """PUT_BUF from registered buffer buf_id; return (bytes moved, version)."""
+        a = _abi.Buf(id=buf_id, buf_off=buf_off, len=length, obj_off=offset)
+        a.h.flags = _put_flags(exclusive, update)
+        self._ioctl(_abi.PUT_BUF, a)
+        return a.result, a.version
+
+    def get_buf(self, buf_id, buf_off, length, offset=0):
+        """GET_BUF into registered buffer buf_id; return (bytes moved, version)."""
+        a = self._ioctl(_abi.GET_BUF, _abi.Buf(id=buf_id, buf_off=buf_off, len=length, obj_off=offset))
+        return a.result, a.version
+
+
+class Entry(NamedTuple):
+    """One key of a batch: addr is an address (BATCH_VM) or an offset in
+    the registered buffer (BATCH_BUF)."""
+
+    key: object
+    addr: int
+    len: int
+    obj_off: int = 0
+    flags: int = 0
+
+
+def _key_bytes(key):
+    b = os.fsencode(key)
+    if not b or len(b) > _abi.BATCH_KEY_BYTES:
+        raise ValueError(f"batch key {key!r}: {len(b)} bytes, want 1..{_abi.BATCH_KEY_BYTES}")
+    return b
+
+
+def _chunks(entries):
+    """Split entries into calls of at most MAX_BATCH keys and BATCH_KEY_BYTES
+    of key text."""
+    chunk, used = [], 0
+    for e in entries:
+        k = _key_bytes(e.key)
+        if len(chunk) == _abi.MAX_BATCH or used + len(k) > _abi.BATCH_KEY_BYTES:
+            yield chunk
+            chunk, used = [], 0
+        chunk.append((e, k))
+        used += len(k)
+    if chunk:
+        yield chunk
+
+
+def pack_batch(source, buf_id, chunk, flags=0):
+    """Build a Batch argument from [(Entry, key bytes)] (one _chunks item)."""
+    b = _abi.Batch(count=len(chunk), source=source, id=buf_id)
+    b.h.flags = flags
+    off = 0
+    keys = ctypes.addressof(b.keys)
+    for i, (e, k) in enumerate(chunk):
+        ctypes.memmove(keys + off, k, len(k))
+        ent = b.entries[i]
+        ent.key_off, ent.key_len, ent.flags = off, len(k), e.flags
+        ent.addr, ent.len, ent.obj_off = e.addr, e.len, e.obj_off
+        off += len(k)
+    return b
+
+
+def _contiguous(data):
+    """data, or a C-contiguous copy of a non-contiguous numpy array."""
+    if type(data).__module__ == "numpy" and hasattr(data, "flags") and not data.flags.c_contiguous:
+        return _numpy().ascontiguousarray(data)
+    return data
+
+
+class Directory(_Handle):
+    """An open directory: batch puts and gets of keys relative to it."""
+
+    def __init__(self, path):
+        super().__init__(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    def batch(self, cmd, source, entries, buf_id=0):
+        """Run BATCH_PUT or BATCH_GET (cmd) over entries (Entry tuples), in
+        as many calls as the limits need. Returns [(result, version)] in
+        order: result is bytes moved or a negative errno for that key."""
+        out = []
+        for chunk in _chunks(entries):
+            b = self._ioctl(cmd, pack_batch(source, buf_id, chunk))
+            out.extend((b.entries[i].result, b.entries[i].version) for i in range(len(chunk)))
+        return out
+
+    def _makedirs_for(self, keys):
+        made = False
+        for k in keys:
+            parent = os.path.dirname(os.fsdecode(k))
+            if parent:
+                os.makedirs(os.path.join(self.name, parent), exist_ok=True)
+                made = True
+        return made
+
+    def batch_put(self, items, *, exclusive=False, update=False, makedirs=True, check=True):
+        """Put many keys in one call per 64 keys. items maps key -> buffer
+        (bytes, bytearray, numpy array...). Returns key -> bytes written or
+        -errno; with check, raises BatchError if any key failed. makedirs
+        creates missing parent directories of keys that failed with ENOENT
+        and retries those keys once."""
+        items = {k: _contiguous(v) for k, v in dict(items).items()}
+        flags = _put_flags(exclusive, update)
+        results = {}
+        todo = list(items)
+        for attempt in range(2):
+            with ExitStack() as stack:
+                entries = []
+                for k in todo:
+                    addr, n = stack.enter_context(pinned(items[k]))
+                    entries.append(Entry(k, addr, n, 0, flags))
+                res = self.batch(_abi.BATCH_PUT, _abi.BATCH_VM, entries)
+            for k, (r, _) in zip(todo, res):
+                results[k] = r
+            todo = [k for k in todo if results[k] == -errno.ENOENT]
+            if not (makedirs and todo and attempt == 0 and self._makedirs_for(todo)):
+                break
+        results = {k: results[k] for k in items}
+        if check and any(r < 0 for r in results.values()):
+            raise BatchError(results, f"{self.name}: batch put")
+        return results
+
+    def batch_get_into(self, items, *, offset=0, check=True):
+        """Read many keys in one call per 64 keys. items maps key -> writable
+        buffer; each gets up to len(buffer) bytes from offset. Returns key ->
+        bytes read or -errno (-ENOENT for a missing key); with check, raises
+        BatchError if any key failed."""
+        items = dict(items)
+        with ExitStack() as stack:
+            entries = []
+            for k, out in items.items():
+                addr, n = stack.enter_context(pinned(out, writable=True))
+                entries.append(Entry(k, addr, n, offset))
+            res = self.batch(_abi.BATCH_GET, _abi.BATCH_VM, entries)
+        results = {k: r for k, (r, _) in zip(items, res)}
+        if check and any(r < 0 for r in results.values()):
+            raise BatchError(results, f"{self.name}: batch get")
+        return results
+
+    def batch_get(self, keys):
+        """Read whole objects: key -> bytes, or None for a missing key (other
+        errors raise BatchError). Sizes come from stat(2); each key also
+        reads one byte past that size in the same call, so an object that
+        grew or was replaced in between is detected and read again on its
+        own."""
+        keys = list(dict.fromkeys(keys))
+        values, sizes = {}, {}
+        for k in keys:
+            try:
+                sizes[k] = os.stat(k, dir_fd=self.fileno()).st_size
+            except FileNotFoundError:
+                values[k] = None
+        present = [k for k in keys if k in sizes]
+        bufs = {k: new_bytes(sizes[k]) for k in present}
+        probe = bytearray(max(len(present), 1))
+        failed = {}
+        with pinned(probe, writable=True) as (paddr, _):
+            entries, owners = [], []
+            for i, k in enumerate(present):
+                b, addr = bufs[k]
+                if sizes[k]:
+                    entries.append(Entry(k, addr, sizes[k]))
+                    owners.append((k, "data"))
+                entries.append(Entry(k, paddr + i, 1, sizes[k]))
+                owners.append((k, "probe"))
+            res = self.batch(_abi.BATCH_GET, _abi.BATCH_VM, entries)
+        got = {}
+        for (k, part), rv in zip(owners, res):
+            got.setdefault(k, {})[part] = rv
+        retry = []
+        for k in present:
+            data = got[k].get("data", (0, None))
+            probe_r, probe_v = got[k]["probe"]
+            size = sizes[k]
+            r, v = data
+            if r < 0 or (probe_r < 0 and probe_r != -errno.ERANGE and not size):
+                err = r if r < 0 else probe_r
+                if err == -errno.ENOENT:
+                    values[k] = None
+                else:
+                    failed[k] = err
+                continue
+            b = bufs[k][0]
+            if size and r < size:
+                values[k] = b[:r]  # reached the end of the version it read
+            elif probe_r in (0, -errno.ERANGE) and (not size or probe_v == v):
+                values[k] = b
+            else:
+                retry.append(k)  # grew, or replaced between the two entries
+        for k in retry:
+            try:
+                with File(os.path.join(self.name, os.fsdecode(k))) as f:
+                    values[k] = f.get()
+            except FileNotFoundError:
+                values[k] = None
+        if failed:
+            raise BatchError({k: failed.get(k, 0) for k in keys}, f"{self.name}: batch get")
+        return {k: values[k] for k in keys}
+
+
+class Client:
+    """mooncake-fs operations on keys of one mount.
+
+    Keys are paths relative to the mount ("a/b/c"; a leading "/" is
+    ignored). With mount=None keys are plain paths. The constructor checks
+    the mount with GET_MAGIC unless probe=False; ``abi`` is the daemon's
+    (major, minor)."""
+
+    def __init__(self, mount=None, *, probe=True):
+        self.mount = os.path.abspath(os.fspath(mount)) if mount is not None else None
+        self.abi = None
+        if probe and self.mount is not None:
+            with Directory(self.mount) as d:
+                self.abi = d.probe()
+            if self.abi[0] != _abi.ABI_MAJOR:
+                raise NotMooncakeError(errno.EPROTO, f"daemon ABI {self.abi[0]}.{self.abi[1]}, client {_abi.ABI_MAJOR}.x", self.mount)
+
+    def path(self, key=""):
+        key = os.fspath(key)
+        if self.mount is None:
+            return key or "."
+        key = os.fsdecode(key).lstrip("/")
+        return os.path.join(self.mount, key) if key else self.mount
+
+    def open(self, key, mode="r"):
+        """Open key as a File ("r" or "w")."""
+        return File(self.path(key), mode)
+
+    def opendir(self, dir=""):
+        return Directory(self.path(dir))
+
+    def put(self, key, data, *, exclusive=False, makedirs=True):
+        """Store data (bytes-like or numpy array) under key, replacing it
+        atomically; return the version. exclusive: EEXIST if the key exists
+        with content. makedirs creates missing parent directories."""
+        path = self.path(key)
+        try:
+            f = File(path, "w")
+        except FileNotFoundError:
+            if not makedirs or not os.path.dirname(path):
+                raise
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            f = File(path, "w")
+        with f:
+            return f.put(data, exclusive=exclusive)
+
+    def update(self, key, data, offset=0):
+        """Write data at offset into a copy of key's object (growing it if
+        needed), made visible atomically; return the version."""
+        with File(self.path(key), "w") as f:
+            return f.put(data, offset=offset, update=True)
+
+    def get(self, key, offset=0, length=None):
+        """The object's bytes from offset (to the end, or length bytes)."""
+        with File(self.path(key)) as f:
+            return f.get(length, offset)
+
+    def get_into(self, key, out, offset=0):
+        """Read up to len(out) bytes at offset into out; return the count."""
+        with File(self.path(key)) as f:
+            return f.get_into(out, offset)
+
+    def get_array(self, key, dtype="uint8", shape=None, offset=0):
+        """Read key into a new numpy array (see File.get_array)."""
+        with File(self.path(key)) as f:
+            return f.get_array(dtype, shape, offset)
+
+    def stat(self, key):
+        with File(self.path(key)) as f:
+            return f.stat()
+
+    def batch_put(self, items, *, dir="", exclusive=False, makedirs=True, check=True):
+        """Put {key: data} with keys relative to dir; see Directory.batch_put."""
+        with self.opendir(dir) as d:
+            return d.batch_put(items, exclusive=exclusive, makedirs=makedirs, check=check)
+
+    def batch_get(self, keys, *, dir=""):
+        """{key: bytes or None}; see Directory.batch_get."""
+        with self.opendir(dir) as d:
+            return d.batch_get(keys)
+
+    def batch_get_into(self, items, *, dir="", offset=0, check=True):
+        """Read {key: out buffer}; see Directory.batch_get_into."""
+        with self.opendir(dir) as d:
+            return d.batch_get_into(items, offset=offset, check=check)
+
+    def pool(self, slot_size, slots, *, dir="", wait=False, timeout=None):
+        """A BufferPool registered once on dir (default: the mount root)."""
+        from .pool import BufferPool
+
+        return BufferPool(self.path(dir), slot_size, slots, wait=wait, timeout=timeout)
