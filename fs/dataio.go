@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"strings"
 	"syscall"
 
@@ -205,11 +206,14 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		if err := a.Unmarshal(in); err != nil {
 			return err
 		}
-		p, err := procOf(ctx)
-		if err != nil {
-			return err
+		// The caller is blocked in this ioctl, so its thread id names it
+		// for the whole call; it can only reach its own memory.
+		c, ok := fuse.FromContext(ctx)
+		if !ok || c.Pid == 0 {
+			return errNotOwner
 		}
-		buf := transfer.VMBuffer(p.tid, a.Addr, a.Len)
+		buf := transfer.VMBuffer(int(c.Pid), a.Addr, a.Len)
+		var err error
 		a.Result, a.Version, err = n.moveData(ctx, h, key, cmd == ioctl.CmdPutVM, buf, a.ObjOff, a.Flags)
 		if err != nil {
 			return err

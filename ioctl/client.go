@@ -4,15 +4,26 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// ErrNotMooncake is returned by Probe for files of other file systems.
-var ErrNotMooncake = errors.New("ioctl: not a mooncake-fs file")
+// Errors of the client.
+var (
+	// ErrNotMooncake is returned by Probe for files of other file systems.
+	ErrNotMooncake = errors.New("ioctl: not a mooncake-fs file")
+	// ErrBadKey is a batch key that is empty or cannot fit in one batch.
+	ErrBadKey = errors.New("ioctl: bad batch key")
+	// ErrBadItem is a batch item whose source does not match the call
+	// (Data for the VM forms, BufOff/Len for the buffer forms).
+	ErrBadItem = errors.New("ioctl: bad batch item")
+)
 
-// call issues cmd on f with arg as the in/out buffer.
+// call issues cmd on f with arg as the in/out buffer. EINTR is retried:
+// the daemon answers EINTR only for a request it abandoned unchanged.
 func call(f *os.File, cmd uint32, arg []byte) error {
 	if uint32(len(arg)) != Size(cmd) {
 		return fmt.Errorf("ioctl %#x: buffer %d B, command wants %d: %w", cmd, len(arg), Size(cmd), ErrArgSize)
@@ -23,7 +34,12 @@ func call(f *os.File, cmd uint32, arg []byte) error {
 	}
 	var errno unix.Errno
 	cerr := rc.Control(func(fd uintptr) {
-		_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&arg[0])))
+		for {
+			_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&arg[0])))
+			if errno != unix.EINTR {
+				return
+			}
+		}
 	})
 	if cerr != nil {
 		return cerr
@@ -57,4 +73,291 @@ func Probe(f *os.File) (ABIVersionArg, error) {
 		return ABIVersionArg{}, err
 	}
 	return a, nil
+}
+
+// File is a file or directory on a mooncake-fs mount, open for the
+// data-path commands. The methods on a file act on its key; the batch
+// methods need a directory (OpenDir) and take keys relative to it.
+//
+// Registrations made on a File belong to its open file description: they
+// serve only this File's commands and die with Close. A File is safe for
+// concurrent use.
+//
+// Errors name the command and the path and wrap the daemon's errno, so
+// errors.Is(err, unix.EEXIST) works.
+type File struct {
+	f    *os.File
+	path string
+}
+
+// Open opens path with flag (os.O_RDONLY, os.O_RDWR|os.O_CREATE, ...),
+// creating it with mode 0644 if flag asks. Puts need a writable File; a
+// File opened read-only reads the version current at open for as long as
+// it stays open. Open does not probe: a file of another file system fails
+// its first command with ENOTTY (use Probe to ask first).
+func Open(path string, flag int) (*File, error) {
+	f, err := os.OpenFile(path, flag, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &File{f: f, path: path}, nil
+}
+
+// OpenDir opens the directory path for the batch commands.
+func OpenDir(path string) (*File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &File{f: f, path: path}, nil
+}
+
+// NewFile wraps an open file; the File takes ownership of f.
+func NewFile(f *os.File) *File { return &File{f: f, path: f.Name()} }
+
+// Name returns the path the File was opened with.
+func (f *File) Name() string { return f.path }
+
+// OS returns the underlying *os.File, still owned by f.
+func (f *File) OS() *os.File { return f.f }
+
+// Close closes the file; its registrations die with it.
+func (f *File) Close() error { return f.f.Close() }
+
+// Probe checks that f is on mooncake-fs and returns the daemon's ABI
+// version.
+func (f *File) Probe() (ABIVersionArg, error) { return Probe(f.f) }
+
+// err wraps a failed command with what it was asked to do.
+func (f *File) err(op string, err error, detail string, args ...any) error {
+	if detail != "" {
+		return fmt.Errorf("ioctl: %s %s (%s): %w", op, f.path, fmt.Sprintf(detail, args...), err)
+	}
+	return fmt.Errorf("ioctl: %s %s: %w", op, f.path, err)
+}
+
+// Registration is caller memory registered with the daemon on one File.
+type Registration struct {
+	ID     uint64 // the buffer id of PUT_BUF, GET_BUF and batches
+	Offset uint64 // where the registration starts in the memfd
+	Len    uint64
+}
+
+// Register registers n bytes of mem (a memfd or /dev/shm file, opened
+// read-write and at least off+n bytes long) from offset off, which must be
+// page aligned. The daemon maps the same pages; mem may be closed after
+// Register returns.
+func (f *File) Register(mem *os.File, off, n uint64) (Registration, error) {
+	rc, err := mem.SyscallConn()
+	if err != nil {
+		return Registration{}, f.err("register_buffer", err, "")
+	}
+	var reg Registration
+	cerr := rc.Control(func(fd uintptr) { reg, err = f.RegisterFd(int(fd), off, n) })
+	if cerr != nil {
+		return Registration{}, f.err("register_buffer", cerr, "")
+	}
+	return reg, err
+}
+
+// RegisterFd is Register for a file descriptor number of this process.
+func (f *File) RegisterFd(fd int, off, n uint64) (Registration, error) {
+	a := RegisterArg{Fd: int32(fd), Kind: KindHost, Len: n, Offset: off}
+	b := a.Marshal()
+	if err := call(f.f, CmdRegisterBuffer, b); err != nil {
+		return Registration{}, f.err("register_buffer", err, "fd %d, %d B at %d", fd, n, off)
+	}
+	if err := a.Unmarshal(b); err != nil {
+		return Registration{}, f.err("register_buffer", err, "reply")
+	}
+	return Registration{ID: a.ID, Offset: off, Len: n}, nil
+}
+
+// Unregister releases registration id of f.
+func (f *File) Unregister(id uint64) error {
+	a := UnregisterArg{ID: id}
+	if err := call(f.f, CmdUnregisterBuffer, a.Marshal()); err != nil {
+		return f.err("unregister_buffer", err, "id %d", id)
+	}
+	return nil
+}
+
+// bufCall runs PUT_BUF or GET_BUF.
+func (f *File) bufCall(op string, cmd uint32, a BufArg) (n, version uint64, err error) {
+	b := a.Marshal()
+	if err := call(f.f, cmd, b); err != nil {
+		return 0, 0, f.err(op, err, "id %d, %d B at buf %d, obj %d, flags %#x", a.ID, a.Len, a.BufOff, a.ObjOff, a.Flags)
+	}
+	if err := a.Unmarshal(b); err != nil {
+		return 0, 0, f.err(op, err, "reply")
+	}
+	return a.Result, a.Version, nil
+}
+
+// PutBuf stores n bytes of registration id, from bufOff, with one copy:
+// as the whole new value of f's key (objOff 0), or with FlagUpdate at
+// objOff into a copy of the current value. FlagExcl fails with EEXIST
+// unless the key was empty and unchanged since f was opened. The new
+// version becomes visible atomically. It returns the bytes stored and the
+// version written.
+func (f *File) PutBuf(id, bufOff, n, objOff uint64, flags uint32) (uint64, uint64, error) {
+	return f.bufCall("put_buf", CmdPutBuf, BufArg{Header: Header{Flags: flags}, ID: id, BufOff: bufOff, Len: n, ObjOff: objOff})
+}
+
+// GetBuf reads up to n bytes of f's value from objOff into registration
+// id at bufOff, with one copy, and returns the count (short at the end of
+// the value) and the version read. flags is for future use and must be 0.
+func (f *File) GetBuf(id, bufOff, n, objOff uint64, flags uint32) (uint64, uint64, error) {
+	return f.bufCall("get_buf", CmdGetBuf, BufArg{Header: Header{Flags: flags}, ID: id, BufOff: bufOff, Len: n, ObjOff: objOff})
+}
+
+// alwaysFalse is never set; the compiler cannot prove it, so what
+// keepOnHeap stores escapes.
+var (
+	alwaysFalse bool
+	heapSink    unsafe.Pointer
+)
+
+// keepOnHeap makes b's array escape to the heap, where the Go runtime never
+// moves memory: the daemon copies to and from its address while the
+// goroutine waits in ioctl(2), and a goroutine stack may move.
+func keepOnHeap(b []byte) {
+	if alwaysFalse {
+		heapSink = unsafe.Pointer(unsafe.SliceData(b))
+	}
+}
+
+func addrOf(b []byte) uint64 {
+	if len(b) == 0 {
+		return 0
+	}
+	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+}
+
+// vmCall runs PUT_VM or GET_VM on b.
+func (f *File) vmCall(op string, cmd uint32, b []byte, objOff uint64, flags uint32) (uint64, uint64, error) {
+	keepOnHeap(b)
+	a := VMArg{Header: Header{Flags: flags}, Addr: addrOf(b), Len: uint64(len(b)), ObjOff: objOff}
+	raw := a.Marshal()
+	err := call(f.f, cmd, raw)
+	// The daemon has copied; b may go now, not before.
+	runtime.KeepAlive(b)
+	if err != nil {
+		return 0, 0, f.err(op, err, "%d B at obj %d, flags %#x", len(b), objOff, flags)
+	}
+	if err := a.Unmarshal(raw); err != nil {
+		return 0, 0, f.err(op, err, "reply")
+	}
+	return a.Result, a.Version, nil
+}
+
+// PutVM stores b as the whole new value of f's key with one copy out of
+// this process's memory (nothing to register). flags as PutBuf. b is
+// only read, and only during the call.
+func (f *File) PutVM(b []byte, flags uint32) (uint64, uint64, error) {
+	return f.vmCall("put_vm", CmdPutVM, b, 0, flags)
+}
+
+// PutVMAt is PutVM at objOff, which must be 0 unless flags has
+// FlagUpdate.
+func (f *File) PutVMAt(b []byte, objOff uint64, flags uint32) (uint64, uint64, error) {
+	return f.vmCall("put_vm", CmdPutVM, b, objOff, flags)
+}
+
+// GetVM reads up to len(b) bytes of f's value from objOff into b with one
+// copy and returns the count (short at the end of the value) and the
+// version read.
+func (f *File) GetVM(b []byte, objOff uint64) (uint64, uint64, error) {
+	return f.vmCall("get_vm", CmdGetVM, b, objOff, 0)
+}
+
+// ObjectStat is what STAT says about f's object.
+type ObjectStat struct {
+	Size     uint64
+	Version  uint64
+	Ino      uint64
+	Mtime    time.Time
+	Mode     os.FileMode // permission bits
+	Pinned   bool
+	Replicas int
+	Extents  int    // of the first replica
+	Location string // "node:seg[off+len],... node2:...", maybe truncated
+}
+
+// Stat describes f's object.
+func (f *File) Stat() (ObjectStat, error) {
+	var a StatArg
+	b := a.Marshal()
+	if err := call(f.f, CmdStat, b); err != nil {
+		return ObjectStat{}, f.err("stat", err, "")
+	}
+	if err := a.Unmarshal(b); err != nil {
+		return ObjectStat{}, f.err("stat", err, "reply")
+	}
+	return ObjectStat{
+		Size: a.ObjSize, Version: a.Version, Ino: a.Ino,
+		Mtime: time.Unix(0, a.MtimeNs), Mode: os.FileMode(a.Mode).Perm(),
+		Pinned: a.Pinned != 0, Replicas: int(a.Replicas), Extents: int(a.Extents),
+		Location: a.LocationString(),
+	}, nil
+}
+
+// Put stores data as the whole value of path, creating it if needed, with
+// one copy (PUT_VM), and returns the version written.
+func Put(path string, data []byte) (uint64, error) {
+	f, err := Open(path, os.O_RDWR|os.O_CREATE)
+	if err != nil {
+		return 0, err
+	}
+	_, v, err := f.PutVM(data, 0)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	return v, err
+}
+
+// Get reads up to len(dst) bytes of the value of path into dst with one
+// copy (GET_VM) and returns the count.
+func Get(path string, dst []byte) (int, error) {
+	f, err := Open(path, os.O_RDONLY)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n, _, err := f.GetVM(dst, 0)
+	return int(n), err
+}
+
+// GetAll reads the whole value of path, as of its open, and returns it
+// with its version. It reads until the value ends, so it does not depend
+// on the size STAT reports.
+func GetAll(path string) ([]byte, uint64, error) {
+	f, err := Open(path, os.O_RDONLY)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	// One byte more than STAT says, so that a value of the stated size
+	// ends with a short read in one call.
+	b := make([]byte, st.Size+1)
+	var total, version uint64
+	for {
+		n, v, err := f.GetVM(b[total:], total)
+		if err != nil {
+			return nil, 0, err
+		}
+		if total > 0 && v != version {
+			return nil, 0, fmt.Errorf("ioctl: get %s: version %d after %d through one read-only open", path, v, version)
+		}
+		version = v
+		total += n
+		if total < uint64(len(b)) {
+			return b[:total], version, nil
+		}
+		b = append(b, make([]byte, len(b))...)
+	}
 }

@@ -15,4 +15,47 @@
 //
 // An unknown command on a mooncake-fs file fails with ENOTTY. The package
 // imports nothing of the daemon, so client programs can use it alone.
+//
+// # Client
+//
+// A File (Open, OpenDir) is an open file or directory on a mount; its
+// methods act on the file's key, or, for batches on a directory, on keys
+// relative to it. Every data command makes exactly one copy per byte:
+//
+//	f, _ := ioctl.Open("/mnt/mooncake/ckpt/w0", os.O_RDWR|os.O_CREATE)
+//	f.PutVM(b, 0)              // b, straight out of this process's memory
+//	f.GetVM(b, 0)              // and back in
+//	reg, _ := f.Register(memfd, 0, n)
+//	f.PutBuf(reg.ID, 0, n, 0, 0)
+//
+// A put replaces the whole value atomically (FlagUpdate writes into a copy
+// of it instead; FlagExcl: first writer wins) and needs a writable File. A
+// File opened read-only reads the version current at its open for as long
+// as it stays open; STAT describes the key's current version. Put, Get and
+// GetAll do one whole value in one call.
+//
+// Registrations belong to the open file they were made on and die with it.
+// Register memory once: a Pool is one memfd, registered once, cut into
+// fixed-size slots that Lease hands out and Return takes back; when every
+// slot is leased it fails (ErrPoolExhausted) or waits with a deadline, as
+// PoolOptions say, and never registers more. Seal the size of memfds you
+// register yourself (F_SEAL_SHRINK): the daemon maps their pages.
+//
+// PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
+// caller's pages a folio at a time: buffers backed by transparent huge
+// pages (madvise MADV_HUGEPAGE) move about twice as fast as 4 KiB pages.
+//
+// # Errors
+//
+// A failed command returns an error naming the command, the path and the
+// arguments, wrapping the daemon's errno (errors.Is(err, unix.EEXIST)).
+// Batch commands succeed or fail per key (BatchResult.Err); the call
+// itself fails only for a batch the daemon refused whole. The client
+// retries EINTR: the daemon answers it for requests a signal interrupted,
+// which it leaves undone.
+//
+// # Invariants
+//
+// A lease is returned once. In builds with -tags invariants a second
+// Return panics; otherwise it returns ErrDoubleReturn and changes nothing.
 package ioctl

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -142,10 +143,13 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 		switch r.Buf.Kind {
 		case Host, Registered:
 			buf := r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
+			// Memory shared with a client can shrink under us (the client
+			// truncates its file): guard those copies against the fault.
+			guard := r.Buf.Kind == Registered
 			if r.Op == Read {
-				mem = append(mem, memPair{buf, seg})
+				mem = append(mem, memPair{buf, seg, guard, i})
 			} else {
-				mem = append(mem, memPair{seg, buf})
+				mem = append(mem, memPair{seg, buf, guard, i})
 			}
 			memBytes += r.Extent.Len
 		case ProcessVM:
@@ -156,7 +160,7 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 		}
 	}
 	if len(mem) > 0 {
-		e.copyMem(mem, memBytes)
+		errs = append(errs, e.copyMem(mem, memBytes)...)
 		e.account(pathLocal, reqs, Host, memBytes, len(mem), time.Since(start))
 	}
 	if len(vm) > 0 {
@@ -167,25 +171,67 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 	return errors.Join(errs...)
 }
 
-type memPair struct{ dst, src []byte }
+type memPair struct {
+	dst, src []byte
+	guard    bool // src or dst is client memory that may fault
+	idx      int  // request index, for errors
+}
+
+func (p memPair) copy(dst, src []byte) error {
+	if !p.guard {
+		copy(dst, src)
+		return nil
+	}
+	if err := guardedCopy(dst, src); err != nil {
+		return fmt.Errorf("request %d: %w", p.idx, err)
+	}
+	return nil
+}
 
 // copyMem copies inline, or in chunks across the workers for large batches.
-func (e *Engine) copyMem(pairs []memPair, total uint64) {
+func (e *Engine) copyMem(pairs []memPair, total uint64) []error {
+	var errs []error
 	if total < e.opts.SplitBytes || e.opts.Workers < 2 {
 		for _, p := range pairs {
-			copy(p.dst, p.src)
+			if err := p.copy(p.dst, p.src); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		return
+		return errs
 	}
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	cb := int(e.opts.ChunkBytes)
 	for _, p := range pairs {
 		for off := 0; off < len(p.dst); off += cb {
 			end := min(off+cb, len(p.dst))
 			dst, src := p.dst[off:end], p.src[off:end]
 			wg.Add(1)
-			e.work <- func() { copy(dst, src); wg.Done() }
+			e.work <- func() {
+				defer wg.Done()
+				if err := p.copy(dst, src); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
 		}
 	}
 	wg.Wait()
+	return errs
+}
+
+// guardedCopy copies with faults turned into errors: a client that
+// truncates a registered file makes the mapping fault (SIGBUS), which must
+// fail the request, not kill the daemon.
+func guardedCopy(dst, src []byte) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer func() {
+		debug.SetPanicOnFault(old)
+		if r := recover(); r != nil {
+			err = fmt.Errorf("copy of %d B faulted (%v): %w", len(src), r, ErrFault)
+		}
+	}()
+	copy(dst, src)
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"golang.org/x/sys/unix"
 	"math/rand"
 	"os"
 	"runtime"
@@ -197,6 +198,40 @@ func TestProcessVM(t *testing.T) {
 		bad := []Request{{Op: Write, Buf: VMBuffer(pid, 8, 4096), Extent: segment.Extent{Segment: 0, Len: 4096}}}
 		if err := e.Submit(context.Background(), bad); !errors.Is(err, ErrFault) {
 			t.Fatalf("bad address: %v", err)
+		}
+	}
+}
+
+// TestRegisteredFault: a client truncating its registered file under a
+// copy makes the mapping fault; the request fails, the daemon lives.
+func TestRegisteredFault(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		o := Options{}
+		if split {
+			o = Options{Workers: 2, SplitBytes: 1 << 20, ChunkBytes: 64 << 10}
+		}
+		e, _ := newEngine(t, 4<<20, o)
+		fd, err := unix.MemfdCreate("fault", 0)
+		if err != nil {
+			t.Skip(err)
+		}
+		defer unix.Close(fd)
+		if err := unix.Ftruncate(fd, 2<<20); err != nil {
+			t.Fatal(err)
+		}
+		mem, err := unix.Mmap(fd, 0, 2<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Munmap(mem)
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range []Op{Write, Read} {
+			reqs := []Request{{Op: op, Buf: Buffer{Kind: Registered, Mem: mem}, Extent: segment.Extent{Segment: 0, Len: 2 << 20}}}
+			if err := e.Submit(context.Background(), reqs); !errors.Is(err, ErrFault) {
+				t.Fatalf("split=%v %v: err = %v, want ErrFault", split, op, err)
+			}
 		}
 	}
 }

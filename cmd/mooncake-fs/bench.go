@@ -165,7 +165,8 @@ type benchRunner struct {
 type benchSide struct {
 	label string
 	dir   string
-	mount bool // the mooncake side: sample the daemon's CPU
+	mount bool   // the mooncake side: sample the daemon's CPU
+	phase string // the worker phase that runs it: run or ceiling
 }
 
 type sideRun struct {
@@ -177,9 +178,15 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 	var sides []benchSide
 	switch c.target {
 	case onMount:
-		sides = []benchSide{{"mooncake", r.env.mnt, true}, {c.ceiling, r.env.tmpfs, false}}
+		ceil := "run"
+		if c.ceilingRun != nil {
+			ceil = "ceiling"
+		}
+		sides = []benchSide{{"mooncake", r.env.mnt, true, "run"}, {c.ceiling, r.env.tmpfs, false, ceil}}
+	case withCopy:
+		sides = []benchSide{{"mooncake", r.env.mnt, true, "run"}}
 	case inMemory:
-		sides = []benchSide{{c.name, "", false}}
+		sides = []benchSide{{c.name, "", false, "run"}}
 	}
 	p := benchParams{Size: r.cfg.size, Block: benchBlock, Files: r.cfg.files, FileSize: benchFileSize}
 	if c.setup != nil {
@@ -195,7 +202,11 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 		p.Rep = rep
 		for i, s := range sides {
 			var sr sideRun
-			if sr, err = r.env.worker(ctx, "run", c.name, s.dir, p, s.mount); err != nil {
+			if sr, err = r.env.worker(ctx, s.phase, c.name, s.dir, p, s.mount); err != nil {
+				break
+			}
+			if c.target == withCopy && sr.sample.Ceiling == nil {
+				err = fmt.Errorf("worker run on %s: no ceiling in the sample", s.dir)
 				break
 			}
 			runs[i] = append(runs[i], sr)
@@ -212,15 +223,32 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 		return benchResult{}, err
 	}
 	m := median(runs[0], c.small)
-	ceil := m
-	if len(sides) > 1 {
+	ceil, label := m, sides[len(sides)-1].label
+	switch {
+	case c.target == withCopy:
+		// Each side's own median: the ceiling is a measurement of its
+		// own, taken in the same processes.
+		ceil, label = median(copyCeilings(runs[0]), c.small), c.ceiling
+	case len(sides) > 1:
 		ceil = median(runs[1], c.small)
 	}
-	res := makeBenchResult(c, sides[len(sides)-1].label, m.sample, ceil.sample, len(runs[0]))
-	if c.target == onMount {
+	res := makeBenchResult(c, label, m.sample, ceil.sample, len(runs[0]))
+	if c.target != inMemory {
 		res.DaemonCPU = round(m.daemonCPU, 2)
 	}
 	return res, nil
+}
+
+// copyCeilings returns the ceilings that withCopy workers measured
+// alongside runs, as runs of their own.
+func copyCeilings(runs []sideRun) []sideRun {
+	var cs []sideRun
+	for _, r := range runs {
+		if r.sample.Ceiling != nil {
+			cs = append(cs, sideRun{sample: *r.sample.Ceiling})
+		}
+	}
+	return cs
 }
 
 // median returns the run with the median rate (ops/s for small-operation

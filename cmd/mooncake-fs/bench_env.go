@@ -256,7 +256,7 @@ func (e *benchEnv) worker(ctx context.Context, phase, name, dir string, p benchP
 		}
 		return sr, fmt.Errorf("worker %s on %s: %w: %s", phase, sideName(dir), err, msg)
 	}
-	if phase != "run" {
+	if phase != "run" && phase != "ceiling" {
 		return sr, nil
 	}
 	out := bytes.TrimSpace(stdout.Bytes())

@@ -144,6 +144,12 @@ func TestBenchCaseTable(t *testing.T) {
 		if c.target == onMount && !strings.HasPrefix(c.ceiling, "tmpfs-") {
 			t.Errorf("case %s: ceiling %q on the tmpfs should say so", c.name, c.ceiling)
 		}
+		if c.ceilingRun != nil && c.target != onMount {
+			t.Errorf("case %s: a ceiling function needs a tmpfs side", c.name)
+		}
+		if c.target == withCopy && c.ceiling != "copy" {
+			t.Errorf("case %s: the in-process ceiling is labelled %q, want copy", c.name, c.ceiling)
+		}
 	}
 }
 
@@ -215,5 +221,43 @@ func TestWorkerProtocol(t *testing.T) {
 func TestProcCPU(t *testing.T) {
 	if _, err := procCPU(os.Getpid()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestCopyCeilings: a withCopy case reports each side's own median: the
+// mooncake runs by their rate, the copies measured beside them by theirs.
+func TestCopyCeilings(t *testing.T) {
+	mk := func(ns, cns int64) sideRun {
+		return sideRun{sample: benchSample{Bytes: 1000, Ns: ns, Ops: 1, Ceiling: &benchSample{Bytes: 1000, Ns: cns, Ops: 1}}}
+	}
+	runs := []sideRun{mk(10, 300), mk(30, 100), mk(20, 200)}
+	if got := median(runs, false).sample.Ns; got != 20 {
+		t.Errorf("mooncake median ns=%d, want 20", got)
+	}
+	cs := copyCeilings(runs)
+	if len(cs) != 3 {
+		t.Fatalf("%d ceilings", len(cs))
+	}
+	if got := median(cs, false).sample.Ns; got != 200 {
+		t.Errorf("ceiling median ns=%d, want 200", got)
+	}
+	b, err := json.Marshal(runs[0].sample)
+	if err != nil || !strings.Contains(string(b), `"ceiling":{"bytes":1000,"ns":300,"ops":1}`) {
+		t.Errorf("sample JSON %s, %v", b, err)
+	}
+}
+
+// TestIoctlCases: the ioctl cases are in the table with their targets.
+func TestIoctlCases(t *testing.T) {
+	for name, target := range map[string]benchTarget{
+		"ioctl-put-buf": withCopy, "ioctl-get-buf": withCopy, "ioctl-put-vm": withCopy, "ioctl-get-vm": withCopy, "ioctl-small": onMount,
+	} {
+		c, ok := lookupBenchCase(name)
+		if !ok || c.target != target {
+			t.Errorf("case %s: found %v, target %v", name, ok, c.target)
+		}
+	}
+	if c, _ := lookupBenchCase("ioctl-small"); !c.small || c.ceilingRun == nil {
+		t.Error("ioctl-small: want a small case with its own tmpfs ceiling function")
 	}
 }

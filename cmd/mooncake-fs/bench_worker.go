@@ -4,9 +4,10 @@ package main
 //
 //	mooncake-fs bench worker PHASE CASE DIR PARAMS
 //
-// PHASE is setup, run or teardown; DIR is where the case works (the mount,
-// the tmpfs, or "" for cases that use no file system); PARAMS is
-// benchParams as JSON. A run prints one benchSample as a JSON line on
+// PHASE is setup, run, ceiling or teardown; DIR is where the case works
+// (the mount, the tmpfs, or "" for cases that use no file system); PARAMS
+// is benchParams as JSON. A run (or ceiling, the tmpfs side of a case with
+// its own ceiling function) prints one benchSample as a JSON line on
 // stdout; setup and teardown print nothing. Failure is a non-zero exit
 // with the reason on stderr.
 //
@@ -46,6 +47,9 @@ type benchSample struct {
 	Ops   int    `json:"ops"`              // operations in the timed loop
 	P50ns int64  `json:"p50_ns,omitempty"` // per-operation latency, when timed one by one
 	P99ns int64  `json:"p99_ns,omitempty"`
+	// Ceiling is the same work done by plain memory copies in the same
+	// process, right after (cases with target withCopy).
+	Ceiling *benchSample `json:"ceiling,omitempty"`
 }
 
 // gbps is 1e9 bytes per second, i.e. bytes per nanosecond.
@@ -80,6 +84,10 @@ const (
 	onMount benchTarget = iota
 	// inMemory: no file system; the case is its own ceiling (ratio 1).
 	inMemory
+	// withCopy: the mooncake side on the mount; the worker measures its
+	// ceiling itself, in the same process, as copy() of the same bytes
+	// (benchSample.Ceiling).
+	withCopy
 )
 
 // benchCase is one row of the case table.
@@ -91,6 +99,9 @@ type benchCase struct {
 	// setup and teardown are optional, untimed, and run once per side.
 	setup, teardown func(dir string, p benchParams) error
 	run             func(dir string, p benchParams) (benchSample, error)
+	// ceilingRun, if set, runs the tmpfs side of an onMount case instead
+	// of run (worker phase "ceiling").
+	ceilingRun func(dir string, p benchParams) (benchSample, error)
 }
 
 // benchCases is the table of cases, in the order they run. New cases
@@ -102,6 +113,14 @@ func benchCases() []benchCase {
 		{name: "fuse-seq-read", target: onMount, ceiling: "tmpfs-seq-read",
 			setup: benchSeqReadSetup, run: benchSeqRead, teardown: benchSeqReadTeardown},
 		{name: "fuse-small-files", target: onMount, ceiling: "tmpfs-small-files", small: true, run: benchSmallFiles},
+		{name: "ioctl-put-buf", target: withCopy, ceiling: "copy", run: benchIoctlPutBuf},
+		{name: "ioctl-get-buf", target: withCopy, ceiling: "copy",
+			setup: benchIoctlGetSetup, run: benchIoctlGetBuf, teardown: benchIoctlGetTeardown},
+		{name: "ioctl-put-vm", target: withCopy, ceiling: "copy", run: benchIoctlPutVM},
+		{name: "ioctl-get-vm", target: withCopy, ceiling: "copy",
+			setup: benchIoctlGetSetup, run: benchIoctlGetVM, teardown: benchIoctlGetTeardown},
+		{name: "ioctl-small", target: onMount, ceiling: "tmpfs-put-get", small: true,
+			run: benchIoctlSmall, ceilingRun: benchTmpfsSmallPutGet},
 	}
 }
 
@@ -182,8 +201,12 @@ func runBenchWorker(args []string) error {
 			return nil
 		}
 		return f(dir, p)
-	case "run":
-		s, err := c.run(dir, p)
+	case "run", "ceiling":
+		run := c.run
+		if phase == "ceiling" && c.ceilingRun != nil {
+			run = c.ceilingRun
+		}
+		s, err := run(dir, p)
 		if err != nil {
 			return err
 		}

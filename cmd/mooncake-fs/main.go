@@ -1,5 +1,6 @@
 // Command mooncake-fs mounts a Mooncake-style in-memory object store as a
-// file system and drives it: mount (the daemon), umount, status, bench.
+// file system and drives it: mount (the daemon), umount, status, put, get,
+// bench.
 package main
 
 import (
@@ -13,6 +14,8 @@ usage:
   mooncake-fs mount  [flags] [MOUNTPOINT]   run the daemon (default /mnt/mooncake)
   mooncake-fs umount [MOUNTPOINT]           unmount
   mooncake-fs status [--json] [MOUNTPOINT]  capacity, use, memory, evictions
+  mooncake-fs put    [flags] FILE KEYPATH   store FILE ("-": stdin) as KEYPATH, a path on the mount
+  mooncake-fs get    [flags] KEYPATH FILE   read KEYPATH into FILE ("-": stdout)
   mooncake-fs bench  [--json] [--case A,B]  benchmarks against same-run ceilings
 
 Run "mooncake-fs COMMAND -h" for the flags of a command.
@@ -33,6 +36,10 @@ func main() {
 		err = runUmount(args)
 	case "status":
 		err = runStatus(args)
+	case "put":
+		err = runPut(args)
+	case "get":
+		err = runGet(args)
 	case "bench":
 		err = runBench(args)
 	case "-h", "--help", "help":

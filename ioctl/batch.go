@@ -1,0 +1,226 @@
+package ioctl
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// BatchItem is one key of a batch.
+type BatchItem struct {
+	Key    string // relative to the directory of the batch
+	Flags  uint32 // puts: FlagExcl, FlagUpdate
+	ObjOff uint64 // puts with FlagUpdate, and gets
+	// Data is the value (BatchPut) or the destination (BatchGet) in this
+	// process's memory; only the VM forms read it.
+	Data []byte
+	// BufOff and Len are the range of the registered buffer; only the
+	// buffer forms (BatchPutBuf, BatchGetBuf) read them.
+	BufOff, Len uint64
+}
+
+// BatchResult is the outcome of one BatchItem.
+type BatchResult struct {
+	N       uint64 // bytes moved
+	Version uint64 // written or read
+	// Err is this key's own failure, wrapping its errno
+	// (errors.Is(r.Err, unix.ENOENT)); nil on success.
+	Err error
+}
+
+// batchChunk is one BATCH ioctl: its argument and, for each entry, the
+// index of its item. The argument comes from batchArgs; release gives it
+// back.
+type batchChunk struct {
+	sc    *batchScratch
+	items []int
+}
+
+// batchArgs recycles batch arguments and their wire buffers: a batch of
+// one small key should not cost 48 KiB of garbage (and the garbage
+// collector's preemption signals, each of which interrupts the FUSE
+// request in flight).
+var batchArgs = sync.Pool{New: func() any { return new(batchScratch) }}
+
+type batchScratch struct {
+	arg BatchArg
+	raw [SizeBatchArg]byte
+}
+
+func newBatchScratch(source uint32, id uint64) *batchScratch {
+	sc := batchArgs.Get().(*batchScratch)
+	sc.arg = BatchArg{Source: source, ID: id}
+	return sc
+}
+
+func releaseChunks(chunks []batchChunk) {
+	for _, c := range chunks {
+		batchArgs.Put(c.sc)
+	}
+}
+
+// encodeBatch writes a in wire format into b (SizeBatchArg bytes): what
+// a.Marshal returns, without allocating.
+func encodeBatch(b []byte, a *BatchArg) {
+	putHeader(b, Header{Size: SizeBatchArg, Flags: a.Flags})
+	le.PutUint32(b[8:], a.Count)
+	le.PutUint32(b[12:], a.Source)
+	le.PutUint64(b[16:], a.ID)
+	for i := range a.Entries {
+		e := &a.Entries[i]
+		o := b[24+i*SizeBatchEntry:]
+		le.PutUint16(o[0:], e.KeyOff)
+		le.PutUint16(o[2:], e.KeyLen)
+		le.PutUint32(o[4:], e.Flags)
+		putU64s(o[8:], e.Addr, e.Len, e.ObjOff, uint64(e.Result), e.Version)
+	}
+	copy(b[batchKeysOff:], a.Keys[:])
+}
+
+// batchEntryOut reads the out fields of entry i of an encoded batch.
+func batchEntryOut(b []byte, i int) (result int64, version uint64) {
+	o := b[24+i*SizeBatchEntry:]
+	return int64(le.Uint64(o[32:])), le.Uint64(o[40:])
+}
+
+// packBatch packs items into as few batch arguments as fit: at most
+// MaxBatch entries each, and keys packed into the key area, a new chunk
+// starting when either is full. Every key is checked first, so a bad item
+// sends nothing.
+func packBatch(source uint32, id uint64, items []BatchItem) ([]batchChunk, error) {
+	for i, it := range items {
+		if len(it.Key) == 0 || len(it.Key) > BatchKeyBytes {
+			return nil, fmt.Errorf("item %d: key of %d B (1 to %d): %w", i, len(it.Key), BatchKeyBytes, ErrBadKey)
+		}
+		if source == BatchVM && (it.BufOff != 0 || it.Len != 0) {
+			return nil, fmt.Errorf("item %d (%s): BufOff/Len set in a VM batch: %w", i, it.Key, ErrBadItem)
+		}
+		if source == BatchBuf && it.Data != nil {
+			return nil, fmt.Errorf("item %d (%s): Data set in a buffer batch: %w", i, it.Key, ErrBadItem)
+		}
+	}
+	var chunks []batchChunk
+	var cur *batchChunk
+	used := 0 // bytes of cur's key area in use
+	for i, it := range items {
+		if cur == nil || cur.sc.arg.Count == MaxBatch || used+len(it.Key) > BatchKeyBytes {
+			chunks = append(chunks, batchChunk{sc: newBatchScratch(source, id)})
+			cur, used = &chunks[len(chunks)-1], 0
+		}
+		e := BatchEntry{Flags: it.Flags, ObjOff: it.ObjOff, Addr: it.BufOff, Len: it.Len}
+		if source == BatchVM {
+			e.Addr, e.Len = addrOf(it.Data), uint64(len(it.Data))
+		}
+		if _, err := cur.sc.arg.AddKey(it.Key, e); err != nil {
+			releaseChunks(chunks)
+			return nil, fmt.Errorf("item %d (%s): %w", i, it.Key, err) // unreachable: checked above
+		}
+		used += len(it.Key)
+		cur.items = append(cur.items, i)
+	}
+	return chunks, nil
+}
+
+// maxBatchRetries bounds the rounds of retrying keys that were
+// interrupted.
+const maxBatchRetries = 100
+
+// batch runs the chunks of items in order. Keys the daemon answers EINTR
+// for (the request was interrupted by a signal, and the daemon left them
+// unchanged) are sent again. A failed ioctl (a malformed batch) stops it:
+// the results of the keys already done stand, and every other key's Err
+// is the ioctl's error, which is also returned.
+func (f *File) batch(op string, cmd uint32, source uint32, id uint64, items []BatchItem) ([]BatchResult, error) {
+	if source == BatchVM {
+		for i := range items {
+			keepOnHeap(items[i].Data)
+		}
+	}
+	res := make([]BatchResult, len(items))
+	done := make([]bool, len(items))
+	todo, index := items, []int(nil) // todo[j] is items[index[j]]; nil: the identity
+	for round := 0; len(todo) > 0; round++ {
+		var again []int
+		err := f.batchOnce(op, cmd, source, id, todo, func(j int, r int64, v uint64) {
+			i := j
+			if index != nil {
+				i = index[j]
+			}
+			switch {
+			case r == -int64(unix.EINTR) && round < maxBatchRetries:
+				again = append(again, i)
+				return
+			case r < 0:
+				res[i] = BatchResult{Err: fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, items[i].Key, unix.Errno(-r))}
+			default:
+				res[i] = BatchResult{N: uint64(r), Version: v}
+			}
+			done[i] = true
+		})
+		if err != nil {
+			for i := range res {
+				if !done[i] {
+					res[i].Err = err
+				}
+			}
+			return res, err
+		}
+		todo, index = nil, again
+		for _, i := range again {
+			todo = append(todo, items[i])
+		}
+	}
+	runtime.KeepAlive(items)
+	return res, nil
+}
+
+// batchOnce packs items and sends them; done gets each entry's result.
+func (f *File) batchOnce(op string, cmd uint32, source uint32, id uint64, items []BatchItem, done func(j int, result int64, version uint64)) error {
+	chunks, err := packBatch(source, id, items)
+	if err != nil {
+		return f.err(op, err, "%d items", len(items))
+	}
+	defer releaseChunks(chunks)
+	for ci := range chunks {
+		c := &chunks[ci]
+		b := c.sc.raw[:]
+		encodeBatch(b, &c.sc.arg)
+		if err := call(f.f, cmd, b); err != nil {
+			first := c.items[0]
+			return f.err(op, err, "items %d..%d of %d (%q...)", first, len(items)-1, len(items), items[first].Key)
+		}
+		for j, i := range c.items {
+			r, v := batchEntryOut(b, j)
+			done(i, r, v)
+		}
+	}
+	return nil
+}
+
+// BatchPut stores each item's Data as the value of its key (relative to
+// directory f, parents existing) with one copy each, in calls of up to
+// MaxBatch keys. Each key succeeds or fails alone (BatchResult.Err); the
+// error is for a batch the daemon refused whole.
+func (f *File) BatchPut(items []BatchItem) ([]BatchResult, error) {
+	return f.batch("batch_put", CmdBatchPut, BatchVM, 0, items)
+}
+
+// BatchGet reads each key into its item's Data from ObjOff; N is the count
+// read (short at the end of the value).
+func (f *File) BatchGet(items []BatchItem) ([]BatchResult, error) {
+	return f.batch("batch_get", CmdBatchGet, BatchVM, 0, items)
+}
+
+// BatchPutBuf is BatchPut from registration id (made on f) at each item's
+// BufOff, Len bytes.
+func (f *File) BatchPutBuf(id uint64, items []BatchItem) ([]BatchResult, error) {
+	return f.batch("batch_put", CmdBatchPut, BatchBuf, id, items)
+}
+
+// BatchGetBuf is BatchGet into registration id (made on f) at each item's
+// BufOff, up to Len bytes.
+func (f *File) BatchGetBuf(id uint64, items []BatchItem) ([]BatchResult, error) {
+	return f.batch("batch_get", CmdBatchGet, BatchBuf, id, items)
+}

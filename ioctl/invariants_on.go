@@ -1,0 +1,6 @@
+//go:build invariants
+
+package ioctl
+
+// invariants turns on self-checks: a double Return of a pool lease panics.
+const invariants = true
