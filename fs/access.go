@@ -3,7 +3,6 @@ package fs
 import (
 	"context"
 	"fmt"
-	"slices"
 	"syscall"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
@@ -28,7 +27,7 @@ func allowed(p *callerProc, o *store.Object, want uint32) bool {
 	switch {
 	case p.uid == o.Uid:
 		bits = o.Mode >> 6
-	case p.gid == o.Gid || slices.Contains(p.groups, o.Gid):
+	case p.inGroup(o.Gid):
 		bits = o.Mode >> 3
 	default:
 		bits = o.Mode

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,26 +113,39 @@ func (t *regTable) closeAll() {
 	}
 }
 
-// callerProc identifies the process behind a request.
+// callerProc identifies the process behind a request. The request
+// carries the thread id, uid and gid; the thread group and supplementary
+// groups come from /proc, read only when needed (a read costs tens of
+// microseconds, more than a small ioctl).
 type callerProc struct {
-	tid, tgid int
-	uid, gid  uint32
-	groups    []uint32
+	tid      int
+	uid, gid uint32
+
+	loaded bool
+	tgid   int
+	groups []uint32
 }
 
-// procOf reads the caller's identity from /proc and checks that the
-// process still runs with the credentials the kernel put in the request.
+// procOf returns the caller of the request in ctx.
 func procOf(ctx context.Context) (*callerProc, error) {
 	c, ok := fuse.FromContext(ctx)
 	if !ok || c.Pid == 0 {
 		return nil, fmt.Errorf("no calling process: %w", errNotOwner)
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(c.Pid)) + "/status")
-	if err != nil {
-		return nil, fmt.Errorf("caller %d: %w", c.Pid, errNotOwner)
+	return &callerProc{tid: int(c.Pid), uid: c.Uid, gid: c.Gid}, nil
+}
+
+// load reads the caller's thread group and groups from /proc and checks
+// that it still runs with the uid the kernel put in the request.
+func (p *callerProc) load() error {
+	if p.loaded {
+		return nil
 	}
-	p := &callerProc{tid: int(c.Pid), uid: c.Uid, gid: c.Gid}
-	var fsuid = -1
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.tid) + "/status")
+	if err != nil {
+		return fmt.Errorf("caller %d: %w", p.tid, errNotOwner)
+	}
+	fsuid := -1
 	for line := range strings.SplitSeq(string(b), "\n") {
 		k, v, _ := strings.Cut(line, ":")
 		f := strings.Fields(v)
@@ -152,10 +166,22 @@ func procOf(ctx context.Context) (*callerProc, error) {
 			}
 		}
 	}
-	if p.tgid == 0 || fsuid != int(c.Uid) {
-		return nil, fmt.Errorf("caller %d (uid %d in request, fsuid %d now): %w", c.Pid, c.Uid, fsuid, errNotOwner)
+	if p.tgid == 0 || fsuid != int(p.uid) {
+		return fmt.Errorf("caller %d (uid %d in request, fsuid %d now): %w", p.tid, p.uid, fsuid, errNotOwner)
 	}
-	return p, nil
+	p.loaded = true
+	return nil
+}
+
+// inGroup reports whether gid is among the caller's groups.
+func (p *callerProc) inGroup(gid uint32) bool {
+	if p.gid == gid {
+		return true
+	}
+	if p.load() != nil {
+		return false
+	}
+	return slices.Contains(p.groups, gid)
 }
 
 // register maps the caller's memfd or shm file into the daemon.
@@ -171,6 +197,9 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 	}
 	p, err := procOf(ctx)
 	if err != nil {
+		return err
+	}
+	if err := p.load(); err != nil {
 		return err
 	}
 	pidfd, err := unix.PidfdOpen(p.tgid, 0)
