@@ -76,6 +76,8 @@ func TestDataCommandNumbers(t *testing.T) {
 		{"STAT", CmdStat, 0xc0f84d16},
 		{"BATCH_PUT", CmdBatchPut, 0xfff84d17},
 		{"BATCH_GET", CmdBatchGet, 0xfff84d18},
+		{"PUT_CUDA", CmdPutCUDA, 0xc0804d19},
+		{"GET_CUDA", CmdGetCUDA, 0xc0804d1a},
 	} {
 		if c.cmd != c.want {
 			t.Errorf("%s = %#x, want %#x", c.name, c.cmd, c.want)

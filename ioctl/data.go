@@ -371,3 +371,56 @@ func getU64s(b []byte, ps ...*uint64) {
 		*p = le.Uint64(b[8*i:])
 	}
 }
+
+// GPU commands (ABI 1.2).
+var (
+	CmdPutCUDA = ioc(dirRead|dirWrite, 0x19, SizeCUDAArg)
+	CmdGetCUDA = ioc(dirRead|dirWrite, 0x1a, SizeCUDAArg)
+)
+
+// KindCUDA registers a CUDA allocation by its IPC handle (RegisterArg.Handle,
+// RegisterArg.Offset into the allocation, RegisterArg.Len): PUT_BUF and
+// GET_BUF then copy between GPU memory and the store.
+const KindCUDA uint32 = 2
+
+// CUDAArg moves Len bytes between GPU memory of the caller and the object
+// at ObjOff, in one copy (GPU <-> pinned segment). Handle is the
+// cuIpcGetMemHandle of the allocation, DevOff the data's offset in it, and
+// Device the 16-byte UUID of its GPU (all zero: the first GPU). Semantics
+// and flags as BufArg.
+type CUDAArg struct {
+	Header
+	Handle  [64]byte // in
+	DevOff  uint64   // in
+	Len     uint64   // in
+	ObjOff  uint64   // in
+	Result  uint64   // out
+	Version uint64   // out
+	Device  [16]byte // in
+}
+
+// SizeCUDAArg is the wire size of CUDAArg.
+const SizeCUDAArg = 128
+
+// Marshal encodes a.
+func (a *CUDAArg) Marshal() []byte {
+	b := make([]byte, SizeCUDAArg)
+	putHeader(b, Header{Size: SizeCUDAArg, Flags: a.Flags})
+	copy(b[8:72], a.Handle[:])
+	putU64s(b[72:], a.DevOff, a.Len, a.ObjOff, a.Result, a.Version)
+	copy(b[112:128], a.Device[:])
+	return b
+}
+
+// Unmarshal decodes a from b.
+func (a *CUDAArg) Unmarshal(b []byte) error {
+	h, err := getHeader(b, SizeCUDAArg)
+	if err != nil {
+		return err
+	}
+	*a = CUDAArg{Header: h}
+	copy(a.Handle[:], b[8:72])
+	getU64s(b[72:], &a.DevOff, &a.Len, &a.ObjOff, &a.Result, &a.Version)
+	copy(a.Device[:], b[112:128])
+	return nil
+}

@@ -24,15 +24,16 @@ func TestCHeader(t *testing.T) {
 #define O(t, f) printf("offsetof %s.%s %zu\n", #t, #f, offsetof(struct t, f));
 #define C(c) printf("cmd %s %lu\n", #c, (unsigned long)(c));
 int main(void) {
-	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch)
+	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch) S(mc_cuda)
 	O(mc_register, fd) O(mc_register, kind) O(mc_register, len) O(mc_register, offset) O(mc_register, id) O(mc_register, handle)
 	O(mc_buf, id) O(mc_buf, buf_off) O(mc_buf, len) O(mc_buf, obj_off) O(mc_buf, result) O(mc_buf, version)
 	O(mc_vm, addr) O(mc_vm, len) O(mc_vm, obj_off) O(mc_vm, result) O(mc_vm, version)
 	O(mc_stat, size) O(mc_stat, version) O(mc_stat, ino) O(mc_stat, mtime_ns) O(mc_stat, mode) O(mc_stat, pinned) O(mc_stat, replicas) O(mc_stat, extents) O(mc_stat, location)
 	O(mc_batch_entry, key_off) O(mc_batch_entry, key_len) O(mc_batch_entry, flags) O(mc_batch_entry, addr) O(mc_batch_entry, len) O(mc_batch_entry, obj_off) O(mc_batch_entry, result) O(mc_batch_entry, version)
+	O(mc_cuda, handle) O(mc_cuda, dev_off) O(mc_cuda, len) O(mc_cuda, obj_off) O(mc_cuda, result) O(mc_cuda, version) O(mc_cuda, device)
 	O(mc_batch, count) O(mc_batch, source) O(mc_batch, id) O(mc_batch, entries) O(mc_batch, keys)
 	C(MC_IOC_GET_MAGIC) C(MC_IOC_GET_ABI_VERSION) C(MC_IOC_REGISTER_BUFFER) C(MC_IOC_UNREGISTER_BUFFER)
-	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET)
+	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA)
 	printf("const MC_MAX_BATCH %d\nconst MC_ABI_MINOR %d\nconst MC_ABI_MAJOR %d\n", MC_MAX_BATCH, MC_ABI_MINOR, MC_ABI_MAJOR);
 	printf("const MC_MAGIC %llu\n", (unsigned long long)MC_MAGIC);
 	return 0;
@@ -54,7 +55,8 @@ int main(void) {
 		"sizeof mc_magic": SizeMagicArg, "sizeof mc_abi_version": SizeABIVersionArg,
 		"sizeof mc_register": SizeRegisterArg, "sizeof mc_unregister": SizeUnregisterArg,
 		"sizeof mc_buf": SizeBufArg, "sizeof mc_vm": SizeVMArg, "sizeof mc_stat": SizeStatArg,
-		"sizeof mc_batch_entry": SizeBatchEntry, "sizeof mc_batch": SizeBatchArg,
+		"sizeof mc_batch_entry": SizeBatchEntry, "sizeof mc_batch": SizeBatchArg, "sizeof mc_cuda": SizeCUDAArg,
+		"cmd MC_IOC_PUT_CUDA": uint64(CmdPutCUDA), "cmd MC_IOC_GET_CUDA": uint64(CmdGetCUDA),
 		"cmd MC_IOC_GET_MAGIC": uint64(CmdGetMagic), "cmd MC_IOC_GET_ABI_VERSION": uint64(CmdGetABIVersion),
 		"cmd MC_IOC_REGISTER_BUFFER": uint64(CmdRegisterBuffer), "cmd MC_IOC_UNREGISTER_BUFFER": uint64(CmdUnregisterBuffer),
 		"cmd MC_IOC_PUT_BUF": uint64(CmdPutBuf), "cmd MC_IOC_GET_BUF": uint64(CmdGetBuf),
@@ -100,5 +102,7 @@ var fieldOffsets = map[string]uint64{
 	"mc_stat.replicas": 48, "mc_stat.extents": 52, "mc_stat.location": 56,
 	"mc_batch_entry.key_off": 0, "mc_batch_entry.key_len": 2, "mc_batch_entry.flags": 4, "mc_batch_entry.addr": 8,
 	"mc_batch_entry.len": 16, "mc_batch_entry.obj_off": 24, "mc_batch_entry.result": 32, "mc_batch_entry.version": 40,
+	"mc_cuda.handle": 8, "mc_cuda.dev_off": 72, "mc_cuda.len": 80, "mc_cuda.obj_off": 88, "mc_cuda.result": 96,
+	"mc_cuda.version": 104, "mc_cuda.device": 112,
 	"mc_batch.count": 8, "mc_batch.source": 12, "mc_batch.id": 16, "mc_batch.entries": 24, "mc_batch.keys": batchKeysOff,
 }

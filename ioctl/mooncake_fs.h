@@ -19,7 +19,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 1
+#define MC_ABI_MINOR 2
 
 struct mc_header {
 	uint32_t size;
@@ -38,6 +38,7 @@ struct mc_abi_version {
 };
 
 #define MC_KIND_HOST 1u
+#define MC_KIND_CUDA 2u /* handle = cuIpcGetMemHandle, offset = offset in it */
 
 struct mc_register {
 	struct mc_header h;
@@ -113,6 +114,18 @@ struct mc_batch {
 	char keys[16376 - 24 - MC_MAX_BATCH * 48];
 };
 
+/* GPU memory of the caller: one copy between it and the pinned segments. */
+struct mc_cuda {
+	struct mc_header h;
+	uint8_t handle[64]; /* cuIpcGetMemHandle of the allocation */
+	uint64_t dev_off;   /* offset of the data in the allocation */
+	uint64_t len;
+	uint64_t obj_off;
+	uint64_t result;    /* out */
+	uint64_t version;   /* out */
+	uint8_t device[16]; /* GPU UUID; all zero: the first GPU */
+};
+
 #define MC_IOC_GET_MAGIC _IOR(MC_IOC_TYPE, 0x01, struct mc_magic)
 #define MC_IOC_GET_ABI_VERSION _IOR(MC_IOC_TYPE, 0x02, struct mc_abi_version)
 #define MC_IOC_REGISTER_BUFFER _IOWR(MC_IOC_TYPE, 0x10, struct mc_register)
@@ -124,5 +137,7 @@ struct mc_batch {
 #define MC_IOC_STAT _IOWR(MC_IOC_TYPE, 0x16, struct mc_stat)
 #define MC_IOC_BATCH_PUT _IOWR(MC_IOC_TYPE, 0x17, struct mc_batch)
 #define MC_IOC_BATCH_GET _IOWR(MC_IOC_TYPE, 0x18, struct mc_batch)
+#define MC_IOC_PUT_CUDA _IOWR(MC_IOC_TYPE, 0x19, struct mc_cuda)
+#define MC_IOC_GET_CUDA _IOWR(MC_IOC_TYPE, 0x1a, struct mc_cuda)
 
 #endif /* MOONCAKE_FS_H */

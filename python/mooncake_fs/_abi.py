@@ -33,7 +33,7 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 KIND_HOST = 1
 
