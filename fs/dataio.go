@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"strings"
 	"syscall"
 
@@ -28,9 +29,12 @@ func regBuffer(t *regTable, id, off, n uint64) (transfer.Buffer, func(), error) 
 	if err != nil {
 		return transfer.Buffer{}, nil, err
 	}
-	if off > uint64(len(r.mem)) || n > uint64(len(r.mem))-off {
+	if size := r.size(); off > size || n > size-off {
 		r.inflight.Done()
-		return transfer.Buffer{}, nil, fmt.Errorf("%d B at %d of a %d B buffer: %w", n, off, len(r.mem), errBufRange)
+		return transfer.Buffer{}, nil, fmt.Errorf("%d B at %d of a %d B buffer: %w", n, off, size, errBufRange)
+	}
+	if r.gpu != nil {
+		return transfer.CUDABuffer(r.gpu.ctx, r.gpu.base+cuda.DevicePtr(r.gpuOff+off), n), r.inflight.Done, nil
 	}
 	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, r.inflight.Done, nil
 }
@@ -220,6 +224,8 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		}
 		copy(out, a.Marshal())
 		return nil
+	case ioctl.CmdPutCUDA, ioctl.CmdGetCUDA:
+		return n.ioctlCUDA(ctx, h, key, cmd == ioctl.CmdPutCUDA, in, out)
 	case ioctl.CmdStat:
 		var a ioctl.StatArg
 		err := a.Unmarshal(in)

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"errors"
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"syscall"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -44,6 +45,11 @@ var errnoTable = []struct {
 	{errNotWritable, syscall.EBADF},
 	{errNotDirFd, syscall.ENOTDIR},
 	{errBadBatch, syscall.EINVAL},
+	{errNoGPU, syscall.ENODEV},
+	{errDevRange, syscall.EFAULT},
+	{cuda.ErrUnavailable, syscall.ENODEV},
+	{cuda.ErrInvalid, syscall.EINVAL},
+	{cuda.ErrOutOfMemory, syscall.ENOMEM},
 	{ioctl.ErrShortArg, syscall.EINVAL},
 	{ioctl.ErrArgSize, syscall.EINVAL},
 	{ioctl.ErrFlags, syscall.EINVAL},

@@ -84,6 +84,7 @@ type FS struct {
 	metrics *metrics
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
+	gpus    gpus
 }
 
 func newFS(o Options) (*FS, error) {

@@ -23,6 +23,7 @@ type handle struct {
 	writable bool
 	obj      *store.Object // the object at open time
 	regs     regTable      // buffers registered on this open file
+	ipc      ipcCache      // CUDA IPC handles opened for this open file
 	mu       sync.Mutex
 	released bool
 }
@@ -213,6 +214,9 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 		return 0
 	}
 	h.regs.closeAll()
+	for _, err := range h.ipc.closeAll() {
+		n.fs.log.WithError(err).Warn("close CUDA IPC handle")
+	}
 	if h.reader != nil {
 		h.reader.Close()
 		return 0

@@ -35,7 +35,8 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 		copy(output, ioctl.ABIVersionArg{Major: ioctl.ABIMajor, Minor: ioctl.ABIMinor}.Marshal())
 		return 0, 0
 	case ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer, ioctl.CmdPutBuf, ioctl.CmdGetBuf,
-		ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat, ioctl.CmdBatchPut, ioctl.CmdBatchGet:
+		ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat, ioctl.CmdBatchPut, ioctl.CmdBatchGet,
+		ioctl.CmdPutCUDA, ioctl.CmdGetCUDA:
 		// The kernel passes an input buffer for _IOW commands and an output
 		// buffer for _IOR ones, each of the size the command encodes.
 		size := int(ioctl.Size(cmd))

@@ -85,7 +85,7 @@ func newFuzzFixture(t testing.TB) *fuzzFixture {
 var fuzzCmds = []uint32{
 	ioctl.CmdGetMagic, ioctl.CmdGetABIVersion, ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer,
 	ioctl.CmdPutBuf, ioctl.CmdGetBuf, ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat,
-	ioctl.CmdBatchPut, ioctl.CmdBatchGet,
+	ioctl.CmdBatchPut, ioctl.CmdBatchGet, ioctl.CmdPutCUDA, ioctl.CmdGetCUDA,
 }
 
 // allowedErrnos are the answers bad input may get.
@@ -94,6 +94,7 @@ var allowedErrnos = map[syscall.Errno]bool{
 	syscall.EPERM: true, syscall.ERANGE: true, syscall.ENOENT: true, syscall.EEXIST: true,
 	syscall.ENOSPC: true, syscall.ENOTDIR: true, syscall.EISDIR: true, syscall.ESRCH: true,
 	syscall.ENAMETOOLONG: true, syscall.EACCES: true, syscall.EFBIG: true,
+	syscall.ENODEV: true, syscall.ENOMEM: true,
 }
 
 // FuzzIoctl drives the ioctl dispatch with arbitrary commands and bytes:

@@ -99,6 +99,7 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	m.server.Wait()
+	m.fs.closeGPUs()
 	return nil
 }
 

@@ -33,9 +33,20 @@ const maxRegister = 1 << 40
 // flight hold it (inflight), so unregistering waits for them before it
 // unmaps.
 type registration struct {
-	sh       *pinned.Shared
+	sh       *pinned.Shared // host registrations
 	mem      []byte
+	gpu      *ipcMapping // CUDA registrations: the opened allocation
+	gpuOff   uint64      // and the registered range in it
+	gpuLen   uint64
 	inflight sync.WaitGroup
+}
+
+// size returns the registered length.
+func (r *registration) size() uint64 {
+	if r.gpu != nil {
+		return r.gpuLen
+	}
+	return uint64(len(r.mem))
 }
 
 // regTable holds the registrations of one open file description: they die
@@ -65,7 +76,7 @@ func (t *regTable) add(r *registration) uint64 {
 	t.mu.m[t.mu.next] = r
 	t.fs.regs.live.Add(1)
 	t.fs.regs.total.Add(1)
-	t.fs.regs.bytes.Add(int64(len(r.mem)))
+	t.fs.regs.bytes.Add(int64(r.size()))
 	return t.mu.next
 }
 
@@ -95,11 +106,15 @@ func (t *regTable) remove(id uint64) error {
 
 func (t *regTable) release(r *registration) {
 	r.inflight.Wait()
-	if err := r.sh.Close(); err != nil {
+	if r.gpu != nil {
+		if err := r.gpu.ctx.IpcClose(r.gpu.base); err != nil {
+			t.fs.log.WithError(err).Warn("close registered CUDA allocation")
+		}
+	} else if err := r.sh.Close(); err != nil {
 		t.fs.log.WithError(err).Warn("unmap registered buffer")
 	}
 	t.fs.regs.live.Add(-1)
-	t.fs.regs.bytes.Add(-int64(len(r.mem)))
+	t.fs.regs.bytes.Add(-int64(r.size()))
 }
 
 // closeAll releases every registration (the file was released).
@@ -186,6 +201,9 @@ func (p *callerProc) inGroup(gid uint32) bool {
 
 // register maps the caller's memfd or shm file into the daemon.
 func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) error {
+	if a.Kind == ioctl.KindCUDA {
+		return f.registerCUDA(t, a)
+	}
 	if a.Kind != ioctl.KindHost {
 		return fmt.Errorf("kind %d: %w", a.Kind, errBadRegister)
 	}
@@ -225,4 +243,27 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 func (m *Mount) Registrations() (live, total, bytes int64) {
 	r := &m.fs.regs
 	return r.live.Load(), r.total.Load(), r.bytes.Load()
+}
+
+// registerCUDA opens a CUDA allocation of the caller once (its IPC handle)
+// for PUT_BUF and GET_BUF: copies then go GPU <-> segment directly.
+func (f *FS) registerCUDA(t *regTable, a *ioctl.RegisterArg) error {
+	if a.Flags != 0 || a.Len == 0 {
+		return fmt.Errorf("cuda registration flags %#x, %d B: %w", a.Flags, a.Len, errBadRegister)
+	}
+	gctx, err := f.gpuContext([16]byte{})
+	if err != nil {
+		return err
+	}
+	p, err := gctx.IpcOpen(a.Handle)
+	if err != nil {
+		return errors.Join(err, errBadRegister)
+	}
+	base, size, err := gctx.AddressRange(p)
+	if err != nil || a.Offset > size || a.Len > size-a.Offset {
+		_ = gctx.IpcClose(p)
+		return fmt.Errorf("%d B at %d of a %d B allocation: %w", a.Len, a.Offset, size, errors.Join(err, errDevRange))
+	}
+	a.ID = t.add(&registration{gpu: &ipcMapping{ctx: gctx, base: base, size: size}, gpuOff: a.Offset, gpuLen: a.Len})
+	return nil
 }

@@ -361,3 +361,35 @@ func GetAll(path string) ([]byte, uint64, error) {
 		b = append(b, make([]byte, len(b))...)
 	}
 }
+
+// CUDAMem names GPU memory of this process for PutCUDA and GetCUDA: the
+// IPC handle of its allocation (cuIpcGetMemHandle), the offset of the
+// data in it, and the GPU's 16-byte UUID (zero: the first GPU).
+type CUDAMem struct {
+	Handle [64]byte
+	Offset uint64
+	Device [16]byte
+}
+
+func (f *File) cudaCall(op string, cmd uint32, m CUDAMem, n, objOff uint64, flags uint32) (uint64, uint64, error) {
+	a := CUDAArg{Header: Header{Flags: flags}, Handle: m.Handle, DevOff: m.Offset, Len: n, ObjOff: objOff, Device: m.Device}
+	raw := a.Marshal()
+	if err := call(f.f, cmd, raw); err != nil {
+		return 0, 0, f.err(op, err, "%d B at dev %d, obj %d, flags %#x", n, m.Offset, objOff, flags)
+	}
+	if err := a.Unmarshal(raw); err != nil {
+		return 0, 0, f.err(op, err, "reply")
+	}
+	return a.Result, a.Version, nil
+}
+
+// PutCUDA stores n bytes of GPU memory as f's value (FlagUpdate: at
+// objOff), copied once by the GPU into the pinned store.
+func (f *File) PutCUDA(m CUDAMem, n, objOff uint64, flags uint32) (uint64, uint64, error) {
+	return f.cudaCall("put_cuda", CmdPutCUDA, m, n, objOff, flags)
+}
+
+// GetCUDA reads up to n bytes of f's value at objOff into GPU memory.
+func (f *File) GetCUDA(m CUDAMem, n, objOff uint64) (uint64, uint64, error) {
+	return f.cudaCall("get_cuda", CmdGetCUDA, m, n, objOff, 0)
+}

@@ -22,6 +22,7 @@ type Info struct {
 	THP           bool   // 4 KiB mapping advised MADV_HUGEPAGE
 	Locked        bool   // mlock succeeded
 	ReservedPages int    // pages this region added to nr_hugepages; Close removes them
+	CUDAPinned    bool   // registered with CUDA (CUDAPin)
 	Prefault      time.Duration
 	// Warnings are for the caller to log once; the region works without
 	// what they describe, only slower or swappable.
@@ -33,10 +34,11 @@ type Info struct {
 // and C; it stays valid until Close. Methods are safe for concurrent use.
 type Region struct {
 	pool hugePool
-	info Info // immutable after Map
+	info Info // immutable after Map, but for CUDAPinned
 	mu   struct {
 		sync.Mutex
-		mem []byte // nil once closed
+		mem        []byte // nil once closed
+		cudaPinned bool
 	}
 }
 
@@ -110,6 +112,9 @@ func (r *Region) Bytes() []byte {
 func (r *Region) Info() Info {
 	info := r.info
 	info.Warnings = slices.Clone(r.info.Warnings)
+	r.mu.Lock()
+	info.CUDAPinned = r.mu.cudaPinned
+	r.mu.Unlock()
 	return info
 }
 

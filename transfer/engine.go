@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"runtime"
 	"runtime/debug"
 	"sync"
@@ -63,6 +64,7 @@ type Engine struct {
 	closed  bool
 	stats   statsCounters
 	metrics *metrics
+	streams streamPool
 }
 
 // New starts an engine and its worker pool.
@@ -109,6 +111,7 @@ func (e *Engine) Close() {
 	}
 	e.closeMu.Unlock()
 	e.wg.Wait()
+	e.streams.close()
 }
 
 // Submit runs every request of the batch and returns once all are done. A
@@ -129,7 +132,8 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 	var errs []error
 	var mem []memPair
 	var vm []vmPiece
-	var memBytes, vmBytes uint64
+	var gpu []gpuPiece
+	var memBytes, vmBytes, gpuBytes uint64
 	for i, r := range reqs {
 		if err := r.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
@@ -155,6 +159,9 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 		case ProcessVM:
 			vm = append(vm, vmPiece{idx: i, op: r.Op, pid: r.Buf.Pid, addr: r.Buf.Addr + r.BufOff, local: seg})
 			vmBytes += r.Extent.Len
+		case CUDA:
+			gpu = append(gpu, gpuPiece{idx: i, op: r.Op, ctx: r.Buf.Ctx, dev: r.Buf.Dev + cuda.DevicePtr(r.BufOff), host: seg})
+			gpuBytes += r.Extent.Len
 		default:
 			errs = append(errs, fmt.Errorf("request %d: buffer kind %v: %w", i, r.Buf.Kind, ErrNoStrategy))
 		}
@@ -167,6 +174,11 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 		vstart := time.Now()
 		errs = append(errs, e.copyVM(vm, vmBytes)...)
 		e.account(pathProcessVM, reqs, ProcessVM, vmBytes, len(vm), time.Since(vstart))
+	}
+	if len(gpu) > 0 {
+		gstart := time.Now()
+		errs = append(errs, e.copyGPU(gpu)...)
+		e.account(pathCUDA, reqs, CUDA, gpuBytes, len(gpu), time.Since(gstart))
 	}
 	return errors.Join(errs...)
 }

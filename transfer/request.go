@@ -3,6 +3,8 @@ package transfer
 import (
 	"fmt"
 
+	"github.com/mooncake-fs/mooncake-fs/cuda"
+
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
 
@@ -36,6 +38,9 @@ const (
 	// copied with process_vm_readv/writev, straight between that process
 	// and the segment (one copy, no staging).
 	ProcessVM
+	// CUDA is GPU memory, named by Ctx and Dev: copied by the GPU's copy
+	// engine straight between it and the (pinned) segment.
+	CUDA
 )
 
 func (k Kind) String() string {
@@ -46,6 +51,8 @@ func (k Kind) String() string {
 		return "registered"
 	case ProcessVM:
 		return "process-vm"
+	case CUDA:
+		return "cuda"
 	}
 	return fmt.Sprintf("kind(%d)", k)
 }
@@ -59,14 +66,22 @@ type Buffer struct {
 	Pid  int
 	Addr uint64
 	Len  uint64
+	// CUDA: the device memory [Dev, Dev+Len) in the context of its GPU.
+	Ctx *cuda.Context
+	Dev cuda.DevicePtr
 }
 
 // Size returns the buffer's length.
 func (b Buffer) Size() uint64 {
-	if b.Kind == ProcessVM {
+	if b.Kind == ProcessVM || b.Kind == CUDA {
 		return b.Len
 	}
 	return uint64(len(b.Mem))
+}
+
+// CUDABuffer names n bytes of device memory at dev.
+func CUDABuffer(ctx *cuda.Context, dev cuda.DevicePtr, n uint64) Buffer {
+	return Buffer{Kind: CUDA, Ctx: ctx, Dev: dev, Len: n}
 }
 
 // VMBuffer names Len bytes at Addr in process pid.
@@ -90,6 +105,9 @@ func (r Request) validate() error {
 	if r.BufOff > n || r.Extent.Len > n-r.BufOff {
 		return fmt.Errorf("%v %d B at buffer offset %d of %d B: %w",
 			r.Op, r.Extent.Len, r.BufOff, n, ErrBadRequest)
+	}
+	if r.Buf.Kind == CUDA && (r.Buf.Ctx == nil || uint64(r.Buf.Dev)+n < uint64(r.Buf.Dev)) {
+		return fmt.Errorf("device range %#x+%d: %w", r.Buf.Dev, n, ErrBadRequest)
 	}
 	if r.Buf.Kind == ProcessVM && r.Buf.Addr+n < r.Buf.Addr {
 		return fmt.Errorf("address range %#x+%d wraps: %w", r.Buf.Addr, n, ErrBadRequest)

@@ -14,6 +14,7 @@ type Path string
 const (
 	pathLocal     Path = "local-memcpy"
 	pathProcessVM Path = "process-vm"
+	pathCUDA      Path = "cuda"
 )
 
 // Stats are cumulative counters since the engine started.
@@ -95,7 +96,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 func (e *Engine) account(p Path, reqs []Request, kind Kind, copied uint64, n int, d time.Duration) {
 	var rd, wr uint64
 	for _, r := range reqs {
-		if (r.Buf.Kind == ProcessVM) != (kind == ProcessVM) {
+		if group(r.Buf.Kind) != group(kind) {
 			continue
 		}
 		if r.Op == Read {
@@ -117,4 +118,12 @@ func (e *Engine) account(p Path, reqs []Request, kind Kind, copied uint64, n int
 	}
 	pm.copied.Add(float64(copied))
 	pm.latency.Observe(d.Seconds())
+}
+
+// group folds the kinds that share a strategy.
+func group(k Kind) Kind {
+	if k == Registered {
+		return Host
+	}
+	return k
 }

@@ -102,12 +102,15 @@ type benchCase struct {
 	// ceilingRun, if set, runs the tmpfs side of an onMount case instead
 	// of run (worker phase "ceiling").
 	ceilingRun func(dir string, p benchParams) (benchSample, error)
+	// needs, if set, says why the case cannot run on this machine (a GPU
+	// case without a GPU); such cases are left out unless named.
+	needs func() error
 }
 
 // benchCases is the table of cases, in the order they run. New cases
 // (ioctl-*, cuda-*, remote-*) are a row here and a function below.
 func benchCases() []benchCase {
-	return []benchCase{
+	cases := []benchCase{
 		{name: "memcpy", target: inMemory, ceiling: "memcpy", run: benchMemcpy},
 		{name: "fuse-seq-write", target: onMount, ceiling: "tmpfs-seq-write", run: benchSeqWrite},
 		{name: "fuse-seq-read", target: onMount, ceiling: "tmpfs-seq-read",
@@ -122,6 +125,7 @@ func benchCases() []benchCase {
 		{name: "ioctl-small", target: onMount, ceiling: "tmpfs-put-get", small: true,
 			run: benchIoctlSmall, ceilingRun: benchTmpfsSmallPutGet},
 	}
+	return append(cases, cudaBenchCases()...)
 }
 
 func benchCaseNames() []string {
@@ -146,7 +150,14 @@ func lookupBenchCase(name string) (benchCase, bool) {
 func selectBenchCases(list string) ([]benchCase, error) {
 	all := benchCases()
 	if strings.TrimSpace(list) == "" {
-		return all, nil
+		var runnable []benchCase
+		for _, c := range all {
+			if c.needs != nil && c.needs() != nil {
+				continue
+			}
+			runnable = append(runnable, c)
+		}
+		return runnable, nil
 	}
 	want := map[string]bool{}
 	var unknown []string

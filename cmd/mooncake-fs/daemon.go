@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
 
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	mfs "github.com/mooncake-fs/mooncake-fs/fs"
 	"github.com/mooncake-fs/mooncake-fs/pinned"
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -40,6 +41,7 @@ type mountConfig struct {
 	logLevel    string
 	fuseDebug   bool
 	node        string
+	pinMax      uint64
 }
 
 func defaultSize() uint64 {
@@ -72,6 +74,15 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error; debug logs one line per operation")
 	fl.BoolVar(&c.fuseDebug, "fuse-debug", false, "log every FUSE request")
 	fl.StringVar(&c.node, "node", "local", "this node's name in replica lists")
+	c.pinMax = ^uint64(0)
+	if v := os.Getenv("MOONCAKE_PIN_MAX"); v != "" {
+		if n, err := parseSize(v); err == nil {
+			c.pinMax = n
+		} else {
+			return nil, fmt.Errorf("MOONCAKE_PIN_MAX: %w", err)
+		}
+	}
+	fl.Var(sizeFlag{&c.pinMax}, "pin-max", "register at most this much segment memory with CUDA (env MOONCAKE_PIN_MAX); 0: none; default: all")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
 	}
@@ -128,6 +139,9 @@ type daemon struct {
 	mnt     *mfs.Mount
 	reg     *prometheus.Registry
 	started time.Time
+	gpuCtx  *cuda.Context
+	cudaPin *pinned.CUDAPin
+	gpus    []cuda.GPU
 }
 
 func runMount(args []string) error {
@@ -194,6 +208,7 @@ func (d *daemon) start() error {
 		}
 		remaining -= sz
 	}
+	d.pinForCUDA()
 	var err error
 	d.eng, err = transfer.New(transfer.Options{Local: d.segs, Registerer: d.reg})
 	if err != nil {
@@ -234,6 +249,38 @@ func (d *daemon) start() error {
 	return nil
 }
 
+// pinForCUDA registers the segments with CUDA within the quota, so GPU
+// copies run at line rate. Without a GPU or driver nothing happens; a
+// failure is one warning and copies fall back to pageable speed.
+func (d *daemon) pinForCUDA() {
+	if d.cfg.pinMax == 0 {
+		return
+	}
+	if err := cuda.Init(); err != nil {
+		d.log.WithError(err).Debug("no CUDA: segments not registered with a GPU")
+		return
+	}
+	if gs, err := cuda.Discover(); err == nil {
+		d.gpus = gs
+	}
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		d.log.WithError(err).Warn("CUDA context: segments stay pageable, GPU copies run at pageable speed")
+		return
+	}
+	d.gpuCtx = ctx
+	d.cudaPin = pinned.NewCUDAPin(ctx, d.cfg.pinMax)
+	start := time.Now()
+	warned := false
+	for _, r := range d.regions {
+		if w := d.cudaPin.Pin(r); w != "" && !warned {
+			d.log.Warn(w)
+			warned = true
+		}
+	}
+	d.log.WithFields(logrus.Fields{"bytes": d.cudaPin.Pinned(), "ms": time.Since(start).Milliseconds()}).Info("segments pinned for CUDA")
+}
+
 func (d *daemon) stop() {
 	if d.st != nil {
 		d.st.Close()
@@ -243,6 +290,14 @@ func (d *daemon) stop() {
 	}
 	if d.eng != nil {
 		d.eng.Close()
+	}
+	if d.cudaPin != nil {
+		for _, err := range d.cudaPin.Unpin() {
+			d.log.WithError(err).Warn("unregister segment from CUDA")
+		}
+	}
+	if d.gpuCtx != nil {
+		_ = d.gpuCtx.Release()
 	}
 	for _, r := range d.regions {
 		if err := r.Close(); err != nil {
@@ -272,6 +327,7 @@ type Status struct {
 	Transfer      transfer.Stats  `json:"transfer"`
 	Fuse          map[string]any  `json:"fuse"`
 	Registrations RegStatus       `json:"registrations"`
+	GPUs          []cuda.GPU      `json:"gpus,omitempty"`
 	CPUs          int             `json:"cpus"`
 }
 
@@ -298,6 +354,7 @@ type MemoryStatus struct {
 	LockedBytes   uint64   `json:"locked_bytes"`
 	HugeBytes     uint64   `json:"hugepage_bytes"`
 	ReservedPages int      `json:"reserved_pages"`
+	CUDAPinned    uint64   `json:"cuda_pinned_bytes"`
 	PrefaultMS    float64  `json:"prefault_ms"`
 	Warnings      []string `json:"warnings,omitempty"`
 }
@@ -335,6 +392,10 @@ func (d *daemon) status() Status {
 		CPUs:     runtime.NumCPU(),
 	}
 	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
+	s.GPUs = d.gpus
+	if d.cudaPin != nil {
+		s.Memory.CUDAPinned = d.cudaPin.Pinned()
+	}
 	s.Memory.Hugepages = len(d.regions) > 0
 	for i, r := range d.regions {
 		in := r.Info()

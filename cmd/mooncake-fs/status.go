@@ -74,6 +74,7 @@ func printStatus(s *Status) {
 		{"objects", fmt.Sprintf("%d (%d open)", s.Objects, s.OpenObjects)},
 		{"memory", mem},
 		{"locked", fmt.Sprintf("%s of %s", formatSize(s.Memory.LockedBytes), formatSize(s.Capacity))},
+		{"cuda pinned", fmt.Sprintf("%s of %s", formatSize(s.Memory.CUDAPinned), formatSize(s.Capacity))},
 		{"segments", fmt.Sprint(len(s.Segments))},
 		{"eviction", ev},
 		{"evictions", fmt.Sprintf("%d (%s)", s.Evict.Evictions, formatSize(s.Evict.EvictedBytes))},
@@ -83,6 +84,9 @@ func printStatus(s *Status) {
 	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "%s\t%s\n", r[0], r[1])
+	}
+	for _, g := range s.GPUs {
+		fmt.Fprintf(w, "gpu %d\t%s %s (%s), cuda %d, %s\n", g.Index, g.Name, g.UUID, g.PCIBusID, g.Ordinal, formatSize(g.MemoryTotal))
 	}
 	if len(s.Memory.Warnings) > 0 {
 		fmt.Fprintf(w, "warnings\t%s\n", strings.Join(s.Memory.Warnings, "; "))

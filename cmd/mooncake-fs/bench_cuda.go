@@ -1,0 +1,143 @@
+package main
+
+// The cuda cases move one value between GPU memory of the worker and the
+// store with PUT_CUDA / GET_CUDA: the daemon opens the allocation's IPC
+// handle and the GPU copies straight between it and the pinned segments.
+// The ceiling is the same copy between the same GPU memory and a pinned
+// (cuMemHostRegister) host buffer of the worker, cuMemcpy in the same
+// process right after. Cases: cuda-put-SIZE and cuda-get-SIZE for 64 MiB,
+// 256 MiB and 1 GiB; they run only where CUDA is available.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/cuda"
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+func cudaBenchCases() []benchCase {
+	var cs []benchCase
+	for _, size := range []uint64{64 << 20, 256 << 20, 1 << 30} {
+		for _, put := range []bool{true, false} {
+			name := fmt.Sprintf("cuda-get-%s", sizeLabel(size))
+			if put {
+				name = fmt.Sprintf("cuda-put-%s", sizeLabel(size))
+			}
+			cs = append(cs, benchCase{name: name, target: withCopy, ceiling: "cuda-memcpy-pinned",
+				needs: cuda.Init, run: benchCUDA(size, put)})
+		}
+	}
+	return cs
+}
+
+func sizeLabel(n uint64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%dGiB", n>>30)
+	}
+	return fmt.Sprintf("%dMiB", n>>20)
+}
+
+// benchCUDA returns the run function of one cuda case.
+func benchCUDA(size uint64, put bool) func(string, benchParams) (benchSample, error) {
+	return func(dir string, p benchParams) (benchSample, error) {
+		if err := cuda.Init(); err != nil {
+			return benchSample{}, err
+		}
+		ctx, err := cuda.Retain(0)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer ctx.Release()
+		host, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer unix.Munmap(host)
+		for i := range host {
+			host[i] = patternByte(i)
+		}
+		if err := ctx.HostRegister(host, cuda.HostRegisterPortable); err != nil {
+			return benchSample{}, err
+		}
+		defer ctx.HostUnregister(host)
+		dev, err := ctx.MemAlloc(size)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer ctx.MemFree(dev)
+		if err := ctx.CopyHtoD(dev, host); err != nil {
+			return benchSample{}, err
+		}
+		h, err := ctx.IpcGetHandle(dev)
+		if err != nil {
+			return benchSample{}, err
+		}
+		path := filepath.Join(dir, "cuda-"+sizeLabel(size)+".dat")
+		f, err := ioctl.Open(path, os.O_RDWR|os.O_CREATE)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer f.Close()
+		m := ioctl.CUDAMem{Handle: h}
+		doPut := func() error {
+			got, _, err := f.PutCUDA(m, size, 0, 0)
+			if err != nil {
+				return err
+			}
+			return checkMoved("put_cuda", got, size)
+		}
+		n := int(max(2, p.Size/size))
+		var s benchSample
+		if put {
+			if s, err = timeOps(n, size, doPut); err != nil {
+				return benchSample{}, err
+			}
+		} else {
+			if err := doPut(); err != nil {
+				return benchSample{}, err
+			}
+			s, err = timeOps(n, size, func() error {
+				got, _, err := f.GetCUDA(m, size, 0)
+				if err != nil {
+					return err
+				}
+				return checkMoved("get_cuda", got, size)
+			})
+			if err != nil {
+				return benchSample{}, err
+			}
+		}
+		// The value in the store and on the GPU must still be the pattern.
+		clear(host[:1<<20])
+		if err := ctx.CopyDtoH(host[:1<<20], dev); err != nil {
+			return benchSample{}, err
+		}
+		if err := checkPattern("gpu after "+map[bool]string{true: "put", false: "get"}[put], host[:1<<20]); err != nil {
+			return benchSample{}, err
+		}
+		b := make([]byte, 1<<20)
+		if _, _, err := f.GetVM(b, 0); err != nil {
+			return benchSample{}, err
+		}
+		if err := checkPattern("stored value", b); err != nil {
+			return benchSample{}, err
+		}
+		// Ceiling: the same direction between the same GPU memory and
+		// pinned host memory of this process.
+		c, err := timeOps(n, size, func() error {
+			if put {
+				return ctx.CopyDtoH(host, dev)
+			}
+			return ctx.CopyHtoD(dev, host)
+		})
+		if err != nil {
+			return benchSample{}, err
+		}
+		s.Ceiling = &c
+		return s, unlinkIfExists(path)
+	}
+}

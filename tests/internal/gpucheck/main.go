@@ -1,0 +1,214 @@
+// Command gpucheck drives the GPU ioctls of a mounted mooncake-fs from a
+// separate process and prints one line per check ("ok NAME" or "FAIL NAME:
+// why"); it exits 1 if any check failed and 77 if there is no GPU.
+//
+//	gpucheck DIR          (DIR: a directory on the mount)
+//	gpucheck child DIR    (internal: put a value and exit with handles open)
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"unsafe"
+
+	"github.com/mooncake-fs/mooncake-fs/cuda"
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+var failed bool
+
+func check(name string, err error) {
+	if err != nil {
+		failed = true
+		fmt.Printf("FAIL %s: %v\n", name, err)
+		return
+	}
+	fmt.Printf("ok %s\n", name)
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) ^ seed ^ byte(i>>12)
+	}
+	return b
+}
+
+func main() {
+	if err := cuda.Init(); err != nil {
+		fmt.Println("skip: no CUDA:", err)
+		os.Exit(77)
+	}
+	if len(os.Args) == 3 && os.Args[1] == "child" {
+		child(os.Args[2])
+		return
+	}
+	dir := os.Args[1]
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println("FAIL retain:", err)
+		os.Exit(1)
+	}
+	defer ctx.Release()
+	const big = 32 << 20
+	dev, err := ctx.MemAlloc(big)
+	if err != nil {
+		fmt.Println("FAIL alloc:", err)
+		os.Exit(1)
+	}
+	defer ctx.MemFree(dev)
+	h, err := ctx.IpcGetHandle(dev)
+	check("ipc handle", err)
+
+	// 1. Put 8 MiB that sit 1 MiB into the allocation.
+	want := pattern(8<<20, 1)
+	check("fill gpu", ctx.CopyHtoD(dev+1<<20, want))
+	f, err := ioctl.Open(filepath.Join(dir, "t1"), os.O_RDWR|os.O_CREATE)
+	if err != nil {
+		fmt.Println("FAIL open:", err)
+		os.Exit(1)
+	}
+	n, _, err := f.PutCUDA(ioctl.CUDAMem{Handle: h, Offset: 1 << 20}, 8<<20, 0, 0)
+	check("put_cuda at an offset", errors.Join(err, count(n, 8<<20)))
+	got := make([]byte, 8<<20)
+	n, _, err = f.GetVM(got, 0)
+	check("stored bytes are the GPU's", errors.Join(err, count(n, 8<<20), same(got, want)))
+
+	// 2. Get into another place of the allocation, whole and partial.
+	n, _, err = f.GetCUDA(ioctl.CUDAMem{Handle: h, Offset: 16 << 20}, 8<<20, 0)
+	back := make([]byte, 8<<20)
+	check("get_cuda", errors.Join(err, count(n, 8<<20), ctx.CopyDtoH(back, dev+16<<20), same(back, want)))
+	n, _, err = f.GetCUDA(ioctl.CUDAMem{Handle: h, Offset: 30 << 20}, 1<<20, 3<<20)
+	part := make([]byte, 1<<20)
+	check("partial get_cuda", errors.Join(err, count(n, 1<<20), ctx.CopyDtoH(part, dev+30<<20), same(part, want[3<<20:4<<20])))
+	n, _, err = f.GetCUDA(ioctl.CUDAMem{Handle: h, Offset: 0}, 1<<20, 8<<20-100)
+	check("short get_cuda at the end", errors.Join(err, count(n, 100)))
+
+	// 3. Out of the allocation: EFAULT, nothing changes.
+	_, _, err = f.PutCUDA(ioctl.CUDAMem{Handle: h, Offset: big - 4096}, 8192, 0, 0)
+	check("put past the allocation is EFAULT", wantErrno(err, syscall.EFAULT))
+	n, _, _ = f.GetVM(got, 0)
+	check("value unchanged after refusal", errors.Join(count(n, 8<<20), same(got, want)))
+
+	// 4. A device pointer given to the host-memory ioctl fails cleanly.
+	err = putVMRaw(f, uint64(dev), 4096)
+	check("device pointer to PUT_VM fails", wantAnyErr(err))
+	n, _, _ = f.GetVM(got, 0)
+	check("value unchanged after device pointer", errors.Join(count(n, 8<<20), same(got, want)))
+
+	// 5. Register the allocation once, then PUT_BUF/GET_BUF.
+	reg := ioctl.RegisterArg{Kind: ioctl.KindCUDA, Len: 16 << 20, Offset: 16 << 20, Handle: h}
+	raw := reg.Marshal()
+	err = rawCall(f, ioctl.CmdRegisterBuffer, raw)
+	_ = reg.Unmarshal(raw)
+	check("register cuda buffer", err)
+	if err == nil {
+		n, _, err = f.PutBuf(reg.ID, 0, 8<<20, 0, 0)
+		check("put_buf from gpu registration", errors.Join(err, count(n, 8<<20)))
+		n, _, _ = f.GetVM(got, 0)
+		check("put_buf stored the gpu bytes", errors.Join(count(n, 8<<20), same(got, want)))
+		check("unregister", f.Unregister(reg.ID))
+	}
+	f.Close()
+
+	// 6. A child puts from its GPU memory and exits with its handle open.
+	out, err := exec.Command(os.Args[0], "child", dir).CombinedOutput()
+	check("child put", errors.Join(err, errIf(!bytes.Contains(out, []byte("child ok")), string(out))))
+	g, err := ioctl.Open(filepath.Join(dir, "t-child"), os.O_RDONLY)
+	if err == nil {
+		n, _, err = g.GetVM(got[:4<<20], 0)
+		g.Close()
+	}
+	check("value of an exited child", errors.Join(err, count(n, 4<<20), same(got[:4<<20], pattern(4<<20, 9))))
+	if failed {
+		os.Exit(1)
+	}
+	fmt.Println("PASS")
+}
+
+func child(dir string) {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	dev, err := ctx.MemAlloc(4 << 20)
+	if err == nil {
+		err = ctx.CopyHtoD(dev, pattern(4<<20, 9))
+	}
+	var h [64]byte
+	if err == nil {
+		h, err = ctx.IpcGetHandle(dev)
+	}
+	var f *ioctl.File
+	if err == nil {
+		f, err = ioctl.Open(filepath.Join(dir, "t-child"), os.O_RDWR|os.O_CREATE)
+	}
+	if err == nil {
+		_, _, err = f.PutCUDA(ioctl.CUDAMem{Handle: h}, 4<<20, 0, 0)
+	}
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fmt.Println("child ok")
+	os.Exit(0) // no close, no free: the kernel and the driver clean up
+}
+
+func count(n, want uint64) error {
+	if n != want {
+		return fmt.Errorf("moved %d B, want %d", n, want)
+	}
+	return nil
+}
+
+func same(got, want []byte) error {
+	if !bytes.Equal(got, want) {
+		for i := range got {
+			if got[i] != want[i] {
+				return fmt.Errorf("byte %d is %#x, want %#x", i, got[i], want[i])
+			}
+		}
+	}
+	return nil
+}
+
+func errIf(bad bool, why string) error {
+	if bad {
+		return errors.New(why)
+	}
+	return nil
+}
+
+func wantErrno(err error, e syscall.Errno) error {
+	if !errors.Is(err, e) {
+		return fmt.Errorf("got %v, want %v", err, e)
+	}
+	return nil
+}
+
+func wantAnyErr(err error) error {
+	if err == nil {
+		return errors.New("accepted")
+	}
+	fmt.Printf("   (device pointer refused with: %v)\n", err)
+	return nil
+}
+
+func putVMRaw(f *ioctl.File, addr, n uint64) error {
+	a := ioctl.VMArg{Addr: addr, Len: n}
+	return rawCall(f, ioctl.CmdPutVM, a.Marshal())
+}
+
+func rawCall(f *ioctl.File, cmd uint32, b []byte) error {
+	_, _, e := syscall.Syscall(syscall.SYS_IOCTL, f.OS().Fd(), uintptr(cmd), uintptr(unsafe.Pointer(&b[0])))
+	if e != 0 {
+		return e
+	}
+	return nil
+}
