@@ -421,6 +421,7 @@ func (d *daemon) status() Status {
 type storeCollector struct {
 	d                                       *daemon
 	capacity, used, objects, evictions, pin *prometheus.Desc
+	cudaPinned, regs                        *prometheus.Desc
 }
 
 func newStoreCollector(d *daemon) *storeCollector {
@@ -430,11 +431,14 @@ func newStoreCollector(d *daemon) *storeCollector {
 		objects:   prometheus.NewDesc("mooncake_store_objects", "Objects held locally.", nil, nil),
 		evictions: prometheus.NewDesc("mooncake_store_evictions_total", "Objects evicted.", nil, nil),
 		pin:       prometheus.NewDesc("mooncake_memory_locked_bytes", "Segment bytes locked in memory.", nil, nil),
+		cudaPinned: prometheus.NewDesc("mooncake_memory_cuda_pinned_bytes",
+			"Segment bytes registered with CUDA (cuMemHostRegister).", nil, nil),
+		regs: prometheus.NewDesc("mooncake_registered_buffers", "Client buffers registered now.", nil, nil),
 	}
 }
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.objects, c.evictions, c.pin} {
+	for _, d := range []*prometheus.Desc{c.capacity, c.used, c.objects, c.evictions, c.pin, c.cudaPinned, c.regs} {
 		ch <- d
 	}
 }
@@ -452,6 +456,13 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(c.pin, prometheus.GaugeValue, float64(locked))
+	var cudaPinned uint64
+	if c.d.cudaPin != nil {
+		cudaPinned = c.d.cudaPin.Pinned()
+	}
+	ch <- prometheus.MustNewConstMetric(c.cudaPinned, prometheus.GaugeValue, float64(cudaPinned))
+	live, _, _ := c.d.mnt.Registrations()
+	ch <- prometheus.MustNewConstMetric(c.regs, prometheus.GaugeValue, float64(live))
 }
 
 // reexecEnv marks a daemon that already re-executed itself.
