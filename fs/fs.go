@@ -85,6 +85,7 @@ type FS struct {
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
 	gpus    gpus
+	ipc     ipcTable
 }
 
 func newFS(o Options) (*FS, error) {

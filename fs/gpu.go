@@ -80,24 +80,30 @@ type ipcMapping struct {
 	ctx  *cuda.Context
 	base cuda.DevicePtr
 	size uint64
+	key  ipcKey
+	refs int // guarded by ipcTable.mu
 }
 
-// maxIPC bounds the IPC handles one open file keeps open.
-const maxIPC = 64
-
-// ipcCache keeps the IPC handles opened for one open file: opening one
-// costs far more than a copy, so a client that moves many tensors of one
-// allocation pays once. They are closed when the file is released.
-type ipcCache struct {
-	mu    sync.Mutex
-	m     map[[64]byte]*ipcMapping
-	order [][64]byte
+type ipcKey struct {
+	ctx    *cuda.Context
+	handle [64]byte
 }
 
-func (c *ipcCache) open(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if m, ok := c.m[h]; ok && m.ctx == ctx {
+// ipcTable is the daemon-wide set of opened IPC handles. The driver maps
+// one handle once per context, and small tensors of one process share an
+// allocation, so every open file that names the handle shares one mapping,
+// closed when the last of them lets go.
+type ipcTable struct {
+	mu sync.Mutex
+	m  map[ipcKey]*ipcMapping
+}
+
+func (t *ipcTable) acquire(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
+	k := ipcKey{ctx, h}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m, ok := t.m[k]; ok {
+		m.refs++
 		return m, nil
 	}
 	p, err := ctx.IpcOpen(h)
@@ -109,34 +115,73 @@ func (c *ipcCache) open(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
 		_ = ctx.IpcClose(p)
 		return nil, err
 	}
+	if t.m == nil {
+		t.m = map[ipcKey]*ipcMapping{}
+	}
+	m := &ipcMapping{ctx: ctx, base: base, size: size, key: k, refs: 1}
+	t.m[k] = m
+	return m, nil
+}
+
+func (t *ipcTable) release(m *ipcMapping) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if m.refs--; m.refs > 0 {
+		return nil
+	}
+	delete(t.m, m.key)
+	return m.ctx.IpcClose(m.base)
+}
+
+// maxIPC bounds the IPC handles one open file keeps.
+const maxIPC = 64
+
+// ipcCache keeps the IPC handles one open file used: opening one costs far
+// more than a copy, so a client that moves many tensors of one allocation
+// pays once. Its references are dropped when the file is released.
+type ipcCache struct {
+	mu    sync.Mutex
+	m     map[[64]byte]*ipcMapping
+	order [][64]byte
+}
+
+func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if m, ok := c.m[h]; ok && m.ctx == ctx {
+		return m, nil
+	}
+	m, err := f.ipc.acquire(ctx, h)
+	if err != nil {
+		return nil, err
+	}
 	if c.m == nil {
 		c.m = map[[64]byte]*ipcMapping{}
 	}
 	if len(c.order) >= maxIPC {
 		old := c.order[0]
 		c.order = c.order[1:]
-		if m := c.m[old]; m != nil {
-			_ = m.ctx.IpcClose(m.base)
+		if om := c.m[old]; om != nil {
+			if err := f.ipc.release(om); err != nil {
+				f.log.WithError(err).Warn("close CUDA IPC handle")
+			}
 		}
 		delete(c.m, old)
 	}
-	m := &ipcMapping{ctx: ctx, base: base, size: size}
 	c.m[h] = m
 	c.order = append(c.order, h)
 	return m, nil
 }
 
-func (c *ipcCache) closeAll() []error {
+func (f *FS) ipcCloseAll(c *ipcCache) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var errs []error
 	for _, m := range c.m {
-		if err := m.ctx.IpcClose(m.base); err != nil {
-			errs = append(errs, err)
+		if err := f.ipc.release(m); err != nil {
+			f.log.WithError(err).Warn("close CUDA IPC handle")
 		}
 	}
 	c.m, c.order = nil, nil
-	return errs
 }
 
 // cudaBuffer resolves [off, off+n) of the allocation behind handle h.
@@ -145,7 +190,7 @@ func (f *FS) cudaBuffer(cache *ipcCache, dev [16]byte, h [64]byte, off, n uint64
 	if err != nil {
 		return transfer.Buffer{}, err
 	}
-	m, err := cache.open(ctx, h)
+	m, err := f.ipcOpen(cache, ctx, h)
 	if err != nil {
 		return transfer.Buffer{}, err
 	}

@@ -214,9 +214,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 		return 0
 	}
 	h.regs.closeAll()
-	for _, err := range h.ipc.closeAll() {
-		n.fs.log.WithError(err).Warn("close CUDA IPC handle")
-	}
+	n.fs.ipcCloseAll(&h.ipc)
 	if h.reader != nil {
 		h.reader.Close()
 		return 0

@@ -107,7 +107,7 @@ func (t *regTable) remove(id uint64) error {
 func (t *regTable) release(r *registration) {
 	r.inflight.Wait()
 	if r.gpu != nil {
-		if err := r.gpu.ctx.IpcClose(r.gpu.base); err != nil {
+		if err := t.fs.ipc.release(r.gpu); err != nil {
 			t.fs.log.WithError(err).Warn("close registered CUDA allocation")
 		}
 	} else if err := r.sh.Close(); err != nil {
@@ -255,15 +255,14 @@ func (f *FS) registerCUDA(t *regTable, a *ioctl.RegisterArg) error {
 	if err != nil {
 		return err
 	}
-	p, err := gctx.IpcOpen(a.Handle)
+	m, err := f.ipc.acquire(gctx, a.Handle)
 	if err != nil {
 		return errors.Join(err, errBadRegister)
 	}
-	base, size, err := gctx.AddressRange(p)
-	if err != nil || a.Offset > size || a.Len > size-a.Offset {
-		_ = gctx.IpcClose(p)
-		return fmt.Errorf("%d B at %d of a %d B allocation: %w", a.Len, a.Offset, size, errors.Join(err, errDevRange))
+	if a.Offset > m.size || a.Len > m.size-a.Offset {
+		_ = f.ipc.release(m)
+		return fmt.Errorf("%d B at %d of a %d B allocation: %w", a.Len, a.Offset, m.size, errDevRange)
 	}
-	a.ID = t.add(&registration{gpu: &ipcMapping{ctx: gctx, base: base, size: size}, gpuOff: a.Offset, gpuLen: a.Len})
+	a.ID = t.add(&registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len})
 	return nil
 }

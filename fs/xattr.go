@@ -25,6 +25,10 @@ const (
 	maxXattrValue = 64 << 10
 )
 
+// storedMooncake are the user.mooncake.* names stored with the object like
+// any user attribute: the tensor metadata of the Python helpers.
+var storedMooncake = map[string]bool{"mooncake.dtype": true, "mooncake.shape": true}
+
 func location(o *store.Object) string {
 	var b strings.Builder
 	for i, r := range o.Replicas {
@@ -128,7 +132,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		})
 		return toErrno(err)
 	}
-	if strings.HasPrefix(name, mooncakeNS) {
+	if strings.HasPrefix(name, mooncakeNS) && !storedMooncake[name] {
 		// Computed attributes are read-only; unknown ones are reserved.
 		return syscall.EPERM
 	}
@@ -158,7 +162,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 	if !ok {
 		return syscall.EOPNOTSUPP
 	}
-	if strings.HasPrefix(name, mooncakeNS) {
+	if strings.HasPrefix(name, mooncakeNS) && !storedMooncake[name] {
 		return syscall.EPERM
 	}
 	key, ok := n.key()

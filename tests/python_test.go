@@ -82,6 +82,7 @@ func TestPythonABI(t *testing.T) {
 		"MC_IOC_PUT_BUF": ioctl.CmdPutBuf, "MC_IOC_GET_BUF": ioctl.CmdGetBuf,
 		"MC_IOC_PUT_VM": ioctl.CmdPutVM, "MC_IOC_GET_VM": ioctl.CmdGetVM, "MC_IOC_STAT": ioctl.CmdStat,
 		"MC_IOC_BATCH_PUT": ioctl.CmdBatchPut, "MC_IOC_BATCH_GET": ioctl.CmdBatchGet,
+		"MC_IOC_PUT_CUDA": ioctl.CmdPutCUDA, "MC_IOC_GET_CUDA": ioctl.CmdGetCUDA,
 	}
 	if len(l.Commands) != len(cmds) {
 		t.Errorf("python has %d commands, Go %d", len(l.Commands), len(cmds))
@@ -99,6 +100,7 @@ func TestPythonABI(t *testing.T) {
 		"MC_BATCH_VM":    {uint64(l.Batch["MC_BATCH_VM"]), uint64(ioctl.BatchVM)},
 		"key_bytes":      {uint64(l.Batch["key_bytes"]), ioctl.BatchKeyBytes},
 		"MC_KIND_HOST":   {uint64(l.Kinds["MC_KIND_HOST"]), uint64(ioctl.KindHost)},
+		"MC_KIND_CUDA":   {uint64(l.Kinds["MC_KIND_CUDA"]), uint64(ioctl.KindCUDA)},
 	}
 	for name, v := range consts {
 		if v[0] != v[1] {
@@ -138,6 +140,8 @@ func TestPythonABI(t *testing.T) {
 			[]fv{{"addr", 1}, {"len", 2}, {"obj_off", 3}, {"result", 4}, {"version", 5}}},
 		{"mc_stat", (&ioctl.StatArg{ObjSize: 1, Version: 2, Ino: 3, MtimeNs: 4, Mode: 5, Pinned: 6, Replicas: 7, Extents: 8, Location: loc}).Marshal(), ioctl.SizeStatArg,
 			[]fv{{"size", 1}, {"version", 2}, {"ino", 3}, {"mtime_ns", 4}, {"mode", 5}, {"pinned", 6}, {"replicas", 7}, {"extents", 8}, {"location", 'n'}}},
+		{"mc_cuda", (&ioctl.CUDAArg{Header: ioctl.Header{Flags: 3}, Handle: handle, DevOff: 1, Len: 2, ObjOff: 3, Result: 4, Version: 5, Device: [16]byte{0xCC}}).Marshal(), ioctl.SizeCUDAArg,
+			[]fv{{"h.size", ioctl.SizeCUDAArg}, {"h.flags", 3}, {"handle", 0xAA}, {"dev_off", 1}, {"len", 2}, {"obj_off", 3}, {"result", 4}, {"version", 5}, {"device", 0xCC}}},
 		{"mc_batch", batch.Marshal(), ioctl.SizeBatchArg,
 			[]fv{{"count", 1}, {"source", 1}, {"id", 0x77}, {"keys", 'k'}}},
 	}

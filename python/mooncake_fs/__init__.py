@@ -6,6 +6,8 @@
     a = c.get_array("model/w0", "float32")    # one copy (GET_VM)
     with c.pool(64 << 20, 8) as pool:         # one registration
         v = pool.get_view("model/w0")         # zero-copy view of a lease
+    mc.put_tensor("/mnt/mooncake/w", t)       # torch tensor, CPU or CUDA
+    t = mc.get_tensor("/mnt/mooncake/w", device="cuda")
 
 See README.md next to this package for the whole API.
 """
@@ -21,6 +23,15 @@ from .client import (
     Stat,
 )
 from .pool import BufferPool, Lease, ObjectTooLarge, PoolClosed, PoolExhausted
+from . import tensor  # imports torch only when a tensor function runs
+from .tensor import (
+    TensorFormatError,
+    get_tensor,
+    get_tensor_range,
+    load_state_dict,
+    put_tensor,
+    save_state_dict,
+)
 
 __version__ = "0.1.0"
 
@@ -28,6 +39,8 @@ __all__ = [
     "abi", "BatchError", "BufferPool", "Client", "Directory", "Entry", "File", "Lease",
     "NotMooncakeError", "ObjectTooLarge", "PoolClosed", "PoolExhausted", "Stat",
     "put", "get", "get_into", "get_array", "stat", "batch_put", "batch_get", "batch_get_into",
+    "tensor", "TensorFormatError", "put_tensor", "get_tensor", "get_tensor_range", "save_state_dict",
+    "load_state_dict",
 ]
 
 _paths = Client(None, probe=False)

@@ -1,4 +1,4 @@
-"""The mooncake-fs ioctl ABI (1.1), mirrored from ioctl/mooncake_fs.h.
+"""The mooncake-fs ioctl ABI (1.2), mirrored from ioctl/mooncake_fs.h.
 
 Every argument is a fixed-size, 8-byte-aligned, little-endian struct that
 starts with {size, flags}; ``size`` must be ``sizeof(struct)``. The classes
@@ -35,7 +35,8 @@ MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
 ABI_MINOR = 2
 
-KIND_HOST = 1
+KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
+KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
 
 FLAG_EXCL = 1 << 0    # put: EEXIST if the key exists (first writer wins)
 FLAG_UPDATE = 1 << 1  # put: write at obj_off into a copy of the current version
@@ -148,6 +149,21 @@ class Batch(_Arg):
     ]
 
 
+class CUDA(_Arg):
+    """GPU memory of the caller (ABI 1.2): one copy between it and the store."""
+
+    _fields_ = [
+        ("h", Header),
+        ("handle", ctypes.c_uint8 * 64),  # cuIpcGetMemHandle of the allocation
+        ("dev_off", ctypes.c_uint64),     # offset of the data in the allocation
+        ("len", ctypes.c_uint64),
+        ("obj_off", ctypes.c_uint64),
+        ("result", ctypes.c_uint64),      # out: bytes moved
+        ("version", ctypes.c_uint64),     # out
+        ("device", ctypes.c_uint8 * 16),  # GPU UUID; all zero: the first GPU
+    ]
+
+
 SIZES = {
     "mc_header": (Header, 8),
     "mc_magic": (Magic, 16),
@@ -159,6 +175,7 @@ SIZES = {
     "mc_stat": (Stat, 248),
     "mc_batch_entry": (BatchEntry, 48),
     "mc_batch": (Batch, BATCH_SIZE),
+    "mc_cuda": (CUDA, 128),
 }
 for _name, (_cls, _size) in SIZES.items():
     if ctypes.sizeof(_cls) != _size or _size % 8:
@@ -177,6 +194,8 @@ GET_VM = _IOC(_RW, 0x15, ctypes.sizeof(VM))
 STAT = _IOC(_RW, 0x16, ctypes.sizeof(Stat))
 BATCH_PUT = _IOC(_RW, 0x17, ctypes.sizeof(Batch))
 BATCH_GET = _IOC(_RW, 0x18, ctypes.sizeof(Batch))
+PUT_CUDA = _IOC(_RW, 0x19, ctypes.sizeof(CUDA))  # 0xc0804d19
+GET_CUDA = _IOC(_RW, 0x1A, ctypes.sizeof(CUDA))  # 0xc0804d1a
 
 COMMANDS = {
     "MC_IOC_GET_MAGIC": GET_MAGIC,
@@ -190,6 +209,8 @@ COMMANDS = {
     "MC_IOC_STAT": STAT,
     "MC_IOC_BATCH_PUT": BATCH_PUT,
     "MC_IOC_BATCH_GET": BATCH_GET,
+    "MC_IOC_PUT_CUDA": PUT_CUDA,
+    "MC_IOC_GET_CUDA": GET_CUDA,
 }
 
 # C struct name -> (class, {C field path: python attribute path}) for the
@@ -205,6 +226,7 @@ STRUCTS = {
     "mc_stat": (Stat, ["h", "size", "version", "ino", "mtime_ns", "mode", "pinned", "replicas", "extents", "location"]),
     "mc_batch_entry": (BatchEntry, ["key_off", "key_len", "flags", "addr", "len", "obj_off", "result", "version"]),
     "mc_batch": (Batch, ["h", "count", "source", "id", "entries", "keys"]),
+    "mc_cuda": (CUDA, ["h", "h.size", "h.flags", "handle", "dev_off", "len", "obj_off", "result", "version", "device"]),
 }
 
 
@@ -239,7 +261,7 @@ def layout():
         },
         "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE},
         "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
-        "kinds": {"MC_KIND_HOST": KIND_HOST},
+        "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA},
     }
 
 

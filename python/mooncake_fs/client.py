@@ -129,6 +129,16 @@ class _Handle:
         a = self._ioctl(_abi.REGISTER_BUFFER, _abi.Register(fd=fd, kind=_abi.KIND_HOST, len=length, offset=offset))
         return a.id
 
+    def register_cuda(self, handle, length, offset=0):
+        """Register length bytes at offset of a GPU allocation, given its
+        64-byte cuIpcGetMemHandle (ABI 1.2, MC_KIND_CUDA), on this open
+        file; return the buffer id for put_buf/get_buf. The allocation must
+        stay allocated until unregister() or close()."""
+        a = _abi.Register(kind=_abi.KIND_CUDA, len=length, offset=offset)
+        a.fd = -1
+        _set_bytes(a.handle, handle, "IPC handle")
+        return self._ioctl(_abi.REGISTER_BUFFER, a).id
+
     def unregister(self, buf_id):
         self._ioctl(_abi.UNREGISTER_BUFFER, _abi.Unregister(id=buf_id))
 
@@ -274,6 +284,25 @@ class File(_Handle):
             a = a[: count // dtype.itemsize].copy()
         return a
 
+    # --- GPU memory (ABI 1.2) ---
+
+    def put_cuda(self, handle, dev_off, length, *, device=None, offset=0, exclusive=False, update=False):
+        """PUT_CUDA of length bytes at dev_off in the GPU allocation whose
+        cuIpcGetMemHandle is handle (64 bytes), on the GPU with UUID device
+        (16 bytes; None = the first GPU); return (bytes moved, version).
+        Kernels writing the memory must have finished."""
+        a = _cuda_arg(handle, dev_off, length, offset, device)
+        a.h.flags = _put_flags(exclusive, update)
+        self._ioctl(_abi.PUT_CUDA, a)
+        return a.result, a.version
+
+    def get_cuda(self, handle, dev_off, length, offset=0, *, device=None):
+        """GET_CUDA of up to length bytes at offset of the object into GPU
+        memory (see put_cuda); return (bytes moved, version). The data is in
+        place when it returns."""
+        a = self._ioctl(_abi.GET_CUDA, _cuda_arg(handle, dev_off, length, offset, device))
+        return a.result, a.version
+
     # --- registered buffers ---
 
     def put_buf(self, buf_id, buf_off, length, *, offset=0, exclusive=False, update=False):
@@ -287,6 +316,23 @@ class File(_Handle):
         """GET_BUF into registered buffer buf_id; return (bytes moved, version)."""
         a = self._ioctl(_abi.GET_BUF, _abi.Buf(id=buf_id, buf_off=buf_off, len=length, obj_off=offset))
         return a.result, a.version
+
+
+def _set_bytes(field, value, what):
+    """Copy value (bytes-like of exactly len(field) bytes) into a ctypes
+    uint8 array field."""
+    b = bytes(value)
+    if len(b) != len(field):
+        raise ValueError(f"{what}: {len(b)} bytes, want {len(field)}")
+    ctypes.memmove(field, b, len(b))
+
+
+def _cuda_arg(handle, dev_off, length, offset, device):
+    a = _abi.CUDA(dev_off=dev_off, len=length, obj_off=offset)
+    _set_bytes(a.handle, handle, "IPC handle")
+    if device is not None:
+        _set_bytes(a.device, device, "device UUID")
+    return a
 
 
 class Entry(NamedTuple):

@@ -27,6 +27,7 @@ CONSTANTS = {
     "MC_ABI_MINOR": _abi.ABI_MINOR,
     "MC_IOC_TYPE": _abi.IOC_TYPE,
     "MC_KIND_HOST": _abi.KIND_HOST,
+    "MC_KIND_CUDA": _abi.KIND_CUDA,
     "MC_FLAG_EXCL": _abi.FLAG_EXCL,
     "MC_FLAG_UPDATE": _abi.FLAG_UPDATE,
     "MC_MAX_BATCH": _abi.MAX_BATCH,
