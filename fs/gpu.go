@@ -20,8 +20,9 @@ var (
 
 // gpus holds one retained primary context per GPU that a request named.
 type gpus struct {
-	mu   sync.Mutex
-	ctxs map[int]*cuda.Context
+	mu     sync.Mutex
+	ctxs   map[int]*cuda.Context
+	byUUID map[[16]byte]int // device UUID -> CUDA ordinal, looked up once
 }
 
 // context returns the context of the GPU with raw UUID id (all zero: GPU 0).
@@ -29,26 +30,34 @@ func (f *FS) gpuContext(id [16]byte) (*cuda.Context, error) {
 	if err := cuda.Init(); err != nil {
 		return nil, err
 	}
-	ordinal := 0
-	if id != ([16]byte{}) {
-		devs, err := cuda.Devices()
-		if err != nil {
-			return nil, err
-		}
-		want := hex.EncodeToString(id[:])
-		ordinal = -1
-		for _, d := range devs {
-			if strings.ReplaceAll(strings.TrimPrefix(d.UUID, "GPU-"), "-", "") == want {
-				ordinal = d.Ordinal
-			}
-		}
-		if ordinal < 0 {
-			return nil, fmt.Errorf("uuid %s: %w", want, errNoGPU)
-		}
-	}
 	g := &f.gpus
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	ordinal := 0
+	if id != ([16]byte{}) {
+		o, ok := g.byUUID[id]
+		if !ok {
+			devs, err := cuda.Devices()
+			if err != nil {
+				return nil, err
+			}
+			o = -1
+			want := hex.EncodeToString(id[:])
+			for _, d := range devs {
+				if strings.ReplaceAll(strings.TrimPrefix(d.UUID, "GPU-"), "-", "") == want {
+					o = d.Ordinal
+				}
+			}
+			if o < 0 {
+				return nil, fmt.Errorf("uuid %s: %w", want, errNoGPU)
+			}
+			if g.byUUID == nil {
+				g.byUUID = map[[16]byte]int{}
+			}
+			g.byUUID[id] = o
+		}
+		ordinal = o
+	}
 	if c, ok := g.ctxs[ordinal]; ok {
 		return c, nil
 	}

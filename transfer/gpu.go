@@ -18,7 +18,7 @@ type gpuPiece struct {
 
 // gpuChunk bounds one asynchronous copy, so that a long request keeps
 // several copies queued on the stream and an error names a small range.
-const gpuChunk = 16 << 20
+const gpuChunk = 256 << 20
 
 // streamPool keeps a few streams per GPU context: copies of one batch go
 // to one stream, in order; concurrent batches use different streams.

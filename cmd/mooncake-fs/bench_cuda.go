@@ -9,8 +9,10 @@ package main
 // 256 MiB and 1 GiB; they run only where CUDA is available.
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -31,7 +33,7 @@ func cudaBenchCases() []benchCase {
 				needs: cuda.Init, run: benchCUDA(size, put)})
 		}
 	}
-	return cs
+	return append(cs, safetensorsCases()...)
 }
 
 func sizeLabel(n uint64) string {
@@ -139,5 +141,73 @@ func benchCUDA(size uint64, put bool) func(string, benchParams) (benchSample, er
 		}
 		s.Ceiling = &c
 		return s, unlinkIfExists(path)
+	}
+}
+
+// The safetensors cases put the same CUDA tensor through mooncake-fs
+// (put_tensor / get_tensor of the Python client) and through safetensors
+// on /dev/shm, the way users save GPU tensors today, in one Python worker
+// (python/bench/tensor_bench.py). The "ceiling" is that comparison, not a
+// limit: a ratio above 1 is faster than safetensors on /dev/shm.
+func safetensorsCases() []benchCase {
+	var cs []benchCase
+	for _, op := range []string{"save", "load"} {
+		cs = append(cs, benchCase{name: "safetensors-shm-" + op, target: withCopy, ceiling: "safetensors-shm-" + op,
+			needs: needTorch, run: benchSafetensors(op)})
+	}
+	return cs
+}
+
+// tensorBenchScript finds python/bench/tensor_bench.py from the working
+// directory or next to the binary's directory.
+func tensorBenchScript() (string, error) {
+	cands := []string{filepath.Join("python", "bench", "tensor_bench.py")}
+	if exe, err := os.Executable(); err == nil {
+		cands = append(cands, filepath.Join(filepath.Dir(exe), "..", "python", "bench", "tensor_bench.py"))
+	}
+	for _, c := range cands {
+		if _, err := os.Stat(c); err == nil {
+			return filepath.Abs(c)
+		}
+	}
+	return "", fmt.Errorf("python/bench/tensor_bench.py not found (run from the repository root)")
+}
+
+func needTorch() error {
+	if err := cuda.Init(); err != nil {
+		return err
+	}
+	if _, err := tensorBenchScript(); err != nil {
+		return err
+	}
+	out, err := exec.Command("python3", "-c", "import torch, safetensors; assert torch.cuda.is_available()").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("python3 with torch, safetensors and CUDA: %v: %s", err, out)
+	}
+	return nil
+}
+
+func benchSafetensors(op string) func(string, benchParams) (benchSample, error) {
+	return func(dir string, p benchParams) (benchSample, error) {
+		script, err := tensorBenchScript()
+		if err != nil {
+			return benchSample{}, err
+		}
+		size := min(p.Size, 1<<30)
+		out, err := exec.Command("python3", script, "--dir", dir, "--op", op, "--size", fmt.Sprint(size)).Output()
+		if err != nil {
+			return benchSample{}, fmt.Errorf("tensor_bench.py: %w", err)
+		}
+		var r struct {
+			Bytes      uint64 `json:"bytes"`
+			MooncakeNs int64  `json:"mooncake_ns"`
+			ShmNs      int64  `json:"shm_ns"`
+		}
+		if err := json.Unmarshal(out, &r); err != nil {
+			return benchSample{}, fmt.Errorf("tensor_bench.py said %q: %w", out, err)
+		}
+		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: 1}
+		s.Ceiling = &benchSample{Bytes: r.Bytes, Ns: r.ShmNs, Ops: 1}
+		return s, nil
 	}
 }
