@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
@@ -46,6 +47,10 @@ func main() {
 	}
 	if len(os.Args) == 3 && os.Args[1] == "child" {
 		child(os.Args[2])
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == "lat" {
+		latency(os.Args[2])
 		return
 	}
 	dir := os.Args[1]
@@ -211,4 +216,40 @@ func rawCall(f *ioctl.File, cmd uint32, b []byte) error {
 		return e
 	}
 	return nil
+}
+
+// latency prints the per-call cost of the GPU ioctls next to a bare ioctl
+// round trip and the driver's own copy, to see what a call adds.
+func latency(dir string) {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	dev, _ := ctx.MemAlloc(64 << 20)
+	h, _ := ctx.IpcGetHandle(dev)
+	f, err := ioctl.Open(filepath.Join(dir, "lat"), os.O_RDWR|os.O_CREATE)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	host := make([]byte, 64<<20)
+	m := ioctl.CUDAMem{Handle: h}
+	timeit := func(name string, n int, fn func()) {
+		fn()
+		t0 := time.Now()
+		for range n {
+			fn()
+		}
+		fmt.Printf("%-28s %8.1f us\n", name, float64(time.Since(t0).Microseconds())/float64(n))
+	}
+	timeit("stat ioctl", 500, func() { _, _ = f.Stat() })
+	timeit("put_cuda 4KiB", 300, func() { _, _, _ = f.PutCUDA(m, 4096, 0, 0) })
+	timeit("get_cuda 4KiB", 300, func() { _, _, _ = f.GetCUDA(m, 4096, 0) })
+	timeit("cuMemcpyDtoH 4KiB (pageable)", 300, func() { _ = ctx.CopyDtoH(host[:4096], dev) })
+	timeit("put_cuda 64MiB", 30, func() { _, _, _ = f.PutCUDA(m, 64<<20, 0, 0) })
+	timeit("get_cuda 64MiB", 30, func() { _, _, _ = f.GetCUDA(m, 64<<20, 0) })
+	_ = ctx.HostRegister(host, cuda.HostRegisterPortable)
+	timeit("cuMemcpyDtoH 64MiB pinned", 30, func() { _ = ctx.CopyDtoH(host, dev) })
+	timeit("cuMemcpyHtoD 64MiB pinned", 30, func() { _ = ctx.CopyHtoD(dev, host) })
 }
