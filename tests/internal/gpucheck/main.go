@@ -8,6 +8,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -47,6 +48,14 @@ func main() {
 	}
 	if len(os.Args) == 3 && os.Args[1] == "child" {
 		child(os.Args[2])
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == "ipcchild" {
+		ipcChild(os.Args[2])
+		return
+	}
+	if len(os.Args) == 2 && os.Args[1] == "ipclat" {
+		ipcLatency()
 		return
 	}
 	if len(os.Args) == 3 && os.Args[1] == "lat" {
@@ -252,4 +261,85 @@ func latency(dir string) {
 	_ = ctx.HostRegister(host, cuda.HostRegisterPortable)
 	timeit("cuMemcpyDtoH 64MiB pinned", 30, func() { _ = ctx.CopyDtoH(host, dev) })
 	timeit("cuMemcpyHtoD 64MiB pinned", 30, func() { _ = ctx.CopyHtoD(dev, host) })
+	// The same into hugetlb memory registered like the daemon's segments.
+	huge, err := syscall.Mmap(-1, 0, 64<<20, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS|0x40000)
+	if err != nil {
+		fmt.Println("no hugetlb mapping:", err)
+		return
+	}
+	for i := 0; i < len(huge); i += 4096 {
+		huge[i] = 1
+	}
+	if err := ctx.HostRegister(huge, cuda.HostRegisterPortable); err != nil {
+		fmt.Println("register hugetlb:", err)
+		return
+	}
+	timeit("cuMemcpyDtoH 64MiB hugetlb", 30, func() { _ = ctx.CopyDtoH(huge, dev) })
+	timeit("cuMemcpyHtoD 64MiB hugetlb", 30, func() { _ = ctx.CopyHtoD(dev, huge) })
+	s, _ := ctx.NewStream()
+	timeit("async DtoH+sync 64MiB hugetlb", 30, func() { _ = cuda.CopyDtoHAsync(huge, dev, s); _ = s.Sync() })
+	timeit("async 2x32MiB DtoH+sync hugetlb", 30, func() {
+		_ = cuda.CopyDtoHAsync(huge[:32<<20], dev, s)
+		_ = cuda.CopyDtoHAsync(huge[32<<20:], dev+32<<20, s)
+		_ = s.Sync()
+	})
+}
+
+// ipcLatency times the driver's pinned copies against memory of another
+// process opened through its IPC handle, the way the daemon reaches a
+// client's tensors, next to the same copies on the owner's side.
+func ipcLatency() {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	dev, _ := ctx.MemAlloc(64 << 20)
+	h, _ := ctx.IpcGetHandle(dev)
+	out, err := exec.Command(os.Args[0], "ipcchild", fmt.Sprintf("%x", h[:])).CombinedOutput()
+	fmt.Print(string(out))
+	if err != nil {
+		fmt.Println("ipcchild:", err)
+	}
+}
+
+func ipcChild(hexHandle string) {
+	var h [64]byte
+	b, err := hex.DecodeString(hexHandle)
+	if err != nil || len(b) != len(h) {
+		fmt.Println("bad handle:", err)
+		os.Exit(1)
+	}
+	copy(h[:], b)
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	p, err := ctx.IpcOpen(h)
+	if err != nil {
+		fmt.Println("ipc open:", err)
+		os.Exit(1)
+	}
+	own, _ := ctx.MemAlloc(64 << 20)
+	host, _ := syscall.Mmap(-1, 0, 64<<20, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	for i := 0; i < len(host); i += 4096 {
+		host[i] = 1
+	}
+	_ = ctx.HostRegister(host, cuda.HostRegisterPortable)
+	timeit := func(name string, fn func() error) {
+		_ = fn()
+		t0 := time.Now()
+		for range 30 {
+			if err := fn(); err != nil {
+				fmt.Println(name, err)
+				return
+			}
+		}
+		fmt.Printf("%-30s %8.1f us\n", name, float64(time.Since(t0).Microseconds())/30)
+	}
+	timeit("DtoH 64MiB own allocation", func() error { return ctx.CopyDtoH(host, own) })
+	timeit("DtoH 64MiB IPC-opened", func() error { return ctx.CopyDtoH(host, p) })
+	timeit("HtoD 64MiB own allocation", func() error { return ctx.CopyHtoD(own, host) })
+	timeit("HtoD 64MiB IPC-opened", func() error { return ctx.CopyHtoD(p, host) })
 }
