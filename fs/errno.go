@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"github.com/mooncake-fs/mooncake-fs/cuda"
+	"github.com/mooncake-fs/mooncake-fs/store/etcdindex"
 	"syscall"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -29,6 +30,7 @@ var errnoTable = []struct {
 	{segment.ErrNoSpace, syscall.ENOSPC},
 	{store.ErrStale, syscall.ESTALE},
 	{store.ErrLost, syscall.EIO},
+	{etcdindex.ErrCorrupt, syscall.EIO},
 	{store.ErrInvalid, syscall.EINVAL},
 	{store.ErrTooLarge, syscall.EFBIG},
 	{store.ErrUnsupported, syscall.EOPNOTSUPP},
