@@ -15,11 +15,11 @@ import (
 type Embedded struct {
 	mu struct {
 		sync.Mutex
-		tree     *btree.BTreeG[*Object]
-		rev      uint64
-		closed   bool
-		watchers map[*watcher]struct{}
+		tree   *btree.BTreeG[*Object]
+		rev    uint64
+		closed bool
 	}
+	hub WatchHub
 }
 
 var _ Index = (*Embedded)(nil)
@@ -28,7 +28,6 @@ var _ Index = (*Embedded)(nil)
 func NewEmbedded() *Embedded {
 	x := &Embedded{}
 	x.mu.tree = btree.NewG(32, func(a, b *Object) bool { return a.Key < b.Key })
-	x.mu.watchers = make(map[*watcher]struct{})
 	return x
 }
 
@@ -85,9 +84,7 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 		x.mu.tree.ReplaceOrInsert(o)
 		events = append(events, Event{Type: EventPut, Object: o})
 	}
-	for w := range x.mu.watchers {
-		w.send(events)
-	}
+	x.hub.Publish(events)
 	return rev, nil
 }
 
@@ -120,20 +117,7 @@ func (x *Embedded) Watch(ctx context.Context, prefix string) (<-chan Event, erro
 	if x.mu.closed {
 		return nil, ErrClosed
 	}
-	w := &watcher{prefix: prefix, out: make(chan Event), wake: make(chan struct{}, 1), done: make(chan struct{})}
-	x.mu.watchers[w] = struct{}{}
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-w.done:
-		}
-		x.mu.Lock()
-		delete(x.mu.watchers, w)
-		x.mu.Unlock()
-		w.stop()
-	}()
-	go w.run(ctx)
-	return w.out, nil
+	return x.hub.Watch(ctx, prefix)
 }
 
 // Close implements Index.
@@ -144,61 +128,6 @@ func (x *Embedded) Close() error {
 		return nil
 	}
 	x.mu.closed = true
-	for w := range x.mu.watchers {
-		w.stop()
-	}
-	x.mu.watchers = nil
+	x.hub.Close()
 	return nil
-}
-
-type watcher struct {
-	prefix string
-	out    chan Event
-	wake   chan struct{}
-	done   chan struct{}
-	once   sync.Once
-	mu     struct {
-		sync.Mutex
-		queue []Event
-	}
-}
-
-func (w *watcher) send(events []Event) {
-	w.mu.Lock()
-	for _, e := range events {
-		if strings.HasPrefix(e.Object.Key, w.prefix) {
-			w.mu.queue = append(w.mu.queue, e)
-		}
-	}
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (w *watcher) stop() { w.once.Do(func() { close(w.done) }) }
-
-func (w *watcher) run(ctx context.Context) {
-	defer close(w.out)
-	for {
-		w.mu.Lock()
-		q := w.mu.queue
-		w.mu.queue = nil
-		w.mu.Unlock()
-		for _, e := range q {
-			select {
-			case w.out <- e:
-			case <-w.done:
-				return
-			}
-		}
-		select {
-		case <-w.wake:
-		case <-w.done:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
 }

@@ -48,7 +48,7 @@
 //
 // # Locks
 //
-// Index.mu guards the cache, the revisions and the watcher set; watcher.mu
+// Index.mu guards the cache and the revisions; the WatchHub
 // (its queue) is taken under Index.mu, never the other way round. No lock
 // is held across an etcd call.
 package etcdindex

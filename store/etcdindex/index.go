@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -23,7 +24,8 @@ type Index struct {
 	opts      Options
 	cli       *clientv3.Client
 	ownClient bool
-	objPrefix string // opts.Prefix + "objects/"
+	objPrefix string         // opts.Prefix + "objects/"
+	hub       store.WatchHub // published to under mu, in revision order
 
 	ctx    context.Context // ends at Close; parent of the cache's watch
 	cancel context.CancelFunc
@@ -43,7 +45,6 @@ type Index struct {
 		advanced chan struct{} // closed and replaced whenever rev moves
 		watchErr error         // why the cache last fell behind, for messages
 		closed   bool
-		watchers map[*watcher]struct{}
 	}
 }
 
@@ -83,7 +84,6 @@ func open(opts Options) (*Index, error) {
 	x.mu.tree = newTree()
 	x.mu.corrupt = map[string]error{}
 	x.mu.advanced = make(chan struct{})
-	x.mu.watchers = map[*watcher]struct{}{}
 	if err := x.load(); err != nil {
 		x.cancel()
 		if x.ownClient {
@@ -309,20 +309,7 @@ func (x *Index) Watch(ctx context.Context, prefix string) (<-chan store.Event, e
 		return nil, err
 	}
 	defer x.mu.Unlock()
-	w := newWatcher(prefix)
-	x.mu.watchers[w] = struct{}{}
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-w.done:
-		}
-		x.mu.Lock()
-		delete(x.mu.watchers, w)
-		x.mu.Unlock()
-		w.stop()
-	}()
-	go w.run(ctx)
-	return w.out, nil
+	return x.hub.Watch(ctx, prefix)
 }
 
 // Close implements store.Index: it ends every watch, stops the cache's
@@ -334,10 +321,7 @@ func (x *Index) Close() error {
 		return nil
 	}
 	x.mu.closed = true
-	for w := range x.mu.watchers {
-		w.stop()
-	}
-	x.mu.watchers = nil
+	x.hub.Close()
 	close(x.mu.advanced)
 	x.mu.Unlock()
 	x.cancel()
@@ -502,7 +486,19 @@ func (x *Index) sendLocked(events []store.Event) {
 	if len(events) == 0 {
 		return
 	}
-	for w := range x.mu.watchers {
-		w.send(events)
-	}
+	x.hub.Publish(events)
+}
+
+// slicesSortByVersion orders events by object version, keeping the order
+// of equal versions.
+func slicesSortByVersion(events []store.Event) {
+	slices.SortStableFunc(events, func(a, b store.Event) int {
+		switch {
+		case a.Object.Version < b.Object.Version:
+			return -1
+		case a.Object.Version > b.Object.Version:
+			return 1
+		}
+		return 0
+	})
 }
