@@ -51,4 +51,12 @@
 // Index.mu guards the cache and the revisions; the WatchHub
 // (its queue) is taken under Index.mu, never the other way round. No lock
 // is held across an etcd call.
+//
+// # Membership
+//
+// Join registers a node under Prefix+"nodes/" with a lease; keepalives
+// keep it alive, Leave revokes it, and a node that dies simply stops
+// renewing, so etcd deletes its entry after the TTL and every member sees
+// Left. Membership.mu comes before the watcher queue lock; no lock is
+// held across an etcd call.
 package etcdindex
