@@ -15,5 +15,11 @@
 // bytes), so "one copy" is a measured claim: see Stats and the Prometheus
 // metrics mooncake_transfer_*.
 //
+// Remote segments are reached through a Transport (transport.go): today
+// the TCP transport, one-sided reads and writes of extents served by the
+// owning daemon's TCPServer straight from and into its segment memory,
+// after a challenge-response proof of the cluster token; frames are fuzzed.
+// It is not yet wired into Submit (the cluster issue does that).
+//
 // The package holds no lock while copying. It never sees keys or objects.
 package transfer

@@ -1,0 +1,445 @@
+package transfer
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+)
+
+// TCPOptions configures a TCPTransport.
+type TCPOptions struct {
+	// Token is the cluster token; the peer must prove it holds the same.
+	// Required, at least 16 bytes.
+	Token []byte
+	// Resolve maps a node name to the address of its TCPServer. Required;
+	// it is called for every new connection, so a node that moved is
+	// found again.
+	Resolve func(node string) (addr string, err error)
+	// ConnsPerPeer bounds the connections (and so the requests in flight)
+	// to one node. 0 means 4.
+	ConnsPerPeer int
+	// Timeout bounds every ReadAt and WriteAt call, dialing included, on
+	// top of the caller's context. 0 means 30s.
+	Timeout time.Duration
+	// ChunkBytes splits a call larger than this into frames sent in
+	// parallel over the peer's connections. 0 means 4 MiB; otherwise at
+	// least 4 KiB and at most 1 GiB.
+	ChunkBytes uint64
+}
+
+// DefaultTCPOptions returns the values NewTCPTransport uses for zero
+// fields.
+func DefaultTCPOptions() TCPOptions {
+	return TCPOptions{ConnsPerPeer: 4, Timeout: 30 * time.Second, ChunkBytes: 4 << 20}
+}
+
+// Validate reports every bad field at once.
+func (o TCPOptions) Validate() error {
+	var errs []error
+	if len(o.Token) < 16 {
+		errs = append(errs, fmt.Errorf("transfer: TCPOptions.Token of %d B < 16 B", len(o.Token)))
+	}
+	if o.Resolve == nil {
+		errs = append(errs, errors.New("transfer: TCPOptions.Resolve is required"))
+	}
+	if o.ConnsPerPeer < 0 {
+		errs = append(errs, fmt.Errorf("transfer: TCPOptions.ConnsPerPeer %d < 0", o.ConnsPerPeer))
+	}
+	if o.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("transfer: TCPOptions.Timeout %v < 0", o.Timeout))
+	}
+	if o.ChunkBytes != 0 && (o.ChunkBytes < 4096 || o.ChunkBytes > maxFrameLen) {
+		errs = append(errs, fmt.Errorf("transfer: TCPOptions.ChunkBytes %d outside [4096, %d]", o.ChunkBytes, maxFrameLen))
+	}
+	return errors.Join(errs...)
+}
+
+// TCPStats are cumulative counters since the transport was made.
+type TCPStats struct {
+	// BytesRead and BytesWritten count payload bytes moved from and to
+	// remote segments.
+	BytesRead, BytesWritten uint64
+	// Dials counts connections opened and authenticated.
+	Dials uint64
+	// Dropped counts connections closed after an error.
+	Dropped uint64
+}
+
+// TCPTransport is the Transport over TCP; see Transport for the protocol.
+// It keeps up to ConnsPerPeer authenticated connections per node and
+// reuses them; a connection that fails is closed, and the next call dials
+// a new one.
+//
+// Lock order: TCPTransport.mu, then tcpPeer.mu. Neither is held across
+// network I/O.
+type TCPTransport struct {
+	opts TCPOptions
+	mu   struct {
+		sync.Mutex
+		closed bool
+		peers  map[string]*tcpPeer
+	}
+	stats struct {
+		read, written, dials, dropped atomic.Uint64
+	}
+}
+
+type tcpPeer struct {
+	node  string
+	slots chan struct{} // one token per connection in use
+	mu    struct {
+		sync.Mutex
+		idle []*tcpConn
+		all  map[*tcpConn]struct{} // idle and in use, for Close
+	}
+}
+
+type tcpConn struct {
+	c      net.Conn
+	nextID uint64
+}
+
+// NewTCPTransport returns a transport; it dials lazily.
+func NewTCPTransport(o TCPOptions) (*TCPTransport, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	d := DefaultTCPOptions()
+	if o.ConnsPerPeer == 0 {
+		o.ConnsPerPeer = d.ConnsPerPeer
+	}
+	if o.Timeout == 0 {
+		o.Timeout = d.Timeout
+	}
+	if o.ChunkBytes == 0 {
+		o.ChunkBytes = d.ChunkBytes
+	}
+	o.Token = append([]byte(nil), o.Token...)
+	t := &TCPTransport{opts: o}
+	t.mu.peers = map[string]*tcpPeer{}
+	return t, nil
+}
+
+// Stats returns the counters.
+func (t *TCPTransport) Stats() TCPStats {
+	return TCPStats{
+		BytesRead:    t.stats.read.Load(),
+		BytesWritten: t.stats.written.Load(),
+		Dials:        t.stats.dials.Load(),
+		Dropped:      t.stats.dropped.Load(),
+	}
+}
+
+// ReadAt implements Transport. dst is borrowed for the call.
+func (t *TCPTransport) ReadAt(ctx context.Context, node string, e segment.Extent, dst []byte) error {
+	if uint64(len(dst)) != e.Len {
+		return fmt.Errorf("transfer: tcp read %s %v into %d B: %w", node, e, len(dst), ErrBadRequest)
+	}
+	return t.call(ctx, opRead, node, e, dst)
+}
+
+// WriteAt implements Transport. src is borrowed for the call.
+func (t *TCPTransport) WriteAt(ctx context.Context, node string, e segment.Extent, src []byte) error {
+	if uint64(len(src)) != e.Len {
+		return fmt.Errorf("transfer: tcp write %s %v from %d B: %w", node, e, len(src), ErrBadRequest)
+	}
+	return t.call(ctx, opWrite, node, e, src)
+}
+
+// Close closes every connection, failing calls in flight, and makes later
+// calls fail with ErrClosed.
+func (t *TCPTransport) Close() error {
+	t.mu.Lock()
+	t.mu.closed = true
+	peers := t.mu.peers
+	t.mu.peers = map[string]*tcpPeer{}
+	for _, p := range peers {
+		p.mu.Lock()
+		for pc := range p.mu.all {
+			pc.c.Close()
+		}
+		p.mu.idle = nil
+		p.mu.Unlock()
+	}
+	t.mu.Unlock()
+	return nil
+}
+
+// call splits e into chunks and runs them over up to ConnsPerPeer
+// connections; it returns the first error.
+func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, e segment.Extent, buf []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	p, err := t.peer(node)
+	if err != nil {
+		return err
+	}
+	cb := t.opts.ChunkBytes
+	n := 1
+	if e.Len > cb {
+		n = int((e.Len + cb - 1) / cb)
+	}
+	if n == 1 {
+		return t.chunk(ctx, p, op, e, buf)
+	}
+	var (
+		next  atomic.Int64
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for range min(n, t.opts.ConnsPerPeer) {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) || ctx.Err() != nil {
+					return
+				}
+				off := uint64(i) * cb
+				end := min(off+cb, e.Len)
+				ce := segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: end - off}
+				if err := t.chunk(ctx, p, op, ce, buf[off:end]); err != nil {
+					once.Do(func() { first = err; cancel() })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		return fmt.Errorf("transfer: tcp %v %s %v: %w", op, node, e, ctx.Err())
+	}
+	return first
+}
+
+func (t *TCPTransport) peer(node string) (*tcpPeer, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mu.closed {
+		return nil, ErrClosed
+	}
+	p := t.mu.peers[node]
+	if p == nil {
+		p = &tcpPeer{node: node, slots: make(chan struct{}, t.opts.ConnsPerPeer)}
+		p.mu.all = map[*tcpConn]struct{}{}
+		t.mu.peers[node] = p
+	}
+	return p, nil
+}
+
+// chunk runs one frame's request on a pooled connection.
+func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, e segment.Extent, buf []byte) error {
+	wrap := func(err error) error {
+		return fmt.Errorf("transfer: tcp %v %s %v: %w", op, p.node, e, err)
+	}
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return wrap(ctx.Err())
+	}
+	defer func() { <-p.slots }()
+	pc, err := t.conn(ctx, p)
+	if err != nil {
+		return wrap(err)
+	}
+	dl, _ := ctx.Deadline() // call set one
+	if err := pc.c.SetDeadline(dl); err != nil {
+		t.drop(p, pc)
+		return wrap(err)
+	}
+	// A cancelled ctx unblocks the I/O by moving the deadline to the past.
+	stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
+	broken, err := pc.roundTrip(op, e, buf)
+	if !stop() {
+		// The deadline may be poisoned, or about to be: do not reuse.
+		broken = true
+		if err != nil {
+			err = errors.Join(ctx.Err(), err)
+		}
+	}
+	if broken {
+		t.drop(p, pc)
+	} else {
+		t.release(p, pc)
+	}
+	if err != nil {
+		return wrap(err)
+	}
+	if op == opRead {
+		t.stats.read.Add(e.Len)
+	} else {
+		t.stats.written.Add(e.Len)
+	}
+	return nil
+}
+
+// conn returns an idle connection of p or dials one. The caller holds one
+// of p's slots.
+func (t *TCPTransport) conn(ctx context.Context, p *tcpPeer) (*tcpConn, error) {
+	p.mu.Lock()
+	if n := len(p.mu.idle); n > 0 {
+		pc := p.mu.idle[n-1]
+		p.mu.idle = p.mu.idle[:n-1]
+		p.mu.Unlock()
+		return pc, nil
+	}
+	p.mu.Unlock()
+
+	addr, err := t.opts.Resolve(p.node)
+	if err != nil {
+		return nil, fmt.Errorf("resolve: %w", err)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	dl, _ := ctx.Deadline()
+	c.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	err = clientHandshake(c, t.opts.Token)
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("handshake with %s: %w", addr, err)
+	}
+	pc := &tcpConn{c: c}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mu.closed {
+		c.Close()
+		return nil, ErrClosed
+	}
+	p.mu.Lock()
+	p.mu.all[pc] = struct{}{}
+	p.mu.Unlock()
+	t.stats.dials.Add(1)
+	return pc, nil
+}
+
+func (t *TCPTransport) release(p *tcpPeer, pc *tcpConn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t.mu.closed {
+		delete(p.mu.all, pc)
+		pc.c.Close()
+		return
+	}
+	p.mu.idle = append(p.mu.idle, pc)
+}
+
+func (t *TCPTransport) drop(p *tcpPeer, pc *tcpConn) {
+	t.stats.dropped.Add(1)
+	p.mu.Lock()
+	delete(p.mu.all, pc)
+	p.mu.Unlock()
+	pc.c.Close()
+}
+
+// roundTrip sends one request and reads its response. broken reports that
+// the connection must not be reused; a remote error status leaves it
+// usable.
+func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte) (broken bool, err error) {
+	pc.nextID++
+	req := header{op: op, id: pc.nextID, seg: e.Segment, off: e.Off, len: e.Len}
+	var hb [headerSize]byte
+	putHeader(hb[:], req)
+	if _, err := pc.c.Write(hb[:]); err != nil {
+		return true, err
+	}
+	if op == opWrite {
+		// Straight from the caller's buffer; see serveRequest on writev.
+		if _, err := sendSegment(pc.c, buf); err != nil {
+			return true, err
+		}
+	}
+	if _, err := io.ReadFull(pc.c, hb[:]); err != nil {
+		return true, err
+	}
+	h, err := decodeHeader(hb[:])
+	if err != nil {
+		return true, err
+	}
+	if h.op != op || h.id != req.id {
+		return true, fmt.Errorf("%w: response %v #%d to %v #%d", ErrProtocol, h.op, h.id, op, req.id)
+	}
+	if h.status != statusOK {
+		if h.len != 0 {
+			return true, fmt.Errorf("%w: error status with %d B payload", ErrProtocol, h.len)
+		}
+		return false, statusErr(h.status)
+	}
+	want := uint64(0)
+	if op == opRead {
+		want = e.Len
+	}
+	if h.len != want {
+		return true, fmt.Errorf("%w: %v response of %d B, want %d", ErrProtocol, op, h.len, want)
+	}
+	if op == opRead {
+		if _, err := io.ReadFull(pc.c, buf); err != nil {
+			return true, err
+		}
+	}
+	return false, nil
+}
+
+// clientHandshake runs the client side of the challenge-response; see
+// Transport. c's deadline is set by the caller.
+func clientHandshake(c net.Conn, token []byte) error {
+	var in [headerSize + authLen]byte
+	if _, err := io.ReadFull(c, in[:]); err != nil {
+		return fmt.Errorf("read challenge: %w", err)
+	}
+	h, err := decodeHeader(in[:headerSize])
+	if err != nil {
+		return err
+	}
+	if h.op != opChallenge || h.len != authLen {
+		return fmt.Errorf("%w: %v of %d B instead of a challenge", ErrProtocol, h.op, h.len)
+	}
+	var challenge [authLen]byte
+	copy(challenge[:], in[headerSize:])
+
+	var out [headerSize + 2*authLen]byte
+	putHeader(out[:], header{op: opProof, len: 2 * authLen})
+	nonce := out[headerSize+authLen:]
+	rand.Read(nonce)
+	copy(out[headerSize:], authMAC(token, challenge[:], nonce))
+	if _, err := c.Write(out[:]); err != nil {
+		return fmt.Errorf("send proof: %w", err)
+	}
+
+	if _, err := io.ReadFull(c, in[:]); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			// How a server refuses a proof.
+			return fmt.Errorf("%w: peer closed the connection after our proof (%v)", ErrAuth, err)
+		}
+		return fmt.Errorf("read accept: %w", err)
+	}
+	h, err = decodeHeader(in[:headerSize])
+	if err != nil {
+		return err
+	}
+	if h.op != opAccept || h.len != authLen {
+		return fmt.Errorf("%w: %v of %d B instead of an accept", ErrProtocol, h.op, h.len)
+	}
+	if !hmac.Equal(in[headerSize:], authMAC(token, nonce, challenge[:])) {
+		return fmt.Errorf("%w: server's proof does not match", ErrAuth)
+	}
+	return nil
+}
