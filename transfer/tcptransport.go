@@ -248,29 +248,16 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, e segm
 		return wrap(ctx.Err())
 	}
 	defer func() { <-p.slots }()
-	pc, err := t.conn(ctx, p)
-	if err != nil {
-		return wrap(err)
-	}
-	dl, _ := ctx.Deadline() // call set one
-	if err := pc.c.SetDeadline(dl); err != nil {
-		t.drop(p, pc)
-		return wrap(err)
-	}
-	// A cancelled ctx unblocks the I/O by moving the deadline to the past.
-	stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
-	broken, err := pc.roundTrip(op, e, buf)
-	if !stop() {
-		// The deadline may be poisoned, or about to be: do not reuse.
-		broken = true
-		if err != nil {
-			err = errors.Join(ctx.Err(), err)
+	var err error
+	for attempt := 0; ; attempt++ {
+		var broken, reused bool
+		broken, reused, err = t.try(ctx, p, op, e, buf)
+		// A pooled connection may have died with its peer (a restart):
+		// both operations are idempotent, so go once more on a fresh one.
+		if err != nil && broken && reused && attempt == 0 && ctx.Err() == nil {
+			continue
 		}
-	}
-	if broken {
-		t.drop(p, pc)
-	} else {
-		t.release(p, pc)
+		break
 	}
 	if err != nil {
 		return wrap(err)
@@ -283,26 +270,56 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, e segm
 	return nil
 }
 
-// conn returns an idle connection of p or dials one. The caller holds one
-// of p's slots.
-func (t *TCPTransport) conn(ctx context.Context, p *tcpPeer) (*tcpConn, error) {
+// try runs one request on a connection of p; broken says the connection
+// was dropped, reused that it came from the idle pool.
+func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, e segment.Extent, buf []byte) (broken, reused bool, err error) {
+	pc, reused, err := t.conn(ctx, p)
+	if err != nil {
+		return false, false, err
+	}
+	dl, _ := ctx.Deadline() // call set one
+	if err := pc.c.SetDeadline(dl); err != nil {
+		t.drop(p, pc)
+		return true, reused, err
+	}
+	// A cancelled ctx unblocks the I/O by moving the deadline to the past.
+	stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
+	broken, err = pc.roundTrip(op, e, buf)
+	if !stop() {
+		// The deadline may be poisoned, or about to be: do not reuse.
+		broken = true
+		if err != nil {
+			err = errors.Join(ctx.Err(), err)
+		}
+	}
+	if broken {
+		t.drop(p, pc)
+	} else {
+		t.release(p, pc)
+	}
+	return broken, reused, err
+}
+
+// conn returns an idle connection of p (reused) or dials one. The caller
+// holds one of p's slots.
+func (t *TCPTransport) conn(ctx context.Context, p *tcpPeer) (*tcpConn, bool, error) {
 	p.mu.Lock()
 	if n := len(p.mu.idle); n > 0 {
 		pc := p.mu.idle[n-1]
 		p.mu.idle = p.mu.idle[:n-1]
 		p.mu.Unlock()
-		return pc, nil
+		return pc, true, nil
 	}
 	p.mu.Unlock()
 
 	addr, err := t.opts.Resolve(p.node)
 	if err != nil {
-		return nil, fmt.Errorf("resolve: %w", err)
+		return nil, false, fmt.Errorf("resolve: %w", err)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	dl, _ := ctx.Deadline()
 	c.SetDeadline(dl)
@@ -313,20 +330,20 @@ func (t *TCPTransport) conn(ctx context.Context, p *tcpPeer) (*tcpConn, error) {
 	}
 	if err != nil {
 		c.Close()
-		return nil, fmt.Errorf("handshake with %s: %w", addr, err)
+		return nil, false, fmt.Errorf("handshake with %s: %w", addr, err)
 	}
 	pc := &tcpConn{c: c}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.closed {
 		c.Close()
-		return nil, ErrClosed
+		return nil, false, ErrClosed
 	}
 	p.mu.Lock()
 	p.mu.all[pc] = struct{}{}
 	p.mu.Unlock()
 	t.stats.dials.Add(1)
-	return pc, nil
+	return pc, false, nil
 }
 
 func (t *TCPTransport) release(p *tcpPeer, pc *tcpConn) {
