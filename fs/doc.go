@@ -22,6 +22,17 @@
 // page cache would only hold a second copy. mmap still works through
 // CAP_DIRECT_IO_ALLOW_MMAP.
 //
+// # Ioctls
+//
+// ioctl.go dispatches the ABI of package ioctl; dataio.go runs the data
+// path (puts commit a new version through a store.Draft, gets read through
+// a store.Reader, both moving bytes with one transfer.Engine request), with
+// registered client buffers (register.go: pidfd_getfd + MAP_SHARED, owned by
+// the open file), process memory (process_vm_*), and GPU memory (gpu.go:
+// CUDA IPC handles opened once per daemon and context, ref-counted across
+// open files). Batches on directories check mode bits themselves
+// (access.go), since the kernel never looked those keys up.
+//
 // # Errors
 //
 // Every operation maps its error with toErrno (errno.go), the one place

@@ -24,6 +24,12 @@
 // that are neither open nor pinned, and a background loop keeps use between
 // LowWater and HighWater. Without it, a full store fails with ErrNoSpace.
 //
+// # Indexes
+//
+// Embedded (this package) serves one machine; store/etcdindex serves a
+// cluster through etcd. Both pass store/indextest and fan events out with
+// one WatchHub.
+//
 // # Directories
 //
 // Keys are slash-separated paths. A directory is explicit (an Object of
