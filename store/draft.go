@@ -129,7 +129,11 @@ func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 	if err := d.reserveLocked(keep); err != nil {
 		return err
 	}
-	if keep > 0 {
+	if keep > 0 && base.remote != nil {
+		if err := d.fetchLocked(ctx, base, keep); err != nil {
+			return fmt.Errorf("store: copy on write of %d B: %w", keep, err)
+		}
+	} else if keep > 0 {
 		var reqs []transfer.Request
 		var err error
 		span(base.b.extents, base.b.starts, 0, keep, func(src segment.Extent, rel uint64) bool {
@@ -359,6 +363,13 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 	d.trimLocked()
 	ext := d.mu.ext
 	size := d.mu.size
+	d.s.registerBody(ext)
+	published := false
+	defer func() {
+		if !published {
+			d.s.unregisterBody(ext)
+		}
+	}()
 	for {
 		cur, err := d.s.idx.Get(ctx, o.Key)
 		if err != nil && !errors.Is(err, ErrNotFound) {
@@ -418,6 +429,8 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		}
 		b := d.s.acquireLocked(next)
 		d.s.mu.opens[next.Ino]++
+		published = true
+		d.s.publishedBodyLocked(next)
 		d.s.mu.Unlock()
 		d.s.committed(nil, []*Object{next}, nil)
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0

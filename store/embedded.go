@@ -75,14 +75,14 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	for _, s := range swaps {
 		if s.New == nil {
 			if old, ok := x.mu.tree.Delete(&Object{Key: s.Key}); ok {
-				events = append(events, Event{Type: EventDelete, Object: old})
+				events = append(events, Event{Type: EventDelete, Object: old, Rev: rev})
 			}
 			continue
 		}
 		s.New.Version = rev
 		o := s.New.Clone()
 		x.mu.tree.ReplaceOrInsert(o)
-		events = append(events, Event{Type: EventPut, Object: o})
+		events = append(events, Event{Type: EventPut, Object: o, Rev: rev})
 	}
 	x.hub.Publish(events)
 	return rev, nil

@@ -23,6 +23,9 @@ var (
 	ErrClosed      = errors.New("store: closed")
 	ErrUnsupported = errors.New("store: unsupported")
 	ErrRange       = errors.New("store: offset outside the object")
+	// ErrRemote means the held bytes live on another node: Reader.Slices
+	// cannot map them; callers (fs) fall back to ReadAt / ReadTo.
+	ErrRemote = errors.New("store: bytes on a remote node")
 )
 
 // keyError wraps a sentinel with the operation and key. It formats only

@@ -24,6 +24,11 @@ const (
 type Event struct {
 	Type   EventType
 	Object *Object
+	// Rev is the index revision of the commit that made the change.
+	Rev uint64
+	// Last marks the last event of its commit that this watch receives:
+	// a multi-key commit (a rename) is complete once Last arrives.
+	Last bool
 }
 
 // Index is the consistent map key -> Object that every daemon shares.

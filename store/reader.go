@@ -16,6 +16,7 @@ type Reader struct {
 	s      *Store
 	obj    *Object
 	b      *body
+	remote *remoteBody // set when the bytes are on another node (b is nil)
 	closed atomic.Bool
 }
 
@@ -31,15 +32,18 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("open %q: %w", key, ErrIsDir)
 	}
+	var rb *remoteBody
 	if obj.Size > 0 && len(s.localExtents(obj)) == 0 {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
+		if rb = s.remoteReplica(obj); rb == nil {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
+		}
 	}
 	b := s.acquireLocked(obj)
 	s.mu.opens[obj.Ino]++
 	s.mu.Unlock()
 	s.touch(key)
-	return &Reader{s: s, obj: obj, b: b}, nil
+	return &Reader{s: s, obj: obj, b: b, remote: rb}, nil
 }
 
 // Object returns the version this reader holds.
@@ -50,8 +54,13 @@ func (r *Reader) Size() uint64 { return r.obj.Size }
 
 // Slices returns views of the held bytes [off, off+n), clipped to the size,
 // straight into segment memory. They stay valid while the reader (or a
-// Hold on it) is open; the caller must not write to them.
+// Hold on it) is open; the caller must not write to them. Bytes held by
+// another node cannot be mapped: Slices returns ErrRemote, and the caller
+// falls back to ReadAt or ReadTo.
 func (r *Reader) Slices(off, n uint64) ([][]byte, error) {
+	if r.remote != nil {
+		return nil, fmt.Errorf("slices of %q: %w", r.obj.Key, ErrRemote)
+	}
 	if r.b == nil || off >= r.obj.Size {
 		return nil, nil
 	}
@@ -83,12 +92,20 @@ func (r *Reader) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) 
 // ReadTo copies the held bytes at off into buf (host, registered or
 // another process's memory), one copy, and returns the count: the buffer's
 // size, or less at the end of the object. An offset past the end is
-// ErrRange.
+// ErrRange. Bytes held by another node are fetched through
+// Options.Transport extent by extent, straight into host or registered
+// buffers; other buffer kinds fail with ErrUnsupported for now.
 func (r *Reader) ReadTo(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
 	if off > r.obj.Size {
 		return 0, fmt.Errorf("read at %d of %d B: %w", off, r.obj.Size, ErrRange)
 	}
-	if r.b == nil || off == r.obj.Size {
+	if off == r.obj.Size {
+		return 0, nil
+	}
+	if r.remote != nil {
+		return r.readRemote(ctx, buf, off)
+	}
+	if r.b == nil {
 		return 0, nil
 	}
 	n := min(buf.Size(), r.obj.Size-off)

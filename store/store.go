@@ -2,6 +2,7 @@ package store
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -33,6 +34,13 @@ type Options struct {
 	HighWater, LowWater float64
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Transport reads replicas held by other nodes. Nil: single node, and
+	// an object with no replica here fails with ErrLost.
+	Transport transfer.Transport
+	// Follow watches the Index for changes committed by other nodes and
+	// frees this node's bodies of versions they replaced or deleted. Set
+	// it when the Index is shared.
+	Follow bool
 }
 
 // DefaultOptions returns the defaults for the optional fields.
@@ -75,6 +83,7 @@ type Store struct {
 	done    chan struct{}
 	started int64 // Unix ns; the root directory's times
 	wg      sync.WaitGroup
+	cancel  context.CancelFunc // ends the follow watch
 	stats   struct {
 		evictions, evictedBytes atomic.Uint64
 		commits, revokes        atomic.Uint64
@@ -83,6 +92,13 @@ type Store struct {
 		sync.Mutex
 		bodies map[segment.Extent]*body
 		opens  map[uint64]int // Ino -> open readers and drafts
+		// live holds the first extent of every committed, not yet
+		// retired local body (see remote.go).
+		live map[segment.Extent]*liveBody
+	}
+	follow struct {
+		seen atomic.Uint64 // highest version the follow loop processed
+		idle atomic.Bool   // no retirement waits in the follow loop
 	}
 	lru struct {
 		sync.Mutex
@@ -113,8 +129,14 @@ func New(o Options) (*Store, error) {
 		kick: make(chan struct{}, 1), done: make(chan struct{}), started: o.Now().UnixNano()}
 	s.mu.bodies = make(map[segment.Extent]*body)
 	s.mu.opens = make(map[uint64]int)
+	s.mu.live = make(map[segment.Extent]*liveBody)
 	s.lru.list = list.New()
 	s.lru.elem = make(map[string]*list.Element)
+	if o.Follow {
+		if err := s.startFollow(); err != nil {
+			return nil, fmt.Errorf("store: follow the index: %w", err)
+		}
+	}
 	if o.Evict {
 		s.wg.Add(1)
 		go s.evictLoop()
@@ -129,6 +151,9 @@ func (s *Store) Close() {
 	case <-s.done:
 	default:
 		close(s.done)
+	}
+	if s.cancel != nil {
+		s.cancel()
 	}
 	s.wg.Wait()
 }
@@ -198,10 +223,15 @@ func (s *Store) localExtents(obj *Object) []segment.Extent {
 // retireLocked marks the local body of a replaced or deleted object for
 // freeing; it is freed now if nobody holds it. Caller holds s.mu.
 func (s *Store) retireLocked(obj *Object) {
-	ext := s.localExtents(obj)
+	s.retireExtLocked(s.localExtents(obj))
+}
+
+// retireExtLocked retires the local body whose extents are ext.
+func (s *Store) retireExtLocked(ext []segment.Extent) {
 	if len(ext) == 0 {
 		return
 	}
+	delete(s.mu.live, ext[0])
 	b := s.mu.bodies[ext[0]]
 	if b == nil {
 		_ = s.segs.Free(ext)

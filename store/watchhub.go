@@ -43,7 +43,9 @@ func (h *WatchHub) Watch(ctx context.Context, prefix string) (<-chan Event, erro
 	return w.out, nil
 }
 
-// Publish queues events, in order, for every watch whose prefix matches.
+// Publish queues events, in commit order, for every watch whose prefix
+// matches. Events of one commit share Rev and must come in one call; each
+// watch sees Last on the last event of each commit it receives.
 func (h *WatchHub) Publish(events []Event) {
 	if len(events) == 0 {
 		return
@@ -80,10 +82,17 @@ type watcher struct {
 
 func (w *watcher) send(events []Event) {
 	w.mu.Lock()
+	start := len(w.mu.queue)
 	for _, e := range events {
 		if strings.HasPrefix(e.Object.Key, w.prefix) {
+			e.Last = false
 			w.mu.queue = append(w.mu.queue, e)
 		}
+	}
+	// Mark the last event of each commit this watcher gets.
+	q := w.mu.queue[start:]
+	for i := range q {
+		q[i].Last = i == len(q)-1 || q[i+1].Rev != q[i].Rev
 	}
 	w.mu.Unlock()
 	select {

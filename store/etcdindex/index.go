@@ -359,7 +359,12 @@ func (x *Index) load() error {
 	if x.mu.closed {
 		return store.ErrClosed
 	}
-	x.sendLocked(diff(x.mu.tree, tree))
+	// The difference stands in for lost commits: deliver it as one.
+	d := diff(x.mu.tree, tree)
+	for i := range d {
+		d[i].Rev = uint64(resp.Header.Revision)
+	}
+	x.sendLocked(d)
 	x.mu.tree, x.mu.corrupt = tree, corrupt
 	x.advanceLocked(resp.Header.Revision)
 	return nil
@@ -467,7 +472,7 @@ func (x *Index) applyLocked(evs []*clientv3.Event) {
 			o, err := decode(key, uint64(rev), ev.Kv.Value)
 			if err == nil {
 				x.mu.tree.ReplaceOrInsert(o)
-				out = append(out, store.Event{Type: store.EventPut, Object: o})
+				out = append(out, store.Event{Type: store.EventPut, Object: o, Rev: uint64(rev)})
 				continue
 			}
 			x.mu.corrupt[key] = err
@@ -475,7 +480,7 @@ func (x *Index) applyLocked(evs []*clientv3.Event) {
 		// A delete, or a put this version cannot read: the object is gone.
 		if had {
 			x.mu.tree.Delete(prev)
-			out = append(out, store.Event{Type: store.EventDelete, Object: prev})
+			out = append(out, store.Event{Type: store.EventDelete, Object: prev, Rev: uint64(rev)})
 		}
 	}
 	x.sendLocked(out)

@@ -509,14 +509,25 @@ func testWatch(t *testing.T, x store.Index) {
 		t.Fatal(err)
 	}
 	got := map[string]store.Event{}
+	var seq []store.Event
 	for range 2 {
 		e := next(t, ch)
 		got[e.Object.Key] = e
+		seq = append(seq, e)
 	}
 	checkEvent(t, 0, got["w/b"], wantEvent{store.EventDelete, "w/b", v3, 3})
 	checkEvent(t, 1, got["w/d"], wantEvent{store.EventPut, "w/d", v7, 7})
+	// Both carry the commit's revision; only the second ends the commit.
+	if seq[0].Rev != v7 || seq[1].Rev != v7 || seq[0].Last || !seq[1].Last {
+		t.Errorf("multi-key commit events: rev %d/%d last %v/%v, want rev %d, last false/true",
+			seq[0].Rev, seq[1].Rev, seq[0].Last, seq[1].Last, v7)
+	}
 	v8 := put(t, x, "w/e", 0, obj("w/e", 8))
-	checkEvent(t, 2, next(t, ch), wantEvent{store.EventPut, "w/e", v8, 8})
+	e := next(t, ch)
+	checkEvent(t, 2, e, wantEvent{store.EventPut, "w/e", v8, 8})
+	if e.Rev != v8 || !e.Last {
+		t.Errorf("single-key commit event: rev %d last %v, want %d true", e.Rev, e.Last, v8)
+	}
 }
 
 func testWatchPrefix(t *testing.T, x store.Index) {
