@@ -40,6 +40,7 @@ var errnoTable = []struct {
 	{transfer.ErrFault, syscall.EFAULT},
 	{transfer.ErrNoProcess, syscall.ESRCH},
 	{store.ErrRange, syscall.ERANGE},
+	{store.ErrRemote, syscall.EREMOTE},
 	{errBufRange, syscall.EFAULT},
 	{errBadID, syscall.EINVAL},
 	{errNotOwner, syscall.EPERM},

@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"syscall"
 	"time"
@@ -128,6 +129,15 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	if h.reader != nil {
 		release := h.reader.Hold()
 		slices, err := h.reader.Slices(uint64(off), uint64(len(dest)))
+		if errors.Is(err, store.ErrRemote) {
+			// The bytes live on another node: fetch them into dest.
+			release()
+			got, err = h.reader.ReadAt(ctx, dest, uint64(off))
+			if err != nil {
+				return nil, toErrno(err)
+			}
+			return fuse.ReadResultData(dest[:got]), 0
+		}
 		if err != nil {
 			release()
 			return nil, toErrno(err)
