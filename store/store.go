@@ -231,6 +231,11 @@ func (s *Store) retireExtLocked(ext []segment.Extent) {
 	if len(ext) == 0 {
 		return
 	}
+	if _, ok := s.mu.live[ext[0]]; !ok {
+		// Retired already: the follow loop saw the replacing commit
+		// before the committer got here (or the other way round).
+		return
+	}
 	delete(s.mu.live, ext[0])
 	b := s.mu.bodies[ext[0]]
 	if b == nil {
