@@ -285,19 +285,7 @@ const SizeBatchArg = MaxArgSize &^ 7
 // Marshal encodes a.
 func (a *BatchArg) Marshal() []byte {
 	b := make([]byte, SizeBatchArg)
-	putHeader(b, Header{Size: SizeBatchArg, Flags: a.Flags})
-	le.PutUint32(b[8:], a.Count)
-	le.PutUint32(b[12:], a.Source)
-	le.PutUint64(b[16:], a.ID)
-	for i := range a.Entries {
-		e := &a.Entries[i]
-		o := b[24+i*SizeBatchEntry:]
-		le.PutUint16(o[0:], e.KeyOff)
-		le.PutUint16(o[2:], e.KeyLen)
-		le.PutUint32(o[4:], e.Flags)
-		putU64s(o[8:], e.Addr, e.Len, e.ObjOff, uint64(e.Result), e.Version)
-	}
-	copy(b[batchKeysOff:], a.Keys[:])
+	encodeBatch(b, a)
 	return b
 }
 

@@ -51,9 +51,9 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 	if o.Kind != KindFile || o.Pinned || o.Size == 0 || len(s.localExtents(o)) == 0 || s.IsOpen(o.Ino) {
 		return 0, false
 	}
-	swaps := []Swap{{Key: key, Old: o.Version}}
-	if sw, err := s.keepParent(ctx, key, map[string]bool{key: true}); err == nil && sw != nil {
-		swaps = append(swaps, *sw)
+	swaps, err := s.removal(ctx, o)
+	if err != nil {
+		return 0, false
 	}
 	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
 		return 0, false

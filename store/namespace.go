@@ -230,6 +230,20 @@ func (s *Store) keepParent(ctx context.Context, key string, gone map[string]bool
 	return &Swap{Key: p, New: d}, nil
 }
 
+// removal returns the swaps that remove o, materializing its parent when
+// o was the last child of an implicit directory.
+func (s *Store) removal(ctx context.Context, o *Object) ([]Swap, error) {
+	swaps := []Swap{{Key: o.Key, Old: o.Version}}
+	sw, err := s.keepParent(ctx, o.Key, map[string]bool{o.Key: true})
+	if err != nil {
+		return nil, err
+	}
+	if sw != nil {
+		swaps = append(swaps, *sw)
+	}
+	return swaps, nil
+}
+
 // Rmdir removes an empty directory.
 func (s *Store) Rmdir(ctx context.Context, key string) error {
 	for {
@@ -245,11 +259,9 @@ func (s *Store) Rmdir(ctx context.Context, key string) error {
 		} else if has {
 			return fmt.Errorf("rmdir %q: %w", key, ErrNotEmpty)
 		}
-		swaps := []Swap{{Key: key, Old: o.Version}}
-		if sw, err := s.keepParent(ctx, key, map[string]bool{key: true}); err != nil {
+		swaps, err := s.removal(ctx, o)
+		if err != nil {
 			return err
-		} else if sw != nil {
-			swaps = append(swaps, *sw)
 		}
 		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
 			if errors.Is(err, ErrConflict) {
@@ -279,11 +291,9 @@ func (s *Store) Delete(ctx context.Context, key string, ifIno uint64) error {
 		if ifIno != 0 && o.Ino != ifIno {
 			return fmt.Errorf("delete %q: %w", key, ErrStale)
 		}
-		swaps := []Swap{{Key: key, Old: o.Version}}
-		if sw, err := s.keepParent(ctx, key, map[string]bool{key: true}); err != nil {
+		swaps, err := s.removal(ctx, o)
+		if err != nil {
 			return err
-		} else if sw != nil {
-			swaps = append(swaps, *sw)
 		}
 		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
 			if errors.Is(err, ErrConflict) {
