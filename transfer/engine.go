@@ -33,6 +33,12 @@ type Options struct {
 	ChunkBytes uint64
 	// Registerer receives the engine's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
+	// Self is this node's name: requests whose Node is "" or Self are
+	// local.
+	Self string
+	// Remote reaches other nodes' segments; nil: requests for other
+	// nodes fail with ErrNoStrategy.
+	Remote Transport
 }
 
 // DefaultOptions returns the options New uses for zero fields.
@@ -133,10 +139,19 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 	var mem []memPair
 	var vm []vmPiece
 	var gpu []gpuPiece
-	var memBytes, vmBytes, gpuBytes uint64
+	var remote []remotePiece
+	var memBytes, vmBytes, gpuBytes, _ uint64
 	for i, r := range reqs {
 		if err := r.validate(); err != nil {
 			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+			continue
+		}
+		if r.Node != "" && r.Node != e.opts.Self {
+			if e.opts.Remote == nil {
+				errs = append(errs, fmt.Errorf("request %d: extent on node %q and no transport: %w", i, r.Node, ErrNoStrategy))
+				continue
+			}
+			remote = append(remote, remotePiece{idx: i, req: r})
 			continue
 		}
 		seg, err := e.opts.Local.Bytes(r.Extent)
@@ -179,6 +194,11 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 		gstart := time.Now()
 		errs = append(errs, e.copyGPU(gpu)...)
 		e.account(pathCUDA, reqs, CUDA, gpuBytes, len(gpu), time.Since(gstart))
+	}
+	if len(remote) > 0 {
+		rstart := time.Now()
+		errs = append(errs, e.copyRemote(ctx, remote)...)
+		e.accountRemote(remote, time.Since(rstart))
 	}
 	return errors.Join(errs...)
 }

@@ -98,6 +98,10 @@ type Request struct {
 	Buf    Buffer
 	BufOff uint64
 	Extent segment.Extent
+	// Node owns Extent's segment: "" or the engine's own node for local
+	// segments, any other name for a segment reached through the
+	// engine's Transport.
+	Node string
 }
 
 func (r Request) validate() error {

@@ -96,7 +96,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 func (e *Engine) account(p Path, reqs []Request, kind Kind, copied uint64, n int, d time.Duration) {
 	var rd, wr uint64
 	for _, r := range reqs {
-		if group(r.Buf.Kind) != group(kind) {
+		if group(r.Buf.Kind) != group(kind) || (r.Node != "" && r.Node != e.opts.Self) {
 			continue
 		}
 		if r.Op == Read {

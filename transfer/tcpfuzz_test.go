@@ -32,7 +32,7 @@ func FuzzTCPFrame(f *testing.F) {
 			}
 			return
 		}
-		if h.len > maxFrameLen || h.op < opChallenge || h.op > opWrite {
+		if h.len > maxFrameLen || h.op < opChallenge || h.op > opControl {
 			t.Fatalf("accepted %+v", h)
 		}
 		if got := frame(h); !bytes.Equal(got, b[:headerSize]) {
@@ -53,6 +53,9 @@ func FuzzTCPServerConn(f *testing.F) {
 	f.Add(append(frame(header{op: opRead, seg: 5, len: 1}), frame(header{op: opWrite, seg: 1, off: 1, len: 2})...))
 	f.Add(append(frame(header{op: opWrite, seg: 0, off: 4000, len: 50}), 9, 9, 9))
 	f.Add(frame(header{op: opProof, len: 64}))
+	ctl := []byte(`{"op":"reserve","bytes":4096,"ttl_ms":100}`)
+	f.Add(append(frame(header{op: opControl, id: 3, len: uint64(len(ctl))}), ctl...))
+	f.Add(append(frame(header{op: opControl, id: 4, len: 5}), []byte(`{"op"`)...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		const segSize = 4096
 		tab := segment.NewTable()
@@ -89,10 +92,17 @@ func FuzzTCPServerConn(f *testing.F) {
 		mayChange := [2][segSize]bool{}
 		for rest := data; len(rest) >= headerSize; {
 			h, err := decodeHeader(rest)
-			if err != nil || (h.op != opRead && h.op != opWrite) {
+			if err != nil || (h.op != opRead && h.op != opWrite && h.op != opControl) {
 				break
 			}
 			rest = rest[headerSize:]
+			if h.op == opControl {
+				if h.len > maxControlLen {
+					break
+				}
+				rest = rest[min(uint64(len(rest)), h.len):]
+				continue
+			}
 			if h.op != opWrite {
 				continue
 			}

@@ -27,6 +27,9 @@ type TCPServerOptions struct {
 	// (payload in, response out). 0 means 5 minutes. Idle authenticated
 	// connections are kept without a deadline.
 	RequestTimeout time.Duration
+	// Control serves control calls (remote reservations); nil refuses
+	// them with an error status.
+	Control Controller
 	// Log receives one line per refused or broken connection; nil logs
 	// nothing.
 	Log func(format string, args ...any)
@@ -220,7 +223,7 @@ func (s *TCPServer) serveConn(c net.Conn) {
 			return // the client went away; not an error worth a line
 		}
 		h, err := decodeHeader(hb[:])
-		if err == nil && h.op != opRead && h.op != opWrite {
+		if err == nil && h.op != opRead && h.op != opWrite && h.op != opControl {
 			err = fmt.Errorf("%w: %v after authentication", ErrProtocol, h.op)
 		}
 		if err != nil {
@@ -231,7 +234,11 @@ func (s *TCPServer) serveConn(c net.Conn) {
 		if err := c.SetDeadline(time.Now().Add(s.opts.RequestTimeout)); err != nil {
 			return
 		}
-		if err := s.serveRequest(c, h, hb[:]); err != nil {
+		serve := s.serveRequest
+		if h.op == opControl {
+			serve = s.serveControl
+		}
+		if err := serve(c, h, hb[:]); err != nil {
 			s.opts.Log("transfer: tcp: closing %v: %v %v: %v", c.RemoteAddr(), h.op, h.extent(), err)
 			return
 		}

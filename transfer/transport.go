@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
@@ -21,7 +22,8 @@ import (
 //	off size field
 //	  0    4 magic    "MCFT" (0x5446434d as a uint32)
 //	  4    1 version  1
-//	  5    1 op       1 challenge, 2 proof, 3 accept, 4 read, 5 write
+//	  5    1 op       1 challenge, 2 proof, 3 accept, 4 read, 5 write,
+//	                  6 control (control.go)
 //	  6    2 flags    0 (any other value closes the connection)
 //	  8    8 id       request id, echoed in the response
 //	 16    4 segment  segment.ID on the serving node
@@ -71,6 +73,13 @@ type Transport interface {
 	// WriteAt copies src into the remote extent e of node; len(src) must be
 	// e.Len. An error may leave the extent partly written.
 	WriteAt(ctx context.Context, node string, e segment.Extent, src []byte) error
+	// Reserve asks node for n bytes of its segments, kept for ttl unless
+	// renewed or committed (see control.go).
+	Reserve(ctx context.Context, node string, n uint64, ttl time.Duration) (Reservation, error)
+	// Renew extends reservation id on node by ttl from now.
+	Renew(ctx context.Context, node string, id uint64, ttl time.Duration) error
+	// Free returns extents of reservation id (all of it when ext is empty).
+	Free(ctx context.Context, node string, id uint64, ext []segment.Extent) error
 	// Close closes every connection; later calls fail with ErrClosed.
 	Close() error
 }
@@ -179,7 +188,7 @@ func decodeHeader(b []byte) (header, error) {
 		return header{}, fmt.Errorf("%w: version %d, want %d", ErrProtocol, v, frameVersion)
 	}
 	op := frameOp(b[5])
-	if op < opChallenge || op > opWrite {
+	if op < opChallenge || op > opControl {
 		return header{}, fmt.Errorf("%w: unknown %v", ErrProtocol, op)
 	}
 	if f := binary.LittleEndian.Uint16(b[6:]); f != 0 {

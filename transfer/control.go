@@ -1,0 +1,302 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+)
+
+// Control calls: the small requests a writer sends to the node whose
+// segments it wants to write into. They ride the same authenticated
+// connections as reads and writes, as op 6:
+//
+//	control  header{op 6, length n} + n bytes of a ControlRequest in JSON
+//	         (n <= 64 KiB). Response: header{op 6, same id, status,
+//	         length m} + m bytes of a ControlResponse in JSON when status
+//	         is 0; an error status has no payload.
+//
+// Reservations are how remote allocation stays safe: the owner allocates
+// extents for a writer and keeps them for TTL; every Renew extends that.
+// Extents the writer commits are taken over by the owner when it sees the
+// commit in the index; what is left when the TTL runs out is freed, so a
+// writer that dies mid-write leaks nothing.
+
+// Control operations.
+const (
+	// CtlReserve allocates Bytes in the owner's segments for TTLMillis.
+	CtlReserve = "reserve"
+	// CtlRenew extends reservation ID by TTLMillis from now.
+	CtlRenew = "renew"
+	// CtlFree frees Extents of reservation ID (all of it when Extents is
+	// empty). Each extent must be a whole reserved extent or its tail.
+	CtlFree = "free"
+)
+
+// ControlRequest is one control call.
+type ControlRequest struct {
+	Op        string           `json:"op"`
+	ID        uint64           `json:"id,omitempty"`
+	Bytes     uint64           `json:"bytes,omitempty"`
+	TTLMillis int64            `json:"ttl_ms,omitempty"`
+	Extents   []segment.Extent `json:"extents,omitempty"`
+}
+
+// ControlResponse is the answer to a successful control call.
+type ControlResponse struct {
+	ID      uint64           `json:"id,omitempty"`
+	Extents []segment.Extent `json:"extents,omitempty"`
+}
+
+// Controller serves control calls on the owning node (the store).
+type Controller interface {
+	Control(ctx context.Context, req ControlRequest) (ControlResponse, error)
+}
+
+// Reservation is space reserved on a remote node for a writer.
+type Reservation struct {
+	Node    string
+	ID      uint64
+	Extents []segment.Extent
+}
+
+// Errors of control calls.
+var (
+	// ErrNoSpace: the owner has no room for the reservation.
+	ErrNoSpace = errors.New("transfer: no space on the remote node")
+	// ErrUnknownReservation: the reservation expired, was freed, or the
+	// owner restarted.
+	ErrUnknownReservation = errors.New("transfer: unknown reservation")
+)
+
+const (
+	maxControlLen         = 64 << 10
+	opControl     frameOp = 6
+)
+
+// More status codes, for control calls.
+const (
+	statusNoSpace            uint32 = 4
+	statusUnknownReservation uint32 = 5
+	statusBadControl         uint32 = 6
+)
+
+func controlStatus(err error) uint32 {
+	switch {
+	case errors.Is(err, ErrNoSpace):
+		return statusNoSpace
+	case errors.Is(err, ErrUnknownReservation):
+		return statusUnknownReservation
+	case errors.Is(err, ErrBadRequest):
+		return statusBadControl
+	}
+	return statusOf(err)
+}
+
+// decodeControl parses a control payload strictly: unknown fields, a
+// trailing document or an unknown op are ErrBadRequest.
+func decodeControl(b []byte) (ControlRequest, error) {
+	var req ControlRequest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("%w: control payload: %v", ErrBadRequest, err)
+	}
+	if dec.More() {
+		return req, fmt.Errorf("%w: control payload has trailing data", ErrBadRequest)
+	}
+	switch req.Op {
+	case CtlReserve:
+		if req.Bytes == 0 || req.TTLMillis <= 0 {
+			return req, fmt.Errorf("%w: reserve of %d B for %d ms", ErrBadRequest, req.Bytes, req.TTLMillis)
+		}
+	case CtlRenew:
+		if req.TTLMillis <= 0 {
+			return req, fmt.Errorf("%w: renew for %d ms", ErrBadRequest, req.TTLMillis)
+		}
+	case CtlFree:
+	default:
+		return req, fmt.Errorf("%w: control op %q", ErrBadRequest, req.Op)
+	}
+	return req, nil
+}
+
+// serveControl answers one control call whose header is h.
+func (s *TCPServer) serveControl(c net.Conn, h header, hb []byte) error {
+	if h.len > maxControlLen {
+		return fmt.Errorf("%w: control payload of %d B > %d B", ErrProtocol, h.len, maxControlLen)
+	}
+	payload := make([]byte, h.len)
+	if _, err := io.ReadFull(c, payload); err != nil {
+		return err
+	}
+	resp := header{op: opControl, id: h.id}
+	var out []byte
+	req, err := decodeControl(payload)
+	if err == nil && s.opts.Control == nil {
+		err = fmt.Errorf("%w: this node takes no control calls", ErrBadRequest)
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
+		var r ControlResponse
+		r, err = s.opts.Control.Control(ctx, req)
+		cancel()
+		if err == nil {
+			out, err = json.Marshal(r)
+		}
+	}
+	if err != nil {
+		s.stats.bad.Add(1)
+		resp.status = controlStatus(err)
+		s.opts.Log("transfer: tcp: control %s from %v: %v", req.Op, c.RemoteAddr(), err)
+	} else {
+		resp.len = uint64(len(out))
+	}
+	putHeader(hb, resp)
+	if _, err := c.Write(append(hb[:headerSize:headerSize], out...)); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Control sends one control call to node and returns its answer.
+func (t *TCPTransport) Control(ctx context.Context, node string, req ControlRequest) (ControlResponse, error) {
+	var resp ControlResponse
+	body, err := json.Marshal(req)
+	if err != nil {
+		return resp, err
+	}
+	if len(body) > maxControlLen {
+		return resp, fmt.Errorf("transfer: control %s of %d B: %w", req.Op, len(body), ErrBadRequest)
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
+	defer cancel()
+	p, err := t.peer(node)
+	if err != nil {
+		return resp, err
+	}
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return resp, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, ctx.Err())
+	}
+	defer func() { <-p.slots }()
+	var out []byte
+	// Control calls are not idempotent (a reserve twice reserves twice),
+	// so a dead pooled connection is retried only when the request
+	// cannot have reached the peer: the write of the request failed.
+	for attempt := 0; ; attempt++ {
+		var broken, reused, sent bool
+		pc, reused, err := t.conn(ctx, p)
+		if err != nil {
+			return resp, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
+		}
+		dl, _ := ctx.Deadline()
+		pc.c.SetDeadline(dl)
+		stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
+		out, sent, broken, err = pc.control(body)
+		if !stop() {
+			broken = true
+			if err != nil {
+				err = errors.Join(ctx.Err(), err)
+			}
+		}
+		if broken {
+			t.drop(p, pc)
+		} else {
+			t.release(p, pc)
+		}
+		if err != nil && broken && reused && !sent && attempt == 0 && ctx.Err() == nil {
+			continue
+		}
+		if err != nil {
+			return resp, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
+		}
+		break
+	}
+	if err := json.Unmarshal(out, &resp); err != nil {
+		return resp, fmt.Errorf("transfer: tcp control %s %s: %w: response: %v", req.Op, node, ErrProtocol, err)
+	}
+	return resp, nil
+}
+
+// control runs one control round trip. sent reports that the request
+// reached the socket.
+func (pc *tcpConn) control(body []byte) (out []byte, sent, broken bool, err error) {
+	pc.nextID++
+	req := header{op: opControl, id: pc.nextID, len: uint64(len(body))}
+	msg := make([]byte, headerSize, headerSize+len(body))
+	putHeader(msg, req)
+	msg = append(msg, body...)
+	if _, err := pc.c.Write(msg); err != nil {
+		return nil, false, true, err
+	}
+	var hb [headerSize]byte
+	if _, err := io.ReadFull(pc.c, hb[:]); err != nil {
+		return nil, true, true, err
+	}
+	h, err := decodeHeader(hb[:])
+	if err != nil {
+		return nil, true, true, err
+	}
+	if h.op != opControl || h.id != req.id {
+		return nil, true, true, fmt.Errorf("%w: response %v #%d to control #%d", ErrProtocol, h.op, h.id, req.id)
+	}
+	if h.status != statusOK {
+		if h.len != 0 {
+			return nil, true, true, fmt.Errorf("%w: error status with %d B payload", ErrProtocol, h.len)
+		}
+		return nil, true, false, controlErr(h.status)
+	}
+	if h.len > maxControlLen {
+		return nil, true, true, fmt.Errorf("%w: control response of %d B", ErrProtocol, h.len)
+	}
+	out = make([]byte, h.len)
+	if _, err := io.ReadFull(pc.c, out); err != nil {
+		return nil, true, true, err
+	}
+	return out, true, false, nil
+}
+
+func controlErr(s uint32) error {
+	switch s {
+	case statusNoSpace:
+		return ErrNoSpace
+	case statusUnknownReservation:
+		return ErrUnknownReservation
+	case statusBadControl:
+		return ErrBadRequest
+	}
+	return statusErr(s)
+}
+
+// Reserve asks node for n bytes kept for ttl.
+func (t *TCPTransport) Reserve(ctx context.Context, node string, n uint64, ttl time.Duration) (Reservation, error) {
+	r, err := t.Control(ctx, node, ControlRequest{Op: CtlReserve, Bytes: n, TTLMillis: max(ttl.Milliseconds(), 1)})
+	if err != nil {
+		return Reservation{}, err
+	}
+	if segment.TotalLen(r.Extents) < n {
+		return Reservation{}, fmt.Errorf("transfer: reserve %d B on %s: got %d B: %w", n, node, segment.TotalLen(r.Extents), ErrProtocol)
+	}
+	return Reservation{Node: node, ID: r.ID, Extents: r.Extents}, nil
+}
+
+// Renew extends reservation id on node by ttl from now.
+func (t *TCPTransport) Renew(ctx context.Context, node string, id uint64, ttl time.Duration) error {
+	_, err := t.Control(ctx, node, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
+	return err
+}
+
+// Free returns extents of reservation id on node (all of it when ext is
+// empty).
+func (t *TCPTransport) Free(ctx context.Context, node string, id uint64, ext []segment.Extent) error {
+	_, err := t.Control(ctx, node, ControlRequest{Op: CtlFree, ID: id, Extents: ext})
+	return err
+}
