@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -38,8 +40,20 @@ type Draft struct {
 		dirty    bool
 		closed   bool
 		mtime    int64 // explicit modification time (SetMtime) since the last change; 0: now
+		// Placement (placement.go): where ext lives. node is "" until the
+		// first reservation decides it; extResv[i] is the reservation id
+		// of ext[i] on a remote node (0 for local extents); resv holds
+		// the deadline of every remote reservation the draft still owns.
+		place   Placement
+		node    string
+		extResv []uint64
+		resv    map[uint64]time.Time
 	}
 }
+
+// ReserveTTL is how long a remote reservation lasts without renewal;
+// drafts renew theirs when less than half is left.
+const ReserveTTL = 30 * time.Second
 
 // Growth bounds of a draft's reservation; the tail is trimmed at commit.
 const (
@@ -52,6 +66,7 @@ const (
 // it. With trunc the draft starts empty.
 func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 	d := &Draft{s: s, ino: ino}
+	d.mu.place = DefaultPlacement()
 	s.openIno(ino)
 	if base != nil && !trunc && base.Size() > 0 {
 		d.mu.base = base
@@ -73,6 +88,18 @@ func (d *Draft) Size() uint64 {
 	return d.mu.size
 }
 
+// Place sets where the draft's next reservation goes and how many replicas
+// its commits make (see placement.go). It takes effect from the next
+// commit on; bytes already placed stay where they are.
+func (d *Draft) Place(p Placement) {
+	if p.Replicas < 1 {
+		p.Replicas = 1
+	}
+	d.mu.Lock()
+	d.mu.place = p
+	d.mu.Unlock()
+}
+
 // Dirty reports whether the draft differs from the version it started from
 // (or last committed).
 func (d *Draft) Dirty() bool {
@@ -81,39 +108,141 @@ func (d *Draft) Dirty() bool {
 	return d.mu.dirty
 }
 
-// reserveLocked grows the draft to hold at least need bytes.
-func (d *Draft) reserveLocked(need uint64) error {
+// errSpill asks the caller of reserveLocked to retry with the draft held
+// exclusively: its bytes move to another node.
+var errSpill = errors.New("store: draft must spill to another node")
+
+// reserveLocked grows the draft to hold at least need bytes. With excl the
+// caller holds d.rw exclusively, which moving the draft to another node
+// (spilling) needs; without it a spill returns errSpill.
+func (d *Draft) reserveLocked(ctx context.Context, need uint64, excl bool) error {
 	if need <= d.mu.capacity {
 		return nil
 	}
 	grow := need - d.mu.capacity
 	want := max(grow, min(max(d.mu.capacity, minGrow), maxGrow))
+	if d.mu.capacity == 0 {
+		node, err := d.s.primaryNode(d.mu.place, need)
+		if err != nil {
+			return err
+		}
+		d.mu.node = node
+	}
+	if !d.s.isLocal(d.mu.node) {
+		return d.reserveRemoteLocked(ctx, d.mu.node, want, grow)
+	}
 	// Speculative growth never evicts: only what is really needed may
 	// push other objects out.
 	ext, err := d.s.segs.Alloc(want)
+	if err != nil {
+		ext, err = d.s.segs.Alloc(grow)
+	}
+	if err != nil && d.mu.place.Policy == PolicyLocal {
+		if node, ok := d.s.spillNode(need); ok {
+			switch {
+			case d.mu.capacity == 0:
+				d.mu.node = node
+				return d.reserveRemoteLocked(ctx, node, want, grow)
+			case !excl:
+				return errSpill
+			}
+			return d.spillLocked(ctx, node, need+want-grow)
+		}
+	}
 	if err != nil {
 		ext, err = d.s.alloc(grow)
 	}
 	if err != nil {
 		return err
 	}
-	d.mu.ext = append(d.mu.ext, ext...)
-	d.mu.starts = extentStarts(d.mu.ext)
-	d.mu.capacity = segment.TotalLen(d.mu.ext)
+	d.addExtLocked(ext, 0)
 	return nil
 }
 
-// zeroLocked fills [from, to) of the draft with zeros.
-func (d *Draft) zeroLocked(from, to uint64) {
-	if to <= from {
-		return
+func (d *Draft) addExtLocked(ext []segment.Extent, resv uint64) {
+	d.mu.ext = append(d.mu.ext, ext...)
+	for range ext {
+		d.mu.extResv = append(d.mu.extResv, resv)
 	}
+	d.mu.starts = extentStarts(d.mu.ext)
+	d.mu.capacity = segment.TotalLen(d.mu.ext)
+}
+
+// reserveRemoteLocked reserves want (at least grow) bytes on node.
+func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow uint64) error {
+	t := d.s.opts.Transport
+	if t == nil {
+		return fmt.Errorf("store: reserve on node %q: %w", node, errNoTransport)
+	}
+	r, err := t.Reserve(ctx, node, want, ReserveTTL)
+	if err != nil && want > grow {
+		r, err = t.Reserve(ctx, node, grow, ReserveTTL)
+	}
+	if err != nil {
+		if errors.Is(err, transfer.ErrNoSpace) {
+			err = errors.Join(ErrNoSpace, err)
+		}
+		return fmt.Errorf("store: reserve %d B on node %q: %w", grow, node, err)
+	}
+	if d.mu.resv == nil {
+		d.mu.resv = map[uint64]time.Time{}
+	}
+	d.mu.resv[r.ID] = d.s.opts.Now().Add(ReserveTTL)
+	d.addExtLocked(r.Extents, r.ID)
+	return nil
+}
+
+// spillLocked moves the draft from this node to node with room for total
+// bytes: the defined bytes are copied over, the local extents freed.
+// Caller holds d.rw exclusively and d.mu.
+func (d *Draft) spillLocked(ctx context.Context, node string, total uint64) error {
+	t := d.s.opts.Transport
+	r, err := t.Reserve(ctx, node, total, ReserveTTL)
+	if err != nil {
+		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, errors.Join(ErrNoSpace, err))
+	}
+	if err := d.s.copyExtents(ctx, d.s.opts.Node, d.mu.ext, node, r.Extents, d.mu.zeroed); err != nil {
+		_ = t.Free(context.WithoutCancel(ctx), node, r.ID, nil)
+		return fmt.Errorf("store: spill to node %q: %w", node, err)
+	}
+	_ = d.s.segs.Free(d.mu.ext)
+	d.mu.ext, d.mu.extResv = nil, nil
+	d.mu.node = node
+	if d.mu.resv == nil {
+		d.mu.resv = map[uint64]time.Time{}
+	}
+	d.mu.resv[r.ID] = d.s.opts.Now().Add(ReserveTTL)
+	d.addExtLocked(r.Extents, r.ID)
+	return nil
+}
+
+// zeroes is a source of zero bytes for remote zero-fill.
+var zeroes = make([]byte, 1<<20)
+
+// zeroLocked fills [from, to) of the draft with zeros.
+func (d *Draft) zeroLocked(ctx context.Context, from, to uint64) error {
+	if to <= from {
+		return nil
+	}
+	if d.s.isLocal(d.mu.node) {
+		span(d.mu.ext, d.mu.starts, from, to-from, func(e segment.Extent, _ uint64) bool {
+			if m, err := d.s.segs.Bytes(e); err == nil {
+				clear(m)
+			}
+			return true
+		})
+		return nil
+	}
+	var reqs []transfer.Request
 	span(d.mu.ext, d.mu.starts, from, to-from, func(e segment.Extent, _ uint64) bool {
-		if m, err := d.s.segs.Bytes(e); err == nil {
-			clear(m)
+		for off := uint64(0); off < e.Len; off += uint64(len(zeroes)) {
+			n := min(uint64(len(zeroes)), e.Len-off)
+			reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(zeroes[:n]),
+				Extent: segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: n}, Node: d.mu.node})
 		}
 		return true
 	})
+	return d.s.eng.Submit(context.WithoutCancel(ctx), reqs)
 }
 
 // materialize copies up to keep bytes of the base into the draft's own
@@ -126,31 +255,12 @@ func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 	}
 	base := d.mu.base
 	keep = min(keep, base.Size())
-	if err := d.reserveLocked(keep); err != nil {
+	if err := d.reserveLocked(ctx, keep, true); err != nil {
 		return err
 	}
-	if keep > 0 && base.remote != nil {
-		if err := d.fetchLocked(ctx, base, keep); err != nil {
-			return fmt.Errorf("store: copy on write of %d B: %w", keep, err)
-		}
-	} else if keep > 0 {
-		var reqs []transfer.Request
-		var err error
-		span(base.b.extents, base.b.starts, 0, keep, func(src segment.Extent, rel uint64) bool {
-			var m []byte
-			if m, err = d.s.segs.Bytes(src); err != nil {
-				return false
-			}
-			span(d.mu.ext, d.mu.starts, rel, src.Len, func(dst segment.Extent, r2 uint64) bool {
-				reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: dst})
-				return true
-			})
-			return true
-		})
-		if err == nil {
-			err = d.s.eng.Submit(ctx, reqs)
-		}
-		if err != nil {
+	if keep > 0 {
+		src, srcNode := base.extents()
+		if err := d.s.copyExtents(ctx, srcNode, src, d.mu.node, d.mu.ext, keep); err != nil {
 			return fmt.Errorf("store: copy on write of %d B: %w", keep, err)
 		}
 	}
@@ -210,30 +320,54 @@ func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		d.mu.Unlock()
 		d.rw.RUnlock()
 	}
-	defer d.rw.RUnlock()
 	if d.mu.closed {
 		d.mu.Unlock()
+		d.rw.RUnlock()
 		return 0, ErrClosed
 	}
-	if err := d.reserveLocked(end); err != nil {
+	err := d.reserveLocked(ctx, end, false)
+	if errors.Is(err, errSpill) {
+		// Moving the draft needs it exclusively: no writer copies into
+		// the extents being moved.
+		d.mu.Unlock()
+		d.rw.RUnlock()
+		d.rw.Lock()
+		d.mu.Lock()
+		if d.mu.own && !d.mu.closed {
+			err = d.reserveLocked(ctx, end, true)
+		} else {
+			err = nil // committed or closed meanwhile: start over
+		}
+		d.mu.Unlock()
+		d.rw.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		return d.WriteFrom(ctx, buf, off)
+	}
+	defer d.rw.RUnlock()
+	if err != nil {
 		d.mu.Unlock()
 		return 0, err
 	}
 	if off > d.mu.zeroed {
-		d.zeroLocked(d.mu.zeroed, off)
+		if err := d.zeroLocked(ctx, d.mu.zeroed, off); err != nil {
+			d.mu.Unlock()
+			return 0, err
+		}
 	}
 	d.mu.zeroed = max(d.mu.zeroed, end)
-	ext, starts := d.mu.ext, d.mu.starts
+	ext, starts, node := d.mu.ext, d.mu.starts, d.mu.node
 	d.mu.Unlock()
 
 	var reqs []transfer.Request
 	span(ext, starts, off, n, func(e segment.Extent, rel uint64) bool {
-		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e})
+		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node})
 		return true
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
 		d.mu.Lock()
-		d.zeroLocked(off, end)
+		_ = d.zeroLocked(ctx, off, end)
 		d.mu.Unlock()
 		return 0, err
 	}
@@ -259,7 +393,7 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 		d.mu.Unlock()
 		return base.ReadAt(ctx, p, off)
 	}
-	size, ext, starts := d.mu.size, d.mu.ext, d.mu.starts
+	size, ext, starts, node := d.mu.size, d.mu.ext, d.mu.starts, d.mu.node
 	d.mu.Unlock()
 	if off >= size {
 		return 0, nil
@@ -267,7 +401,7 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 	n := min(uint64(len(p)), size-off)
 	var reqs []transfer.Request
 	span(ext, starts, off, n, func(e segment.Extent, rel uint64) bool {
-		reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(p), BufOff: rel, Extent: e})
+		reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(p), BufOff: rel, Extent: e, Node: node})
 		return true
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
@@ -311,11 +445,13 @@ func (d *Draft) Truncate(ctx context.Context, size uint64) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := d.reserveLocked(size); err != nil {
+	if err := d.reserveLocked(ctx, size, true); err != nil {
 		return err
 	}
 	if size > d.mu.zeroed {
-		d.zeroLocked(d.mu.zeroed, size)
+		if err := d.zeroLocked(ctx, d.mu.zeroed, size); err != nil {
+			return err
+		}
 	}
 	d.mu.zeroed = size
 	d.mu.size = size
@@ -360,14 +496,42 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		// Unchanged since the base version: nothing to publish.
 		return d.mu.base.Object(), nil
 	}
-	d.trimLocked()
+	if err := d.trimLocked(ctx); err != nil {
+		return nil, err
+	}
 	ext := d.mu.ext
 	size := d.mu.size
-	d.s.registerBody(ext)
+	primary := d.mu.node
+	if d.s.isLocal(primary) {
+		primary = d.s.opts.Node
+	}
+	if err := d.renewLocked(ctx); err != nil {
+		return nil, err
+	}
+	var extra []Replica
+	var extraResv []transfer.Reservation
+	if d.mu.place.Replicas > 1 && size > 0 {
+		var err error
+		if extra, extraResv, err = d.s.replicate(ctx, primary, ext, size, d.mu.place.Replicas-1); err != nil {
+			return nil, fmt.Errorf("commit %q: %w", o.Key, err)
+		}
+	}
+	// The replica on this node, if any, is a local body from the commit on.
+	localExt := ext
+	if !d.s.isLocal(primary) {
+		localExt = nil
+		for _, r := range extra {
+			if d.s.isLocal(r.Node) {
+				localExt = r.Extents
+			}
+		}
+	}
+	d.s.registerBody(localExt)
 	published := false
 	defer func() {
 		if !published {
-			d.s.unregisterBody(ext)
+			d.s.unregisterBody(localExt)
+			d.s.freeReservations(ctx, extraResv)
 		}
 	}()
 	for {
@@ -401,6 +565,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 				return nil, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
 			}
 			next = d.s.newObject(o.Key, KindFile, o.Template)
+			d.s.inherit(ctx, next)
 		}
 		next.Size = size
 		next.Mtime = d.s.now()
@@ -408,9 +573,18 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		if d.mu.mtime != 0 {
 			next.Mtime = d.mu.mtime
 		}
+		if want := d.mu.place.Replicas; want > 1 {
+			if _, ok := next.Xattrs[XattrReplicas]; !ok {
+				// Repair restores the count the object was written with.
+				if next.Xattrs == nil {
+					next.Xattrs = map[string][]byte{}
+				}
+				next.Xattrs[XattrReplicas] = []byte(strconv.Itoa(want))
+			}
+		}
 		next.Replicas = nil
 		if len(ext) > 0 {
-			next.Replicas = []Replica{{Node: d.s.opts.Node, Extents: ext}}
+			next.Replicas = append([]Replica{{Node: primary, Extents: ext}}, extra...)
 		}
 		_, err = d.s.idx.CompareAndSwap(ctx, Swap{Key: o.Key, Old: old, New: next})
 		if errors.Is(err, ErrConflict) && ctx.Err() == nil {
@@ -433,11 +607,14 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		d.s.publishedBodyLocked(next)
 		d.s.mu.Unlock()
 		d.s.committed(nil, []*Object{next}, nil)
+		// Remote reservations now belong to the committed body: their
+		// owners take them over when they see the commit.
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
+		d.mu.extResv, d.mu.resv, d.mu.node = nil, nil, ""
 		d.mu.dirty = false
 		d.mu.mtime = 0
 		if size > 0 {
-			d.mu.base = &Reader{s: d.s, obj: next, b: b}
+			d.mu.base = &Reader{s: d.s, obj: next, b: b, remote: d.s.remoteReplicas(next)}
 			d.mu.own = false
 		} else {
 			d.s.release(b)
@@ -449,31 +626,62 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 }
 
 // trimLocked frees reserved space past the size (rounded to the granule).
-func (d *Draft) trimLocked() {
+func (d *Draft) trimLocked(ctx context.Context) error {
 	keep := (d.mu.size + segment.Granule - 1) / segment.Granule * segment.Granule
 	if keep >= d.mu.capacity {
-		return
+		return nil
 	}
 	var kept, freed []segment.Extent
+	var keptResv, freedResv []uint64
 	var off uint64
-	for _, e := range d.mu.ext {
+	for i, e := range d.mu.ext {
+		id := d.mu.extResv[i]
 		switch {
 		case off >= keep:
-			freed = append(freed, e)
+			freed, freedResv = append(freed, e), append(freedResv, id)
 		case off+e.Len > keep:
 			k := keep - off
-			kept = append(kept, segment.Extent{Segment: e.Segment, Off: e.Off, Len: k})
-			freed = append(freed, segment.Extent{Segment: e.Segment, Off: e.Off + k, Len: e.Len - k})
+			kept, keptResv = append(kept, segment.Extent{Segment: e.Segment, Off: e.Off, Len: k}), append(keptResv, id)
+			freed, freedResv = append(freed, segment.Extent{Segment: e.Segment, Off: e.Off + k, Len: e.Len - k}), append(freedResv, id)
 		default:
-			kept = append(kept, e)
+			kept, keptResv = append(kept, e), append(keptResv, id)
 		}
 		off += e.Len
 	}
-	_ = d.s.segs.Free(freed)
-	d.mu.ext = kept
+	if d.s.isLocal(d.mu.node) {
+		_ = d.s.segs.Free(freed)
+	} else {
+		byID := map[uint64][]segment.Extent{}
+		for i, e := range freed {
+			byID[freedResv[i]] = append(byID[freedResv[i]], e)
+		}
+		for id, ext := range byID {
+			if err := d.s.opts.Transport.Free(ctx, d.mu.node, id, ext); err != nil {
+				return fmt.Errorf("store: trim reservation on node %q: %w", d.mu.node, err)
+			}
+		}
+	}
+	d.mu.ext, d.mu.extResv = kept, keptResv
 	d.mu.starts = extentStarts(kept)
 	d.mu.capacity = keep
 	d.mu.zeroed = min(d.mu.zeroed, keep)
+	return nil
+}
+
+// renewLocked renews the draft's remote reservations that are past half
+// their life, so that they outlive the commit that follows.
+func (d *Draft) renewLocked(ctx context.Context) error {
+	now := d.s.opts.Now()
+	for id, dl := range d.mu.resv {
+		if dl.Sub(now) > ReserveTTL/2 {
+			continue
+		}
+		if err := d.s.opts.Transport.Renew(ctx, d.mu.node, id, ReserveTTL); err != nil {
+			return fmt.Errorf("store: renew reservation on node %q: %w", d.mu.node, err)
+		}
+		d.mu.resv[id] = now.Add(ReserveTTL)
+	}
+	return nil
 }
 
 // Close discards uncommitted changes (revoke: the reservation is freed) and
@@ -492,7 +700,17 @@ func (d *Draft) Close() {
 		d.mu.base = nil
 	}
 	if len(d.mu.ext) > 0 {
-		_ = d.s.segs.Free(d.mu.ext)
+		if d.s.isLocal(d.mu.node) {
+			_ = d.s.segs.Free(d.mu.ext)
+		} else {
+			// Best effort: what is not freed now expires with its TTL.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			for id := range d.mu.resv {
+				_ = d.s.opts.Transport.Free(ctx, d.mu.node, id, nil)
+			}
+			cancel()
+			d.mu.resv = nil
+		}
 		d.mu.ext = nil
 		if d.mu.dirty {
 			d.s.stats.revokes.Add(1)
@@ -512,6 +730,14 @@ func (s *Store) alloc(n uint64) ([]segment.Extent, error) {
 		return ext, err
 	}
 	if s.opts.Evict && s.evictFor(n) {
+		if ext, err = s.segs.Alloc(n); err == nil {
+			return ext, nil
+		}
+	}
+	// Bytes retired with FreeDelay come back soon: wait for them rather
+	// than fail.
+	for deadline := time.Now().Add(s.opts.FreeDelay + time.Second); s.stats.delayed.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
 		if ext, err = s.segs.Alloc(n); err == nil {
 			return ext, nil
 		}

@@ -78,7 +78,7 @@ func (s *Store) evictFor(need uint64) bool {
 func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
 	any := false
 	tried := map[string]bool{}
-	for s.segs.Stats().Free < target {
+	for s.segs.Stats().Free+uint64(max(s.stats.delayed.Load(), 0)) < target {
 		keys := s.lruTail(64 + len(tried))
 		progress := false
 		for _, k := range keys {

@@ -73,6 +73,7 @@ func newTestStore(t testing.TB, size int, opts ...testOpt) *testStore {
 		}
 	}
 	c.engine.Local = table
+	c.engine.Self, c.engine.Remote = c.opts.Node, c.opts.Transport
 	eng, err := transfer.New(c.engine)
 	if err != nil {
 		t.Fatal(err)

@@ -164,6 +164,7 @@ func (s *Store) Create(ctx context.Context, key string, t *Object, exclusive boo
 			return nil, err
 		}
 		o := s.newObject(key, KindFile, t)
+		s.inherit(ctx, o)
 		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, New: o}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue

@@ -34,7 +34,7 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 	}
 	var rb *remoteBody
 	if obj.Size > 0 && len(s.localExtents(obj)) == 0 {
-		if rb = s.remoteReplica(obj); rb == nil {
+		if rb = s.remoteReplicas(obj); rb == nil {
 			s.mu.Unlock()
 			return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
 		}

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -158,6 +160,11 @@ func (f *follower) apply(ev Event) {
 	if ev.Type == EventPut {
 		if ext := f.s.localExtents(ev.Object); len(ext) > 0 {
 			cur = followRef{ext: ext, ver: ev.Object.Version}
+			// Written here by another node: its reservation becomes a
+			// live body.
+			f.s.mu.Lock()
+			f.s.consumeLocked(ext, ev.Object.Version)
+			f.s.mu.Unlock()
 		}
 	}
 	prev, had := f.keys[key]
@@ -204,57 +211,129 @@ func (f *follower) flush() {
 	}
 }
 
-// remoteBody is a replica of another node that a Reader reads through
-// the Transport.
+// remoteBody is the replicas of other nodes that a Reader reads through
+// the Transport, in order of preference: a failed read goes on to the next.
 type remoteBody struct {
-	node    string
-	extents []segment.Extent
-	starts  []uint64
+	replicas []Replica
+	starts   [][]uint64
 }
 
-// remoteReplica returns a replica of obj on another node, or nil when
+func (rb *remoteBody) node() string { return rb.replicas[0].Node }
+
+// remoteReplicas returns obj's full replicas on other nodes, or nil when
 // there is none or no Transport.
-func (s *Store) remoteReplica(obj *Object) *remoteBody {
+func (s *Store) remoteReplicas(obj *Object) *remoteBody {
 	if s.opts.Transport == nil {
 		return nil
 	}
+	var rb remoteBody
 	for _, r := range obj.Replicas {
 		if r.Node != s.opts.Node && segment.TotalLen(r.Extents) >= obj.Size {
-			return &remoteBody{node: r.Node, extents: r.Extents, starts: extentStarts(r.Extents)}
+			rb.replicas = append(rb.replicas, r)
+			rb.starts = append(rb.starts, extentStarts(r.Extents))
 		}
 	}
-	return nil
+	if len(rb.replicas) == 0 {
+		return nil
+	}
+	return &rb
 }
 
-// readRemote fetches [off, off+buf.Size()) (clipped to the size) from the
-// remote replica into buf's memory. Caller checked off < size.
+// extents returns where the reader's bytes are: the local body, or the
+// first remote replica.
+func (r *Reader) extents() ([]segment.Extent, string) {
+	if r.remote != nil {
+		return r.remote.replicas[0].Extents, r.remote.node()
+	}
+	if r.b == nil {
+		return nil, r.s.opts.Node
+	}
+	return r.b.extents, r.s.opts.Node
+}
+
+// readRemote fetches [off, off+buf.Size()) (clipped to the size) from a
+// remote replica into buf, trying each replica in turn. Caller checked
+// off < size.
 func (r *Reader) readRemote(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
-	if buf.Kind != transfer.Host && buf.Kind != transfer.Registered {
-		return 0, fmt.Errorf("read %q from node %q into %v memory: %w", r.obj.Key, r.remote.node, buf.Kind, ErrUnsupported)
-	}
 	n := min(buf.Size(), r.obj.Size-off)
-	var err error
-	span(r.remote.extents, r.remote.starts, off, n, func(e segment.Extent, rel uint64) bool {
-		err = r.s.opts.Transport.ReadAt(ctx, r.remote.node, e, buf.Mem[rel:rel+e.Len])
-		return err == nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("read %q from node %q: %w", r.obj.Key, r.remote.node, err)
+	var errs []error
+	for i, rep := range r.remote.replicas {
+		var reqs []transfer.Request
+		span(rep.Extents, r.remote.starts[i], off, n, func(e segment.Extent, rel uint64) bool {
+			reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: e, Node: rep.Node})
+			return true
+		})
+		err := r.s.eng.Submit(ctx, reqs)
+		if err == nil {
+			return n, nil
+		}
+		errs = append(errs, fmt.Errorf("from node %q: %w", rep.Node, err))
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	return n, nil
+	return 0, fmt.Errorf("read %q: %w", r.obj.Key, errors.Join(errs...))
 }
 
-// fetchLocked copies the first keep bytes of a remote base into the
-// draft's own extents. Caller holds d.mu and reserved keep bytes.
-func (d *Draft) fetchLocked(ctx context.Context, base *Reader, keep uint64) error {
+// replicate makes k more copies of the n bytes at ext on node primary, on
+// distinct other live nodes. On error nothing stays reserved.
+func (s *Store) replicate(ctx context.Context, primary string, ext []segment.Extent, n uint64, k int) ([]Replica, []transfer.Reservation, error) {
+	if s.opts.Transport == nil {
+		return nil, nil, fmt.Errorf("%d replicas wanted: %w", k+1, errors.Join(ErrNoSpace, errNoTransport))
+	}
+	nodes, err := s.replicaNodes(k, map[string]bool{primary: true}, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.replicateFrom(ctx, primary, ext, n, nodes)
+}
+
+// replicateFrom copies the n bytes at ext on node primary to each of nodes.
+func (s *Store) replicateFrom(ctx context.Context, primary string, ext []segment.Extent, n uint64, nodes []string) ([]Replica, []transfer.Reservation, error) {
 	var err error
-	span(d.mu.ext, d.mu.starts, 0, keep, func(dst segment.Extent, rel uint64) bool {
-		var m []byte
-		if m, err = d.s.segs.Bytes(dst); err != nil {
-			return false
+	size := (n + segment.Granule - 1) / segment.Granule * segment.Granule
+	var reps []Replica
+	var resv []transfer.Reservation
+	fail := func(err error) ([]Replica, []transfer.Reservation, error) {
+		s.freeReservations(ctx, resv)
+		return nil, nil, err
+	}
+	for _, node := range nodes {
+		var dst []segment.Extent
+		if s.isLocal(node) {
+			if dst, err = s.alloc(size); err != nil {
+				return fail(err)
+			}
+			resv = append(resv, transfer.Reservation{Node: node, Extents: dst})
+		} else {
+			r, err := s.opts.Transport.Reserve(ctx, node, size, ReserveTTL)
+			if err != nil {
+				if errors.Is(err, transfer.ErrNoSpace) {
+					err = errors.Join(ErrNoSpace, err)
+				}
+				return fail(fmt.Errorf("replica on node %q: %w", node, err))
+			}
+			resv = append(resv, r)
+			dst = r.Extents
 		}
-		_, err = base.readRemote(ctx, transfer.HostBuffer(m), rel)
-		return err == nil
-	})
-	return err
+		if err := s.copyExtents(ctx, primary, ext, node, dst, n); err != nil {
+			return fail(fmt.Errorf("replica on node %q: %w", node, err))
+		}
+		reps = append(reps, Replica{Node: node, Extents: dst})
+	}
+	return reps, resv, nil
+}
+
+// freeReservations gives back reservations (local ones: allocations) that
+// did not become part of a commit.
+func (s *Store) freeReservations(ctx context.Context, resv []transfer.Reservation) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for _, r := range resv {
+		if s.isLocal(r.Node) {
+			_ = s.segs.Free(r.Extents)
+		} else if s.opts.Transport != nil {
+			_ = s.opts.Transport.Free(ctx, r.Node, r.ID, nil)
+		}
+	}
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -16,11 +19,12 @@ var clusterToken = []byte("remote-test-token-0123456789")
 // newCluster returns stores on nodes "a" and "b" over one shared embedded
 // index, each serving its segments over TCP and reading the other's
 // through a TCPTransport.
-func newCluster(t *testing.T, follow bool) (a, b *testStore) {
+func newCluster(t *testing.T, follow bool, opts ...testOpt) (a, b *testStore) {
 	t.Helper()
 	idx := store.NewEmbedded()
 	t.Cleanup(func() { _ = idx.Close() })
 	addrs := map[string]string{}
+	view := &clusterView{}
 	mk := func(node string) *testStore {
 		tr, err := transfer.NewTCPTransport(transfer.TCPOptions{Token: clusterToken,
 			Resolve: func(n string) (string, error) {
@@ -33,10 +37,11 @@ func newCluster(t *testing.T, follow bool) (a, b *testStore) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = tr.Close() })
-		s := newTestStore(t, 4<<20, withIndex(idx), noEvict(), withOptions(func(o *store.Options) {
-			o.Node, o.Transport, o.Follow = node, tr, follow
-		}))
-		srv, err := transfer.NewTCPServer(transfer.TCPServerOptions{Local: s.Table, Token: clusterToken})
+		s := newTestStore(t, 4<<20, append([]testOpt{withIndex(idx), noEvict(), withOptions(func(o *store.Options) {
+			o.Node, o.Transport, o.Follow, o.Cluster = node, tr, follow, view
+		})}, opts...)...)
+		view.add(node, s)
+		srv, err := transfer.NewTCPServer(transfer.TCPServerOptions{Local: s.Table, Token: clusterToken, Control: s.Store})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,6 +55,42 @@ func newCluster(t *testing.T, follow bool) (a, b *testStore) {
 		return s
 	}
 	return mk("a"), mk("b")
+}
+
+// clusterView is the Cluster of the test stores: all live, free space
+// read from their tables.
+type clusterView struct {
+	mu    sync.Mutex
+	nodes map[string]*testStore
+	dead  map[string]bool
+}
+
+func (v *clusterView) add(name string, s *testStore) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.nodes == nil {
+		v.nodes, v.dead = map[string]*testStore{}, map[string]bool{}
+	}
+	v.nodes[name] = s
+}
+
+func (v *clusterView) kill(name string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.dead[name] = true
+}
+
+func (v *clusterView) Nodes() []store.NodeInfo {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []store.NodeInfo
+	for name, s := range v.nodes {
+		if !v.dead[name] {
+			st := s.Table.Stats()
+			out = append(out, store.NodeInfo{Name: name, Capacity: st.Size, Free: st.Free})
+		}
+	}
+	return out
 }
 
 // sync waits until s's follow loop processed every change committed so far
@@ -116,8 +157,12 @@ func TestRemoteRead(t *testing.T) {
 		t.Fatalf("ReadTo registered: %d, %v", n, err)
 	}
 	equalBytes(t, "ReadTo registered", reg, data[7:7+len(reg)])
-	_, err = r.ReadTo(ctx, transfer.VMBuffer(1, 4096, 10), 0)
-	wantErr(t, "ReadTo process memory", err, store.ErrUnsupported)
+	// Process memory goes through the engine's bounce buffer.
+	vm := make([]byte, 200<<10)
+	if n, err := r.ReadTo(ctx, transfer.VMBuffer(os.Getpid(), uint64(uintptr(unsafe.Pointer(&vm[0]))), uint64(len(vm))), 3); err != nil || n != uint64(len(vm)) {
+		t.Fatalf("ReadTo process memory: %d, %v", n, err)
+	}
+	equalBytes(t, "ReadTo process memory", vm, data[3:3+len(vm)])
 	_, err = r.Slices(0, 10)
 	wantErr(t, "Slices", err, store.ErrRemote)
 	if b.used() != 0 {

@@ -37,6 +37,16 @@ type Options struct {
 	// Transport reads replicas held by other nodes. Nil: single node, and
 	// an object with no replica here fails with ErrLost.
 	Transport transfer.Transport
+	// Cluster lists the live nodes for placement; nil with a Transport
+	// means placement stays local (remote replicas are still read).
+	Cluster Cluster
+	// FreeDelay postpones the freeing of replaced or deleted local bodies
+	// so that a read in flight from another node (which holds no lease
+	// here) finishes before the space is reused. 0: free at once.
+	FreeDelay time.Duration
+	// Logf receives one line per notable cluster event (a lost object);
+	// nil logs nothing.
+	Logf func(format string, args ...any)
 	// Follow watches the Index for changes committed by other nodes and
 	// frees this node's bodies of versions they replaced or deleted. Set
 	// it when the Index is shared.
@@ -59,6 +69,9 @@ func (o Options) Validate() error {
 	}
 	if o.Engine == nil {
 		errs = append(errs, errors.New("store: Options.Engine is required"))
+	}
+	if o.Transport != nil && o.Engine != nil && !o.Engine.Reaches(o.Node, o.Transport) {
+		errs = append(errs, fmt.Errorf("store: Options.Engine must be built with Self %q and Remote = Options.Transport", o.Node))
 	}
 	if o.HighWater < 0 || o.HighWater > 1 {
 		errs = append(errs, fmt.Errorf("store: HighWater %v not in [0,1]", o.HighWater))
@@ -87,6 +100,8 @@ type Store struct {
 	stats   struct {
 		evictions, evictedBytes atomic.Uint64
 		commits, revokes        atomic.Uint64
+		reserved, reaped        atomic.Uint64
+		delayed                 atomic.Int64 // bytes waiting for FreeDelay
 	}
 	mu struct {
 		sync.Mutex
@@ -95,6 +110,9 @@ type Store struct {
 		// live holds the first extent of every committed, not yet
 		// retired local body (see remote.go).
 		live map[segment.Extent]*liveBody
+		// resv holds reservations for writers on other nodes (reserve.go).
+		resv     map[uint64]*reservation
+		nextResv uint64
 	}
 	follow struct {
 		seen atomic.Uint64 // highest version the follow loop processed
@@ -125,11 +143,15 @@ func New(o Options) (*Store, error) {
 	if o.Now == nil {
 		o.Now = d.Now
 	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
 	s := &Store{opts: o, idx: o.Index, segs: o.Segments, eng: o.Engine,
 		kick: make(chan struct{}, 1), done: make(chan struct{}), started: o.Now().UnixNano()}
 	s.mu.bodies = make(map[segment.Extent]*body)
 	s.mu.opens = make(map[uint64]int)
 	s.mu.live = make(map[segment.Extent]*liveBody)
+	s.mu.resv = make(map[uint64]*reservation)
 	s.lru.list = list.New()
 	s.lru.elem = make(map[string]*list.Element)
 	if o.Follow {
@@ -140,6 +162,10 @@ func New(o Options) (*Store, error) {
 	if o.Evict {
 		s.wg.Add(1)
 		go s.evictLoop()
+	}
+	if o.Follow {
+		s.wg.Add(1)
+		go s.reapLoop()
 	}
 	return s, nil
 }
@@ -161,6 +187,9 @@ func (s *Store) Close() {
 // Node returns this store's node name.
 func (s *Store) Node() string { return s.opts.Node }
 
+// Transport returns the transport to other nodes (nil on one node).
+func (s *Store) Transport() transfer.Transport { return s.opts.Transport }
+
 // Index returns the index the store runs on.
 func (s *Store) Index() Index { return s.idx }
 
@@ -174,6 +203,12 @@ type Stats struct {
 	Revokes      uint64
 	OpenObjects  int
 	LiveBodies   int
+	// Reservations are open reservations for writers on other nodes;
+	// Reserved and Reaped count those made and those that expired.
+	Reservations     int
+	Reserved, Reaped uint64
+	// DelayedFree is retired bytes waiting for FreeDelay.
+	DelayedFree int64
 }
 
 // Stats returns current figures. Objects counts keys known to the LRU,
@@ -192,7 +227,10 @@ func (s *Store) Stats() Stats {
 	s.mu.Lock()
 	st.OpenObjects = len(s.mu.opens)
 	st.LiveBodies = len(s.mu.bodies)
+	st.Reservations = len(s.mu.resv)
 	s.mu.Unlock()
+	st.Reserved, st.Reaped = s.stats.reserved.Load(), s.stats.reaped.Load()
+	st.DelayedFree = s.stats.delayed.Load()
 	return st
 }
 
@@ -239,7 +277,7 @@ func (s *Store) retireExtLocked(ext []segment.Extent) {
 	delete(s.mu.live, ext[0])
 	b := s.mu.bodies[ext[0]]
 	if b == nil {
-		_ = s.segs.Free(ext)
+		s.freeExtLocked(ext)
 		return
 	}
 	b.retired = true
@@ -254,7 +292,21 @@ func (s *Store) freeBodyLocked(b *body) {
 	}
 	b.freed = true
 	delete(s.mu.bodies, b.id)
-	_ = s.segs.Free(b.extents)
+	s.freeExtLocked(b.extents)
+}
+
+// freeExtLocked frees a retired body's extents, after FreeDelay when set.
+func (s *Store) freeExtLocked(ext []segment.Extent) {
+	if s.opts.FreeDelay <= 0 {
+		_ = s.segs.Free(ext)
+		return
+	}
+	n := int64(segment.TotalLen(ext))
+	s.stats.delayed.Add(n)
+	time.AfterFunc(s.opts.FreeDelay, func() {
+		_ = s.segs.Free(ext)
+		s.stats.delayed.Add(-n)
+	})
 }
 
 // acquireLocked takes a reference on the local body of obj. Caller holds s.mu.

@@ -108,6 +108,12 @@ func (e *Engine) worker() {
 	}
 }
 
+// Reaches reports whether the engine sends requests for nodes other than
+// self through t.
+func (e *Engine) Reaches(self string, t Transport) bool {
+	return e.opts.Self == self && e.opts.Remote == t
+}
+
 // Close stops the workers after in-flight batches finish.
 func (e *Engine) Close() {
 	e.closeMu.Lock()

@@ -1,0 +1,241 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Placement: where the bytes of a new version go, and how many copies.
+//
+// A file or directory carries its choice in two stored attributes (user.
+// prefix stripped): XattrReplicas ("1" to MaxReplicas) and XattrPlacement
+// ("local", "spread" or "node:NAME"). New objects inherit both from their
+// nearest explicit ancestor directory at creation. Defaults: one replica,
+// local.
+//
+//   - local: this node first; when it has no free space the draft spills
+//     to the live node with the most free space (moving what it wrote so
+//     far), and only when no node has room does this node evict;
+//   - spread: the live node with the most free space;
+//   - node:NAME: that node or nothing: a write that cannot be placed there
+//     fails with ErrNoSpace instead of landing elsewhere.
+//
+// Further replicas go to distinct nodes, most free space first, and are
+// copied from the first when the draft commits. Without enough live nodes
+// the commit fails with ErrNoSpace.
+
+// Attribute names of the placement choice.
+const (
+	XattrReplicas  = "mooncake.replicas"
+	XattrPlacement = "mooncake.placement"
+	// MaxReplicas bounds the replica count.
+	MaxReplicas = 8
+)
+
+// Placement policies.
+const (
+	PolicyLocal  = "local"
+	PolicySpread = "spread"
+	PolicyNode   = "node"
+)
+
+// Placement is a resolved choice.
+type Placement struct {
+	Policy   string
+	Node     string // PolicyNode only
+	Replicas int
+}
+
+// DefaultPlacement is one replica, local first.
+func DefaultPlacement() Placement { return Placement{Policy: PolicyLocal, Replicas: 1} }
+
+func (p Placement) String() string {
+	if p.Policy == PolicyNode {
+		return "node:" + p.Node
+	}
+	return p.Policy
+}
+
+// ParsePlacement parses a user.mooncake.placement value.
+func ParsePlacement(v string) (policy, node string, err error) {
+	switch {
+	case v == PolicyLocal || v == PolicySpread:
+		return v, "", nil
+	case strings.HasPrefix(v, "node:"):
+		node = strings.TrimPrefix(v, "node:")
+		if node == "" || len(node) > MaxNameLen || strings.ContainsAny(node, "/\x00\n") {
+			return "", "", fmt.Errorf("placement %q: bad node name: %w", v, ErrInvalid)
+		}
+		return PolicyNode, node, nil
+	}
+	return "", "", fmt.Errorf("placement %q: want local, spread or node:NAME: %w", v, ErrInvalid)
+}
+
+// ParseReplicas parses a user.mooncake.replicas value.
+func ParseReplicas(v string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 1 || n > MaxReplicas {
+		return 0, fmt.Errorf("replicas %q: want 1 to %d: %w", v, MaxReplicas, ErrInvalid)
+	}
+	return n, nil
+}
+
+// placementOf reads o's own choice; ok fields say which attributes it has.
+func placementOf(o *Object, p *Placement) (hasRepl, hasPol bool) {
+	if v, ok := o.Xattrs[XattrReplicas]; ok {
+		if n, err := ParseReplicas(string(v)); err == nil {
+			p.Replicas, hasRepl = n, true
+		}
+	}
+	if v, ok := o.Xattrs[XattrPlacement]; ok {
+		if pol, node, err := ParsePlacement(string(v)); err == nil {
+			p.Policy, p.Node, hasPol = pol, node, true
+		}
+	}
+	return
+}
+
+// PlacementFor resolves the choice for key: its own attributes, else those
+// of its nearest ancestor that has them, else the defaults.
+func (s *Store) PlacementFor(ctx context.Context, key string) Placement {
+	p := DefaultPlacement()
+	var haveRepl, havePol bool
+	for k := key; k != "" && !(haveRepl && havePol); k = Parent(k) {
+		o, err := s.idx.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var q Placement
+		r, pol := placementOf(o, &q)
+		if r && !haveRepl {
+			p.Replicas, haveRepl = q.Replicas, true
+		}
+		if pol && !havePol {
+			p.Policy, p.Node, havePol = q.Policy, q.Node, true
+		}
+	}
+	return p
+}
+
+// inherit copies the placement attributes of o's nearest ancestors into
+// a new object that has none of its own.
+func (s *Store) inherit(ctx context.Context, o *Object) {
+	for _, name := range []string{XattrReplicas, XattrPlacement} {
+		if _, ok := o.Xattrs[name]; ok {
+			continue
+		}
+		for k := Parent(o.Key); k != ""; k = Parent(k) {
+			a, err := s.idx.Get(ctx, k)
+			if err != nil {
+				continue
+			}
+			if v, ok := a.Xattrs[name]; ok {
+				if o.Xattrs == nil {
+					o.Xattrs = map[string][]byte{}
+				}
+				o.Xattrs[name] = slices.Clone(v)
+				break
+			}
+		}
+	}
+}
+
+// NodeInfo is one live node as placement sees it.
+type NodeInfo struct {
+	Name     string
+	Capacity uint64
+	Free     uint64
+}
+
+// Cluster tells placement which nodes are alive and how full they are.
+type Cluster interface {
+	Nodes() []NodeInfo
+}
+
+// clustered reports whether other nodes can take bytes.
+func (s *Store) clustered() bool { return s.opts.Cluster != nil && s.opts.Transport != nil }
+
+func (s *Store) isLocal(node string) bool { return node == "" || node == s.opts.Node }
+
+// liveNodes returns the live nodes, most free space first (this node's
+// free space is read from its own segments).
+func (s *Store) liveNodes() []NodeInfo {
+	self := NodeInfo{Name: s.opts.Node}
+	st := s.segs.Stats()
+	self.Capacity, self.Free = st.Size, st.Free
+	out := []NodeInfo{self}
+	if s.clustered() {
+		for _, n := range s.opts.Cluster.Nodes() {
+			if n.Name != s.opts.Node {
+				out = append(out, n)
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b NodeInfo) int {
+		if c := cmp.Compare(b.Free, a.Free); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	return out
+}
+
+// primaryNode picks the node of a draft's first reservation ("" for this
+// node).
+func (s *Store) primaryNode(p Placement, need uint64) (string, error) {
+	switch p.Policy {
+	case PolicyNode:
+		if s.isLocal(p.Node) {
+			return "", nil
+		}
+		for _, n := range s.liveNodes() {
+			if n.Name == p.Node {
+				return n.Name, nil
+			}
+		}
+		return "", fmt.Errorf("placement node:%s: no such live node: %w", p.Node, ErrNoSpace)
+	case PolicySpread:
+		if n := s.liveNodes()[0].Name; !s.isLocal(n) {
+			return n, nil
+		}
+	}
+	return "", nil
+}
+
+// spillNode returns the remote node with the most free space if it has
+// at least need bytes free.
+func (s *Store) spillNode(need uint64) (string, bool) {
+	if !s.clustered() {
+		return "", false
+	}
+	for _, n := range s.liveNodes() {
+		if !s.isLocal(n.Name) && n.Free >= need {
+			return n.Name, true
+		}
+	}
+	return "", false
+}
+
+// replicaNodes picks k nodes for further replicas, not in have.
+func (s *Store) replicaNodes(k int, have map[string]bool, live func(string) bool) ([]string, error) {
+	var out []string
+	for _, n := range s.liveNodes() {
+		if len(out) == k {
+			break
+		}
+		if !have[n.Name] && (live == nil || live(n.Name)) {
+			out = append(out, n.Name)
+		}
+	}
+	if len(out) < k {
+		return out, fmt.Errorf("%d more replicas wanted, %d distinct live nodes left: %w", k, len(out), ErrNoSpace)
+	}
+	return out, nil
+}
+
+var errNoTransport = errors.New("store: no transport to other nodes")

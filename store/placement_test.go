@@ -1,0 +1,211 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/store"
+)
+
+// putPlaced writes data to key with placement p, in pieces of chunk bytes.
+func (s *testStore) putPlaced(key string, data []byte, p store.Placement, chunk int) (*store.Object, error) {
+	ctx := context.Background()
+	d := s.NewDraft(store.NewIno(), nil, true)
+	defer d.Close()
+	d.Place(p)
+	for off := 0; off < len(data); off += chunk {
+		end := min(off+chunk, len(data))
+		if _, err := d.WriteAt(ctx, data[off:end], uint64(off)); err != nil {
+			return nil, err
+		}
+	}
+	return d.Commit(ctx, store.CommitOptions{Key: key})
+}
+
+// readVia reads key on s with ReadAt only (remote readers have no Slices).
+func (s *testStore) readVia(t *testing.T, key string) []byte {
+	t.Helper()
+	r, err := s.OpenReader(context.Background(), key)
+	if err != nil {
+		t.Fatalf("open %q on %s: %v", key, s.Node(), err)
+	}
+	defer r.Close()
+	b := make([]byte, r.Size())
+	if n, err := r.ReadAt(context.Background(), b, 0); err != nil || n != len(b) {
+		t.Fatalf("read %q on %s: %d of %d B, %v", key, s.Node(), n, len(b), err)
+	}
+	return b
+}
+
+func replicaNodes(o *store.Object) []string {
+	var out []string
+	for _, r := range o.Replicas {
+		out = append(out, r.Node)
+	}
+	return out
+}
+
+// waitFor polls cond; the deadline only turns a hang into a failure.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestPlaceOnNode: node:b writes from a into b's segments; both read it;
+// b takes the reservation over at the commit and frees the body when a
+// deletes the key.
+func TestPlaceOnNode(t *testing.T) {
+	a, b := newCluster(t, true)
+	data := pattern(3, 700<<10+5)
+	o, err := a.putPlaced("f", data, store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}, 100<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := replicaNodes(o); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("replicas on %v, want [b]", got)
+	}
+	if a.used() != 0 {
+		t.Fatalf("a uses %d B for a file placed on b", a.used())
+	}
+	equalBytes(t, "read on a", a.readVia(t, "f"), data)
+	equalBytes(t, "read on b", b.readVia(t, "f"), data)
+	waitFor(t, "b to take the reservation over", func() bool { return b.Reservations() == 0 })
+	want := uint64(len(data)+segment.Granule-1) / segment.Granule * segment.Granule
+	if b.used() != want {
+		t.Fatalf("b uses %d B, want %d (trimmed to the size)", b.used(), want)
+	}
+	// Copy on write from a remote base onto b again, then delete.
+	d := a.edit(t, "f")
+	d.Place(store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1})
+	if _, err := d.WriteAt(context.Background(), []byte("XY"), 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Commit(context.Background(), store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	copy(data[10:], "XY")
+	equalBytes(t, "after edit, on b", b.readVia(t, "f"), data)
+	if err := a.Delete(context.Background(), "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	b.sync(t)
+	b.waitUsed(t, 0)
+	a.checkAlloc(t)
+	b.checkAlloc(t)
+}
+
+// TestPlaceNowhere: an explicit node that is not alive fails with
+// ErrNoSpace and leaves nothing behind.
+func TestPlaceNowhere(t *testing.T) {
+	a, b := newCluster(t, true)
+	_, err := a.putPlaced("f", pattern(1, 5000), store.Placement{Policy: store.PolicyNode, Node: "zz", Replicas: 1}, 5000)
+	wantErr(t, "node:zz", err, store.ErrNoSpace)
+	// More than b holds, explicitly on b: no silent landing on a.
+	_, err = a.putPlaced("g", pattern(1, 5<<20), store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}, 1<<20)
+	wantErr(t, "5 MiB on a 4 MiB node", err, store.ErrNoSpace)
+	if a.used() != 0 || b.used() != 0 || b.Reservations() != 0 {
+		t.Fatalf("left behind: a %d B, b %d B, %d reservations", a.used(), b.used(), b.Reservations())
+	}
+	// Three replicas on a two-node cluster cannot be placed.
+	_, err = a.putPlaced("h", pattern(1, 5000), store.Placement{Policy: store.PolicyLocal, Replicas: 3}, 5000)
+	wantErr(t, "3 replicas on 2 nodes", err, store.ErrNoSpace)
+	if _, err := a.Stat(context.Background(), "h"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("failed put is visible: %v", err)
+	}
+	waitFor(t, "b to free the failed replica", func() bool { return b.used() == 0 && b.Reservations() == 0 })
+}
+
+// TestReplicas: two replicas land on distinct nodes with the same bytes;
+// either alone serves reads; Reconcile after b dies drops b's copy.
+func TestReplicas(t *testing.T) {
+	a, b := newCluster(t, true)
+	data := pattern(9, 1<<20+77)
+	o, err := a.putPlaced("r", data, store.Placement{Policy: store.PolicyLocal, Replicas: 2}, 256<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := replicaNodes(o); len(got) != 2 || got[0] != "a" || got[1] != "b" {
+		t.Fatalf("replicas on %v, want [a b]", got)
+	}
+	equalBytes(t, "b's local copy", b.read(t, "r"), data)
+	equalBytes(t, "a's local copy", a.read(t, "r"), data)
+
+	rep, err := a.Reconcile(context.Background(), func(n string) bool { return n == "a" })
+	if err != nil || rep.Dropped != 1 || len(rep.Lost) != 0 || rep.Short != 1 {
+		t.Fatalf("reconcile without b: %+v, %v", rep, err)
+	}
+	cur, err := a.Stat(context.Background(), "r")
+	if err != nil || len(cur.Replicas) != 1 || cur.Replicas[0].Node != "a" {
+		t.Fatalf("after reconcile: %+v, %v", cur, err)
+	}
+	b.sync(t)
+	b.waitUsed(t, 0)
+	// Back to two: b is alive again.
+	rep, err = a.Reconcile(context.Background(), func(string) bool { return true })
+	if err != nil || rep.Repaired != 1 {
+		t.Fatalf("reconcile with b back: %+v, %v", rep, err)
+	}
+	equalBytes(t, "repaired copy on b", b.read(t, "r"), data)
+	// Both gone: lost, and reads fail with ErrLost.
+	rep, err = a.Reconcile(context.Background(), func(string) bool { return false })
+	if err != nil || len(rep.Lost) != 1 || rep.Lost[0] != "r" {
+		t.Fatalf("reconcile with nothing alive: %+v, %v", rep, err)
+	}
+	_, err = a.OpenReader(context.Background(), "r")
+	wantErr(t, "read a lost object", err, store.ErrLost)
+	lost, err := a.Lost(context.Background())
+	if err != nil || len(lost) != 1 {
+		t.Fatalf("Lost: %v, %v", lost, err)
+	}
+	a.sync(t)
+	a.waitUsed(t, 0)
+	b.waitUsed(t, 0)
+}
+
+// TestSpill: a full node moves a draft to the node with the most free
+// space mid-write, and the bytes written before the move survive.
+func TestSpill(t *testing.T) {
+	a, b := newCluster(t, true)
+	a.put(t, "filler", pattern(2, 3<<20))
+	data := pattern(4, 2<<20+999)
+	o, err := a.putPlaced("big", data, store.DefaultPlacement(), 300<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := replicaNodes(o); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("replicas on %v, want [b]", got)
+	}
+	equalBytes(t, "spilled file on a", a.readVia(t, "big"), data)
+	equalBytes(t, "spilled file on b", b.read(t, "big"), data)
+	if a.used() != 3<<20 {
+		t.Fatalf("a uses %d B after the spill, want only the filler", a.used())
+	}
+	waitFor(t, "b to take the reservation over", func() bool { return b.Reservations() == 0 })
+}
+
+// TestReservationExpires: a writer that reserves and vanishes leaks nothing.
+func TestReservationExpires(t *testing.T) {
+	a, b := newCluster(t, true)
+	tr := a.Store.Transport()
+	r, err := tr.Reserve(context.Background(), "b", 1<<20, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.used() < 1<<20 || b.Reservations() != 1 {
+		t.Fatalf("b uses %d B with %d reservations", b.used(), b.Reservations())
+	}
+	waitFor(t, "the reaper", func() bool { return b.used() == 0 && b.Reservations() == 0 })
+	if err := tr.Renew(context.Background(), "b", r.ID, time.Second); err == nil {
+		t.Fatal("renewed an expired reservation")
+	}
+}

@@ -1,0 +1,229 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// Remote allocation, owner side: this store reserves extents for writers
+// on other nodes (transfer.Controller). A reservation lives until its
+// deadline; a commit that names its extents, seen by the follow loop,
+// turns them into a live body of this node (then freed like any other when
+// replaced or deleted); whatever is still reserved at the deadline is
+// freed by the reaper. Guarded by Store.mu.
+
+type reservation struct {
+	ext      []segment.Extent
+	deadline time.Time
+}
+
+// MaxReserveTTL bounds a reservation's lifetime between renewals.
+const MaxReserveTTL = 10 * time.Minute
+
+var _ transfer.Controller = (*Store)(nil)
+
+// Control implements transfer.Controller.
+func (s *Store) Control(_ context.Context, req transfer.ControlRequest) (transfer.ControlResponse, error) {
+	ttl := min(time.Duration(req.TTLMillis)*time.Millisecond, MaxReserveTTL)
+	switch req.Op {
+	case transfer.CtlReserve:
+		ext, err := s.alloc(req.Bytes)
+		if err != nil {
+			return transfer.ControlResponse{}, errors.Join(transfer.ErrNoSpace, err)
+		}
+		s.mu.Lock()
+		s.mu.nextResv++
+		id := s.mu.nextResv
+		s.mu.resv[id] = &reservation{ext: ext, deadline: s.opts.Now().Add(ttl)}
+		s.mu.Unlock()
+		s.stats.reserved.Add(1)
+		return transfer.ControlResponse{ID: id, Extents: ext}, nil
+	case transfer.CtlRenew:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		r := s.mu.resv[req.ID]
+		if r == nil {
+			return transfer.ControlResponse{}, fmt.Errorf("reservation %d: %w", req.ID, transfer.ErrUnknownReservation)
+		}
+		r.deadline = s.opts.Now().Add(ttl)
+		return transfer.ControlResponse{}, nil
+	case transfer.CtlFree:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		r := s.mu.resv[req.ID]
+		if r == nil {
+			return transfer.ControlResponse{}, fmt.Errorf("reservation %d: %w", req.ID, transfer.ErrUnknownReservation)
+		}
+		if len(req.Extents) == 0 {
+			delete(s.mu.resv, req.ID)
+			_ = s.segs.Free(r.ext)
+			return transfer.ControlResponse{}, nil
+		}
+		// Check all first: a bad extent changes nothing.
+		rest := r.ext
+		for _, f := range req.Extents {
+			var err error
+			if rest, err = carve(rest, f); err != nil {
+				return transfer.ControlResponse{}, fmt.Errorf("free %v of reservation %d: %w", f, req.ID, err)
+			}
+		}
+		r.ext = rest
+		_ = s.segs.Free(req.Extents)
+		if len(r.ext) == 0 {
+			delete(s.mu.resv, req.ID)
+		}
+		return transfer.ControlResponse{}, nil
+	}
+	return transfer.ControlResponse{}, fmt.Errorf("control op %q: %w", req.Op, transfer.ErrBadRequest)
+}
+
+// carve removes f from the extent list, which must contain it within one
+// extent; the rest of that extent stays.
+func carve(list []segment.Extent, f segment.Extent) ([]segment.Extent, error) {
+	if f.Len == 0 {
+		return nil, fmt.Errorf("empty extent: %w", transfer.ErrBadRequest)
+	}
+	for i, e := range list {
+		if e.Segment != f.Segment || f.Off < e.Off || f.Off+f.Len > e.Off+e.Len || f.Off+f.Len < f.Off {
+			continue
+		}
+		out := append([]segment.Extent(nil), list[:i]...)
+		if f.Off > e.Off {
+			out = append(out, segment.Extent{Segment: e.Segment, Off: e.Off, Len: f.Off - e.Off})
+		}
+		if end := f.Off + f.Len; end < e.Off+e.Len {
+			out = append(out, segment.Extent{Segment: e.Segment, Off: end, Len: e.Off + e.Len - end})
+		}
+		return append(out, list[i+1:]...), nil
+	}
+	return nil, fmt.Errorf("not reserved: %w", transfer.ErrBadRequest)
+}
+
+// consumeLocked takes the extents of a committed body out of the
+// reservations that hold them and makes the body live at version ver. It
+// reports whether any extent was reserved. Caller holds s.mu.
+func (s *Store) consumeLocked(ext []segment.Extent, ver uint64) bool {
+	if len(s.mu.resv) == 0 || len(ext) == 0 {
+		return false
+	}
+	found := false
+	for _, e := range ext {
+		for id, r := range s.mu.resv {
+			rest, err := carve(r.ext, e)
+			if err != nil {
+				continue
+			}
+			found = true
+			r.ext = rest
+			if len(rest) == 0 {
+				delete(s.mu.resv, id)
+			}
+			break
+		}
+	}
+	if found {
+		if _, ok := s.mu.live[ext[0]]; !ok {
+			s.mu.live[ext[0]] = &liveBody{since: ver}
+		}
+	}
+	return found
+}
+
+// reapLoop frees reservations whose deadline passed.
+func (s *Store) reapLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+			s.reap()
+		}
+	}
+}
+
+func (s *Store) reap() {
+	now := s.opts.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, r := range s.mu.resv {
+		if now.After(r.deadline) {
+			delete(s.mu.resv, id)
+			_ = s.segs.Free(r.ext)
+			s.stats.reaped.Add(1)
+		}
+	}
+}
+
+// Reservations returns how many reservations for remote writers are open.
+func (s *Store) Reservations() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.mu.resv)
+}
+
+// copyExtents copies the first n bytes of src (on srcNode) into dst (on
+// dstNode): straight from or into local segment memory when one side is
+// here, through a bounce buffer otherwise.
+func (s *Store) copyExtents(ctx context.Context, srcNode string, src []segment.Extent, dstNode string, dst []segment.Extent, n uint64) error {
+	srcStarts, dstStarts := extentStarts(src), extentStarts(dst)
+	var reqs []transfer.Request
+	var err error
+	switch {
+	case s.isLocal(srcNode):
+		span(src, srcStarts, 0, n, func(se segment.Extent, rel uint64) bool {
+			var m []byte
+			if m, err = s.segs.Bytes(se); err != nil {
+				return false
+			}
+			span(dst, dstStarts, rel, se.Len, func(de segment.Extent, r2 uint64) bool {
+				reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: de, Node: dstNode})
+				return true
+			})
+			return true
+		})
+	case s.isLocal(dstNode):
+		span(dst, dstStarts, 0, n, func(de segment.Extent, rel uint64) bool {
+			var m []byte
+			if m, err = s.segs.Bytes(de); err != nil {
+				return false
+			}
+			span(src, srcStarts, rel, de.Len, func(se segment.Extent, r2 uint64) bool {
+				reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: se, Node: srcNode})
+				return true
+			})
+			return true
+		})
+	default:
+		const chunk = 4 << 20
+		stage := make([]byte, min(n, chunk))
+		for off := uint64(0); off < n && err == nil; off += chunk {
+			k := min(chunk, n-off)
+			buf := transfer.HostBuffer(stage[:k])
+			var rd, wr []transfer.Request
+			span(src, srcStarts, off, k, func(se segment.Extent, rel uint64) bool {
+				rd = append(rd, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: se, Node: srcNode})
+				return true
+			})
+			span(dst, dstStarts, off, k, func(de segment.Extent, rel uint64) bool {
+				wr = append(wr, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: de, Node: dstNode})
+				return true
+			})
+			if err = s.eng.Submit(ctx, rd); err == nil {
+				err = s.eng.Submit(ctx, wr)
+			}
+		}
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	return s.eng.Submit(ctx, reqs)
+}
