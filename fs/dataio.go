@@ -64,6 +64,7 @@ func (f *FS) putObject(ctx context.Context, key string, ino uint64, tmpl *store.
 		d = f.st.NewDraft(ino, nil, true)
 	}
 	defer d.Close()
+	d.Place(f.st.PlacementFor(ctx, key))
 	if _, err := d.WriteFrom(ctx, buf, objOff); err != nil {
 		return nil, err
 	}
@@ -112,6 +113,7 @@ func (n *node) afterPut(ctx context.Context, key string) {
 			if r.Object().Ino == n.StableAttr().Ino {
 				d.Close()
 				n.mu.draft = n.fs.st.NewDraft(r.Object().Ino, r, false)
+				n.mu.draft.Place(n.fs.st.PlacementFor(ctx, key))
 			} else {
 				r.Close()
 			}

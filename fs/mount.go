@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -16,9 +17,10 @@ import (
 
 // Mount is a mounted file system.
 type Mount struct {
-	Dir    string
-	server *fuse.Server
-	fs     *FS
+	Dir        string
+	server     *fuse.Server
+	fs         *FS
+	stopFollow context.CancelFunc
 }
 
 // MountFS mounts the store at dir and starts serving. A stale FUSE mount
@@ -33,6 +35,10 @@ func MountFS(dir string, o Options) (*Mount, error) {
 		return nil, err
 	}
 	et, at, nt := o.EntryTimeout, o.AttrTimeout, o.NegativeTimeout
+	if o.Cluster {
+		at, nt = 0, 0
+		f.opts.AttrTimeout, f.opts.NegativeTimeout = 0, 0
+	}
 	mo := fuse.MountOptions{
 		AllowOther:           o.AllowOther,
 		FsName:               "mooncake",
@@ -62,7 +68,17 @@ func MountFS(dir string, o Options) (*Mount, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
 	}
-	return &Mount{Dir: dir, server: server, fs: f}, nil
+	m := &Mount{Dir: dir, server: server, fs: f}
+	if o.Cluster {
+		ctx, cancel := context.WithCancel(context.Background())
+		m.stopFollow = cancel
+		if err := f.followIndex(ctx, &root.Inode); err != nil {
+			cancel()
+			_ = server.Unmount()
+			return nil, fmt.Errorf("fs: watch the index: %w", err)
+		}
+	}
+	return m, nil
 }
 
 // Settings returns the negotiated kernel settings for status output.
@@ -99,6 +115,9 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	m.server.Wait()
+	if m.stopFollow != nil {
+		m.stopFollow()
+	}
 	m.fs.closeGPUs()
 	return nil
 }

@@ -27,7 +27,22 @@ const (
 
 // storedMooncake are the user.mooncake.* names stored with the object like
 // any user attribute: the tensor metadata of the Python helpers.
-var storedMooncake = map[string]bool{"mooncake.dtype": true, "mooncake.shape": true}
+var storedMooncake = map[string]bool{"mooncake.dtype": true, "mooncake.shape": true,
+	store.XattrReplicas: true, store.XattrPlacement: true}
+
+// checkStored validates the stored user.mooncake.* values that mean
+// something to the daemon: the placement choice.
+func checkStored(name string, v []byte) error {
+	switch name {
+	case store.XattrReplicas:
+		_, err := store.ParseReplicas(string(v))
+		return err
+	case store.XattrPlacement:
+		_, _, err := store.ParsePlacement(string(v))
+		return err
+	}
+	return nil
+}
 
 func location(o *store.Object) string {
 	var b strings.Builder
@@ -135,6 +150,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if strings.HasPrefix(name, mooncakeNS) && !storedMooncake[name] {
 		// Computed attributes are read-only; unknown ones are reserved.
 		return syscall.EPERM
+	}
+	if err = checkStored(name, data); err != nil {
+		return toErrno(err)
 	}
 	_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
 		_, exists := o.Xattrs[name]

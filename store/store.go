@@ -187,6 +187,16 @@ func (s *Store) Close() {
 // Node returns this store's node name.
 func (s *Store) Node() string { return s.opts.Node }
 
+// Sync brings this node's view of a shared index up to every change
+// committed before the call (a no-op for the embedded index). On error
+// (the shared index is unreachable) reads go on from the cached view.
+func (s *Store) Sync(ctx context.Context) error {
+	if x, ok := s.idx.(Syncer); ok {
+		return x.Sync(ctx)
+	}
+	return nil
+}
+
 // Transport returns the transport to other nodes (nil on one node).
 func (s *Store) Transport() transfer.Transport { return s.opts.Transport }
 

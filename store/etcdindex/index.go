@@ -45,7 +45,40 @@ type Index struct {
 		advanced chan struct{} // closed and replaced whenever rev moves
 		watchErr error         // why the cache last fell behind, for messages
 		closed   bool
+		// syncErr is the last Sync failure, returned at once for a
+		// second after it (syncFailed) so an outage costs one timeout.
+		syncErr    error
+		syncFailed time.Time
 	}
+}
+
+// Sync makes every later read of this Index reflect all changes committed
+// in etcd before Sync was called (close-to-open consistency across
+// nodes): one linearizable read of etcd's current revision, then reads
+// wait for the cache to reach it. While etcd is unreachable Sync fails
+// fast and reads keep answering from the cache.
+func (x *Index) Sync(ctx context.Context) error {
+	x.mu.Lock()
+	if err := x.mu.syncErr; err != nil && time.Since(x.mu.syncFailed) < time.Second {
+		x.mu.Unlock()
+		return err
+	}
+	x.mu.Unlock()
+	tctx, cancel := context.WithTimeout(ctx, min(x.opts.RequestTimeout, time.Second))
+	defer cancel()
+	resp, err := x.cli.Get(tctx, x.objPrefix, clientv3.WithCountOnly())
+	if err != nil {
+		err = x.requestError(ctx, "sync", err)
+		x.mu.Lock()
+		x.mu.syncErr, x.mu.syncFailed = err, time.Now()
+		x.mu.Unlock()
+		return err
+	}
+	x.mu.Lock()
+	x.mu.syncErr = nil
+	x.mu.readRev = max(x.mu.readRev, resp.Header.Revision)
+	x.mu.Unlock()
+	return nil
 }
 
 var _ store.Index = (*Index)(nil)
