@@ -42,6 +42,7 @@ type mountConfig struct {
 	fuseDebug   bool
 	node        string
 	pinMax      uint64
+	cluster     clusterConfig
 }
 
 func defaultSize() uint64 {
@@ -73,7 +74,13 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 	fl.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics at ADDR (e.g. 127.0.0.1:9100); off when empty")
 	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error; debug logs one line per operation")
 	fl.BoolVar(&c.fuseDebug, "fuse-debug", false, "log every FUSE request")
-	fl.StringVar(&c.node, "node", "local", "this node's name in replica lists")
+	fl.StringVar(&c.node, "node", "", "this node's name in replica lists (default: local; in a cluster: the host name)")
+	fl.StringVar(&c.cluster.etcd, "etcd", "", "join a cluster whose index is in etcd at URL[,URL...] (e.g. http://127.0.0.1:2379)")
+	fl.StringVar(&c.cluster.listen, "listen", "127.0.0.1:7070", "cluster: serve this node's segments to peers at ADDR")
+	fl.StringVar(&c.cluster.advertise, "advertise", "", "cluster: the address peers dial (default: the --listen address)")
+	fl.StringVar(&c.cluster.tokenFile, "token-file", "", "cluster: file holding the shared cluster token (at least 16 bytes)")
+	fl.StringVar(&c.cluster.prefix, "etcd-prefix", "/mooncake/", "cluster: etcd key prefix of this file system")
+	fl.DurationVar(&c.cluster.ttl, "node-ttl", 5*time.Second, "cluster: a node that stops renewing its lease this long is dead")
 	c.pinMax = ^uint64(0)
 	if v := os.Getenv("MOONCAKE_PIN_MAX"); v != "" {
 		if n, err := parseSize(v); err == nil {
@@ -94,6 +101,20 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 		return nil, err
 	}
 	var errs []error
+	if c.node == "" {
+		c.node = "local"
+		if c.cluster.etcd != "" {
+			if h, err := os.Hostname(); err == nil && h != "" {
+				c.node = h
+			}
+		}
+	}
+	if c.cluster.etcd != "" && (c.cluster.ttl < time.Second || c.cluster.ttl > 5*time.Minute) {
+		errs = append(errs, fmt.Errorf("--node-ttl %v: want 1s to 5m", c.cluster.ttl))
+	}
+	if c.cluster.etcd == "" && c.cluster.tokenFile != "" {
+		errs = append(errs, errors.New("--token-file without --etcd"))
+	}
 	if c.evict != "on" && c.evict != "off" {
 		errs = append(errs, fmt.Errorf("--evict %q: want on or off", c.evict))
 	}
@@ -142,6 +163,7 @@ type daemon struct {
 	gpuCtx  *cuda.Context
 	cudaPin *pinned.CUDAPin
 	gpus    []cuda.GPU
+	cl      *cluster // nil on one machine
 }
 
 func runMount(args []string) error {
@@ -210,13 +232,21 @@ func (d *daemon) start() error {
 	}
 	d.pinForCUDA()
 	var err error
-	d.eng, err = transfer.New(transfer.Options{Local: d.segs, Registerer: d.reg})
-	if err != nil {
-		return err
-	}
-	d.idx = store.NewEmbedded()
 	so := store.DefaultOptions()
 	so.Node = d.cfg.node
+	eo := transfer.Options{Local: d.segs, Registerer: d.reg, Self: d.cfg.node}
+	if d.cfg.cluster.etcd != "" {
+		if err := d.startCluster(); err != nil {
+			return err
+		}
+		d.cl.storeOptions(&so)
+		eo.Remote = d.cl.tr
+	} else {
+		d.idx = store.NewEmbedded()
+	}
+	if d.eng, err = transfer.New(eo); err != nil {
+		return err
+	}
 	so.Index = d.idx
 	so.Segments = d.segs
 	so.Engine = d.eng
@@ -224,6 +254,11 @@ func (d *daemon) start() error {
 	so.HighWater, so.LowWater = d.cfg.high, d.cfg.low
 	if d.st, err = store.New(so); err != nil {
 		return err
+	}
+	if d.cl != nil {
+		if err := d.cl.serve(); err != nil {
+			return err
+		}
 	}
 	d.reg.MustRegister(newStoreCollector(d))
 	fo := mfs.DefaultOptions()
@@ -233,6 +268,7 @@ func (d *daemon) start() error {
 	fo.Registerer = d.reg
 	fo.Debug = d.cfg.fuseDebug
 	fo.Status = func() ([]byte, error) { return json.Marshal(d.status()) }
+	fo.Cluster = d.cl != nil
 	if d.mnt, err = mfs.MountFS(d.cfg.dir, fo); err != nil {
 		return err
 	}
@@ -282,11 +318,17 @@ func (d *daemon) pinForCUDA() {
 }
 
 func (d *daemon) stop() {
+	if d.cl != nil {
+		d.cl.stop() // leave the cluster first: peers stop sending here
+	}
 	if d.st != nil {
 		d.st.Close()
 	}
 	if d.idx != nil {
 		_ = d.idx.Close()
+	}
+	if d.cl != nil {
+		d.cl.closeClient()
 	}
 	if d.eng != nil {
 		d.eng.Close()
@@ -328,6 +370,7 @@ type Status struct {
 	Fuse          map[string]any  `json:"fuse"`
 	Registrations RegStatus       `json:"registrations"`
 	GPUs          []cuda.GPU      `json:"gpus,omitempty"`
+	Cluster       *ClusterStatus  `json:"cluster,omitempty"`
 	CPUs          int             `json:"cpus"`
 }
 
@@ -393,6 +436,9 @@ func (d *daemon) status() Status {
 	}
 	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
 	s.GPUs = d.gpus
+	if d.cl != nil {
+		s.Cluster = d.cl.status()
+	}
 	if d.cudaPin != nil {
 		s.Memory.CUDAPinned = d.cudaPin.Pinned()
 	}

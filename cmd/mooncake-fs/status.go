@@ -92,6 +92,37 @@ func printStatus(s *Status) {
 		fmt.Fprintf(w, "warnings\t%s\n", strings.Join(s.Memory.Warnings, "; "))
 	}
 	w.Flush()
+	if c := s.Cluster; c != nil {
+		printCluster(c)
+	}
+}
+
+func printCluster(c *ClusterStatus) {
+	live := "live"
+	if !c.Live {
+		live = "NOT LIVE: " + c.LiveErr
+	}
+	fmt.Printf("\ncluster: etcd %s, this node at %s (%s), repairer %s\n", c.Etcd, c.Addr, live, c.Repairer)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "NODE\tADDRESS\tCAPACITY\tUSED\tFREE\tSTATE\tUP SINCE")
+	for _, n := range c.Nodes {
+		state := "live"
+		if !n.Live {
+			state = "gone"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s (%s)\t%s\t%s\t%s\n", n.Name, n.Addr, formatSize(n.Capacity), formatSize(n.Used),
+			pct(n.Used, n.Capacity), formatSize(n.Free), state, n.Started.Local().Format("2006-01-02 15:04:05"))
+	}
+	w.Flush()
+	if c.LostCount > 0 {
+		fmt.Printf("lost objects (no surviving replica, read as EIO): %d\n", c.LostCount)
+		for _, k := range c.Lost {
+			fmt.Printf("  %s\n", k)
+		}
+	}
+	if c.RepairError != "" {
+		fmt.Printf("last repair failed: %s\n", c.RepairError)
+	}
 }
 
 func runUmount(args []string) error {

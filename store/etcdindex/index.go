@@ -313,13 +313,26 @@ func (x *Index) lockCaughtUp(ctx context.Context, op string) error {
 		}
 		have, werr, ch := x.mu.rev, x.mu.watchErr, x.mu.advanced
 		x.mu.Unlock()
+		// Writes outside the object prefix (membership) move etcd's
+		// revision without an event for this watch: ask etcd to report
+		// its progress, which moves the cache revision.
+		x.requestProgress()
 		select {
 		case <-ch:
+		case <-time.After(50 * time.Millisecond):
 		case <-ctx.Done():
 			return fmt.Errorf("etcdindex: %s: cache at revision %d has not reached this node's write at %d (etcd at %s, last watch error: %v): %w",
 				op, have, want, strings.Join(x.cli.Endpoints(), ","), werr, ctx.Err())
 		}
 	}
+}
+
+// requestProgress asks etcd for a progress notification on the cache's
+// watch stream (the same context key as the watch in run).
+func (x *Index) requestProgress() {
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(x.ctx), x.opts.RequestTimeout)
+	defer cancel()
+	_ = x.cli.RequestProgress(ctx)
 }
 
 // advanceLocked moves the cache revision forward and wakes waiters.

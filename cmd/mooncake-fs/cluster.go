@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/store/etcdindex"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// Cluster mode: --etcd joins the daemon to a cluster. The index lives in
+// etcd, the node registers itself (address, capacity, free space) under a
+// lease, serves its segments to peers over TCP, and reaches theirs through
+// the TCP transport. One node at a time, the live node with the smallest
+// name, repairs: it drops replicas of nodes that left and restores replica
+// counts.
+
+// clusterConfig is what the cluster flags say.
+type clusterConfig struct {
+	etcd      string
+	listen    string
+	advertise string
+	tokenFile string
+	prefix    string
+	ttl       time.Duration
+}
+
+// cluster is the running cluster side of a daemon.
+type cluster struct {
+	d       *daemon
+	cli     *clientv3.Client
+	members *etcdindex.Membership
+	tr      *transfer.TCPTransport
+	srv     *transfer.TCPServer
+	ln      net.Listener
+	token   []byte
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	mu      struct {
+		sync.Mutex
+		lost      []string
+		repairErr string
+		lastRound time.Time
+		rounds    int
+	}
+}
+
+// readToken reads the cluster token: the file's content without
+// surrounding white space, at least 16 bytes.
+func readToken(path string) ([]byte, error) {
+	if path == "" {
+		return nil, errors.New("--token-file is required with --etcd: peers authenticate with the cluster token")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--token-file: %w", err)
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) < 16 {
+		return nil, fmt.Errorf("--token-file %s: token of %d bytes, want at least 16", path, len(b))
+	}
+	return b, nil
+}
+
+// startCluster connects to etcd, listens, joins and builds the index and
+// transport. The store is not made yet: see serve.
+func (d *daemon) startCluster() error {
+	cc := d.cfg.cluster
+	token, err := readToken(cc.tokenFile)
+	if err != nil {
+		return err
+	}
+	c := &cluster{d: d}
+	d.cl = c
+	eps := strings.Split(cc.etcd, ",")
+	c.cli, err = clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return fmt.Errorf("--etcd %s: %w", cc.etcd, err)
+	}
+	if c.ln, err = net.Listen("tcp", cc.listen); err != nil {
+		return fmt.Errorf("--listen %s: %w", cc.listen, err)
+	}
+	addr := cc.advertise
+	if addr == "" {
+		addr = c.ln.Addr().String()
+		if host, _, _ := net.SplitHostPort(addr); net.ParseIP(host).IsUnspecified() {
+			return fmt.Errorf("--listen %s binds every address: say which one peers dial with --advertise", cc.listen)
+		}
+	}
+	self := etcdindex.Node{Name: d.cfg.node, Addr: addr}
+	st := d.segs.Stats()
+	self.Capacity, self.Used, self.Free = st.Size, st.Used, st.Free
+	for _, s := range d.segs.Segments() {
+		self.Segments = append(self.Segments, etcdindex.SegmentInfo{ID: s.ID, Size: s.Alloc.Size()})
+	}
+	mo := etcdindex.MemberOptions{Prefix: cc.prefix, TTL: cc.ttl}
+	// A node restarted right after a crash finds its old entry until the
+	// old lease runs out: wait that long, not longer.
+	deadline := time.Now().Add(2*cc.ttl + 5*time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c.members, err = etcdindex.Join(ctx, c.cli, self, mo)
+		cancel()
+		if err == nil || !errors.Is(err, etcdindex.ErrNameTaken) || time.Now().After(deadline) {
+			break
+		}
+		d.log.WithField("node", self.Name).Info("node name still held by a previous lease; waiting for it to expire")
+		time.Sleep(time.Second)
+	}
+	if err != nil {
+		return fmt.Errorf("join the cluster at %s as %q: %w", cc.etcd, self.Name, err)
+	}
+	idx, err := etcdindex.New(etcdindex.Options{Client: c.cli, Prefix: cc.prefix})
+	if err != nil {
+		return err
+	}
+	d.idx = idx
+	c.tr, err = transfer.NewTCPTransport(transfer.TCPOptions{Token: token, Resolve: c.resolve})
+	if err != nil {
+		return err
+	}
+	c.token = token
+	d.log.WithFields(logrus.Fields{"node": self.Name, "addr": addr, "etcd": cc.etcd}).Info("joined the cluster")
+	return nil
+}
+
+// storeOptions fills the cluster fields of the store's options.
+func (c *cluster) storeOptions(o *store.Options) {
+	o.Transport = c.tr
+	o.Follow = true
+	o.Cluster = c
+	o.FreeDelay = 5 * time.Second
+	o.Logf = func(f string, a ...any) { c.d.log.Warnf(f, a...) }
+}
+
+// serve runs once the store exists: forget replicas a previous life of
+// this node held, start serving segments and the background loops.
+func (c *cluster) serve() error {
+	d := c.d
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	rep, err := d.st.DropNode(ctx, d.cfg.node)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("drop replicas of this node's previous run: %w", err)
+	}
+	if rep.Dropped > 0 {
+		d.log.WithFields(logrus.Fields{"replicas": rep.Dropped, "lost": len(rep.Lost)}).Warn("dropped replicas this node held before it restarted")
+	}
+	c.srv, err = transfer.NewTCPServer(transfer.TCPServerOptions{Local: d.segs, Token: c.token, Control: d.st,
+		Log: func(f string, a ...any) { d.log.Warnf(f, a...) }})
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := c.srv.Serve(c.ln); err != nil {
+			d.log.WithError(err).Error("transport server stopped")
+		}
+	}()
+	var bg context.Context
+	bg, c.cancel = context.WithCancel(context.Background())
+	c.wg.Add(2)
+	go c.report(bg)
+	go c.repairLoop(bg)
+	return nil
+}
+
+// resolve maps a node name to its transport address.
+func (c *cluster) resolve(node string) (string, error) {
+	for _, n := range c.members.Nodes() {
+		if n.Name == node {
+			return n.Addr, nil
+		}
+	}
+	return "", fmt.Errorf("node %q is not a live member of the cluster", node)
+}
+
+// Nodes implements store.Cluster.
+func (c *cluster) Nodes() []store.NodeInfo {
+	var out []store.NodeInfo
+	for _, n := range c.members.Nodes() {
+		out = append(out, store.NodeInfo{Name: n.Name, Capacity: n.Capacity, Free: n.Free})
+	}
+	return out
+}
+
+// report publishes this node's use once a second.
+func (c *cluster) report(ctx context.Context) {
+	defer c.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		st := c.d.segs.Stats()
+		self := etcdindex.Node{Name: c.d.cfg.node}
+		for _, n := range c.members.Nodes() {
+			if n.Name == self.Name {
+				self = n
+			}
+		}
+		self.Used, self.Free = st.Used, st.Free
+		_ = c.members.Update(self)
+	}
+}
+
+// repairLoop runs Reconcile on the repairing node after every membership
+// change and every few seconds.
+func (c *cluster) repairLoop(ctx context.Context) {
+	defer c.wg.Done()
+	evs, err := c.members.Watch(ctx)
+	if err != nil {
+		c.d.log.WithError(err).Error("watch cluster membership; repair is off")
+		return
+	}
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-evs:
+			if !ok {
+				return
+			}
+			if ev.Type == etcdindex.Left {
+				c.d.log.WithField("node", ev.Node.Name).Warn("node left the cluster")
+			}
+		case <-t.C:
+		}
+		c.repairRound(ctx)
+	}
+}
+
+func (c *cluster) repairRound(ctx context.Context) {
+	nodes := c.members.Nodes()
+	live := map[string]bool{}
+	for _, n := range nodes {
+		live[n.Name] = true
+	}
+	if !c.members.Live() || len(nodes) == 0 || nodes[0].Name != c.d.cfg.node {
+		return // not this node's turn; the smallest live name repairs
+	}
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	rep, err := c.d.st.Reconcile(rctx, func(n string) bool { return live[n] })
+	cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.mu.rounds++
+	c.mu.lastRound = time.Now()
+	c.mu.lost = rep.Lost
+	c.mu.repairErr = ""
+	if err != nil {
+		c.mu.repairErr = err.Error()
+	}
+	if rep.Dropped > 0 || rep.Repaired > 0 {
+		c.d.log.WithFields(logrus.Fields{"dropped": rep.Dropped, "repaired": rep.Repaired,
+			"lost": len(rep.Lost), "short": rep.Short}).Warn("repaired replicas")
+	}
+}
+
+func (c *cluster) stop() {
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.wg.Wait()
+	if c.srv != nil {
+		_ = c.srv.Close()
+	}
+	if c.ln != nil {
+		_ = c.ln.Close()
+	}
+	if c.members != nil {
+		// Leave at once: peers drop this node's replicas now rather than
+		// after the lease runs out.
+		if err := c.members.Leave(); err != nil {
+			c.d.log.WithError(err).Warn("leave the cluster")
+		}
+		_ = c.members.Close()
+	}
+	if c.tr != nil {
+		_ = c.tr.Close()
+	}
+}
+
+// closeClient closes the etcd client after the index.
+func (c *cluster) closeClient() {
+	if c.cli != nil {
+		_ = c.cli.Close()
+	}
+}
+
+// ClusterStatus is the cluster part of status.
+type ClusterStatus struct {
+	Etcd         string                  `json:"etcd"`
+	Addr         string                  `json:"addr"`
+	Live         bool                    `json:"live"`
+	LiveErr      string                  `json:"live_error,omitempty"`
+	Nodes        []NodeStatus            `json:"nodes"`
+	Lost         []string                `json:"lost,omitempty"`
+	LostCount    int                     `json:"lost_count"`
+	Repairer     string                  `json:"repairer"`
+	RepairRounds int                     `json:"repair_rounds"`
+	RepairError  string                  `json:"repair_error,omitempty"`
+	Reservations int                     `json:"reservations"`
+	Transport    transfer.TCPStats       `json:"transport"`
+	Server       transfer.TCPServerStats `json:"server"`
+}
+
+// NodeStatus is one member as the cluster sees it.
+type NodeStatus struct {
+	Name     string    `json:"name"`
+	Addr     string    `json:"addr"`
+	Capacity uint64    `json:"capacity"`
+	Used     uint64    `json:"used"`
+	Free     uint64    `json:"free"`
+	Segments int       `json:"segments"`
+	Started  time.Time `json:"started"`
+	Live     bool      `json:"live"`
+}
+
+const maxLostListed = 100
+
+func (c *cluster) status() *ClusterStatus {
+	cs := &ClusterStatus{Etcd: c.d.cfg.cluster.etcd, Addr: c.ln.Addr().String(), Live: c.members.Live(),
+		Transport: c.tr.Stats(), Server: c.srv.Stats(), Reservations: c.d.st.Reservations()}
+	if err := c.members.Err(); err != nil {
+		cs.LiveErr = err.Error()
+	}
+	for i, n := range c.members.Nodes() {
+		if i == 0 {
+			cs.Repairer = n.Name
+		}
+		cs.Nodes = append(cs.Nodes, NodeStatus{Name: n.Name, Addr: n.Addr, Capacity: n.Capacity, Used: n.Used,
+			Free: n.Free, Segments: len(n.Segments), Started: n.Started, Live: true})
+	}
+	c.mu.Lock()
+	cs.LostCount = len(c.mu.lost)
+	cs.Lost = slices.Clone(c.mu.lost[:min(len(c.mu.lost), maxLostListed)])
+	cs.RepairRounds, cs.RepairError = c.mu.rounds, c.mu.repairErr
+	c.mu.Unlock()
+	if cs.Repairer != c.d.cfg.node {
+		// Only the repairer keeps the list; the others look it up.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if lost, err := c.d.st.Lost(ctx); err == nil {
+			cs.LostCount = len(lost)
+			cs.Lost = lost[:min(len(lost), maxLostListed)]
+		}
+		cancel()
+	}
+	return cs
+}
