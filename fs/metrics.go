@@ -63,7 +63,7 @@ func (f *FS) opDone(ctx context.Context, op, key string, n int, start time.Time,
 	if errno != 0 {
 		f.metrics.errors.WithLabelValues(op, errno.Error()).Inc()
 	}
-	if errno == syscall.EIO && err != nil {
+	if (errno == syscall.EIO || errno == syscall.ETIMEDOUT) && err != nil {
 		f.log.WithFields(logrus.Fields{"op": op, "key": key}).WithError(err).Error("I/O error")
 	}
 	if f.log.IsLevelEnabled(logrus.DebugLevel) {

@@ -44,6 +44,9 @@ type Draft struct {
 		// first reservation decides it; extResv[i] is the reservation id
 		// of ext[i] on a remote node (0 for local extents); resv holds
 		// the deadline of every remote reservation the draft still owns.
+		// failed is the first error of a write whose bytes went nowhere
+		// (its node died): the draft can no longer commit.
+		failed  error
 		place   Placement
 		node    string
 		extResv []uint64
@@ -367,7 +370,11 @@ func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
 		d.mu.Lock()
-		_ = d.zeroLocked(ctx, off, end)
+		if zerr := d.zeroLocked(ctx, off, end); zerr != nil && d.mu.failed == nil {
+			// Neither the bytes nor zeros reached the range: committing
+			// would publish whatever the remote memory holds.
+			d.mu.failed = fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", n, off, errors.Join(err, zerr))
+		}
 		d.mu.Unlock()
 		return 0, err
 	}
@@ -495,6 +502,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 	if !d.mu.own {
 		// Unchanged since the base version: nothing to publish.
 		return d.mu.base.Object(), nil
+	}
+	if d.mu.failed != nil {
+		return nil, fmt.Errorf("commit %q: %w", o.Key, d.mu.failed)
 	}
 	if err := d.trimLocked(ctx); err != nil {
 		return nil, err
@@ -668,14 +678,12 @@ func (d *Draft) trimLocked(ctx context.Context) error {
 	return nil
 }
 
-// renewLocked renews the draft's remote reservations that are past half
-// their life, so that they outlive the commit that follows.
+// renewLocked renews the draft's remote reservations before a commit: it
+// proves the owner still holds them (it did not die or restart since the
+// bytes were written) and makes them outlive the commit.
 func (d *Draft) renewLocked(ctx context.Context) error {
 	now := d.s.opts.Now()
-	for id, dl := range d.mu.resv {
-		if dl.Sub(now) > ReserveTTL/2 {
-			continue
-		}
+	for id := range d.mu.resv {
 		if err := d.s.opts.Transport.Renew(ctx, d.mu.node, id, ReserveTTL); err != nil {
 			return fmt.Errorf("store: renew reservation on node %q: %w", d.mu.node, err)
 		}

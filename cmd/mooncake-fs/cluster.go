@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/store/etcdindex"
@@ -55,6 +55,8 @@ type cluster struct {
 		repairErr string
 		lastRound time.Time
 		rounds    int
+		seen      map[string]time.Time // last time each node was a member
+		liveSince time.Time            // when this node started repairing
 	}
 }
 
@@ -86,7 +88,7 @@ func (d *daemon) startCluster() error {
 	c := &cluster{d: d}
 	d.cl = c
 	eps := strings.Split(cc.etcd, ",")
-	c.cli, err = clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c.cli, err = etcdindex.NewClient(eps, 5*time.Second, nil)
 	if err != nil {
 		return fmt.Errorf("--etcd %s: %w", cc.etcd, err)
 	}
@@ -249,15 +251,38 @@ func (c *cluster) repairLoop(ctx context.Context) {
 
 func (c *cluster) repairRound(ctx context.Context) {
 	nodes := c.members.Nodes()
-	live := map[string]bool{}
-	for _, n := range nodes {
-		live[n.Name] = true
-	}
 	if !c.members.Live() || len(nodes) == 0 || nodes[0].Name != c.d.cfg.node {
-		return // not this node's turn; the smallest live name repairs
+		// Not this node's turn (the smallest live name repairs), or it
+		// is cut off: start the grace over when it repairs again.
+		c.mu.Lock()
+		c.mu.seen = nil
+		c.mu.Unlock()
+		return
+	}
+	// A node counts as gone only after it has been missing for a grace
+	// period: after an etcd outage every lease may have run out, and the
+	// others re-register a moment after this one.
+	now := time.Now()
+	grace := 2*c.d.cfg.cluster.ttl + 3*time.Second
+	c.mu.Lock()
+	if c.mu.seen == nil {
+		c.mu.seen = map[string]time.Time{}
+		c.mu.liveSince = now
+	}
+	for _, n := range nodes {
+		c.mu.seen[n.Name] = now
+	}
+	seen := maps.Clone(c.mu.seen)
+	settled := now.Sub(c.mu.liveSince) >= grace
+	c.mu.Unlock()
+	live := func(n string) bool {
+		t, ok := seen[n]
+		// Unknown names (never seen since this node started repairing)
+		// are judged only once this node has watched for a whole grace.
+		return (ok && now.Sub(t) < grace) || (!ok && !settled)
 	}
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
-	rep, err := c.d.st.Reconcile(rctx, func(n string) bool { return live[n] })
+	rep, err := c.d.st.Reconcile(rctx, live)
 	cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()

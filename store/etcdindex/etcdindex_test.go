@@ -1,144 +1,23 @@
 package etcdindex
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/store/etcdindex/etcdtest"
 	"github.com/mooncake-fs/mooncake-fs/store/indextest"
 )
 
-const etcdBin = "/usr/bin/etcd" // Debian's etcd-server
+type etcdServer = etcdtest.Server
 
-// etcdServer is a real etcd process on loopback.
-type etcdServer struct {
-	t         *testing.T
-	dir       string
-	clientURL string
-	peerURL   string
-	cmd       *exec.Cmd
-	exited    chan struct{}
-	log       *syncBuffer
-	stopped   bool
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startEtcd starts etcd with a fresh data dir and stops it at cleanup. It
-// skips the test when the binary is missing.
-func startEtcd(t *testing.T) *etcdServer {
-	t.Helper()
-	if _, err := os.Stat(etcdBin); err != nil {
-		t.Skipf("no etcd at %s (apt-get install etcd-server): %v", etcdBin, err)
-	}
-	s := &etcdServer{
-		t:         t,
-		dir:       t.TempDir(),
-		clientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
-		peerURL:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
-		log:       &syncBuffer{},
-	}
-	s.start()
-	t.Cleanup(func() {
-		s.stop()
-		if t.Failed() {
-			t.Logf("etcd log:\n%s", s.log.String())
-		}
-	})
-	return s
-}
-
-func (s *etcdServer) start() {
-	t := s.t
-	t.Helper()
-	s.cmd = exec.Command(etcdBin,
-		"--name", "test",
-		"--data-dir", s.dir,
-		"--listen-client-urls", s.clientURL,
-		"--advertise-client-urls", s.clientURL,
-		"--listen-peer-urls", s.peerURL,
-		"--initial-advertise-peer-urls", s.peerURL,
-		"--initial-cluster", "test="+s.peerURL,
-		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn")
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start etcd: %v", err)
-	}
-	s.exited = make(chan struct{})
-	s.stopped = false
-	go func() { s.cmd.Wait(); close(s.exited) }()
-	// Bounded poll for the health endpoint; a dead process fails at once.
-	hc := &http.Client{Timeout: time.Second}
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		select {
-		case <-s.exited:
-			t.Fatalf("etcd exited at start:\n%s", s.log.String())
-		default:
-		}
-		if resp, err := hc.Get(s.clientURL + "/health"); err == nil {
-			ok := resp.StatusCode == http.StatusOK
-			resp.Body.Close()
-			if ok {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("etcd not healthy at %s after 30s:\n%s", s.clientURL, s.log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func (s *etcdServer) stop() {
-	if s.stopped || s.cmd == nil {
-		return
-	}
-	s.stopped = true
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(20 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.exited
-	}
-}
+func startEtcd(t *testing.T) *etcdServer { return etcdtest.Start(t) }
 
 var prefixes atomic.Int64
 
@@ -149,7 +28,7 @@ func freshPrefix() string {
 
 func newIndex(t *testing.T, s *etcdServer, prefix string, timeout time.Duration) *Index {
 	t.Helper()
-	x, err := New(Options{Endpoints: []string{s.clientURL}, Prefix: prefix, RequestTimeout: timeout, DialTimeout: timeout})
+	x, err := New(Options{Endpoints: []string{s.ClientURL}, Prefix: prefix, RequestTimeout: timeout, DialTimeout: timeout})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -255,7 +134,7 @@ func TestTwoNodes(t *testing.T) {
 
 func TestArguments(t *testing.T) {
 	s := startEtcd(t)
-	x, err := New(Options{Endpoints: []string{s.clientURL}, Prefix: freshPrefix(), MaxTxnOps: 4})
+	x, err := New(Options{Endpoints: []string{s.ClientURL}, Prefix: freshPrefix(), MaxTxnOps: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,15 +222,15 @@ func TestEtcdOutage(t *testing.T) {
 	}
 	mustGet()
 
-	s.stop()
+	s.Stop()
 	start := time.Now()
 	_, err = x.CompareAndSwap(ctx, store.Swap{Key: "k", Old: v, New: testObj("k", 2)})
 	took := time.Since(start)
 	if err == nil || errors.Is(err, store.ErrConflict) {
 		t.Fatalf("swap with etcd stopped: %v", err)
 	}
-	if !strings.Contains(err.Error(), "etcd unavailable at "+s.clientURL) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("swap with etcd stopped: %v; want etcd unavailable at %s wrapping DeadlineExceeded", err, s.clientURL)
+	if !strings.Contains(err.Error(), "etcd unavailable at "+s.ClientURL) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("swap with etcd stopped: %v; want etcd unavailable at %s wrapping DeadlineExceeded", err, s.ClientURL)
 	}
 	// A hang guard, not a latency assertion: the call must not block far
 	// past its timeout.
@@ -372,12 +251,12 @@ func TestEtcdOutage(t *testing.T) {
 		t.Fatalf("Scan with etcd stopped = %d, %v", len(objs), err)
 	}
 	// A new index cannot load.
-	if _, err := New(Options{Endpoints: []string{s.clientURL}, Prefix: prefix, RequestTimeout: timeout, DialTimeout: timeout}); err == nil ||
+	if _, err := New(Options{Endpoints: []string{s.ClientURL}, Prefix: prefix, RequestTimeout: timeout, DialTimeout: timeout}); err == nil ||
 		!strings.Contains(err.Error(), "etcd unavailable") {
 		t.Fatalf("New with etcd stopped: %v", err)
 	}
 
-	s.start()
+	s.Start()
 	var v2 uint64
 	eventually(t, "a swap succeeds after etcd returns", func() bool {
 		v2, err = x.CompareAndSwap(ctx, store.Swap{Key: "k", Old: v, New: testObj("k", 2)})
@@ -435,7 +314,7 @@ func TestCompactedWatchReloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	// x loads now and starts watching only after the compaction below.
-	x, err := open(Options{Endpoints: []string{s.clientURL}, Prefix: prefix})
+	x, err := open(Options{Endpoints: []string{s.ClientURL}, Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,7 @@ func open(opts Options) (*Index, error) {
 		if lg == nil {
 			lg = zap.NewNop()
 		}
-		cli, err := clientv3.New(clientv3.Config{Endpoints: opts.Endpoints, DialTimeout: opts.DialTimeout, Logger: lg})
+		cli, err := NewClient(opts.Endpoints, opts.DialTimeout, lg)
 		if err != nil {
 			return nil, fmt.Errorf("etcdindex: connect to %s: %w", strings.Join(opts.Endpoints, ","), err)
 		}

@@ -20,7 +20,7 @@ const memberBound = 20 * time.Second
 
 func newClient(t *testing.T, s *etcdServer) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.clientURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.ClientURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestMemberEtcdRestart(t *testing.T) {
 	b := join(t, s, prefix, "b", 2*time.Second)
 	pollMembers(t, "a sees b", func() bool { return len(a.Nodes()) == 2 })
 
-	s.stop()
+	s.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	start := time.Now()
 	_, err := Join(ctx, newClient(t, s), testNode("c"), MemberOptions{Prefix: prefix})
@@ -271,7 +271,7 @@ func TestMemberEtcdRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s.start()
+	s.Start()
 	pollMembers(t, "a and b live again", func() bool { return a.Live() && b.Live() })
 	pollMembers(t, "b sees a's update made during the outage", func() bool {
 		ns := b.Nodes()

@@ -1,11 +1,14 @@
 package etcdindex
 
 import (
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
 	"errors"
 	"fmt"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
 
@@ -87,4 +90,23 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("etcdindex: MaxTxnOps %d < 0", o.MaxTxnOps))
 	}
 	return errors.Join(errs...)
+}
+
+// NewClient connects an etcd client the way the index wants it: besides
+// the endpoints and dial timeout, reconnection backs off to at most one
+// second, so a daemon is back within a second of etcd returning from an
+// outage (gRPC's default backoff grows to two minutes).
+func NewClient(endpoints []string, dialTimeout time.Duration, lg *zap.Logger) (*clientv3.Client, error) {
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	return clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: dialTimeout,
+		Logger:      lg,
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		})},
+	})
 }

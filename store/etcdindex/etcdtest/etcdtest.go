@@ -1,0 +1,145 @@
+// Package etcdtest runs a real, single-member etcd on loopback for tests:
+// the etcdindex tests and the end-to-end cluster tests share it. It uses
+// Debian's etcd-server binary and skips the test when it is missing.
+package etcdtest
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Bin is where Debian's etcd-server installs etcd.
+const Bin = "/usr/bin/etcd"
+
+// Server is one etcd process with its own data directory.
+type Server struct {
+	// ClientURL is the endpoint clients dial.
+	ClientURL string
+	t         testing.TB
+	dir       string
+	peerURL   string
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	log       syncBuffer
+	stopped   bool
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Start starts etcd with a fresh data dir and stops it at cleanup (its log
+// is printed if the test failed).
+func Start(t testing.TB) *Server {
+	t.Helper()
+	if _, err := os.Stat(Bin); err != nil {
+		t.Skipf("no etcd at %s (apt-get install etcd-server): %v", Bin, err)
+	}
+	s := &Server{
+		t:         t,
+		dir:       t.TempDir(),
+		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		peerURL:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+	}
+	s.Start()
+	t.Cleanup(func() {
+		s.Stop()
+		if t.Failed() {
+			t.Logf("etcd log:\n%s", s.log.String())
+		}
+	})
+	return s
+}
+
+// Start (re)starts the process on the same data dir and ports and waits
+// until it is healthy.
+func (s *Server) Start() {
+	t := s.t
+	t.Helper()
+	s.cmd = exec.Command(Bin,
+		"--name", "test",
+		"--data-dir", s.dir,
+		"--listen-client-urls", s.ClientURL,
+		"--advertise-client-urls", s.ClientURL,
+		"--listen-peer-urls", s.peerURL,
+		"--initial-advertise-peer-urls", s.peerURL,
+		"--initial-cluster", "test="+s.peerURL,
+		"--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn")
+	s.cmd.Stdout, s.cmd.Stderr = &s.log, &s.log
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start etcd: %v", err)
+	}
+	s.exited = make(chan struct{})
+	s.stopped = false
+	go func() { s.cmd.Wait(); close(s.exited) }()
+	// Bounded poll for the health endpoint; a dead process fails at once.
+	hc := &http.Client{Timeout: time.Second}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		select {
+		case <-s.exited:
+			t.Fatalf("etcd exited at start:\n%s", s.log.String())
+		default:
+		}
+		if resp, err := hc.Get(s.ClientURL + "/health"); err == nil {
+			ok := resp.StatusCode == http.StatusOK
+			resp.Body.Close()
+			if ok {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd not healthy at %s after 30s:\n%s", s.ClientURL, s.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Stop stops the process (SIGTERM, then SIGKILL after 20s); the data dir
+// stays for Start.
+func (s *Server) Stop() {
+	if s.stopped || s.cmd == nil {
+		return
+	}
+	s.stopped = true
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(20 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.exited
+	}
+}
+
+// Log returns what etcd wrote so far.
+func (s *Server) Log() string { return s.log.String() }
