@@ -65,3 +65,10 @@ func invalidatePath(root *gofs.Inode, key string) {
 		parent = ch
 	}
 }
+
+// detached keeps a request's values (the caller's credentials) but not its
+// cancellation: a change, once started, runs to its end. The kernel
+// interrupts a request when its caller gets any signal (Go programs get
+// them all the time), and a commit cut off midway -- an etcd transaction
+// whose outcome is unknown -- must not be reported as EINTR.
+func detached(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }

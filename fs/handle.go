@@ -170,6 +170,7 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 
 // Write implements gofs.NodeWriter.
 func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (written uint32, errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	got := 0
@@ -192,6 +193,7 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 // Flush implements gofs.NodeFlusher: close(2) of a writable descriptor
 // commits, so the content is visible when close returns.
 func (n *node) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	h, ok := fh.(*handle)
 	if !ok || !h.writable {
 		return 0
@@ -207,11 +209,13 @@ func (n *node) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Err
 
 // Fsync implements gofs.NodeFsyncer: commit now.
 func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	return n.Flush(ctx, fh)
 }
 
 // Release implements gofs.NodeReleaser.
 func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	h, ok := fh.(*handle)
 	if !ok {
 		return 0

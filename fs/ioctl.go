@@ -14,6 +14,7 @@ import (
 // commands answer ENOTTY, malformed arguments EINVAL; neither changes
 // anything.
 func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg uint64, input []byte, output []byte) (result int32, errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key, _ := n.key()

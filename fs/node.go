@@ -206,6 +206,7 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 // Setattr implements gofs.NodeSetattrer: size through the draft, the rest
 // as a metadata update.
 func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key, ok := n.key()
@@ -332,6 +333,7 @@ func (n *node) template(ctx context.Context, mode uint32) *store.Object {
 
 // Create implements gofs.NodeCreater.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key := name
@@ -372,6 +374,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 
 // Unlink implements gofs.NodeUnlinker.
 func (n *node) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key := name
@@ -385,6 +388,7 @@ func (n *node) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 
 // Rmdir implements gofs.NodeRmdirer.
 func (n *node) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key := name
@@ -398,6 +402,7 @@ func (n *node) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 
 // Mkdir implements gofs.NodeMkdirer.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key := name
@@ -416,6 +421,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 
 // Rename implements gofs.NodeRenamer.
 func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key := name
@@ -494,6 +500,7 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 // Allocate implements gofs.NodeAllocater: plain fallocate extends the
 // file with zeros; hole punching and the other modes are not supported.
 func (n *node) Allocate(ctx context.Context, fh gofs.FileHandle, off uint64, size uint64, mode uint32) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key, _ := n.key()

@@ -118,6 +118,7 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (sz uint3
 
 // Setxattr implements gofs.NodeSetxattrer.
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "setxattr", attr, 0, start, errno, err) }()
@@ -173,6 +174,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 
 // Removexattr implements gofs.NodeRemovexattrer.
 func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errno) {
+	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "removexattr", attr, 0, start, errno, err) }()

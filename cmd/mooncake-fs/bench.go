@@ -163,10 +163,10 @@ type benchRunner struct {
 
 // benchSide is one place a case runs: the mount or its ceiling.
 type benchSide struct {
-	label string
-	dir   string
-	mount bool   // the mooncake side: sample the daemon's CPU
-	phase string // the worker phase that runs it: run or ceiling
+	label  string
+	dir    string
+	daemon *benchProc // the daemon whose CPU use to sample, if any
+	phase  string     // the worker phase that runs it: run or ceiling
 }
 
 type sideRun struct {
@@ -176,22 +176,32 @@ type sideRun struct {
 
 func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, error) {
 	var sides []benchSide
+	mnt, daemon, ceilDir := r.env.mnt, r.env.daemon, r.env.tmpfs
+	if c.cluster != "" {
+		cl, err := r.env.startCluster(ctx)
+		if err != nil {
+			return benchResult{}, err
+		}
+		// The writer's daemon is sampled; the single-node mount is the
+		// other side of cluster-small.
+		mnt, daemon, ceilDir = cl.dir(c.cluster), cl.a, r.env.mnt
+	}
 	switch c.target {
 	case onMount:
 		ceil := "run"
 		if c.ceilingRun != nil {
 			ceil = "ceiling"
 		}
-		sides = []benchSide{{"mooncake", r.env.mnt, true, "run"}, {c.ceiling, r.env.tmpfs, false, ceil}}
+		sides = []benchSide{{"mooncake", mnt, daemon, "run"}, {c.ceiling, ceilDir, nil, ceil}}
 	case withCopy:
-		sides = []benchSide{{"mooncake", r.env.mnt, true, "run"}}
+		sides = []benchSide{{"mooncake", mnt, daemon, "run"}}
 	case inMemory:
-		sides = []benchSide{{c.name, "", false, "run"}}
+		sides = []benchSide{{c.name, "", nil, "run"}}
 	}
 	p := benchParams{Size: r.cfg.size, Block: benchBlock, Files: r.cfg.files, FileSize: benchFileSize}
 	if c.setup != nil {
 		for _, s := range sides {
-			if _, err := r.env.worker(ctx, "setup", c.name, s.dir, p, false); err != nil {
+			if _, err := r.env.worker(ctx, "setup", c.name, s.dir, p, nil); err != nil {
 				return benchResult{}, err
 			}
 		}
@@ -202,7 +212,7 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 		p.Rep = rep
 		for i, s := range sides {
 			var sr sideRun
-			if sr, err = r.env.worker(ctx, s.phase, c.name, s.dir, p, s.mount); err != nil {
+			if sr, err = r.env.worker(ctx, s.phase, c.name, s.dir, p, s.daemon); err != nil {
 				break
 			}
 			if c.target == withCopy && sr.sample.Ceiling == nil {
@@ -214,7 +224,7 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 	}
 	if c.teardown != nil && ctx.Err() == nil {
 		for _, s := range sides {
-			if _, terr := r.env.worker(ctx, "teardown", c.name, s.dir, p, false); terr != nil && err == nil {
+			if _, terr := r.env.worker(ctx, "teardown", c.name, s.dir, p, nil); terr != nil && err == nil {
 				err = terr
 			}
 		}

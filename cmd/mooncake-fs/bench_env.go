@@ -36,11 +36,19 @@ type benchEnv struct {
 	failed bool // dump the daemon's log at close
 
 	tmpfsMounted bool
-	daemon       *exec.Cmd
-	daemonLog    *os.File
-	daemonReady  chan struct{} // closed when the daemon has said READY
-	daemonDone   chan struct{} // closed when the daemon has exited
-	daemonErr    error         // its exit status, once daemonDone is closed
+	daemon       *benchProc
+	cluster      *benchCluster // started by the first cluster case
+}
+
+// benchProc is a child process the benchmark runs and stops: a daemon or
+// etcd.
+type benchProc struct {
+	name  string
+	cmd   *exec.Cmd
+	log   *os.File
+	ready chan struct{} // closed when it has said its ready line
+	done  chan struct{} // closed when it has exited
+	err   error         // its exit status, once done is closed
 }
 
 func (e *benchEnv) start(ctx context.Context, storeSize, tmpfsSize uint64) error {
@@ -69,77 +77,88 @@ func (e *benchEnv) start(ctx context.Context, storeSize, tmpfsSize uint64) error
 
 // startDaemon runs "mooncake-fs mount" and waits for its READY line.
 func (e *benchEnv) startDaemon(ctx context.Context, storeSize uint64) error {
+	// --evict off: a case that outgrows the store fails with ENOSPC
+	// instead of quietly measuring eviction.
 	var err error
-	if e.daemonLog, err = os.Create(filepath.Join(e.dir, "daemon.log")); err != nil {
-		return err
+	e.daemon, err = e.startProc(ctx, "daemon", "READY "+e.mnt, e.self, "mount", "--size", strconv.FormatUint(storeSize, 10), "--evict", "off", e.mnt)
+	return err
+}
+
+// startProc starts a child in its own process group (SIGTERM if bench
+// dies), logging to a file in the bench directory, and waits for ready on
+// its stdout ("" waits for nothing).
+func (e *benchEnv) startProc(ctx context.Context, name, ready string, bin string, args ...string) (*benchProc, error) {
+	p := &benchProc{name: name, ready: make(chan struct{}), done: make(chan struct{})}
+	var err error
+	if p.log, err = os.Create(filepath.Join(e.dir, name+".log")); err != nil {
+		return nil, err
 	}
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// --evict off: a case that outgrows the store fails with ENOSPC
-	// instead of quietly measuring eviction.
-	cmd := exec.Command(e.self, "mount", "--size", strconv.FormatUint(storeSize, 10), "--evict", "off", e.mnt)
-	cmd.Stdout, cmd.Stderr = pw, e.daemonLog
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = pw, p.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {
 		pr.Close()
-		return fmt.Errorf("start daemon: %w", err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	e.daemon, e.daemonDone = cmd, make(chan struct{})
+	p.cmd = cmd
 	go func() {
-		e.daemonErr = cmd.Wait()
-		close(e.daemonDone)
+		p.err = cmd.Wait()
+		close(p.done)
 	}()
 
-	// The goroutine owns pr, and drains it until the daemon exits so
-	// that the daemon never blocks on (or dies of) a write to stdout.
-	ready := make(chan struct{})
-	e.daemonReady = ready
+	// The goroutine owns pr, and drains it until the child exits so that
+	// the child never blocks on (or dies of) a write to stdout.
 	go func() {
 		defer pr.Close()
 		rd := bufio.NewReader(pr)
-		want := "READY " + e.mnt
-		for {
+		for ready != "" {
 			line, err := rd.ReadString('\n')
-			if strings.TrimSpace(line) == want {
-				close(ready)
+			if strings.TrimSpace(line) == ready {
 				break
 			}
 			if err != nil {
 				return
 			}
 		}
+		close(p.ready)
 		_, _ = io.Copy(io.Discard, rd)
 	}()
 	t := time.NewTimer(benchReadyTimeout)
 	defer t.Stop()
 	select {
-	case <-ready:
-		return nil
-	case <-e.daemonDone:
-		return fmt.Errorf("daemon exited before READY: %v", e.daemonErr)
+	case <-p.ready:
+		return p, nil
+	case <-p.done:
+		return p, fmt.Errorf("%s exited before it was ready: %v", name, p.err)
 	case <-t.C:
-		return fmt.Errorf("daemon not READY after %v", benchReadyTimeout)
+		return p, fmt.Errorf("%s not ready after %v", name, benchReadyTimeout)
 	case <-ctx.Done():
-		return ctx.Err()
+		return p, ctx.Err()
 	}
 }
 
-// close stops the daemon, unmounts both file systems and removes the
+// close stops the daemons, unmounts both file systems and removes the
 // temporary directories. It only removes empty directories, so nothing
 // on a mount that failed to come off is touched.
 func (e *benchEnv) close() error {
 	var errs []error
+	if e.cluster != nil {
+		errs = append(errs, e.cluster.close(e.failed))
+	}
 	if e.daemon != nil {
-		if err := e.stopDaemon(); err != nil {
+		if err := e.daemon.stop(); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	if e.failed && e.daemonLog != nil {
-		dumpTail(os.Stderr, e.daemonLog.Name(), 8<<10)
+		if e.failed {
+			dumpTail(os.Stderr, e.daemon.log.Name(), 8<<10)
+		}
+		e.daemon.removeLog()
 	}
 	if e.mnt != "" {
 		// A daemon that died or was killed leaves its mount behind.
@@ -156,10 +175,6 @@ func (e *benchEnv) close() error {
 			e.tmpfsMounted = false
 		}
 	}
-	if e.daemonLog != nil {
-		e.daemonLog.Close()
-		os.Remove(e.daemonLog.Name())
-	}
 	for _, d := range []string{e.mnt, e.tmpfs, e.dir} {
 		if d == "" {
 			continue
@@ -171,11 +186,21 @@ func (e *benchEnv) close() error {
 	return errors.Join(errs...)
 }
 
-// stopDaemon sends SIGTERM, which unmounts and gives back the daemon's
+func (p *benchProc) removeLog() {
+	if p.log != nil {
+		p.log.Close()
+		os.Remove(p.log.Name())
+	}
+}
+
+// stop sends SIGTERM, which makes a daemon unmount and give back its
 // hugepages, and waits; SIGKILL only if it does not stop in time.
-func (e *benchEnv) stopDaemon() error {
+func (p *benchProc) stop() error {
+	if p.cmd == nil {
+		return nil
+	}
 	select {
-	case <-e.daemonDone:
+	case <-p.done:
 		return nil
 	default:
 	}
@@ -183,32 +208,32 @@ func (e *benchEnv) stopDaemon() error {
 	// it, leaving its mount and reserved hugepages behind: let it finish.
 	t := time.NewTimer(benchReadyTimeout)
 	select {
-	case <-e.daemonReady:
-	case <-e.daemonDone:
+	case <-p.ready:
+	case <-p.done:
 		t.Stop()
 		return nil
 	case <-t.C:
 	}
 	t.Stop()
-	_ = e.daemon.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	t = time.NewTimer(benchStopTimeout)
 	defer t.Stop()
 	select {
-	case <-e.daemonDone:
+	case <-p.done:
 		return nil
 	case <-t.C:
 	}
-	_ = e.daemon.Process.Kill()
-	<-e.daemonDone
-	return fmt.Errorf("daemon did not stop within %v of SIGTERM; killed (hugepages it reserved may still be in nr_hugepages)", benchStopTimeout)
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	return fmt.Errorf("%s did not stop within %v of SIGTERM; killed (hugepages it reserved may still be in nr_hugepages)", p.name, benchStopTimeout)
 }
 
-func (e *benchEnv) daemonExited() bool {
-	if e.daemonDone == nil {
+func (p *benchProc) exited() bool {
+	if p == nil || p.done == nil {
 		return false
 	}
 	select {
-	case <-e.daemonDone:
+	case <-p.done:
 		return true
 	default:
 		return false
@@ -216,9 +241,9 @@ func (e *benchEnv) daemonExited() bool {
 }
 
 // worker runs one phase of a case in a fresh "bench worker" process and
-// returns its sample. With sampleDaemon it also measures the daemon's CPU
-// use while the worker ran.
-func (e *benchEnv) worker(ctx context.Context, phase, name, dir string, p benchParams, sampleDaemon bool) (sideRun, error) {
+// returns its sample. With a daemon to sample it also measures that
+// daemon's CPU use while the worker ran.
+func (e *benchEnv) worker(ctx context.Context, phase, name, dir string, p benchParams, daemon *benchProc) (sideRun, error) {
 	raw, err := json.Marshal(p)
 	if err != nil {
 		return sideRun{}, err
@@ -232,15 +257,15 @@ func (e *benchEnv) worker(ctx context.Context, phase, name, dir string, p benchP
 	cmd.WaitDelay = 5 * time.Second
 
 	var cpu0 time.Duration
-	if sampleDaemon {
-		cpu0, _ = procCPU(e.daemon.Process.Pid)
+	if daemon != nil {
+		cpu0, _ = procCPU(daemon.cmd.Process.Pid)
 	}
 	t0 := time.Now()
 	err = cmd.Run()
 	wall := time.Since(t0)
 	var sr sideRun
-	if sampleDaemon && err == nil {
-		if cpu1, cerr := procCPU(e.daemon.Process.Pid); cerr == nil {
+	if daemon != nil && err == nil {
+		if cpu1, cerr := procCPU(daemon.cmd.Process.Pid); cerr == nil {
 			sr.daemonCPU = (cpu1 - cpu0).Seconds() / wall.Seconds()
 		}
 	}
@@ -251,8 +276,8 @@ func (e *benchEnv) worker(ctx context.Context, phase, name, dir string, p benchP
 			return sr, ctx.Err()
 		case wctx.Err() != nil:
 			msg = fmt.Sprintf("timed out after %v; %s", benchWorkerTimeout, msg)
-		case e.daemonExited():
-			msg = fmt.Sprintf("daemon exited (%v); %s", e.daemonErr, msg)
+		case daemon.exited():
+			msg = fmt.Sprintf("daemon exited (%v); %s", daemon.err, msg)
 		}
 		return sr, fmt.Errorf("worker %s on %s: %w: %s", phase, sideName(dir), err, msg)
 	}

@@ -108,6 +108,19 @@ func checkPattern(what string, b []byte) error {
 }
 
 func benchIoctlPutBuf(dir string, p benchParams) (benchSample, error) {
+	return ioctlPutBuf(dir, p, func(s benchSample, mem []byte) (benchSample, error) {
+		dst, err := newBenchBuf(ioctlValueSize)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer dst.free()
+		return withCopyCeiling(s, s.Ops, dst, mem)
+	})
+}
+
+// ioctlPutBuf times PUT_BUF of the 64 MiB value into dir, then lets
+// ceiling attach its ceiling (it gets the source memory).
+func ioctlPutBuf(dir string, p benchParams, ceiling func(s benchSample, mem []byte) (benchSample, error)) (benchSample, error) {
 	path := filepath.Join(dir, "ioctl-put-buf.dat")
 	mf, mem, err := newBenchMemfd(ioctlValueSize)
 	if err != nil {
@@ -138,12 +151,7 @@ func benchIoctlPutBuf(dir string, p benchParams) (benchSample, error) {
 	if err := checkStored(f, path); err != nil {
 		return benchSample{}, err
 	}
-	dst, err := newBenchBuf(ioctlValueSize)
-	if err != nil {
-		return benchSample{}, err
-	}
-	defer dst.free()
-	if s, err = withCopyCeiling(s, n, dst, mem); err != nil {
+	if s, err = ceiling(s, mem); err != nil {
 		return benchSample{}, err
 	}
 	return s, unlinkIfExists(path)
@@ -233,6 +241,19 @@ func benchIoctlGetTeardown(dir string, _ benchParams) error {
 }
 
 func benchIoctlGetBuf(dir string, p benchParams) (benchSample, error) {
+	return ioctlGetBuf(dir, p, func(s benchSample, mem []byte) (benchSample, error) {
+		src, err := newBenchBuf(ioctlValueSize)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer src.free()
+		return withCopyCeiling(s, s.Ops, mem, src)
+	})
+}
+
+// ioctlGetBuf times GET_BUF of the value stored by benchIoctlGetSetup,
+// then lets ceiling attach its ceiling (it gets the destination memory).
+func ioctlGetBuf(dir string, p benchParams, ceiling func(s benchSample, mem []byte) (benchSample, error)) (benchSample, error) {
 	mf, mem, err := newBenchMemfd(ioctlValueSize)
 	if err != nil {
 		return benchSample{}, err
@@ -263,12 +284,7 @@ func benchIoctlGetBuf(dir string, p benchParams) (benchSample, error) {
 	if err := checkPattern("get_buf", mem); err != nil {
 		return benchSample{}, err
 	}
-	src, err := newBenchBuf(ioctlValueSize)
-	if err != nil {
-		return benchSample{}, err
-	}
-	defer src.free()
-	return withCopyCeiling(s, n, mem, src)
+	return ceiling(s, mem)
 }
 
 func benchIoctlGetVM(dir string, p benchParams) (benchSample, error) {

@@ -105,6 +105,9 @@ type benchCase struct {
 	// needs, if set, says why the case cannot run on this machine (a GPU
 	// case without a GPU); such cases are left out unless named.
 	needs func() error
+	// cluster, if set, runs the mooncake side on the two-node cluster the
+	// benchmark starts (bench_cluster.go), in this directory of node A.
+	cluster string
 }
 
 // benchCases is the table of cases, in the order they run. New cases
@@ -125,6 +128,7 @@ func benchCases() []benchCase {
 		{name: "ioctl-small", target: onMount, ceiling: "tmpfs-put-get", small: true,
 			run: benchIoctlSmall, ceilingRun: benchTmpfsSmallPutGet},
 	}
+	cases = append(cases, clusterBenchCases()...)
 	return append(cases, cudaBenchCases()...)
 }
 
@@ -191,6 +195,9 @@ func runBenchWorker(args []string) error {
 		return fmt.Errorf("worker: want PHASE CASE DIR PARAMS, got %q", args)
 	}
 	phase, name, dir, raw := args[0], args[1], args[2], args[3]
+	if phase == "tcp-sink" {
+		return runTCPSink(name, dir)
+	}
 	c, ok := lookupBenchCase(name)
 	if !ok {
 		return fmt.Errorf("worker: unknown case %q", name)

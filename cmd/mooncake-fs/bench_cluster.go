@@ -1,0 +1,321 @@
+package main
+
+// The cluster cases run on a two-node cluster the benchmark starts on
+// loopback: an etcd (Debian's etcd-server; the cases are skipped without
+// it) and daemons bench-a and bench-b. Workers use node A's mount.
+//
+//   - remote-put, remote-get: the 64 MiB value of ioctl-put-buf and
+//     ioctl-get-buf, in a directory of A placed on B (placement
+//     node:bench-b), so every byte crosses the TCP transport into or out
+//     of B's segments. The ceiling is a plain TCP stream of the same
+//     bytes between the worker and a second process on loopback, over as
+//     many connections as the transport uses (4), measured right after in
+//     the same worker.
+//   - cluster-small: ioctl-small (4 KiB put + get, each one batch ioctl)
+//     on A, where every put is an etcd transaction; the other side is the
+//     same on the single-node mount (embedded index), so the ratio is the
+//     cost of the shared index.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	etcdBin        = "/usr/bin/etcd"
+	benchRemoteDir = "remote" // directory of A placed on B
+	tcpCeilConns   = 4        // transfer.DefaultTCPOptions().ConnsPerPeer
+)
+
+func needEtcd() error {
+	if _, err := os.Stat(etcdBin); err != nil {
+		return fmt.Errorf("no etcd at %s (apt-get install etcd-server): %w", etcdBin, err)
+	}
+	return nil
+}
+
+func clusterBenchCases() []benchCase {
+	return []benchCase{
+		{name: "remote-put", target: withCopy, ceiling: "tcp-stream", needs: needEtcd, cluster: benchRemoteDir,
+			run: benchRemotePut},
+		{name: "remote-get", target: withCopy, ceiling: "tcp-stream", needs: needEtcd, cluster: benchRemoteDir,
+			setup: benchIoctlGetSetup, run: benchRemoteGet, teardown: benchIoctlGetTeardown},
+		{name: "cluster-small", target: onMount, ceiling: "single-node", needs: needEtcd, cluster: ".",
+			small: true, run: benchIoctlSmall},
+	}
+}
+
+func benchRemotePut(dir string, p benchParams) (benchSample, error) {
+	return ioctlPutBuf(dir, p, func(s benchSample, mem []byte) (benchSample, error) {
+		return withTCPCeiling(s, "put", mem)
+	})
+}
+
+func benchRemoteGet(dir string, p benchParams) (benchSample, error) {
+	return ioctlGetBuf(dir, p, func(s benchSample, mem []byte) (benchSample, error) {
+		return withTCPCeiling(s, "get", mem)
+	})
+}
+
+// benchCluster is etcd and two daemons.
+type benchCluster struct {
+	root string
+	etcd *benchProc
+	a, b *benchProc
+	mnts []string
+}
+
+func (c *benchCluster) dir(sub string) string { return filepath.Join(c.mnts[0], sub) }
+
+func freeLoopbackPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startCluster starts the cluster on first use.
+func (e *benchEnv) startCluster(ctx context.Context) (*benchCluster, error) {
+	if e.cluster != nil {
+		return e.cluster, nil
+	}
+	c := &benchCluster{root: filepath.Join(e.dir, "cluster")}
+	e.cluster = c
+	if err := os.Mkdir(c.root, 0o755); err != nil {
+		return nil, err
+	}
+	cport, err1 := freeLoopbackPort()
+	pport, err2 := freeLoopbackPort()
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	curl := fmt.Sprintf("http://127.0.0.1:%d", cport)
+	purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
+	if c.etcd, err1 = e.startProc(ctx, "etcd", "", etcdBin, "--name", "bench", "--data-dir", filepath.Join(c.root, "etcd"),
+		"--listen-client-urls", curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+		"--initial-advertise-peer-urls", purl, "--initial-cluster", "bench="+purl, "--log-level", "warn"); err1 != nil {
+		return nil, err1
+	}
+	if err := waitHealthy(ctx, curl); err != nil {
+		return nil, err
+	}
+	token := filepath.Join(c.root, "token")
+	if err := os.WriteFile(token, []byte(fmt.Sprintf("bench-token-%d-%d", os.Getpid(), time.Now().UnixNano())), 0o600); err != nil {
+		return nil, err
+	}
+	// Room for a pass of replaced 64 MiB values while retired bodies wait
+	// out the free delay.
+	for i, name := range []string{"bench-a", "bench-b"} {
+		mnt := filepath.Join(c.root, name)
+		if err := os.Mkdir(mnt, 0o755); err != nil {
+			return nil, err
+		}
+		c.mnts = append(c.mnts, mnt)
+		p, err := e.startProc(ctx, name, "READY "+mnt, e.self, "mount", "--size", "2GiB", "--evict", "off",
+			"--etcd", curl, "--node", name, "--listen", "127.0.0.1:0", "--token-file", token, mnt)
+		if i == 0 {
+			c.a = p
+		} else {
+			c.b = p
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	remote := c.dir(benchRemoteDir)
+	if err := os.Mkdir(remote, 0o755); err != nil {
+		return nil, err
+	}
+	if err := unix.Setxattr(remote, "user.mooncake.placement", []byte("node:bench-b"), 0); err != nil {
+		return nil, fmt.Errorf("place %s on bench-b: %w", remote, err)
+	}
+	return c, nil
+}
+
+func waitHealthy(ctx context.Context, url string) error {
+	hc := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(benchReadyTimeout)
+	for {
+		if resp, err := hc.Get(url + "/health"); err == nil {
+			ok := resp.StatusCode == http.StatusOK
+			resp.Body.Close()
+			if ok {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("etcd at %s not healthy after %v", url, benchReadyTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// close stops the daemons, then etcd, and removes what they left.
+func (c *benchCluster) close(failed bool) error {
+	var errs []error
+	for _, p := range []*benchProc{c.a, c.b, c.etcd} {
+		if p == nil {
+			continue
+		}
+		if err := p.stop(); err != nil {
+			errs = append(errs, err)
+		}
+		if failed {
+			dumpTail(os.Stderr, p.log.Name(), 4<<10)
+		}
+		p.removeLog()
+	}
+	for _, m := range c.mnts {
+		if ok, _ := mountedAt(m); ok {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		_ = os.Remove(m)
+	}
+	_ = os.RemoveAll(filepath.Join(c.root, "etcd"))
+	_ = os.Remove(filepath.Join(c.root, "token"))
+	if err := os.Remove(c.root); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// withTCPCeiling times s.Ops values of len(mem) bytes streamed over
+// loopback to (put) or from (get) a sink process, and attaches that as
+// the ceiling.
+func withTCPCeiling(s benchSample, dir string, mem []byte) (benchSample, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return benchSample{}, err
+	}
+	cmd := exec.Command(self, "bench", "worker", "tcp-sink", dir, fmt.Sprint(len(mem)), "{}")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return benchSample{}, err
+	}
+	if err := cmd.Start(); err != nil {
+		return benchSample{}, err
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		return benchSample{}, fmt.Errorf("tcp sink: %w", err)
+	}
+	addr := strings.TrimSpace(strings.TrimPrefix(line, "ADDR "))
+	conns := make([]net.Conn, tcpCeilConns)
+	for i := range conns {
+		if conns[i], err = net.Dial("tcp", addr); err != nil {
+			return benchSample{}, err
+		}
+		defer conns[i].Close()
+	}
+	one := func() error { return streamOnce(conns, dir, mem) }
+	c, err := timeOps(s.Ops, uint64(len(mem)), one)
+	if err != nil {
+		return benchSample{}, err
+	}
+	s.Ceiling = &c
+	return s, nil
+}
+
+// streamOnce moves mem once: each connection carries its share, then a
+// one-byte acknowledgement comes back (put) or goes first (get), as a
+// request of the transport does.
+func streamOnce(conns []net.Conn, dir string, mem []byte) error {
+	share := (len(mem) + len(conns) - 1) / len(conns)
+	var wg sync.WaitGroup
+	errs := make([]error, len(conns))
+	for i, c := range conns {
+		part := mem[min(i*share, len(mem)):min((i+1)*share, len(mem))]
+		wg.Go(func() {
+			var ack [1]byte
+			if dir == "put" {
+				if _, errs[i] = c.Write(part); errs[i] == nil {
+					_, errs[i] = io.ReadFull(c, ack[:])
+				}
+				return
+			}
+			if _, errs[i] = c.Write(ack[:]); errs[i] == nil {
+				_, errs[i] = io.ReadFull(c, part)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// runTCPSink is the other process of the TCP ceiling: it serves
+// tcpCeilConns connections, each receiving (put) or sending (get) its
+// share of n bytes per value until the client hangs up.
+func runTCPSink(dir, size string) error {
+	var n int
+	if _, err := fmt.Sscan(size, &n); err != nil || n <= 0 {
+		return fmt.Errorf("tcp-sink: size %q", size)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	fmt.Printf("ADDR %s\n", ln.Addr())
+	buf := make([]byte, n)
+	for i := range buf {
+		buf[i] = patternByte(i)
+	}
+	share := (n + tcpCeilConns - 1) / tcpCeilConns
+	var wg sync.WaitGroup
+	for i := range tcpCeilConns {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		part := buf[min(i*share, n):min((i+1)*share, n)]
+		wg.Go(func() {
+			defer c.Close()
+			var ack [1]byte
+			for {
+				if dir == "put" {
+					if _, err := io.ReadFull(c, part); err != nil {
+						return
+					}
+					if _, err := c.Write(ack[:]); err != nil {
+						return
+					}
+					continue
+				}
+				if _, err := io.ReadFull(c, ack[:]); err != nil {
+					return
+				}
+				if _, err := c.Write(part); err != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return nil
+}
