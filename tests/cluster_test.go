@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -183,13 +184,28 @@ func TestClusterPlacement(t *testing.T) {
 	}
 	run(t, "cmp", src, cc.path("onb", "x"))
 
+	// Two replicas of a 40 MiB file: on two nodes, each across two of
+	// their 32 MiB segments.
 	run(t, "mkdir", b.path("two"))
 	run(t, "setfattr", "-n", "user.mooncake.replicas", "-v", "2", b.path("two"))
-	run(t, "cp", src, a.path("two", "y"))
+	src40 := randomFile(t, 40)
+	run(t, "cp", src40, a.path("two", "y"))
 	if got := replicaNodes(t, b.path("two", "y")); len(got) != 2 || got[0] == got[1] {
 		t.Fatalf("two/y on %v, want two distinct nodes", got)
 	}
-	run(t, "cmp", src, b.path("two", "y"))
+	loc, _ := shErr(`getfattr --absolute-names --only-values -n user.mooncake.location "$1"`, b.path("two", "y"))
+	for _, rep := range strings.Fields(loc) {
+		segs := map[string]bool{}
+		for _, m := range regexp.MustCompile(`seg\d+`).FindAllString(rep, -1) {
+			segs[m] = true
+		}
+		if len(segs) < 2 {
+			t.Fatalf("replica %q does not span two segments", rep)
+		}
+	}
+	for _, d := range []*daemon{a, b, cc} {
+		run(t, "cmp", src40, d.path("two", "y"))
+	}
 
 	// Bad values are refused; impossible placements fail with ENOSPC and
 	// leave nothing.
@@ -212,6 +228,7 @@ func TestClusterPlacement(t *testing.T) {
 		}
 	}
 
+	run(t, "rm", a.path("two", "y"))
 	// Fill a, then write more than it has left: the file spills to the
 	// node with the most free space, across its 32 MiB segments.
 	sh(t, `head -c $((96*1048576)) /dev/zero > "$1"`, a.path("filler"))
@@ -221,7 +238,7 @@ func TestClusterPlacement(t *testing.T) {
 	if len(nodes) != 1 || nodes[0] == "a" {
 		t.Fatalf("big on %v, want one node other than a", nodes)
 	}
-	loc, _ := shErr(`getfattr --absolute-names --only-values -n user.mooncake.location "$1"`, b.path("big"))
+	loc, _ = shErr(`getfattr --absolute-names --only-values -n user.mooncake.location "$1"`, b.path("big"))
 	if !strings.Contains(loc, "seg0") || !strings.Contains(loc, "seg1") {
 		t.Fatalf("big does not span segments: %s", loc)
 	}

@@ -148,13 +148,20 @@ func TestBenchCaseTable(t *testing.T) {
 		if c.run == nil || c.ceiling == "" {
 			t.Errorf("case %s: needs run and a ceiling label", c.name)
 		}
-		if c.target == onMount && !strings.HasPrefix(c.ceiling, "tmpfs-") {
+		if c.target == onMount && c.cluster == "" && !strings.HasPrefix(c.ceiling, "tmpfs-") {
 			t.Errorf("case %s: ceiling %q on the tmpfs should say so", c.name, c.ceiling)
 		}
 		if c.ceilingRun != nil && c.target != onMount {
 			t.Errorf("case %s: a ceiling function needs a tmpfs side", c.name)
 		}
-		if c.target == withCopy && c.ceiling != "copy" && !strings.HasPrefix(c.name, "cuda-") && !strings.HasPrefix(c.name, "safetensors-") {
+		if c.target == onMount && c.cluster != "" && c.ceiling != "single-node" {
+			t.Errorf("case %s: the other side of a cluster case is the single-node mount, labelled %q", c.name, c.ceiling)
+		}
+		if c.cluster != "" && c.needs == nil {
+			t.Errorf("case %s: a cluster case needs etcd and must say so", c.name)
+		}
+		if c.target == withCopy && c.ceiling != "copy" && !strings.HasPrefix(c.name, "cuda-") && !strings.HasPrefix(c.name, "safetensors-") &&
+			!(c.cluster != "" && c.ceiling == "tcp-stream") {
 			t.Errorf("case %s: the in-process ceiling is labelled %q, want copy", c.name, c.ceiling)
 		}
 	}

@@ -285,11 +285,17 @@ func TestSync(t *testing.T) {
 	a := newIndex(t, s, prefix, 10*time.Second)
 	b := newIndex(t, s, prefix, 10*time.Second)
 	ctx := context.Background()
+	cli := newClient(t, s)
 	var v uint64
 	for i := range 50 {
 		key := fmt.Sprintf("k%d", i)
 		var err error
 		if v, err = a.CompareAndSwap(ctx, store.Swap{Key: key, New: testObj(key, uint64(i+1))}); err != nil {
+			t.Fatal(err)
+		}
+		// Writes beside the objects (membership) move etcd's revision
+		// past anything b's watch reports: Sync must not wait for them.
+		if _, err := cli.Put(ctx, prefix+"nodes/x", fmt.Sprint(i)); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Sync(ctx); err != nil {

@@ -25,6 +25,7 @@ type Index struct {
 	cli       *clientv3.Client
 	ownClient bool
 	objPrefix string         // opts.Prefix + "objects/"
+	commitKey string         // opts.Prefix + "commit": rewritten by every changing transaction
 	hub       store.WatchHub // published to under mu, in revision order
 
 	ctx    context.Context // ends at Close; parent of the cache's watch
@@ -54,9 +55,12 @@ type Index struct {
 
 // Sync makes every later read of this Index reflect all changes committed
 // in etcd before Sync was called (close-to-open consistency across
-// nodes): one linearizable read of etcd's current revision, then reads
-// wait for the cache to reach it. While etcd is unreachable Sync fails
-// fast and reads keep answering from the cache.
+// nodes): one linearizable read of the commit key, which every
+// transaction that changes an object rewrites, gives the revision of the
+// last such transaction; reads then wait for the cache to reach it.
+// (etcd's own revision moves with other keys too, membership leases for
+// one, which the cache's watch never sees.) While etcd is unreachable
+// Sync fails fast and reads keep answering from the cache.
 func (x *Index) Sync(ctx context.Context) error {
 	x.mu.Lock()
 	if err := x.mu.syncErr; err != nil && time.Since(x.mu.syncFailed) < time.Second {
@@ -66,7 +70,7 @@ func (x *Index) Sync(ctx context.Context) error {
 	x.mu.Unlock()
 	tctx, cancel := context.WithTimeout(ctx, min(x.opts.RequestTimeout, time.Second))
 	defer cancel()
-	resp, err := x.cli.Get(tctx, x.objPrefix, clientv3.WithCountOnly())
+	resp, err := x.cli.Get(tctx, x.commitKey)
 	if err != nil {
 		err = x.requestError(ctx, "sync", err)
 		x.mu.Lock()
@@ -74,9 +78,13 @@ func (x *Index) Sync(ctx context.Context) error {
 		x.mu.Unlock()
 		return err
 	}
+	var last int64
+	if len(resp.Kvs) > 0 {
+		last = resp.Kvs[0].ModRevision
+	}
 	x.mu.Lock()
 	x.mu.syncErr = nil
-	x.mu.readRev = max(x.mu.readRev, resp.Header.Revision)
+	x.mu.readRev = max(x.mu.readRev, last)
 	x.mu.Unlock()
 	return nil
 }
@@ -101,7 +109,8 @@ func open(opts Options) (*Index, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	x := &Index{opts: opts, cli: opts.Client, objPrefix: opts.Prefix + "objects/", done: make(chan struct{})}
+	x := &Index{opts: opts, cli: opts.Client, objPrefix: opts.Prefix + "objects/", commitKey: opts.Prefix + "commit",
+		done: make(chan struct{})}
 	if x.cli == nil {
 		lg := opts.Logger
 		if lg == nil {
@@ -212,6 +221,14 @@ func (x *Index) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64
 		}
 		gets = append(gets, clientv3.OpGet(k, clientv3.WithKeysOnly()))
 	}
+	for _, s := range swaps {
+		if s.New != nil || s.Old != 0 {
+			// The transaction changes an object: note its revision
+			// where Sync finds it (see Sync).
+			ops = append(ops, clientv3.OpPut(x.commitKey, ""))
+			break
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, x.opts.RequestTimeout)
 	defer cancel()
 	resp, err := x.cli.Txn(rctx).If(cmps...).Then(ops...).Else(gets...).Commit()
@@ -313,26 +330,13 @@ func (x *Index) lockCaughtUp(ctx context.Context, op string) error {
 		}
 		have, werr, ch := x.mu.rev, x.mu.watchErr, x.mu.advanced
 		x.mu.Unlock()
-		// Writes outside the object prefix (membership) move etcd's
-		// revision without an event for this watch: ask etcd to report
-		// its progress, which moves the cache revision.
-		x.requestProgress()
 		select {
 		case <-ch:
-		case <-time.After(50 * time.Millisecond):
 		case <-ctx.Done():
 			return fmt.Errorf("etcdindex: %s: cache at revision %d has not reached this node's write at %d (etcd at %s, last watch error: %v): %w",
 				op, have, want, strings.Join(x.cli.Endpoints(), ","), werr, ctx.Err())
 		}
 	}
-}
-
-// requestProgress asks etcd for a progress notification on the cache's
-// watch stream (the same context key as the watch in run).
-func (x *Index) requestProgress() {
-	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(x.ctx), x.opts.RequestTimeout)
-	defer cancel()
-	_ = x.cli.RequestProgress(ctx)
 }
 
 // advanceLocked moves the cache revision forward and wakes waiters.
