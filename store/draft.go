@@ -149,7 +149,7 @@ func (d *Draft) reserveLocked(ctx context.Context, need uint64, excl bool) error
 			case !excl:
 				return errSpill
 			}
-			return d.spillLocked(ctx, node, need+want-grow)
+			return d.spillLocked(ctx, node, need, need+want-grow)
 		}
 	}
 	if err != nil {
@@ -196,11 +196,14 @@ func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow
 }
 
 // spillLocked moves the draft from this node to node with room for total
-// bytes: the defined bytes are copied over, the local extents freed.
-// Caller holds d.rw exclusively and d.mu.
-func (d *Draft) spillLocked(ctx context.Context, node string, total uint64) error {
+// bytes (at least need): the defined bytes are copied over, the local
+// extents freed. Caller holds d.rw exclusively and d.mu.
+func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64) error {
 	t := d.s.opts.Transport
 	r, err := t.Reserve(ctx, node, total, ReserveTTL)
+	if err != nil && total > need {
+		r, err = t.Reserve(ctx, node, need, ReserveTTL)
+	}
 	if err != nil {
 		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, errors.Join(ErrNoSpace, err))
 	}

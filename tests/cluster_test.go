@@ -228,10 +228,9 @@ func TestClusterPlacement(t *testing.T) {
 		}
 	}
 
-	run(t, "rm", a.path("two", "y"))
-	// Fill a, then write more than it has left: the file spills to the
+	// Fill a (it holds a replica of two/y), then write more than it has left: the file spills to the
 	// node with the most free space, across its 32 MiB segments.
-	sh(t, `head -c $((96*1048576)) /dev/zero > "$1"`, a.path("filler"))
+	sh(t, `head -c $((80*1048576)) /dev/zero > "$1"`, a.path("filler"))
 	big := randomFile(t, 60)
 	run(t, "cp", big, a.path("big"))
 	nodes := replicaNodes(t, b.path("big"))

@@ -54,6 +54,10 @@ func main() {
 		ipcChild(os.Args[2])
 		return
 	}
+	if len(os.Args) == 2 && os.Args[1] == "reglat" {
+		regLatency()
+		return
+	}
 	if len(os.Args) == 2 && os.Args[1] == "ipclat" {
 		ipcLatency()
 		return
@@ -342,4 +346,62 @@ func ipcChild(hexHandle string) {
 	timeit("DtoH 64MiB IPC-opened", func() error { return ctx.CopyDtoH(host, p) })
 	timeit("HtoD 64MiB own allocation", func() error { return ctx.CopyHtoD(own, host) })
 	timeit("HtoD 64MiB IPC-opened", func() error { return ctx.CopyHtoD(p, host) })
+}
+
+// regLatency times 64 MiB pinned copies against host regions registered
+// whole, small and large, hugetlb and 4 KiB pages: does the size of a
+// registration (the daemon registers GiB-sized segments) slow a copy?
+func regLatency() {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	const n = 64 << 20
+	dev, _ := ctx.MemAlloc(n)
+	s, _ := ctx.NewStream()
+	for _, c := range []struct {
+		name string
+		size int
+		huge bool
+	}{{"hugetlb 64MiB", n, true}, {"hugetlb 2GiB", 2 << 30, true}, {"4KiB 64MiB", n, false}, {"4KiB 2GiB", 2 << 30, false}} {
+		flags := syscall.MAP_PRIVATE | syscall.MAP_ANONYMOUS
+		if c.huge {
+			flags |= 0x40000 // MAP_HUGETLB
+		}
+		mem, err := syscall.Mmap(-1, 0, c.size, syscall.PROT_READ|syscall.PROT_WRITE, flags)
+		if err != nil {
+			fmt.Println(c.name, "mmap:", err)
+			continue
+		}
+		for i := 0; i < len(mem); i += 4096 {
+			mem[i] = 1
+		}
+		t0 := time.Now()
+		if err := ctx.HostRegister(mem, cuda.HostRegisterPortable); err != nil {
+			fmt.Println(c.name, "register:", err)
+			syscall.Munmap(mem)
+			continue
+		}
+		fmt.Printf("%-16s registered in %v\n", c.name, time.Since(t0))
+		for _, off := range []int{0, c.size - n} {
+			b := mem[off : off+n]
+			timeit := func(what string, fn func()) {
+				fn()
+				t0 := time.Now()
+				for range 30 {
+					fn()
+				}
+				fmt.Printf("  %-16s off %4d MiB %-22s %8.1f us\n", c.name, off>>20, what, float64(time.Since(t0).Microseconds())/30)
+			}
+			timeit("DtoH", func() { _ = ctx.CopyDtoH(b, dev) })
+			timeit("HtoD", func() { _ = ctx.CopyHtoD(dev, b) })
+			timeit("async DtoH+sync", func() { _ = cuda.CopyDtoHAsync(b, dev, s); _ = s.Sync() })
+			if off == c.size-n {
+				break
+			}
+		}
+		_ = ctx.HostUnregister(mem)
+		syscall.Munmap(mem)
+	}
 }
