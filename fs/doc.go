@@ -45,6 +45,15 @@
 // Each operation ends with one debug log line (op, key, bytes, errno,
 // latency) and a metrics observation.
 //
+// # Cluster mode
+//
+// With Options.Cluster (cluster.go) lookups, getattr, open and readdir
+// sync the index first (close-to-open across nodes), the kernel caches no
+// attributes or negative entries, and every change the index watch
+// reports invalidates the kernel's dentry, attributes and pages of that
+// key. Changing operations run detached from the request's cancellation:
+// an interrupt does not cut a commit in half.
+//
 // # Lock order and deadlocks
 //
 // node.mu (the shared draft) before store locks; store locks are never

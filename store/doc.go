@@ -30,6 +30,19 @@
 // cluster through etcd. Both pass store/indextest and fan events out with
 // one WatchHub.
 //
+// # Cluster
+//
+// With a shared index, a Transport and a Cluster view (remote.go,
+// placement.go, reserve.go, repair.go): replicas on other nodes are read
+// through the transfer engine; a draft is placed by its Placement (local
+// first with spill, spread, node:NAME) and reserves extents on other nodes
+// by control calls with a TTL, renewed at commit, taken over by the owner
+// when its follow loop sees the commit and reaped otherwise; further
+// replicas are copied before the commit swaps in; Reconcile drops
+// replicas of dead nodes and restores replica counts; objects left
+// without a replica are lost (ErrLost). Retired bodies wait FreeDelay
+// before their space is reused, for reads from other nodes in flight.
+//
 // # Directories
 //
 // Keys are slash-separated paths. A directory is explicit (an Object of
@@ -41,7 +54,8 @@
 //
 // Store.mu (bodies, open counts) -> Index internals; Store.lru is a leaf;
 // Draft.rw -> Draft.mu -> Store.mu. No store lock is held across a
-// transfer. Store.mu is held across Index.Get in OpenReader so that an
+// transfer; Draft.mu is held across the control calls that reserve, trim
+// and renew a draft's remote extents (the draft's own lock, no other). Store.mu is held across Index.Get in OpenReader so that an
 // open and a concurrent replace cannot interleave between the lookup and
 // the lease; Index.Get must therefore be served locally (the embedded
 // index, or a watch-fed cache).

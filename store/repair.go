@@ -41,22 +41,34 @@ func (s *Store) Reconcile(ctx context.Context, live func(node string) bool) (Rep
 
 func (s *Store) reconcile(ctx context.Context, live func(string) bool, repair bool) (RepairReport, error) {
 	var rep RepairReport
+	err := s.eachFile(ctx, func(o *Object) error {
+		if err := s.reconcileOne(ctx, o, live, repair, &rep); err != nil && ctx.Err() != nil {
+			return err
+		}
+		return nil
+	})
+	return rep, err
+}
+
+// eachFile calls fn for every file with bytes, a page of the index at a
+// time, until fn fails.
+func (s *Store) eachFile(ctx context.Context, fn func(o *Object) error) error {
 	const page = 1000
 	for from := ""; ; {
 		objs, err := s.idx.Scan(ctx, "", from, page)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		for _, o := range objs {
 			if o.Kind != KindFile || o.Size == 0 {
 				continue
 			}
-			if err := s.reconcileOne(ctx, o, live, repair, &rep); err != nil && ctx.Err() != nil {
-				return rep, err
+			if err := fn(o); err != nil {
+				return err
 			}
 		}
 		if len(objs) < page {
-			return rep, nil
+			return nil
 		}
 		from = objs[len(objs)-1].Key + "\x00"
 	}
@@ -133,20 +145,11 @@ func (s *Store) reconcileOne(ctx context.Context, o *Object, live func(string) b
 // Lost lists the keys of objects with bytes but no replica.
 func (s *Store) Lost(ctx context.Context) ([]string, error) {
 	var out []string
-	const page = 1000
-	for from := ""; ; {
-		objs, err := s.idx.Scan(ctx, "", from, page)
-		if err != nil {
-			return out, err
+	err := s.eachFile(ctx, func(o *Object) error {
+		if len(o.Replicas) == 0 {
+			out = append(out, o.Key)
 		}
-		for _, o := range objs {
-			if o.Kind == KindFile && o.Size > 0 && len(o.Replicas) == 0 {
-				out = append(out, o.Key)
-			}
-		}
-		if len(objs) < page {
-			return out, nil
-		}
-		from = objs[len(objs)-1].Key + "\x00"
-	}
+		return nil
+	})
+	return out, err
 }

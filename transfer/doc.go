@@ -1,11 +1,12 @@
 // Package transfer moves bytes between buffers and segment extents.
 //
 // Every data movement in the daemon is a Request: copy between a Buffer
-// (memory of a caller, of a registered shared buffer, later of a GPU) and an
-// Extent of a segment. Engine.Submit runs a batch and picks a strategy per
-// request; today the only strategy is local memcpy (the extent is in this
-// daemon's segments and the buffer is host memory). CUDA copies and remote
-// transports join behind the same Submit.
+// (memory of a caller, of a registered shared buffer, of another process,
+// of a GPU) and an Extent of a segment, on this node or another.
+// Engine.Submit runs a batch and picks a strategy per request: memcpy,
+// process_vm_readv/writev or a CUDA copy for this node's extents, the
+// Transport for other nodes' (remote.go; process and GPU memory pass
+// through a 4 MiB bounce buffer there).
 //
 // Large batches are split into chunks and copied by a pool of workers, so a
 // single big put uses every core; small requests are copied inline on the
@@ -18,8 +19,8 @@
 // Remote segments are reached through a Transport (transport.go): today
 // the TCP transport, one-sided reads and writes of extents served by the
 // owning daemon's TCPServer straight from and into its segment memory,
-// after a challenge-response proof of the cluster token; frames are fuzzed.
-// It is not yet wired into Submit (the cluster issue does that).
+// after a challenge-response proof of the cluster token, plus control
+// calls that reserve space for a writer (control.go); frames are fuzzed.
 //
 // The package holds no lock while copying. It never sees keys or objects.
 package transfer
