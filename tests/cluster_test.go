@@ -63,6 +63,7 @@ type clusterStatus struct {
 	Nodes []struct {
 		Name string `json:"name"`
 		Free uint64 `json:"free"`
+		Live bool   `json:"live"`
 	} `json:"nodes"`
 	Lost      []string `json:"lost"`
 	LostCount int      `json:"lost_count"`
@@ -290,6 +291,13 @@ func TestClusterReplicasSurviveKill(t *testing.T) {
 	st := a.cluster(t)
 	if st.LostCount != 1 || len(st.Lost) != 1 || st.Lost[0] != "one/only-on-b" {
 		t.Fatalf("lost list: %+v", st)
+	}
+	goneB := false
+	for _, n := range st.Nodes {
+		goneB = goneB || (n.Name == "b" && !n.Live)
+	}
+	if !goneB {
+		t.Fatalf("status does not show b as gone: %+v", st.Nodes)
 	}
 	if !strings.Contains(a.log.String()+cc.log.String(), "lost: no surviving replica") {
 		t.Error("no log line names the lost object")

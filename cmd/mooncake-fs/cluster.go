@@ -57,6 +57,7 @@ type cluster struct {
 		rounds    int
 		seen      map[string]time.Time // last time each node was a member
 		liveSince time.Time            // when this node started repairing
+		gone      map[string]goneNode  // nodes that left, for status
 	}
 }
 
@@ -86,6 +87,7 @@ func (d *daemon) startCluster() error {
 		return err
 	}
 	c := &cluster{d: d}
+	c.mu.gone = map[string]goneNode{}
 	d.cl = c
 	eps := strings.Split(cc.etcd, ",")
 	c.cli, err = etcdindex.NewClient(eps, 5*time.Second, nil)
@@ -137,6 +139,12 @@ func (d *daemon) startCluster() error {
 	c.token = token
 	d.log.WithFields(logrus.Fields{"node": self.Name, "addr": addr, "etcd": cc.etcd}).Info("joined the cluster")
 	return nil
+}
+
+// goneNode is a node that left, as status shows it.
+type goneNode struct {
+	node etcdindex.Node
+	at   time.Time
 }
 
 // storeOptions fills the cluster fields of the store's options.
@@ -240,6 +248,13 @@ func (c *cluster) repairLoop(ctx context.Context) {
 			if !ok {
 				return
 			}
+			c.mu.Lock()
+			if ev.Type == etcdindex.Left {
+				c.mu.gone[ev.Node.Name] = goneNode{node: ev.Node, at: time.Now()}
+			} else {
+				delete(c.mu.gone, ev.Node.Name)
+			}
+			c.mu.Unlock()
 			if ev.Type == etcdindex.Left {
 				c.d.log.WithField("node", ev.Node.Name).Warn("node left the cluster")
 			}
@@ -357,6 +372,7 @@ type NodeStatus struct {
 	Segments int       `json:"segments"`
 	Started  time.Time `json:"started"`
 	Live     bool      `json:"live"`
+	Left     time.Time `json:"left,omitzero"` // when a gone node's lease ended
 }
 
 const maxLostListed = 100
@@ -375,6 +391,10 @@ func (c *cluster) status() *ClusterStatus {
 			Free: n.Free, Segments: len(n.Segments), Started: n.Started, Live: true})
 	}
 	c.mu.Lock()
+	for _, g := range c.mu.gone {
+		cs.Nodes = append(cs.Nodes, NodeStatus{Name: g.node.Name, Addr: g.node.Addr, Capacity: g.node.Capacity,
+			Segments: len(g.node.Segments), Started: g.node.Started, Live: false, Left: g.at})
+	}
 	cs.LostCount = len(c.mu.lost)
 	cs.Lost = slices.Clone(c.mu.lost[:min(len(c.mu.lost), maxLostListed)])
 	cs.RepairRounds, cs.RepairError = c.mu.rounds, c.mu.repairErr

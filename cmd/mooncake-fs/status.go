@@ -108,7 +108,7 @@ func printCluster(c *ClusterStatus) {
 	for _, n := range c.Nodes {
 		state := "live"
 		if !n.Live {
-			state = "gone"
+			state = "gone since " + n.Left.Local().Format("15:04:05")
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s (%s)\t%s\t%s\t%s\n", n.Name, n.Addr, formatSize(n.Capacity), formatSize(n.Used),
 			pct(n.Used, n.Capacity), formatSize(n.Free), state, n.Started.Local().Format("2006-01-02 15:04:05"))
