@@ -49,6 +49,7 @@ type Draft struct {
 		failed  error
 		place   Placement
 		node    string
+		epoch   uint64 // of node's daemon, from its reservations
 		extResv []uint64
 		resv    map[uint64]time.Time
 	}
@@ -187,12 +188,26 @@ func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow
 		}
 		return fmt.Errorf("store: reserve %d B on node %q: %w", grow, node, err)
 	}
+	if len(d.mu.ext) > 0 && r.Epoch != d.mu.epoch {
+		// The node restarted under the draft: what was written is gone.
+		_ = t.Free(context.WithoutCancel(ctx), node, r.Epoch, r.ID, nil)
+		return fmt.Errorf("store: node %q restarted while a draft was written to it: %w", node, transfer.ErrStaleEpoch)
+	}
+	d.mu.epoch = r.Epoch
 	if d.mu.resv == nil {
 		d.mu.resv = map[uint64]time.Time{}
 	}
 	d.mu.resv[r.ID] = d.s.opts.Now().Add(ReserveTTL)
 	d.addExtLocked(r.Extents, r.ID)
 	return nil
+}
+
+// placedLocked describes where the draft's extents are.
+func (d *Draft) placedLocked() Replica {
+	if d.s.isLocal(d.mu.node) {
+		return Replica{Node: d.s.opts.Node, Epoch: d.s.opts.Epoch, Extents: d.mu.ext}
+	}
+	return Replica{Node: d.mu.node, Epoch: d.mu.epoch, Extents: d.mu.ext}
 }
 
 // spillLocked moves the draft from this node to node with room for total
@@ -207,13 +222,13 @@ func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64
 	if err != nil {
 		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, errors.Join(ErrNoSpace, err))
 	}
-	if err := d.s.copyExtents(ctx, d.s.opts.Node, d.mu.ext, node, r.Extents, d.mu.zeroed); err != nil {
-		_ = t.Free(context.WithoutCancel(ctx), node, r.ID, nil)
+	if err := d.s.copyExtents(ctx, d.placedLocked(), Replica{Node: node, Epoch: r.Epoch, Extents: r.Extents}, d.mu.zeroed); err != nil {
+		_ = t.Free(context.WithoutCancel(ctx), node, r.Epoch, r.ID, nil)
 		return fmt.Errorf("store: spill to node %q: %w", node, err)
 	}
 	_ = d.s.segs.Free(d.mu.ext)
 	d.mu.ext, d.mu.extResv = nil, nil
-	d.mu.node = node
+	d.mu.node, d.mu.epoch = node, r.Epoch
 	if d.mu.resv == nil {
 		d.mu.resv = map[uint64]time.Time{}
 	}
@@ -244,7 +259,7 @@ func (d *Draft) zeroLocked(ctx context.Context, from, to uint64) error {
 		for off := uint64(0); off < e.Len; off += uint64(len(zeroes)) {
 			n := min(uint64(len(zeroes)), e.Len-off)
 			reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(zeroes[:n]),
-				Extent: segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: n}, Node: d.mu.node})
+				Extent: segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: n}, Node: d.mu.node, Epoch: d.mu.epoch})
 		}
 		return true
 	})
@@ -265,8 +280,7 @@ func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 		return err
 	}
 	if keep > 0 {
-		src, srcNode := base.extents()
-		if err := d.s.copyExtents(ctx, srcNode, src, d.mu.node, d.mu.ext, keep); err != nil {
+		if err := d.s.copyExtents(ctx, base.replica(), d.placedLocked(), keep); err != nil {
 			return fmt.Errorf("store: copy on write of %d B: %w", keep, err)
 		}
 	}
@@ -363,12 +377,12 @@ func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		}
 	}
 	d.mu.zeroed = max(d.mu.zeroed, end)
-	ext, starts, node := d.mu.ext, d.mu.starts, d.mu.node
+	ext, starts, node, epoch := d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch
 	d.mu.Unlock()
 
 	var reqs []transfer.Request
 	span(ext, starts, off, n, func(e segment.Extent, rel uint64) bool {
-		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node})
+		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node, Epoch: epoch})
 		return true
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
@@ -403,7 +417,7 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 		d.mu.Unlock()
 		return base.ReadAt(ctx, p, off)
 	}
-	size, ext, starts, node := d.mu.size, d.mu.ext, d.mu.starts, d.mu.node
+	size, ext, starts, node, epoch := d.mu.size, d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch
 	d.mu.Unlock()
 	if off >= size {
 		return 0, nil
@@ -411,7 +425,7 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 	n := min(uint64(len(p)), size-off)
 	var reqs []transfer.Request
 	span(ext, starts, off, n, func(e segment.Extent, rel uint64) bool {
-		reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(p), BufOff: rel, Extent: e, Node: node})
+		reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(p), BufOff: rel, Extent: e, Node: node, Epoch: epoch})
 		return true
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
@@ -514,10 +528,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 	}
 	ext := d.mu.ext
 	size := d.mu.size
-	primary := d.mu.node
-	if d.s.isLocal(primary) {
-		primary = d.s.opts.Node
-	}
+	primary := d.placedLocked()
 	if err := d.renewLocked(ctx); err != nil {
 		return nil, err
 	}
@@ -525,13 +536,13 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 	var extraResv []transfer.Reservation
 	if d.mu.place.Replicas > 1 && size > 0 {
 		var err error
-		if extra, extraResv, err = d.s.replicate(ctx, primary, ext, size, d.mu.place.Replicas-1); err != nil {
+		if extra, extraResv, err = d.s.replicate(ctx, primary, size, d.mu.place.Replicas-1); err != nil {
 			return nil, fmt.Errorf("commit %q: %w", o.Key, err)
 		}
 	}
 	// The replica on this node, if any, is a local body from the commit on.
 	localExt := ext
-	if !d.s.isLocal(primary) {
+	if !d.s.isLocal(primary.Node) {
 		localExt = nil
 		for _, r := range extra {
 			if d.s.isLocal(r.Node) {
@@ -597,7 +608,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		}
 		next.Replicas = nil
 		if len(ext) > 0 {
-			next.Replicas = append([]Replica{{Node: primary, Extents: ext}}, extra...)
+			next.Replicas = append([]Replica{primary}, extra...)
 		}
 		_, err = d.s.idx.CompareAndSwap(ctx, Swap{Key: o.Key, Old: old, New: next})
 		if errors.Is(err, ErrConflict) && ctx.Err() == nil {
@@ -623,7 +634,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		// Remote reservations now belong to the committed body: their
 		// owners take them over when they see the commit.
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
-		d.mu.extResv, d.mu.resv, d.mu.node = nil, nil, ""
+		d.mu.extResv, d.mu.resv, d.mu.node, d.mu.epoch = nil, nil, "", 0
 		d.mu.dirty = false
 		d.mu.mtime = 0
 		if size > 0 {
@@ -669,7 +680,7 @@ func (d *Draft) trimLocked(ctx context.Context) error {
 			byID[freedResv[i]] = append(byID[freedResv[i]], e)
 		}
 		for id, ext := range byID {
-			if err := d.s.opts.Transport.Free(ctx, d.mu.node, id, ext); err != nil {
+			if err := d.s.opts.Transport.Free(ctx, d.mu.node, d.mu.epoch, id, ext); err != nil {
 				return fmt.Errorf("store: trim reservation on node %q: %w", d.mu.node, err)
 			}
 		}
@@ -687,7 +698,7 @@ func (d *Draft) trimLocked(ctx context.Context) error {
 func (d *Draft) renewLocked(ctx context.Context) error {
 	now := d.s.opts.Now()
 	for id := range d.mu.resv {
-		if err := d.s.opts.Transport.Renew(ctx, d.mu.node, id, ReserveTTL); err != nil {
+		if err := d.s.opts.Transport.Renew(ctx, d.mu.node, d.mu.epoch, id, ReserveTTL); err != nil {
 			return fmt.Errorf("store: renew reservation on node %q: %w", d.mu.node, err)
 		}
 		d.mu.resv[id] = now.Add(ReserveTTL)
@@ -717,7 +728,7 @@ func (d *Draft) Close() {
 			// Best effort: what is not freed now expires with its TTL.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			for id := range d.mu.resv {
-				_ = d.s.opts.Transport.Free(ctx, d.mu.node, id, nil)
+				_ = d.s.opts.Transport.Free(ctx, d.mu.node, d.mu.epoch, id, nil)
 			}
 			cancel()
 			d.mu.resv = nil

@@ -18,7 +18,12 @@ const (
 
 // Replica is one full copy of an object's bytes on one node.
 type Replica struct {
-	Node    string
+	Node string
+	// Epoch is the incarnation of the node's daemon that holds the bytes
+	// (0 on one machine): a restarted daemon has new memory, and reads of
+	// a replica of an earlier incarnation fail instead of returning what
+	// the new one keeps there.
+	Epoch   uint64
 	Extents []segment.Extent
 }
 
@@ -52,7 +57,7 @@ func (o *Object) Clone() *Object {
 	}
 	c.Replicas = make([]Replica, len(o.Replicas))
 	for i, r := range o.Replicas {
-		c.Replicas[i] = Replica{Node: r.Node, Extents: slices.Clone(r.Extents)}
+		c.Replicas[i] = Replica{Node: r.Node, Epoch: r.Epoch, Extents: slices.Clone(r.Extents)}
 	}
 	if len(o.Replicas) == 0 {
 		c.Replicas = nil
@@ -68,6 +73,16 @@ func (o *Object) ReplicaOn(node string) (Replica, bool) {
 		}
 	}
 	return Replica{}, false
+}
+
+// replicaHere returns the replica on node written by its incarnation
+// epoch (any, where either side is 0).
+func (o *Object) replicaHere(node string, epoch uint64) (Replica, bool) {
+	r, ok := o.ReplicaOn(node)
+	if ok && r.Epoch != 0 && epoch != 0 && r.Epoch != epoch {
+		return Replica{}, false
+	}
+	return r, ok
 }
 
 // Parent returns the key of the directory holding key ("" for the root).

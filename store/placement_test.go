@@ -8,6 +8,7 @@ import (
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 // putPlaced writes data to key with placement p, in pieces of chunk bytes.
@@ -205,7 +206,37 @@ func TestReservationExpires(t *testing.T) {
 		t.Fatalf("b uses %d B with %d reservations", b.used(), b.Reservations())
 	}
 	waitFor(t, "the reaper", func() bool { return b.used() == 0 && b.Reservations() == 0 })
-	if err := tr.Renew(context.Background(), "b", r.ID, time.Second); err == nil {
+	if err := tr.Renew(context.Background(), "b", r.Epoch, r.ID, time.Second); err == nil {
 		t.Fatal("renewed an expired reservation")
 	}
+}
+
+// TestStaleEpoch: a replica written by an earlier incarnation of its node
+// (the daemon restarted: new memory) is never read, not even on that node.
+func TestStaleEpoch(t *testing.T) {
+	a, b := newCluster(t, true)
+	data := pattern(5, 300<<10)
+	o, err := a.putPlaced("f", data, store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Replicas[0].Epoch == 0 {
+		t.Fatalf("replica without epoch: %+v", o.Replicas[0])
+	}
+	old := o.Clone()
+	old.Replicas[0].Epoch++ // as if b's previous life wrote it
+	if _, err := a.Index.CompareAndSwap(context.Background(), store.Swap{Key: "f", Old: o.Version, New: old}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.OpenReader(context.Background(), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	buf := make([]byte, len(data))
+	if _, err := r.ReadAt(context.Background(), buf, 0); !errors.Is(err, transfer.ErrStaleEpoch) {
+		t.Fatalf("read of a stale replica from a: %v", err)
+	}
+	_, err = b.OpenReader(context.Background(), "f")
+	wantErr(t, "open of a stale replica on its own node", err, store.ErrLost)
 }

@@ -218,8 +218,6 @@ type remoteBody struct {
 	starts   [][]uint64
 }
 
-func (rb *remoteBody) node() string { return rb.replicas[0].Node }
-
 // remoteReplicas returns obj's full replicas on other nodes, or nil when
 // there is none or no Transport.
 func (s *Store) remoteReplicas(obj *Object) *remoteBody {
@@ -239,16 +237,17 @@ func (s *Store) remoteReplicas(obj *Object) *remoteBody {
 	return &rb
 }
 
-// extents returns where the reader's bytes are: the local body, or the
+// replica returns where the reader's bytes are: the local body, or the
 // first remote replica.
-func (r *Reader) extents() ([]segment.Extent, string) {
+func (r *Reader) replica() Replica {
 	if r.remote != nil {
-		return r.remote.replicas[0].Extents, r.remote.node()
+		return r.remote.replicas[0]
 	}
-	if r.b == nil {
-		return nil, r.s.opts.Node
+	here := Replica{Node: r.s.opts.Node, Epoch: r.s.opts.Epoch}
+	if r.b != nil {
+		here.Extents = r.b.extents
 	}
-	return r.b.extents, r.s.opts.Node
+	return here
 }
 
 // readRemote fetches [off, off+buf.Size()) (clipped to the size) from a
@@ -260,7 +259,7 @@ func (r *Reader) readRemote(ctx context.Context, buf transfer.Buffer, off uint64
 	for i, rep := range r.remote.replicas {
 		var reqs []transfer.Request
 		span(rep.Extents, r.remote.starts[i], off, n, func(e segment.Extent, rel uint64) bool {
-			reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: e, Node: rep.Node})
+			reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: e, Node: rep.Node, Epoch: rep.Epoch})
 			return true
 		})
 		err := r.s.eng.Submit(ctx, reqs)
@@ -275,21 +274,21 @@ func (r *Reader) readRemote(ctx context.Context, buf transfer.Buffer, off uint64
 	return 0, fmt.Errorf("read %q: %w", r.obj.Key, errors.Join(errs...))
 }
 
-// replicate makes k more copies of the n bytes at ext on node primary, on
-// distinct other live nodes. On error nothing stays reserved.
-func (s *Store) replicate(ctx context.Context, primary string, ext []segment.Extent, n uint64, k int) ([]Replica, []transfer.Reservation, error) {
+// replicate makes k more copies of the n bytes of primary, on distinct
+// other live nodes. On error nothing stays reserved.
+func (s *Store) replicate(ctx context.Context, primary Replica, n uint64, k int) ([]Replica, []transfer.Reservation, error) {
 	if s.opts.Transport == nil {
 		return nil, nil, fmt.Errorf("%d replicas wanted: %w", k+1, errors.Join(ErrNoSpace, errNoTransport))
 	}
-	nodes, err := s.replicaNodes(k, map[string]bool{primary: true}, nil)
+	nodes, err := s.replicaNodes(k, map[string]bool{primary.Node: true}, nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	return s.replicateFrom(ctx, primary, ext, n, nodes)
+	return s.replicateFrom(ctx, primary, n, nodes)
 }
 
-// replicateFrom copies the n bytes at ext on node primary to each of nodes.
-func (s *Store) replicateFrom(ctx context.Context, primary string, ext []segment.Extent, n uint64, nodes []string) ([]Replica, []transfer.Reservation, error) {
+// replicateFrom copies the n bytes of src to each of nodes.
+func (s *Store) replicateFrom(ctx context.Context, src Replica, n uint64, nodes []string) ([]Replica, []transfer.Reservation, error) {
 	var err error
 	size := (n + segment.Granule - 1) / segment.Granule * segment.Granule
 	var reps []Replica
@@ -299,12 +298,13 @@ func (s *Store) replicateFrom(ctx context.Context, primary string, ext []segment
 		return nil, nil, err
 	}
 	for _, node := range nodes {
-		var dst []segment.Extent
+		dst := Replica{Node: node}
 		if s.isLocal(node) {
-			if dst, err = s.alloc(size); err != nil {
+			if dst.Extents, err = s.alloc(size); err != nil {
 				return fail(err)
 			}
-			resv = append(resv, transfer.Reservation{Node: node, Extents: dst})
+			dst.Epoch = s.opts.Epoch
+			resv = append(resv, transfer.Reservation{Node: node, Extents: dst.Extents})
 		} else {
 			r, err := s.opts.Transport.Reserve(ctx, node, size, ReserveTTL)
 			if err != nil {
@@ -314,12 +314,12 @@ func (s *Store) replicateFrom(ctx context.Context, primary string, ext []segment
 				return fail(fmt.Errorf("replica on node %q: %w", node, err))
 			}
 			resv = append(resv, r)
-			dst = r.Extents
+			dst.Epoch, dst.Extents = r.Epoch, r.Extents
 		}
-		if err := s.copyExtents(ctx, primary, ext, node, dst, n); err != nil {
+		if err := s.copyExtents(ctx, src, dst, n); err != nil {
 			return fail(fmt.Errorf("replica on node %q: %w", node, err))
 		}
-		reps = append(reps, Replica{Node: node, Extents: dst})
+		reps = append(reps, dst)
 	}
 	return reps, resv, nil
 }
@@ -333,7 +333,7 @@ func (s *Store) freeReservations(ctx context.Context, resv []transfer.Reservatio
 		if s.isLocal(r.Node) {
 			_ = s.segs.Free(r.Extents)
 		} else if s.opts.Transport != nil {
-			_ = s.opts.Transport.Free(ctx, r.Node, r.ID, nil)
+			_ = s.opts.Transport.Free(ctx, r.Node, r.Epoch, r.ID, nil)
 		}
 	}
 }

@@ -39,9 +39,11 @@ func newCluster(t *testing.T, follow bool, opts ...testOpt) (a, b *testStore) {
 		t.Cleanup(func() { _ = tr.Close() })
 		s := newTestStore(t, 4<<20, append([]testOpt{withIndex(idx), noEvict(), withOptions(func(o *store.Options) {
 			o.Node, o.Transport, o.Follow, o.Cluster = node, tr, follow, view
+			o.Epoch = uint64(100 + len(addrs))
 		})}, opts...)...)
 		view.add(node, s)
-		srv, err := transfer.NewTCPServer(transfer.TCPServerOptions{Local: s.Table, Token: clusterToken, Control: s.Store})
+		srv, err := transfer.NewTCPServer(transfer.TCPServerOptions{Local: s.Table, Token: clusterToken, Control: s.Store,
+			Epoch: uint64(100 + len(addrs))})
 		if err != nil {
 			t.Fatal(err)
 		}

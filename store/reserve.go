@@ -169,34 +169,36 @@ func (s *Store) Reservations() int {
 	return len(s.mu.resv)
 }
 
-// copyExtents copies the first n bytes of src (on srcNode) into dst (on
-// dstNode): straight from or into local segment memory when one side is
-// here, through a bounce buffer otherwise.
-func (s *Store) copyExtents(ctx context.Context, srcNode string, src []segment.Extent, dstNode string, dst []segment.Extent, n uint64) error {
-	srcStarts, dstStarts := extentStarts(src), extentStarts(dst)
+// copyExtents copies the first n bytes of src into dst (each a node, its
+// epoch and extents): straight from or into local segment memory when one
+// side is here, through a bounce buffer otherwise.
+func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n uint64) error {
+	srcStarts, dstStarts := extentStarts(src.Extents), extentStarts(dst.Extents)
 	var reqs []transfer.Request
 	var err error
 	switch {
-	case s.isLocal(srcNode):
-		span(src, srcStarts, 0, n, func(se segment.Extent, rel uint64) bool {
+	case s.isLocal(src.Node):
+		span(src.Extents, srcStarts, 0, n, func(se segment.Extent, rel uint64) bool {
 			var m []byte
 			if m, err = s.segs.Bytes(se); err != nil {
 				return false
 			}
-			span(dst, dstStarts, rel, se.Len, func(de segment.Extent, r2 uint64) bool {
-				reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: de, Node: dstNode})
+			span(dst.Extents, dstStarts, rel, se.Len, func(de segment.Extent, r2 uint64) bool {
+				reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: de,
+					Node: dst.Node, Epoch: dst.Epoch})
 				return true
 			})
 			return true
 		})
-	case s.isLocal(dstNode):
-		span(dst, dstStarts, 0, n, func(de segment.Extent, rel uint64) bool {
+	case s.isLocal(dst.Node):
+		span(dst.Extents, dstStarts, 0, n, func(de segment.Extent, rel uint64) bool {
 			var m []byte
 			if m, err = s.segs.Bytes(de); err != nil {
 				return false
 			}
-			span(src, srcStarts, rel, de.Len, func(se segment.Extent, r2 uint64) bool {
-				reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: se, Node: srcNode})
+			span(src.Extents, srcStarts, rel, de.Len, func(se segment.Extent, r2 uint64) bool {
+				reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: se,
+					Node: src.Node, Epoch: src.Epoch})
 				return true
 			})
 			return true
@@ -208,12 +210,12 @@ func (s *Store) copyExtents(ctx context.Context, srcNode string, src []segment.E
 			k := min(chunk, n-off)
 			buf := transfer.HostBuffer(stage[:k])
 			var rd, wr []transfer.Request
-			span(src, srcStarts, off, k, func(se segment.Extent, rel uint64) bool {
-				rd = append(rd, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: se, Node: srcNode})
+			span(src.Extents, srcStarts, off, k, func(se segment.Extent, rel uint64) bool {
+				rd = append(rd, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: se, Node: src.Node, Epoch: src.Epoch})
 				return true
 			})
-			span(dst, dstStarts, off, k, func(de segment.Extent, rel uint64) bool {
-				wr = append(wr, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: de, Node: dstNode})
+			span(dst.Extents, dstStarts, off, k, func(de segment.Extent, rel uint64) bool {
+				wr = append(wr, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: de, Node: dst.Node, Epoch: dst.Epoch})
 				return true
 			})
 			if err = s.eng.Submit(ctx, rd); err == nil {

@@ -19,6 +19,9 @@ import (
 type Options struct {
 	// Node names this daemon in replica lists. Zero value: "local".
 	Node string
+	// Epoch is this daemon's incarnation (its start time in ns, say),
+	// recorded with its replicas; 0 on one machine.
+	Epoch uint64
 	// Index holds the namespace. Required.
 	Index Index
 	// Segments are this node's memory. Required.
@@ -262,7 +265,7 @@ func (s *Store) now() int64 { return s.opts.Now().UnixNano() }
 
 // localExtents returns the extents of obj's replica on this node.
 func (s *Store) localExtents(obj *Object) []segment.Extent {
-	if r, ok := obj.ReplicaOn(s.opts.Node); ok {
+	if r, ok := obj.replicaHere(s.opts.Node, s.opts.Epoch); ok {
 		return r.Extents
 	}
 	return nil

@@ -62,6 +62,7 @@ type Controller interface {
 // Reservation is space reserved on a remote node for a writer.
 type Reservation struct {
 	Node    string
+	Epoch   uint64 // of the daemon that reserved
 	ID      uint64
 	Extents []segment.Extent
 }
@@ -165,29 +166,31 @@ func (s *TCPServer) serveControl(c net.Conn, h header, hb []byte) error {
 	return nil
 }
 
-// Control sends one control call to node and returns its answer.
-func (t *TCPTransport) Control(ctx context.Context, node string, req ControlRequest) (ControlResponse, error) {
+// Control sends one control call to node's daemon of the given epoch (0:
+// any) and returns its answer and the daemon's epoch.
+func (t *TCPTransport) Control(ctx context.Context, node string, epoch uint64, req ControlRequest) (ControlResponse, uint64, error) {
 	var resp ControlResponse
 	body, err := json.Marshal(req)
 	if err != nil {
-		return resp, err
+		return resp, 0, err
 	}
 	if len(body) > maxControlLen {
-		return resp, fmt.Errorf("transfer: control %s of %d B: %w", req.Op, len(body), ErrBadRequest)
+		return resp, 0, fmt.Errorf("transfer: control %s of %d B: %w", req.Op, len(body), ErrBadRequest)
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	p, err := t.peer(node)
 	if err != nil {
-		return resp, err
+		return resp, 0, err
 	}
 	select {
 	case p.slots <- struct{}{}:
 	case <-ctx.Done():
-		return resp, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, ctx.Err())
+		return resp, 0, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, ctx.Err())
 	}
 	defer func() { <-p.slots }()
 	var out []byte
+	var got uint64
 	// Control calls are not idempotent (a reserve twice reserves twice),
 	// so a dead pooled connection is retried only when the request
 	// cannot have reached the peer: the write of the request failed.
@@ -195,8 +198,13 @@ func (t *TCPTransport) Control(ctx context.Context, node string, req ControlRequ
 		var broken, reused, sent bool
 		pc, reused, err := t.conn(ctx, p)
 		if err != nil {
-			return resp, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
+			return resp, 0, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
 		}
+		if err := pc.checkEpoch(epoch); err != nil {
+			t.release(p, pc)
+			return resp, 0, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
+		}
+		got = pc.epoch
 		dl, _ := ctx.Deadline()
 		pc.c.SetDeadline(dl)
 		stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
@@ -216,14 +224,14 @@ func (t *TCPTransport) Control(ctx context.Context, node string, req ControlRequ
 			continue
 		}
 		if err != nil {
-			return resp, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
+			return resp, 0, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
 		}
 		break
 	}
 	if err := json.Unmarshal(out, &resp); err != nil {
-		return resp, fmt.Errorf("transfer: tcp control %s %s: %w: response: %v", req.Op, node, ErrProtocol, err)
+		return resp, 0, fmt.Errorf("transfer: tcp control %s %s: %w: response: %v", req.Op, node, ErrProtocol, err)
 	}
-	return resp, nil
+	return resp, got, nil
 }
 
 // control runs one control round trip. sent reports that the request
@@ -278,25 +286,25 @@ func controlErr(s uint32) error {
 
 // Reserve asks node for n bytes kept for ttl.
 func (t *TCPTransport) Reserve(ctx context.Context, node string, n uint64, ttl time.Duration) (Reservation, error) {
-	r, err := t.Control(ctx, node, ControlRequest{Op: CtlReserve, Bytes: n, TTLMillis: max(ttl.Milliseconds(), 1)})
+	r, epoch, err := t.Control(ctx, node, 0, ControlRequest{Op: CtlReserve, Bytes: n, TTLMillis: max(ttl.Milliseconds(), 1)})
 	if err != nil {
 		return Reservation{}, err
 	}
 	if segment.TotalLen(r.Extents) < n {
 		return Reservation{}, fmt.Errorf("transfer: reserve %d B on %s: got %d B: %w", n, node, segment.TotalLen(r.Extents), ErrProtocol)
 	}
-	return Reservation{Node: node, ID: r.ID, Extents: r.Extents}, nil
+	return Reservation{Node: node, Epoch: epoch, ID: r.ID, Extents: r.Extents}, nil
 }
 
 // Renew extends reservation id on node by ttl from now.
-func (t *TCPTransport) Renew(ctx context.Context, node string, id uint64, ttl time.Duration) error {
-	_, err := t.Control(ctx, node, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
+func (t *TCPTransport) Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error {
+	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
 	return err
 }
 
 // Free returns extents of reservation id on node (all of it when ext is
 // empty).
-func (t *TCPTransport) Free(ctx context.Context, node string, id uint64, ext []segment.Extent) error {
-	_, err := t.Control(ctx, node, ControlRequest{Op: CtlFree, ID: id, Extents: ext})
+func (t *TCPTransport) Free(ctx context.Context, node string, epoch, id uint64, ext []segment.Extent) error {
+	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlFree, ID: id, Extents: ext})
 	return err
 }

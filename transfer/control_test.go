@@ -69,20 +69,20 @@ func TestControlReserveRenewFree(t *testing.T) {
 	if r.Node != "b" || segment.TotalLen(r.Extents) < 300<<10 {
 		t.Fatalf("reservation %+v", r)
 	}
-	if err := c.Renew(ctx, "b", r.ID, 2*time.Second); err != nil {
+	if err := c.Renew(ctx, "b", r.Epoch, r.ID, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if owner.ttl[r.ID] != 2000 {
 		t.Fatalf("ttl %d ms", owner.ttl[r.ID])
 	}
-	if err := c.Renew(ctx, "b", r.ID+100, time.Second); !errors.Is(err, ErrUnknownReservation) {
+	if err := c.Renew(ctx, "b", r.Epoch, r.ID+100, time.Second); !errors.Is(err, ErrUnknownReservation) {
 		t.Fatalf("renew of an unknown id: %v", err)
 	}
 	// Too much: a clean ErrNoSpace, and the connection stays usable.
 	if _, err := c.Reserve(ctx, "b", 1<<40, time.Second); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("reserve 1 TiB: %v", err)
 	}
-	if err := c.Free(ctx, "b", r.ID, nil); err != nil {
+	if err := c.Free(ctx, "b", r.Epoch, r.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 	if st := n.tab.Stats(); st.Used != 0 {

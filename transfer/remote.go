@@ -59,9 +59,9 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 	case Host, Registered:
 		b := r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
 		if r.Op == Read {
-			return t.ReadAt(ctx, r.Node, r.Extent, b)
+			return t.ReadAt(ctx, r.Node, r.Epoch, r.Extent, b)
 		}
-		return t.WriteAt(ctx, r.Node, r.Extent, b)
+		return t.WriteAt(ctx, r.Node, r.Epoch, r.Extent, b)
 	case ProcessVM, CUDA:
 		bp := bouncePool.Get().(*[]byte)
 		defer bouncePool.Put(bp)
@@ -76,11 +76,11 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 				if err := e.bounce(local, stage); err != nil {
 					return err
 				}
-				if err := t.WriteAt(ctx, r.Node, ext, stage); err != nil {
+				if err := t.WriteAt(ctx, r.Node, r.Epoch, ext, stage); err != nil {
 					return err
 				}
 			} else {
-				if err := t.ReadAt(ctx, r.Node, ext, stage); err != nil {
+				if err := t.ReadAt(ctx, r.Node, r.Epoch, ext, stage); err != nil {
 					return err
 				}
 				if err := e.bounce(local, stage); err != nil {

@@ -102,6 +102,9 @@ type Request struct {
 	// segments, any other name for a segment reached through the
 	// engine's Transport.
 	Node string
+	// Epoch is the incarnation of Node's daemon the extent belongs to (0:
+	// any); see Transport.
+	Epoch uint64
 }
 
 func (r Request) validate() error {

@@ -124,7 +124,7 @@ func TestTCPRoundTrip(t *testing.T) {
 						e := segment.Extent{Segment: segment.ID(rng.Intn(2)), Off: off, Len: uint64(size)}
 						src := make([]byte, size)
 						rng.Read(src)
-						if err := tr.WriteAt(ctx, name, e, src); err != nil {
+						if err := tr.WriteAt(ctx, name, 0, e, src); err != nil {
 							t.Fatalf("write %s %v: %v", name, e, err)
 						}
 						if !bytes.Equal(n.mem(t, e), src) {
@@ -134,7 +134,7 @@ func TestTCPRoundTrip(t *testing.T) {
 						// transport's feet.
 						rng.Read(n.mem(t, e))
 						dst := make([]byte, size)
-						if err := tr.ReadAt(ctx, name, e, dst); err != nil {
+						if err := tr.ReadAt(ctx, name, 0, e, dst); err != nil {
 							t.Fatalf("read %s %v: %v", name, e, err)
 						}
 						if !bytes.Equal(dst, n.mem(t, e)) {
@@ -169,12 +169,12 @@ func TestTCPConcurrent(t *testing.T) {
 				e := segment.Extent{Segment: 1, Off: base + uint64(rng.Intn(1000)), Len: uint64(1 + rng.Intn(300<<10))}
 				src := make([]byte, e.Len)
 				rng.Read(src)
-				if err := tr.WriteAt(context.Background(), "n", e, src); err != nil {
+				if err := tr.WriteAt(context.Background(), "n", 0, e, src); err != nil {
 					t.Error(err)
 					return
 				}
 				dst := make([]byte, e.Len)
-				if err := tr.ReadAt(context.Background(), "n", e, dst); err != nil {
+				if err := tr.ReadAt(context.Background(), "n", 0, e, dst); err != nil {
 					t.Error(err)
 					return
 				}
@@ -204,21 +204,21 @@ func TestTCPBoundsKeepConnection(t *testing.T) {
 		{segment.Extent{Segment: 0, Off: 0, Len: 2 << 20}, segment.ErrBadRange},
 	} {
 		buf := make([]byte, c.e.Len)
-		if err := tr.ReadAt(ctx, "n", c.e, buf); !errors.Is(err, c.want) {
+		if err := tr.ReadAt(ctx, "n", 0, c.e, buf); !errors.Is(err, c.want) {
 			t.Errorf("read %v: %v, want %v", c.e, err, c.want)
 		}
-		if err := tr.WriteAt(ctx, "n", c.e, buf); !errors.Is(err, c.want) {
+		if err := tr.WriteAt(ctx, "n", 0, c.e, buf); !errors.Is(err, c.want) {
 			t.Errorf("write %v: %v, want %v", c.e, err, c.want)
 		}
 	}
-	if err := tr.ReadAt(ctx, "n", segment.Extent{Len: 10}, make([]byte, 3)); !errors.Is(err, ErrBadRequest) {
+	if err := tr.ReadAt(ctx, "n", 0, segment.Extent{Len: 10}, make([]byte, 3)); !errors.Is(err, ErrBadRequest) {
 		t.Errorf("short buffer: %v", err)
 	}
 	if !bytes.Equal(before, n.mem(t, segment.Extent{Segment: 0, Len: 1 << 20})) {
 		t.Fatal("refused writes changed segment memory")
 	}
 	dst := make([]byte, 100)
-	if err := tr.ReadAt(ctx, "n", segment.Extent{Segment: 0, Off: 5, Len: 100}, dst); err != nil {
+	if err := tr.ReadAt(ctx, "n", 0, segment.Extent{Segment: 0, Off: 5, Len: 100}, dst); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(dst, before[5:105]) {
@@ -237,7 +237,7 @@ func TestTCPWrongToken(t *testing.T) {
 	other := bytes.Repeat([]byte("x"), 32)
 	tr := newTCPClient(t, other, map[string]string{"n": n.addr}, TCPOptions{})
 	dst := make([]byte, 10)
-	err := tr.ReadAt(context.Background(), "n", segment.Extent{Len: 10}, dst)
+	err := tr.ReadAt(context.Background(), "n", 0, segment.Extent{Len: 10}, dst)
 	if !errors.Is(err, ErrAuth) {
 		t.Fatalf("read with another token: %v, want ErrAuth", err)
 	}
@@ -356,7 +356,7 @@ func TestTCPClientRefusesImpostor(t *testing.T) {
 		io.Copy(io.Discard, c)
 	})
 	tr := newTCPClient(t, testToken, map[string]string{"n": addr}, TCPOptions{})
-	if err := tr.ReadAt(context.Background(), "n", segment.Extent{Len: 1}, make([]byte, 1)); !errors.Is(err, ErrAuth) {
+	if err := tr.ReadAt(context.Background(), "n", 0, segment.Extent{Len: 1}, make([]byte, 1)); !errors.Is(err, ErrAuth) {
 		t.Fatalf("impostor accepted: %v", err)
 	}
 }
@@ -417,9 +417,9 @@ func TestTCPServerClosedMidTransfer(t *testing.T) {
 			}()
 			failsWithin(t, op.String(), func() error {
 				if op == opRead {
-					return tr.ReadAt(context.Background(), "n", e, buf)
+					return tr.ReadAt(context.Background(), "n", 0, e, buf)
 				}
-				return tr.WriteAt(context.Background(), "n", e, buf)
+				return tr.WriteAt(context.Background(), "n", 0, e, buf)
 			})
 			<-closed
 		})
@@ -431,7 +431,7 @@ func TestTCPPeerNeverAnswers(t *testing.T) {
 	t.Run("handshake/timeout", func(t *testing.T) {
 		tr := newTCPClient(t, testToken, map[string]string{"n": silent}, TCPOptions{Timeout: 200 * time.Millisecond})
 		err := failsWithin(t, "read", func() error {
-			return tr.ReadAt(context.Background(), "n", segment.Extent{Len: 1}, make([]byte, 1))
+			return tr.ReadAt(context.Background(), "n", 0, segment.Extent{Len: 1}, make([]byte, 1))
 		})
 		if !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
 			t.Fatalf("want a deadline error, got %v", err)
@@ -442,7 +442,7 @@ func TestTCPPeerNeverAnswers(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		failsWithin(t, "write", func() error {
-			return tr.WriteAt(ctx, "n", segment.Extent{Len: 1}, make([]byte, 1))
+			return tr.WriteAt(ctx, "n", 0, segment.Extent{Len: 1}, make([]byte, 1))
 		})
 	})
 	t.Run("request", func(t *testing.T) {
@@ -452,7 +452,7 @@ func TestTCPPeerNeverAnswers(t *testing.T) {
 		defer close(g.release)
 		tr := newTCPClient(t, testToken, map[string]string{"n": n.addr}, TCPOptions{Timeout: 200 * time.Millisecond})
 		failsWithin(t, "read", func() error {
-			return tr.ReadAt(context.Background(), "n", segment.Extent{Segment: 1, Len: 10}, make([]byte, 10))
+			return tr.ReadAt(context.Background(), "n", 0, segment.Extent{Segment: 1, Len: 10}, make([]byte, 10))
 		})
 		if st := tr.Stats(); st.Dropped != 1 {
 			t.Fatalf("timed-out connection kept: %+v", st)
@@ -478,14 +478,14 @@ func TestTCPRedial(t *testing.T) {
 	defer tr.Close()
 	e := segment.Extent{Segment: 0, Off: 3, Len: 1000}
 	dst := make([]byte, e.Len)
-	if err := tr.ReadAt(context.Background(), "n", e, dst); err != nil {
+	if err := tr.ReadAt(context.Background(), "n", 0, e, dst); err != nil {
 		t.Fatal(err)
 	}
 	n1.srv.Close() // the node restarts elsewhere
 	addr.Store(n2.addr)
 	// The pooled connection is broken: the call drops it and retries once
 	// on a fresh connection, so it succeeds.
-	if err := tr.ReadAt(context.Background(), "n", e, dst); err != nil {
+	if err := tr.ReadAt(context.Background(), "n", 0, e, dst); err != nil {
 		t.Fatalf("no redial: %v", err)
 	}
 	if !bytes.Equal(dst, n2.mem(t, e)) {
@@ -499,11 +499,46 @@ func TestTCPRedial(t *testing.T) {
 func TestTCPTransportClose(t *testing.T) {
 	n := newTCPNode(t, testToken, 1<<20, TCPServerOptions{})
 	tr := newTCPClient(t, testToken, map[string]string{"n": n.addr}, TCPOptions{})
-	if err := tr.ReadAt(context.Background(), "n", segment.Extent{Len: 1}, make([]byte, 1)); err != nil {
+	if err := tr.ReadAt(context.Background(), "n", 0, segment.Extent{Len: 1}, make([]byte, 1)); err != nil {
 		t.Fatal(err)
 	}
 	tr.Close()
-	if err := tr.ReadAt(context.Background(), "n", segment.Extent{Len: 1}, make([]byte, 1)); !errors.Is(err, ErrClosed) {
+	if err := tr.ReadAt(context.Background(), "n", 0, segment.Extent{Len: 1}, make([]byte, 1)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v", err)
+	}
+}
+
+// TestTCPStaleEpoch: extents of one incarnation of a node are never read
+// from or written to the next one (same address, new memory).
+func TestTCPStaleEpoch(t *testing.T) {
+	n1 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 11})
+	n2 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 22})
+	var addr atomic.Value
+	addr.Store(n1.addr)
+	tr, err := NewTCPTransport(TCPOptions{Token: testToken, ConnsPerPeer: 1,
+		Resolve: func(string) (string, error) { return addr.Load().(string), nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	e := segment.Extent{Segment: 0, Off: 3, Len: 1000}
+	dst := make([]byte, e.Len)
+	if err := tr.ReadAt(context.Background(), "n", 11, e, dst); err != nil {
+		t.Fatal(err)
+	}
+	n1.srv.Close()
+	addr.Store(n2.addr)
+	before := bytes.Clone(n2.mem(t, e))
+	if err := tr.ReadAt(context.Background(), "n", 11, e, dst); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("read of epoch 11 from epoch 22: %v", err)
+	}
+	if err := tr.WriteAt(context.Background(), "n", 11, e, make([]byte, e.Len)); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("write of epoch 11 to epoch 22: %v", err)
+	}
+	if !bytes.Equal(n2.mem(t, e), before) {
+		t.Fatal("a stale write changed the new incarnation's memory")
+	}
+	if err := tr.ReadAt(context.Background(), "n", 22, e, dst); err != nil || !bytes.Equal(dst, before) {
+		t.Fatalf("read of the current epoch: %v", err)
 	}
 }

@@ -37,9 +37,9 @@ func BenchmarkTCP(b *testing.B) {
 			for range b.N {
 				var err error
 				if op == opRead {
-					err = tr.ReadAt(ctx, "n", e, buf)
+					err = tr.ReadAt(ctx, "n", 0, e, buf)
 				} else {
-					err = tr.WriteAt(ctx, "n", e, buf)
+					err = tr.WriteAt(ctx, "n", 0, e, buf)
 				}
 				if err != nil {
 					b.Fatal(err)

@@ -78,7 +78,7 @@ func FuzzTCPServerConn(f *testing.F) {
 			defer server.Close()
 			srv.serveConn(server)
 		}()
-		if err := clientHandshake(client, testToken); err != nil {
+		if _, err := clientHandshake(client, testToken); err != nil {
 			t.Fatal(err)
 		}
 		drained := make(chan struct{})

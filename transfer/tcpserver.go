@@ -27,6 +27,9 @@ type TCPServerOptions struct {
 	// (payload in, response out). 0 means 5 minutes. Idle authenticated
 	// connections are kept without a deadline.
 	RequestTimeout time.Duration
+	// Epoch is this daemon's incarnation, told to every client in the
+	// handshake; 0 tells none.
+	Epoch uint64
 	// Control serves control calls (remote reservations); nil refuses
 	// them with an error status.
 	Control Controller
@@ -327,7 +330,7 @@ func (s *TCPServer) handshake(c net.Conn) error {
 		return fmt.Errorf("%w: bad proof", ErrAuth)
 	}
 	var out [headerSize + authLen]byte
-	putHeader(out[:], header{op: opAccept, id: h.id, len: authLen})
+	putHeader(out[:], header{op: opAccept, id: h.id, off: s.opts.Epoch, len: authLen})
 	copy(out[headerSize:], authMAC(s.opts.Token, nonce, ch[:]))
 	_, err = c.Write(out[:])
 	return err

@@ -107,6 +107,16 @@ type tcpPeer struct {
 type tcpConn struct {
 	c      net.Conn
 	nextID uint64
+	epoch  uint64 // the server's, from the handshake
+}
+
+// checkEpoch fails when the caller's extents belong to another
+// incarnation of the server than this connection reaches.
+func (pc *tcpConn) checkEpoch(want uint64) error {
+	if want != 0 && pc.epoch != 0 && want != pc.epoch {
+		return fmt.Errorf("%w: extents of epoch %d, daemon at epoch %d", ErrStaleEpoch, want, pc.epoch)
+	}
+	return nil
 }
 
 // NewTCPTransport returns a transport; it dials lazily.
@@ -141,19 +151,19 @@ func (t *TCPTransport) Stats() TCPStats {
 }
 
 // ReadAt implements Transport. dst is borrowed for the call.
-func (t *TCPTransport) ReadAt(ctx context.Context, node string, e segment.Extent, dst []byte) error {
+func (t *TCPTransport) ReadAt(ctx context.Context, node string, epoch uint64, e segment.Extent, dst []byte) error {
 	if uint64(len(dst)) != e.Len {
 		return fmt.Errorf("transfer: tcp read %s %v into %d B: %w", node, e, len(dst), ErrBadRequest)
 	}
-	return t.call(ctx, opRead, node, e, dst)
+	return t.call(ctx, opRead, node, epoch, e, dst)
 }
 
 // WriteAt implements Transport. src is borrowed for the call.
-func (t *TCPTransport) WriteAt(ctx context.Context, node string, e segment.Extent, src []byte) error {
+func (t *TCPTransport) WriteAt(ctx context.Context, node string, epoch uint64, e segment.Extent, src []byte) error {
 	if uint64(len(src)) != e.Len {
 		return fmt.Errorf("transfer: tcp write %s %v from %d B: %w", node, e, len(src), ErrBadRequest)
 	}
-	return t.call(ctx, opWrite, node, e, src)
+	return t.call(ctx, opWrite, node, epoch, e, src)
 }
 
 // Close closes every connection, failing calls in flight, and makes later
@@ -177,7 +187,7 @@ func (t *TCPTransport) Close() error {
 
 // call splits e into chunks and runs them over up to ConnsPerPeer
 // connections; it returns the first error.
-func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, e segment.Extent, buf []byte) error {
+func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, epoch uint64, e segment.Extent, buf []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	p, err := t.peer(node)
@@ -190,7 +200,7 @@ func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, e segm
 		n = int((e.Len + cb - 1) / cb)
 	}
 	if n == 1 {
-		return t.chunk(ctx, p, op, e, buf)
+		return t.chunk(ctx, p, op, epoch, e, buf)
 	}
 	var (
 		next  atomic.Int64
@@ -208,7 +218,7 @@ func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, e segm
 				off := uint64(i) * cb
 				end := min(off+cb, e.Len)
 				ce := segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: end - off}
-				if err := t.chunk(ctx, p, op, ce, buf[off:end]); err != nil {
+				if err := t.chunk(ctx, p, op, epoch, ce, buf[off:end]); err != nil {
 					once.Do(func() { first = err; cancel() })
 					return
 				}
@@ -238,7 +248,7 @@ func (t *TCPTransport) peer(node string) (*tcpPeer, error) {
 }
 
 // chunk runs one frame's request on a pooled connection.
-func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, e segment.Extent, buf []byte) error {
+func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte) error {
 	wrap := func(err error) error {
 		return fmt.Errorf("transfer: tcp %v %s %v: %w", op, p.node, e, err)
 	}
@@ -251,7 +261,7 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, e segm
 	var err error
 	for attempt := 0; ; attempt++ {
 		var broken, reused bool
-		broken, reused, err = t.try(ctx, p, op, e, buf)
+		broken, reused, err = t.try(ctx, p, op, epoch, e, buf)
 		// A pooled connection may have died with its peer (a restart):
 		// both operations are idempotent, so go once more on a fresh one.
 		if err != nil && broken && reused && attempt == 0 && ctx.Err() == nil {
@@ -272,10 +282,14 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, e segm
 
 // try runs one request on a connection of p; broken says the connection
 // was dropped, reused that it came from the idle pool.
-func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, e segment.Extent, buf []byte) (broken, reused bool, err error) {
+func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte) (broken, reused bool, err error) {
 	pc, reused, err := t.conn(ctx, p)
 	if err != nil {
 		return false, false, err
+	}
+	if err := pc.checkEpoch(epoch); err != nil {
+		t.release(p, pc)
+		return false, reused, err
 	}
 	dl, _ := ctx.Deadline() // call set one
 	if err := pc.c.SetDeadline(dl); err != nil {
@@ -324,7 +338,8 @@ func (t *TCPTransport) conn(ctx context.Context, p *tcpPeer) (*tcpConn, bool, er
 	dl, _ := ctx.Deadline()
 	c.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
-	err = clientHandshake(c, t.opts.Token)
+	var epoch uint64
+	epoch, err = clientHandshake(c, t.opts.Token)
 	if !stop() && err == nil {
 		err = ctx.Err()
 	}
@@ -332,7 +347,7 @@ func (t *TCPTransport) conn(ctx context.Context, p *tcpPeer) (*tcpConn, bool, er
 		c.Close()
 		return nil, false, fmt.Errorf("handshake with %s: %w", addr, err)
 	}
-	pc := &tcpConn{c: c}
+	pc := &tcpConn{c: c, epoch: epoch}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.closed {
@@ -416,18 +431,19 @@ func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte) (broken b
 }
 
 // clientHandshake runs the client side of the challenge-response; see
-// Transport. c's deadline is set by the caller.
-func clientHandshake(c net.Conn, token []byte) error {
+// Transport. It returns the server's epoch. c's deadline is set by the
+// caller.
+func clientHandshake(c net.Conn, token []byte) (uint64, error) {
 	var in [headerSize + authLen]byte
 	if _, err := io.ReadFull(c, in[:]); err != nil {
-		return fmt.Errorf("read challenge: %w", err)
+		return 0, fmt.Errorf("read challenge: %w", err)
 	}
 	h, err := decodeHeader(in[:headerSize])
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if h.op != opChallenge || h.len != authLen {
-		return fmt.Errorf("%w: %v of %d B instead of a challenge", ErrProtocol, h.op, h.len)
+		return 0, fmt.Errorf("%w: %v of %d B instead of a challenge", ErrProtocol, h.op, h.len)
 	}
 	var challenge [authLen]byte
 	copy(challenge[:], in[headerSize:])
@@ -438,25 +454,25 @@ func clientHandshake(c net.Conn, token []byte) error {
 	rand.Read(nonce)
 	copy(out[headerSize:], authMAC(token, challenge[:], nonce))
 	if _, err := c.Write(out[:]); err != nil {
-		return fmt.Errorf("send proof: %w", err)
+		return 0, fmt.Errorf("send proof: %w", err)
 	}
 
 	if _, err := io.ReadFull(c, in[:]); err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
 			// How a server refuses a proof.
-			return fmt.Errorf("%w: peer closed the connection after our proof (%v)", ErrAuth, err)
+			return 0, fmt.Errorf("%w: peer closed the connection after our proof (%v)", ErrAuth, err)
 		}
-		return fmt.Errorf("read accept: %w", err)
+		return 0, fmt.Errorf("read accept: %w", err)
 	}
 	h, err = decodeHeader(in[:headerSize])
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if h.op != opAccept || h.len != authLen {
-		return fmt.Errorf("%w: %v of %d B instead of an accept", ErrProtocol, h.op, h.len)
+		return 0, fmt.Errorf("%w: %v of %d B instead of an accept", ErrProtocol, h.op, h.len)
 	}
 	if !hmac.Equal(in[headerSize:], authMAC(token, nonce, challenge[:])) {
-		return fmt.Errorf("%w: server's proof does not match", ErrAuth)
+		return 0, fmt.Errorf("%w: server's proof does not match", ErrAuth)
 	}
-	return nil
+	return h.off, nil
 }

@@ -36,7 +36,8 @@ import (
 //	server -> client  challenge, length 32: a random 32-byte challenge C
 //	client -> server  proof, length 64: HMAC-SHA256(token, C || N) || N,
 //	                  where N is a random 32-byte client nonce
-//	server -> client  accept, length 32: HMAC-SHA256(token, N || C)
+//	server -> client  accept, length 32: HMAC-SHA256(token, N || C); the
+//	                  header's offset field carries the server's epoch
 //
 // Both sides prove they hold the cluster token without sending it; the two
 // MACs cover their inputs in opposite orders, so neither can be replayed as
@@ -66,20 +67,26 @@ import (
 //
 // Implementations are safe for concurrent use and borrow the caller's
 // buffer only for the duration of a call.
+//
+// Every call names the node and the epoch (incarnation) of its daemon that
+// the caller's extents belong to: a call that would reach another
+// incarnation (the daemon restarted: its memory is new) fails with
+// ErrStaleEpoch and moves nothing. Epoch 0 matches any.
 type Transport interface {
 	// ReadAt copies the remote extent e of node into dst; len(dst) must be
 	// e.Len.
-	ReadAt(ctx context.Context, node string, e segment.Extent, dst []byte) error
+	ReadAt(ctx context.Context, node string, epoch uint64, e segment.Extent, dst []byte) error
 	// WriteAt copies src into the remote extent e of node; len(src) must be
 	// e.Len. An error may leave the extent partly written.
-	WriteAt(ctx context.Context, node string, e segment.Extent, src []byte) error
+	WriteAt(ctx context.Context, node string, epoch uint64, e segment.Extent, src []byte) error
 	// Reserve asks node for n bytes of its segments, kept for ttl unless
-	// renewed or committed (see control.go).
+	// renewed or committed (see control.go). The reservation carries the
+	// epoch of the daemon that made it.
 	Reserve(ctx context.Context, node string, n uint64, ttl time.Duration) (Reservation, error)
 	// Renew extends reservation id on node by ttl from now.
-	Renew(ctx context.Context, node string, id uint64, ttl time.Duration) error
+	Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error
 	// Free returns extents of reservation id (all of it when ext is empty).
-	Free(ctx context.Context, node string, id uint64, ext []segment.Extent) error
+	Free(ctx context.Context, node string, epoch, id uint64, ext []segment.Extent) error
 	// Close closes every connection; later calls fail with ErrClosed.
 	Close() error
 }
@@ -100,6 +107,9 @@ var (
 	// ErrRemote means the serving node failed a request for a reason that
 	// has no better sentinel.
 	ErrRemote = errors.New("transfer: remote error")
+	// ErrStaleEpoch means the node's daemon is not the incarnation the
+	// caller's extents belong to: it restarted since.
+	ErrStaleEpoch = errors.New("transfer: node restarted since (stale epoch)")
 )
 
 const (

@@ -104,7 +104,7 @@ func (d *daemon) startCluster() error {
 			return fmt.Errorf("--listen %s binds every address: say which one peers dial with --advertise", cc.listen)
 		}
 	}
-	self := etcdindex.Node{Name: d.cfg.node, Addr: addr}
+	self := etcdindex.Node{Name: d.cfg.node, Addr: addr, Started: d.started}
 	st := d.segs.Stats()
 	self.Capacity, self.Used, self.Free = st.Size, st.Used, st.Free
 	for _, s := range d.segs.Segments() {
@@ -150,6 +150,7 @@ type goneNode struct {
 // storeOptions fills the cluster fields of the store's options.
 func (c *cluster) storeOptions(o *store.Options) {
 	o.Transport = c.tr
+	o.Epoch = c.epoch()
 	o.Follow = true
 	o.Cluster = c
 	o.FreeDelay = 5 * time.Second
@@ -169,7 +170,7 @@ func (c *cluster) serve() error {
 	if rep.Dropped > 0 {
 		d.log.WithFields(logrus.Fields{"replicas": rep.Dropped, "lost": len(rep.Lost)}).Warn("dropped replicas this node held before it restarted")
 	}
-	c.srv, err = transfer.NewTCPServer(transfer.TCPServerOptions{Local: d.segs, Token: c.token, Control: d.st,
+	c.srv, err = transfer.NewTCPServer(transfer.TCPServerOptions{Local: d.segs, Token: c.token, Control: d.st, Epoch: c.epoch(),
 		Log: func(f string, a ...any) { d.log.Warnf(f, a...) }})
 	if err != nil {
 		return err
@@ -186,6 +187,10 @@ func (c *cluster) serve() error {
 	go c.repairLoop(bg)
 	return nil
 }
+
+// epoch is this daemon's incarnation: its start time. Replicas it writes
+// carry it, and peers refuse to reach them through a later incarnation.
+func (c *cluster) epoch() uint64 { return uint64(c.d.started.UnixNano()) }
 
 // resolve maps a node name to its transport address.
 func (c *cluster) resolve(node string) (string, error) {

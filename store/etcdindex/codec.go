@@ -58,6 +58,7 @@ type wireObject struct {
 
 type wireReplica struct {
 	Node    string      `json:"n"`
+	Epoch   uint64      `json:"p,omitempty"`
 	Extents [][3]uint64 `json:"e,omitempty"`
 }
 
@@ -111,6 +112,7 @@ func encode(o *store.Object) ([]byte, error) {
 		w.Replicas = make([]wireReplica, len(o.Replicas))
 		for i, r := range o.Replicas {
 			w.Replicas[i].Node = r.Node
+			w.Replicas[i].Epoch = r.Epoch
 			if len(r.Extents) > 0 {
 				es := make([][3]uint64, len(r.Extents))
 				for j, e := range r.Extents {
@@ -170,6 +172,7 @@ func decode(key string, version uint64, b []byte) (*store.Object, error) {
 		o.Replicas = make([]store.Replica, len(w.Replicas))
 		for i, r := range w.Replicas {
 			o.Replicas[i].Node = r.Node
+			o.Replicas[i].Epoch = r.Epoch
 			if len(r.Extents) > 0 {
 				es := make([]segment.Extent, len(r.Extents))
 				for j, e := range r.Extents {
