@@ -222,7 +222,7 @@ func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64
 	if err != nil {
 		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, errors.Join(ErrNoSpace, err))
 	}
-	if err := d.s.copyExtents(ctx, d.placedLocked(), Replica{Node: node, Epoch: r.Epoch, Extents: r.Extents}, d.mu.zeroed); err != nil {
+	if err := d.s.copyExtents(ctx, d.placedLocked(), Replica{Node: node, Epoch: r.Epoch, Extents: r.Extents}, d.mu.zeroed, 0); err != nil {
 		_ = t.Free(context.WithoutCancel(ctx), node, r.Epoch, r.ID, nil)
 		return fmt.Errorf("store: spill to node %q: %w", node, err)
 	}
@@ -280,7 +280,7 @@ func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 		return err
 	}
 	if keep > 0 {
-		if err := d.s.copyExtents(ctx, base.replica(), d.placedLocked(), keep); err != nil {
+		if err := d.s.copyExtents(ctx, base.replica(), d.placedLocked(), keep, base.obj.Version); err != nil {
 			return fmt.Errorf("store: copy on write of %d B: %w", keep, err)
 		}
 	}

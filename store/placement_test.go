@@ -240,3 +240,35 @@ func TestStaleEpoch(t *testing.T) {
 	_, err = b.OpenReader(context.Background(), "f")
 	wantErr(t, "open of a stale replica on its own node", err, store.ErrLost)
 }
+
+// TestStaleBody: a reader on a holds no lease on b's memory; once b
+// replaces the object and reuses the extents, a's reads fail instead of
+// returning the new object's bytes.
+func TestStaleBody(t *testing.T) {
+	a, b := newCluster(t, true)
+	old := pattern(1, 200<<10)
+	if _, err := b.putPlaced("f", old, store.DefaultPlacement(), 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	b.sync(t)
+	r, err := a.OpenReader(context.Background(), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	buf := make([]byte, len(old))
+	if _, err := r.ReadAt(context.Background(), buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "before the replace", buf, old)
+	if err := b.Delete(context.Background(), "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	b.sync(t)
+	b.waitUsed(t, 0)
+	// The same extents now hold another object.
+	b.put(t, "g", pattern(9, 200<<10))
+	if _, err := r.ReadAt(context.Background(), buf, 0); !errors.Is(err, transfer.ErrStaleBody) {
+		t.Fatalf("read of a replaced body: %v", err)
+	}
+}

@@ -211,6 +211,30 @@ func (f *follower) flush() {
 	}
 }
 
+var _ transfer.BodyChecker = (*Store)(nil)
+
+// CheckBody implements transfer.BodyChecker for checked reads by other
+// nodes: the body whose first extent is first must be live here and
+// published at version or before (a later body in the same extents is
+// another object's). It first lets the follow loop catch up with version,
+// so a reader that saw a commit before this node did is not refused.
+func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uint64) error {
+	for wait := 50 * time.Microsecond; s.opts.Follow && s.follow.seen.Load() < version; wait = min(2*wait, 10*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("body %v at version %d: this node has not seen that version: %w", first, version, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+	s.mu.Lock()
+	lb := s.mu.live[first]
+	s.mu.Unlock()
+	if lb == nil || lb.since > version {
+		return fmt.Errorf("body %v at version %d: %w", first, version, transfer.ErrStaleBody)
+	}
+	return nil
+}
+
 // remoteBody is the replicas of other nodes that a Reader reads through
 // the Transport, in order of preference: a failed read goes on to the next.
 type remoteBody struct {
@@ -259,7 +283,8 @@ func (r *Reader) readRemote(ctx context.Context, buf transfer.Buffer, off uint64
 	for i, rep := range r.remote.replicas {
 		var reqs []transfer.Request
 		span(rep.Extents, r.remote.starts[i], off, n, func(e segment.Extent, rel uint64) bool {
-			reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: e, Node: rep.Node, Epoch: rep.Epoch})
+			reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: e, Node: rep.Node, Epoch: rep.Epoch,
+				Body: rep.Extents[0], Version: r.obj.Version})
 			return true
 		})
 		err := r.s.eng.Submit(ctx, reqs)
@@ -284,11 +309,12 @@ func (s *Store) replicate(ctx context.Context, primary Replica, n uint64, k int)
 	if err != nil {
 		return nil, nil, err
 	}
-	return s.replicateFrom(ctx, primary, n, nodes)
+	return s.replicateFrom(ctx, primary, n, 0, nodes)
 }
 
-// replicateFrom copies the n bytes of src to each of nodes.
-func (s *Store) replicateFrom(ctx context.Context, src Replica, n uint64, nodes []string) ([]Replica, []transfer.Reservation, error) {
+// replicateFrom copies the n bytes of src, a replica of an object at
+// version (0: the draft's own, unchecked), to each of nodes.
+func (s *Store) replicateFrom(ctx context.Context, src Replica, n, version uint64, nodes []string) ([]Replica, []transfer.Reservation, error) {
 	var err error
 	size := (n + segment.Granule - 1) / segment.Granule * segment.Granule
 	var reps []Replica
@@ -316,7 +342,7 @@ func (s *Store) replicateFrom(ctx context.Context, src Replica, n uint64, nodes 
 			resv = append(resv, r)
 			dst.Epoch, dst.Extents = r.Epoch, r.Extents
 		}
-		if err := s.copyExtents(ctx, src, dst, n); err != nil {
+		if err := s.copyExtents(ctx, src, dst, n, version); err != nil {
 			return fail(fmt.Errorf("replica on node %q: %w", node, err))
 		}
 		reps = append(reps, dst)

@@ -42,7 +42,7 @@ func newCluster(t *testing.T, follow bool, opts ...testOpt) (a, b *testStore) {
 			o.Epoch = uint64(100 + len(addrs))
 		})}, opts...)...)
 		view.add(node, s)
-		srv, err := transfer.NewTCPServer(transfer.TCPServerOptions{Local: s.Table, Token: clusterToken, Control: s.Store,
+		srv, err := transfer.NewTCPServer(transfer.TCPServerOptions{Local: s.Table, Token: clusterToken, Control: s.Store, Bodies: s.Store,
 			Epoch: uint64(100 + len(addrs))})
 		if err != nil {
 			t.Fatal(err)

@@ -92,7 +92,7 @@ func (s *Store) reconcileOne(ctx context.Context, o *Object, live func(string) b
 		}
 		nodes, _ := s.replicaNodes(want-len(keep), have, live)
 		for _, node := range nodes {
-			reps, rs, err := s.replicateFrom(ctx, keep[0], o.Size, []string{node})
+			reps, rs, err := s.replicateFrom(ctx, keep[0], o.Size, o.Version, []string{node})
 			if err != nil {
 				s.opts.Logf("repair %q: copy to node %q: %v", o.Key, node, err)
 				continue

@@ -171,8 +171,13 @@ func (s *Store) Reservations() int {
 
 // copyExtents copies the first n bytes of src into dst (each a node, its
 // epoch and extents): straight from or into local segment memory when one
-// side is here, through a bounce buffer otherwise.
-func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n uint64) error {
+// side is here, through a bounce buffer otherwise. A remote src is read
+// checked against version (see transfer.BodyChecker) unless it is 0.
+func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n, version uint64) error {
+	var body segment.Extent
+	if len(src.Extents) > 0 {
+		body = src.Extents[0]
+	}
 	srcStarts, dstStarts := extentStarts(src.Extents), extentStarts(dst.Extents)
 	var reqs []transfer.Request
 	var err error
@@ -198,7 +203,7 @@ func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n uint64) err
 			}
 			span(src.Extents, srcStarts, rel, de.Len, func(se segment.Extent, r2 uint64) bool {
 				reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: se,
-					Node: src.Node, Epoch: src.Epoch})
+					Node: src.Node, Epoch: src.Epoch, Body: body, Version: version})
 				return true
 			})
 			return true
@@ -211,7 +216,8 @@ func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n uint64) err
 			buf := transfer.HostBuffer(stage[:k])
 			var rd, wr []transfer.Request
 			span(src.Extents, srcStarts, off, k, func(se segment.Extent, rel uint64) bool {
-				rd = append(rd, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: se, Node: src.Node, Epoch: src.Epoch})
+				rd = append(rd, transfer.Request{Op: transfer.Read, Buf: buf, BufOff: rel, Extent: se, Node: src.Node, Epoch: src.Epoch,
+					Body: body, Version: version})
 				return true
 			})
 			span(dst.Extents, dstStarts, off, k, func(de segment.Extent, rel uint64) bool {

@@ -159,3 +159,56 @@ func TestEngineRemote(t *testing.T) {
 		t.Fatal("read from an unknown node succeeded")
 	}
 }
+
+// bodyRule accepts checked reads of one body up to one version.
+type bodyRule struct {
+	body    segment.Extent
+	version uint64
+}
+
+func (b bodyRule) CheckBody(_ context.Context, first segment.Extent, version uint64) error {
+	if first != b.body || version < b.version {
+		return ErrStaleBody
+	}
+	return nil
+}
+
+func TestReadBody(t *testing.T) {
+	body := segment.Extent{Segment: 1, Off: 0, Len: 1 << 20}
+	n := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Bodies: bodyRule{body: body, version: 5}})
+	c := newTCPClient(t, testToken, map[string]string{"b": n.addr}, TCPOptions{ChunkBytes: 64 << 10})
+	ctx := context.Background()
+	e := segment.Extent{Segment: 1, Off: 100, Len: 300 << 10} // several chunks
+	dst := make([]byte, e.Len)
+	if err := c.ReadBody(ctx, "b", 0, body, 7, e, dst); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, n.mem(t, e)) {
+		t.Fatal("checked read returned other bytes")
+	}
+	other := body
+	other.Off = 4096
+	small := segment.Extent{Segment: 1, Off: 100, Len: 1000}
+	dials := c.Stats().Dials
+	for _, bad := range []struct {
+		body    segment.Extent
+		version uint64
+	}{{body, 4}, {other, 9}} {
+		if err := c.ReadBody(ctx, "b", 0, bad.body, bad.version, small, dst[:small.Len]); !errors.Is(err, ErrStaleBody) {
+			t.Fatalf("checked read of %v at %d: %v", bad.body, bad.version, err)
+		}
+	}
+	// Refusals keep the connection.
+	if err := c.ReadBody(ctx, "b", 0, body, 5, small, dst[:small.Len]); err != nil {
+		t.Fatal(err)
+	}
+	if d := c.Stats().Dials; d != dials {
+		t.Fatalf("%d dials after %d: refusals dropped the connection", d, dials)
+	}
+	// A server that checks nothing refuses checked reads.
+	plain := newTCPNode(t, testToken, 1<<20, TCPServerOptions{})
+	c2 := newTCPClient(t, testToken, map[string]string{"p": plain.addr}, TCPOptions{})
+	if err := c2.ReadBody(ctx, "p", 0, body, 7, e, dst); err == nil {
+		t.Fatal("checked read served by a server without a checker")
+	}
+}

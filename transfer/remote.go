@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
+	"github.com/mooncake-fs/mooncake-fs/segment"
 )
 
 // Remote requests: extents of other nodes' segments, moved by the
@@ -59,7 +60,7 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 	case Host, Registered:
 		b := r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
 		if r.Op == Read {
-			return t.ReadAt(ctx, r.Node, r.Epoch, r.Extent, b)
+			return e.read(ctx, r, r.Extent, b)
 		}
 		return t.WriteAt(ctx, r.Node, r.Epoch, r.Extent, b)
 	case ProcessVM, CUDA:
@@ -80,7 +81,7 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 					return err
 				}
 			} else {
-				if err := t.ReadAt(ctx, r.Node, r.Epoch, ext, stage); err != nil {
+				if err := e.read(ctx, r, ext, stage); err != nil {
 					return err
 				}
 				if err := e.bounce(local, stage); err != nil {
@@ -92,6 +93,14 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 		return nil
 	}
 	return fmt.Errorf("buffer kind %v: %w", r.Buf.Kind, ErrNoStrategy)
+}
+
+// read reads ext (part of r's extent) into dst, checked when r says so.
+func (e *Engine) read(ctx context.Context, r Request, ext segment.Extent, dst []byte) error {
+	if r.Version != 0 {
+		return e.opts.Remote.ReadBody(ctx, r.Node, r.Epoch, r.Body, r.Version, ext, dst)
+	}
+	return e.opts.Remote.ReadAt(ctx, r.Node, r.Epoch, ext, dst)
 }
 
 // bounce copies between the request's buffer and stage (standing in for

@@ -105,6 +105,11 @@ type Request struct {
 	// Epoch is the incarnation of Node's daemon the extent belongs to (0:
 	// any); see Transport.
 	Epoch uint64
+	// Version, when not 0, makes a read of another node's extent a checked
+	// read of the body whose first extent is Body, held at Version: it
+	// fails with ErrStaleBody once the owner replaced or freed it.
+	Body    segment.Extent
+	Version uint64
 }
 
 func (r Request) validate() error {

@@ -32,7 +32,7 @@ func FuzzTCPFrame(f *testing.F) {
 			}
 			return
 		}
-		if h.len > maxFrameLen || h.op < opChallenge || h.op > opControl {
+		if h.len > maxFrameLen || h.op < opChallenge || h.op > opLastFrame {
 			t.Fatalf("accepted %+v", h)
 		}
 		if got := frame(h); !bytes.Equal(got, b[:headerSize]) {
@@ -56,6 +56,9 @@ func FuzzTCPServerConn(f *testing.F) {
 	ctl := []byte(`{"op":"reserve","bytes":4096,"ttl_ms":100}`)
 	f.Add(append(frame(header{op: opControl, id: 3, len: uint64(len(ctl))}), ctl...))
 	f.Add(append(frame(header{op: opControl, id: 4, len: 5}), []byte(`{"op"`)...))
+	rb := make([]byte, readBodyLen)
+	putReadBody(rb, 10, bodyCheck{body: segment.Extent{Segment: 0, Len: 4096}, version: 3})
+	f.Add(append(frame(header{op: opReadBody, id: 5, seg: 0, off: 8, len: readBodyLen}), rb...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		const segSize = 4096
 		tab := segment.NewTable()
@@ -92,11 +95,11 @@ func FuzzTCPServerConn(f *testing.F) {
 		mayChange := [2][segSize]bool{}
 		for rest := data; len(rest) >= headerSize; {
 			h, err := decodeHeader(rest)
-			if err != nil || (h.op != opRead && h.op != opWrite && h.op != opControl) {
+			if err != nil || h.op < opRead || h.op > opLastFrame {
 				break
 			}
 			rest = rest[headerSize:]
-			if h.op == opControl {
+			if h.op == opControl || h.op == opReadBody {
 				if h.len > maxControlLen {
 					break
 				}

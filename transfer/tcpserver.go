@@ -30,6 +30,8 @@ type TCPServerOptions struct {
 	// Epoch is this daemon's incarnation, told to every client in the
 	// handshake; 0 tells none.
 	Epoch uint64
+	// Bodies checks the bodies of checked reads; nil refuses them.
+	Bodies BodyChecker
 	// Control serves control calls (remote reservations); nil refuses
 	// them with an error status.
 	Control Controller
@@ -226,7 +228,7 @@ func (s *TCPServer) serveConn(c net.Conn) {
 			return // the client went away; not an error worth a line
 		}
 		h, err := decodeHeader(hb[:])
-		if err == nil && h.op != opRead && h.op != opWrite && h.op != opControl {
+		if err == nil && (h.op < opRead || h.op > opLastFrame) {
 			err = fmt.Errorf("%w: %v after authentication", ErrProtocol, h.op)
 		}
 		if err != nil {
@@ -238,8 +240,11 @@ func (s *TCPServer) serveConn(c net.Conn) {
 			return
 		}
 		serve := s.serveRequest
-		if h.op == opControl {
+		switch h.op {
+		case opControl:
 			serve = s.serveControl
+		case opReadBody:
+			serve = s.serveReadBody
 		}
 		if err := serve(c, h, hb[:]); err != nil {
 			s.opts.Log("transfer: tcp: closing %v: %v %v: %v", c.RemoteAddr(), h.op, h.extent(), err)

@@ -188,6 +188,11 @@ func (t *TCPTransport) Close() error {
 // call splits e into chunks and runs them over up to ConnsPerPeer
 // connections; it returns the first error.
 func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, epoch uint64, e segment.Extent, buf []byte) error {
+	return t.callChecked(ctx, op, node, epoch, e, buf, nil)
+}
+
+// callChecked is call with an optional body check for read-body frames.
+func (t *TCPTransport) callChecked(ctx context.Context, op frameOp, node string, epoch uint64, e segment.Extent, buf []byte, chk *bodyCheck) error {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	p, err := t.peer(node)
@@ -200,7 +205,7 @@ func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, epoch 
 		n = int((e.Len + cb - 1) / cb)
 	}
 	if n == 1 {
-		return t.chunk(ctx, p, op, epoch, e, buf)
+		return t.chunk(ctx, p, op, epoch, e, buf, chk)
 	}
 	var (
 		next  atomic.Int64
@@ -218,7 +223,7 @@ func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, epoch 
 				off := uint64(i) * cb
 				end := min(off+cb, e.Len)
 				ce := segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: end - off}
-				if err := t.chunk(ctx, p, op, epoch, ce, buf[off:end]); err != nil {
+				if err := t.chunk(ctx, p, op, epoch, ce, buf[off:end], chk); err != nil {
 					once.Do(func() { first = err; cancel() })
 					return
 				}
@@ -248,7 +253,7 @@ func (t *TCPTransport) peer(node string) (*tcpPeer, error) {
 }
 
 // chunk runs one frame's request on a pooled connection.
-func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte) error {
+func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte, chk *bodyCheck) error {
 	wrap := func(err error) error {
 		return fmt.Errorf("transfer: tcp %v %s %v: %w", op, p.node, e, err)
 	}
@@ -261,7 +266,7 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch 
 	var err error
 	for attempt := 0; ; attempt++ {
 		var broken, reused bool
-		broken, reused, err = t.try(ctx, p, op, epoch, e, buf)
+		broken, reused, err = t.try(ctx, p, op, epoch, e, buf, chk)
 		// A pooled connection may have died with its peer (a restart):
 		// both operations are idempotent, so go once more on a fresh one.
 		if err != nil && broken && reused && attempt == 0 && ctx.Err() == nil {
@@ -272,17 +277,17 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch 
 	if err != nil {
 		return wrap(err)
 	}
-	if op == opRead {
-		t.stats.read.Add(e.Len)
-	} else {
+	if op == opWrite {
 		t.stats.written.Add(e.Len)
+	} else {
+		t.stats.read.Add(e.Len)
 	}
 	return nil
 }
 
 // try runs one request on a connection of p; broken says the connection
 // was dropped, reused that it came from the idle pool.
-func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte) (broken, reused bool, err error) {
+func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte, chk *bodyCheck) (broken, reused bool, err error) {
 	pc, reused, err := t.conn(ctx, p)
 	if err != nil {
 		return false, false, err
@@ -298,7 +303,7 @@ func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch ui
 	}
 	// A cancelled ctx unblocks the I/O by moving the deadline to the past.
 	stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
-	broken, err = pc.roundTrip(op, e, buf)
+	broken, err = pc.roundTrip(op, e, buf, chk)
 	if !stop() {
 		// The deadline may be poisoned, or about to be: do not reuse.
 		broken = true
@@ -385,12 +390,18 @@ func (t *TCPTransport) drop(p *tcpPeer, pc *tcpConn) {
 // roundTrip sends one request and reads its response. broken reports that
 // the connection must not be reused; a remote error status leaves it
 // usable.
-func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte) (broken bool, err error) {
+func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte, chk *bodyCheck) (broken bool, err error) {
 	pc.nextID++
 	req := header{op: op, id: pc.nextID, seg: e.Segment, off: e.Off, len: e.Len}
-	var hb [headerSize]byte
+	var hb [headerSize + readBodyLen]byte
+	msg := hb[:headerSize]
+	if op == opReadBody {
+		req.len = readBodyLen
+		putReadBody(hb[headerSize:], e.Len, *chk)
+		msg = hb[:]
+	}
 	putHeader(hb[:], req)
-	if _, err := pc.c.Write(hb[:]); err != nil {
+	if _, err := pc.c.Write(msg); err != nil {
 		return true, err
 	}
 	if op == opWrite {
@@ -399,10 +410,10 @@ func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte) (broken b
 			return true, err
 		}
 	}
-	if _, err := io.ReadFull(pc.c, hb[:]); err != nil {
+	if _, err := io.ReadFull(pc.c, hb[:headerSize]); err != nil {
 		return true, err
 	}
-	h, err := decodeHeader(hb[:])
+	h, err := decodeHeader(hb[:headerSize])
 	if err != nil {
 		return true, err
 	}
@@ -416,13 +427,13 @@ func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte) (broken b
 		return false, statusErr(h.status)
 	}
 	want := uint64(0)
-	if op == opRead {
+	if op != opWrite {
 		want = e.Len
 	}
 	if h.len != want {
 		return true, fmt.Errorf("%w: %v response of %d B, want %d", ErrProtocol, op, h.len, want)
 	}
-	if op == opRead {
+	if op != opWrite {
 		if _, err := io.ReadFull(pc.c, buf); err != nil {
 			return true, err
 		}

@@ -23,7 +23,7 @@ import (
 //	  0    4 magic    "MCFT" (0x5446434d as a uint32)
 //	  4    1 version  1
 //	  5    1 op       1 challenge, 2 proof, 3 accept, 4 read, 5 write,
-//	                  6 control (control.go)
+//	                  6 control (control.go), 7 read-body (body.go)
 //	  6    2 flags    0 (any other value closes the connection)
 //	  8    8 id       request id, echoed in the response
 //	 16    4 segment  segment.ID on the serving node
@@ -87,6 +87,10 @@ type Transport interface {
 	Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error
 	// Free returns extents of reservation id (all of it when ext is empty).
 	Free(ctx context.Context, node string, epoch, id uint64, ext []segment.Extent) error
+	// ReadBody is ReadAt of an extent of the body whose first extent is
+	// body, held at version: the owner refuses with ErrStaleBody once that
+	// body was replaced or deleted (body.go).
+	ReadBody(ctx context.Context, node string, epoch uint64, body segment.Extent, version uint64, e segment.Extent, dst []byte) error
 	// Close closes every connection; later calls fail with ErrClosed.
 	Close() error
 }
@@ -144,6 +148,10 @@ func (o frameOp) String() string {
 		return "read"
 	case opWrite:
 		return "write"
+	case opControl:
+		return "control"
+	case opReadBody:
+		return "read-body"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -198,7 +206,7 @@ func decodeHeader(b []byte) (header, error) {
 		return header{}, fmt.Errorf("%w: version %d, want %d", ErrProtocol, v, frameVersion)
 	}
 	op := frameOp(b[5])
-	if op < opChallenge || op > opControl {
+	if op < opChallenge || op > opLastFrame {
 		return header{}, fmt.Errorf("%w: unknown %v", ErrProtocol, op)
 	}
 	if f := binary.LittleEndian.Uint16(b[6:]); f != 0 {
@@ -236,6 +244,8 @@ func statusErr(s uint32) error {
 		return segment.ErrUnknownSegment
 	case statusBadRange:
 		return segment.ErrBadRange
+	case statusStale:
+		return ErrStaleBody
 	}
 	return fmt.Errorf("status %d: %w", s, ErrRemote)
 }
