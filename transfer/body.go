@@ -29,10 +29,10 @@ import (
 //	           Response: as read (op 7).
 
 const (
-	opReadBody   frameOp = 7
-	readBodyLen          = 40
-	statusStale  uint32  = 7
-	opLastFrame          = opReadBody
+	opReadBody  frameOp = 7
+	readBodyLen         = 40
+	statusStale uint32  = 7
+	opLastFrame         = opReadBody
 )
 
 // ErrStaleBody means the body a checked read named was replaced or
