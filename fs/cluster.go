@@ -8,26 +8,16 @@ import (
 )
 
 // Cluster mode (Options.Cluster): other daemons change the namespace
-// behind this kernel's back. Two things keep it honest:
+// behind this kernel's back. Three things keep it honest:
 //
-//   - close-to-open: LOOKUP, GETATTR, OPEN and READDIR first Sync the
-//     store's index, so a file closed on another node is seen whole as
-//     soon as that close returned; attributes and negative entries are not
-//     cached by the kernel (timeouts 0);
-//   - invalidation: every change the index watch reports drops the
-//     kernel's dentry and cached attributes and pages of that key, so
-//     cached positive entries and mmap'd pages do not outlive a change.
-
-// syncIndex is the close-to-open step; a failure (the cluster index is
-// unreachable) leaves reads answering from the cached view.
-func (f *FS) syncIndex(ctx context.Context) {
-	if !f.opts.Cluster {
-		return
-	}
-	if err := f.st.Sync(ctx); err != nil {
-		f.log.WithError(err).Debug("index sync failed; answering from the cached view")
-	}
-}
+//   - the store does not let a commit return before every live node's
+//     index cache has it (store.Options.Cluster), so lookups, getattr and
+//     readdir here answer from the cache, without asking etcd, and still
+//     see a file closed on another node whole once that close returned;
+//   - the kernel caches no attributes or negative entries (timeouts 0);
+//   - every change the index watch reports drops the kernel's dentry and
+//     cached attributes and pages of that key, so cached positive entries
+//     and mmap'd pages do not outlive a change.
 
 // followIndex invalidates the kernel's caches of keys that change, until
 // ctx ends.

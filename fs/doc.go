@@ -47,11 +47,11 @@
 //
 // # Cluster mode
 //
-// With Options.Cluster (cluster.go) lookups, getattr, open and readdir
-// sync the index first (close-to-open across nodes), the kernel caches no
-// attributes or negative entries, and every change the index watch
-// reports invalidates the kernel's dentry, attributes and pages of that
-// key. Changing operations run detached from the request's cancellation:
+// With Options.Cluster (cluster.go) the kernel caches no attributes or
+// negative entries, and every change the index watch reports invalidates
+// the kernel's dentry, attributes and pages of that key; lookups answer
+// from the store's index cache, which other nodes' commits reach before
+// those commits return. Changing operations run detached from the request's cancellation:
 // an interrupt does not cut a commit in half.
 //
 // # Lock order and deadlocks

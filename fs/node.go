@@ -157,7 +157,6 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch 
 	if key, err = n.childKey(name); err != nil {
 		return nil, toErrno(err)
 	}
-	n.fs.syncIndex(ctx)
 	o, err := n.fs.st.Stat(ctx, key)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
@@ -182,8 +181,7 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	if h, isH := fh.(*handle); isH && h.reader != nil {
 		o = h.reader.Object()
 	} else if ok {
-		n.fs.syncIndex(ctx)
-		if o, err = n.fs.st.Stat(ctx, key); err != nil {
+			if o, err = n.fs.st.Stat(ctx, key); err != nil {
 			o = nil
 		}
 	}
@@ -364,7 +362,6 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	if !ok {
 		return nil, 0, syscall.ENOENT
 	}
-	n.fs.syncIndex(ctx)
 	h, err := n.open(ctx, key, nil, flags)
 	if err != nil {
 		return nil, 0, toErrno(err)
@@ -460,7 +457,6 @@ func (n *node) Readdir(ctx context.Context) (ds gofs.DirStream, errno syscall.Er
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	n.fs.syncIndex(ctx)
 	ents, err := n.fs.st.List(ctx, key)
 	if err != nil {
 		return nil, toErrno(err)

@@ -50,9 +50,3 @@ type Index interface {
 	Close() error
 }
 
-// Syncer is an Index shared by several daemons whose reads may lag other
-// daemons' commits: Sync makes later reads reflect every change committed
-// before it was called.
-type Syncer interface {
-	Sync(ctx context.Context) error
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -219,12 +220,8 @@ var _ transfer.BodyChecker = (*Store)(nil)
 // another object's). It first lets the follow loop catch up with version,
 // so a reader that saw a commit before this node did is not refused.
 func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uint64) error {
-	for wait := 50 * time.Microsecond; s.opts.Follow && s.follow.seen.Load() < version; wait = min(2*wait, 10*time.Millisecond) {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("body %v at version %d: this node has not seen that version: %w", first, version, ctx.Err())
-		case <-time.After(wait):
-		}
+	if err := s.caughtUp(ctx, version); err != nil {
+		return fmt.Errorf("body %v: %w", first, err)
 	}
 	s.mu.Lock()
 	lb := s.mu.live[first]
@@ -233,6 +230,59 @@ func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uin
 		return fmt.Errorf("body %v at version %d: %w", first, version, transfer.ErrStaleBody)
 	}
 	return nil
+}
+
+// caughtUp returns once the follow loop has processed every change up to
+// version rev (at once without Follow).
+func (s *Store) caughtUp(ctx context.Context, rev uint64) error {
+	for wait := 50 * time.Microsecond; s.opts.Follow && s.follow.seen.Load() < rev; wait = min(2*wait, 5*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("this node has not seen version %d (at %d): %w", rev, s.follow.seen.Load(), ctx.Err())
+		case <-time.After(wait):
+		}
+	}
+	return nil
+}
+
+// sharedIndex is the Index of a clustered store: a commit returns once
+// every other live node has it in its view (CtlSync over the transport),
+// so whoever reads on another node after the commit returned sees it
+// there, from that node's cache, without asking the index. A node that
+// does not answer within SyncTimeout is not waited for (it is dead or cut
+// off, and gone from the membership soon).
+type sharedIndex struct {
+	Index
+	s *Store
+}
+
+// SyncTimeout bounds how long a commit waits for one other node.
+const SyncTimeout = 2 * time.Second
+
+func (x *sharedIndex) CompareAndSwap(ctx context.Context, swaps ...Swap) (uint64, error) {
+	rev, err := x.Index.CompareAndSwap(ctx, swaps...)
+	if err == nil {
+		x.s.propagate(ctx, rev)
+	}
+	return rev, err
+}
+
+// propagate waits until every other live node has seen rev.
+func (s *Store) propagate(ctx context.Context, rev uint64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SyncTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, n := range s.opts.Cluster.Nodes() {
+		if s.isLocal(n.Name) {
+			continue
+		}
+		wg.Go(func() {
+			if err := s.opts.Transport.Sync(ctx, n.Name, rev); err != nil {
+				s.stats.syncFails.Add(1)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // remoteBody is the replicas of other nodes that a Reader reads through

@@ -28,7 +28,7 @@ const MaxReserveTTL = 10 * time.Minute
 var _ transfer.Controller = (*Store)(nil)
 
 // Control implements transfer.Controller.
-func (s *Store) Control(_ context.Context, req transfer.ControlRequest) (transfer.ControlResponse, error) {
+func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (transfer.ControlResponse, error) {
 	ttl := min(time.Duration(req.TTLMillis)*time.Millisecond, MaxReserveTTL)
 	switch req.Op {
 	case transfer.CtlReserve:
@@ -52,6 +52,8 @@ func (s *Store) Control(_ context.Context, req transfer.ControlRequest) (transfe
 		}
 		r.deadline = s.opts.Now().Add(ttl)
 		return transfer.ControlResponse{}, nil
+	case transfer.CtlSync:
+		return transfer.ControlResponse{}, s.caughtUp(ctx, req.Rev)
 	case transfer.CtlFree:
 		s.mu.Lock()
 		defer s.mu.Unlock()

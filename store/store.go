@@ -104,6 +104,7 @@ type Store struct {
 		evictions, evictedBytes atomic.Uint64
 		commits, revokes        atomic.Uint64
 		reserved, reaped        atomic.Uint64
+		syncFails               atomic.Uint64 // peers that did not confirm a commit
 		delayed                 atomic.Int64 // bytes waiting for FreeDelay
 	}
 	mu struct {
@@ -149,8 +150,15 @@ func New(o Options) (*Store, error) {
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
-	s := &Store{opts: o, idx: o.Index, segs: o.Segments, eng: o.Engine,
+	idx := o.Index
+	if o.Follow && o.Cluster != nil && o.Transport != nil {
+		idx = &sharedIndex{Index: o.Index}
+	}
+	s := &Store{opts: o, idx: idx, segs: o.Segments, eng: o.Engine,
 		kick: make(chan struct{}, 1), done: make(chan struct{}), started: o.Now().UnixNano()}
+	if x, ok := idx.(*sharedIndex); ok {
+		x.s = s
+	}
 	s.mu.bodies = make(map[segment.Extent]*body)
 	s.mu.opens = make(map[uint64]int)
 	s.mu.live = make(map[segment.Extent]*liveBody)
@@ -190,16 +198,6 @@ func (s *Store) Close() {
 // Node returns this store's node name.
 func (s *Store) Node() string { return s.opts.Node }
 
-// Sync brings this node's view of a shared index up to every change
-// committed before the call (a no-op for the embedded index). On error
-// (the shared index is unreachable) reads go on from the cached view.
-func (s *Store) Sync(ctx context.Context) error {
-	if x, ok := s.idx.(Syncer); ok {
-		return x.Sync(ctx)
-	}
-	return nil
-}
-
 // Transport returns the transport to other nodes (nil on one node).
 func (s *Store) Transport() transfer.Transport { return s.opts.Transport }
 
@@ -222,6 +220,8 @@ type Stats struct {
 	Reserved, Reaped uint64
 	// DelayedFree is retired bytes waiting for FreeDelay.
 	DelayedFree int64
+	// SyncFails counts other nodes that did not confirm a commit in time.
+	SyncFails uint64
 }
 
 // Stats returns current figures. Objects counts keys known to the LRU,
@@ -244,6 +244,7 @@ func (s *Store) Stats() Stats {
 	s.mu.Unlock()
 	st.Reserved, st.Reaped = s.stats.reserved.Load(), s.stats.reaped.Load()
 	st.DelayedFree = s.stats.delayed.Load()
+	st.SyncFails = s.stats.syncFails.Load()
 	return st
 }
 

@@ -35,8 +35,12 @@ const (
 	// CtlRenew extends reservation ID by TTLMillis from now.
 	CtlRenew = "renew"
 	// CtlFree frees Extents of reservation ID (all of it when Extents is
-	// empty). Each extent must be a whole reserved extent or its tail.
+	// empty). Each extent must lie within one reserved extent.
 	CtlFree = "free"
+	// CtlSync answers once the node's view of the index includes
+	// revision Rev: a committer waits for it so that its commit is seen
+	// everywhere when it returns.
+	CtlSync = "sync"
 )
 
 // ControlRequest is one control call.
@@ -46,6 +50,7 @@ type ControlRequest struct {
 	Bytes     uint64           `json:"bytes,omitempty"`
 	TTLMillis int64            `json:"ttl_ms,omitempty"`
 	Extents   []segment.Extent `json:"extents,omitempty"`
+	Rev       uint64           `json:"rev,omitempty"`
 }
 
 // ControlResponse is the answer to a successful control call.
@@ -122,6 +127,10 @@ func decodeControl(b []byte) (ControlRequest, error) {
 			return req, fmt.Errorf("%w: renew for %d ms", ErrBadRequest, req.TTLMillis)
 		}
 	case CtlFree:
+	case CtlSync:
+		if req.Rev == 0 {
+			return req, fmt.Errorf("%w: sync to revision 0", ErrBadRequest)
+		}
 	default:
 		return req, fmt.Errorf("%w: control op %q", ErrBadRequest, req.Op)
 	}
@@ -299,6 +308,12 @@ func (t *TCPTransport) Reserve(ctx context.Context, node string, n uint64, ttl t
 // Renew extends reservation id on node by ttl from now.
 func (t *TCPTransport) Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error {
 	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
+	return err
+}
+
+// Sync returns once node's view of the index includes revision rev.
+func (t *TCPTransport) Sync(ctx context.Context, node string, rev uint64) error {
+	_, _, err := t.Control(ctx, node, 0, ControlRequest{Op: CtlSync, Rev: rev})
 	return err
 }
 

@@ -102,6 +102,12 @@ func TestDecodeControlRejects(t *testing.T) {
 			t.Errorf("decodeControl(%q) = %v, want ErrBadRequest", in, err)
 		}
 	}
+	if _, err := decodeControl([]byte(`{"op":"sync"}`)); !errors.Is(err, ErrBadRequest) {
+		t.Errorf("sync without a revision: %v", err)
+	}
+	if _, err := decodeControl([]byte(`{"op":"sync","rev":9}`)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := decodeControl([]byte(`{"op":"free","id":3,"extents":[{"Segment":1,"Off":0,"Len":4096}]}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +119,7 @@ func FuzzControl(f *testing.F) {
 	f.Add([]byte(`{"op":"free","id":1,"extents":[{"Segment":0,"Off":0,"Len":1}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeControl(b)
-		if err == nil && r.Op != CtlReserve && r.Op != CtlRenew && r.Op != CtlFree {
+		if err == nil && r.Op != CtlReserve && r.Op != CtlRenew && r.Op != CtlFree && r.Op != CtlSync {
 			t.Fatalf("accepted op %q", r.Op)
 		}
 	})

@@ -87,6 +87,8 @@ type Transport interface {
 	Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error
 	// Free returns extents of reservation id (all of it when ext is empty).
 	Free(ctx context.Context, node string, epoch, id uint64, ext []segment.Extent) error
+	// Sync returns once node's view of the index includes revision rev.
+	Sync(ctx context.Context, node string, rev uint64) error
 	// ReadBody is ReadAt of an extent of the body whose first extent is
 	// body, held at version: the owner refuses with ErrStaleBody once that
 	// body was replaced or deleted (body.go).

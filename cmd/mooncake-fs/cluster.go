@@ -352,17 +352,20 @@ func (c *cluster) closeClient() {
 
 // ClusterStatus is the cluster part of status.
 type ClusterStatus struct {
-	Etcd         string                  `json:"etcd"`
-	Addr         string                  `json:"addr"`
-	Live         bool                    `json:"live"`
-	LiveErr      string                  `json:"live_error,omitempty"`
-	Nodes        []NodeStatus            `json:"nodes"`
-	Lost         []string                `json:"lost,omitempty"`
-	LostCount    int                     `json:"lost_count"`
-	Repairer     string                  `json:"repairer"`
-	RepairRounds int                     `json:"repair_rounds"`
-	RepairError  string                  `json:"repair_error,omitempty"`
-	Reservations int                     `json:"reservations"`
+	Etcd         string       `json:"etcd"`
+	Addr         string       `json:"addr"`
+	Live         bool         `json:"live"`
+	LiveErr      string       `json:"live_error,omitempty"`
+	Nodes        []NodeStatus `json:"nodes"`
+	Lost         []string     `json:"lost,omitempty"`
+	LostCount    int          `json:"lost_count"`
+	Repairer     string       `json:"repairer"`
+	RepairRounds int          `json:"repair_rounds"`
+	RepairError  string       `json:"repair_error,omitempty"`
+	Reservations int          `json:"reservations"`
+	// SyncFailures counts peers that did not confirm a commit of this
+	// node in time (dead, cut off, or with another token).
+	SyncFailures uint64                  `json:"sync_failures"`
 	Transport    transfer.TCPStats       `json:"transport"`
 	Server       transfer.TCPServerStats `json:"server"`
 }
@@ -384,7 +387,7 @@ const maxLostListed = 100
 
 func (c *cluster) status() *ClusterStatus {
 	cs := &ClusterStatus{Etcd: c.d.cfg.cluster.etcd, Addr: c.ln.Addr().String(), Live: c.members.Live(),
-		Transport: c.tr.Stats(), Server: c.srv.Stats(), Reservations: c.d.st.Reservations()}
+		Transport: c.tr.Stats(), Server: c.srv.Stats(), Reservations: c.d.st.Reservations(), SyncFailures: c.d.st.Stats().SyncFails}
 	if err := c.members.Err(); err != nil {
 		cs.LiveErr = err.Error()
 	}

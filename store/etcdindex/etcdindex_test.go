@@ -239,14 +239,6 @@ func TestEtcdOutage(t *testing.T) {
 	}
 	t.Logf("swap with etcd stopped failed after %v: %v", took, err)
 	mustGet()
-	// Sync fails (fast the second time) and cached reads still answer.
-	if err := x.Sync(ctx); err == nil || !strings.Contains(err.Error(), "etcd unavailable") {
-		t.Fatalf("Sync with etcd stopped: %v", err)
-	}
-	if err := x.Sync(ctx); err == nil {
-		t.Fatal("second Sync with etcd stopped succeeded")
-	}
-	mustGet()
 	if objs, err := x.Scan(ctx, "", "", 0); err != nil || len(objs) != 1 {
 		t.Fatalf("Scan with etcd stopped = %d, %v", len(objs), err)
 	}
@@ -275,36 +267,6 @@ func TestEtcdOutage(t *testing.T) {
 		o, err := x.Get(ctx, "k")
 		return err == nil && o.Version == v3
 	})
-}
-
-// TestSync: after Sync, a read on one node reflects a commit another node
-// finished before it, without waiting for the watch by hand.
-func TestSync(t *testing.T) {
-	s := startEtcd(t)
-	prefix := freshPrefix()
-	a := newIndex(t, s, prefix, 10*time.Second)
-	b := newIndex(t, s, prefix, 10*time.Second)
-	ctx := context.Background()
-	cli := newClient(t, s)
-	var v uint64
-	for i := range 50 {
-		key := fmt.Sprintf("k%d", i)
-		var err error
-		if v, err = a.CompareAndSwap(ctx, store.Swap{Key: key, New: testObj(key, uint64(i+1))}); err != nil {
-			t.Fatal(err)
-		}
-		// Writes beside the objects (membership) move etcd's revision
-		// past anything b's watch reports: Sync must not wait for them.
-		if _, err := cli.Put(ctx, prefix+"nodes/x", fmt.Sprint(i)); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Sync(ctx); err != nil {
-			t.Fatal(err)
-		}
-		if o, err := b.Get(ctx, key); err != nil || o.Version != v {
-			t.Fatalf("after Sync, b.Get(%s) = %+v, %v; want version %d", key, o, err, v)
-		}
-	}
 }
 
 // TestCompactedWatchReloads: when the revisions the watch needs were

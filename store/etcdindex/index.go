@@ -25,7 +25,6 @@ type Index struct {
 	cli       *clientv3.Client
 	ownClient bool
 	objPrefix string         // opts.Prefix + "objects/"
-	commitKey string         // opts.Prefix + "commit": rewritten by every changing transaction
 	hub       store.WatchHub // published to under mu, in revision order
 
 	ctx    context.Context // ends at Close; parent of the cache's watch
@@ -46,47 +45,7 @@ type Index struct {
 		advanced chan struct{} // closed and replaced whenever rev moves
 		watchErr error         // why the cache last fell behind, for messages
 		closed   bool
-		// syncErr is the last Sync failure, returned at once for a
-		// second after it (syncFailed) so an outage costs one timeout.
-		syncErr    error
-		syncFailed time.Time
 	}
-}
-
-// Sync makes every later read of this Index reflect all changes committed
-// in etcd before Sync was called (close-to-open consistency across
-// nodes): one linearizable read of the commit key, which every
-// transaction that changes an object rewrites, gives the revision of the
-// last such transaction; reads then wait for the cache to reach it.
-// (etcd's own revision moves with other keys too, membership leases for
-// one, which the cache's watch never sees.) While etcd is unreachable
-// Sync fails fast and reads keep answering from the cache.
-func (x *Index) Sync(ctx context.Context) error {
-	x.mu.Lock()
-	if err := x.mu.syncErr; err != nil && time.Since(x.mu.syncFailed) < time.Second {
-		x.mu.Unlock()
-		return err
-	}
-	x.mu.Unlock()
-	tctx, cancel := context.WithTimeout(ctx, min(x.opts.RequestTimeout, time.Second))
-	defer cancel()
-	resp, err := x.cli.Get(tctx, x.commitKey)
-	if err != nil {
-		err = x.requestError(ctx, "sync", err)
-		x.mu.Lock()
-		x.mu.syncErr, x.mu.syncFailed = err, time.Now()
-		x.mu.Unlock()
-		return err
-	}
-	var last int64
-	if len(resp.Kvs) > 0 {
-		last = resp.Kvs[0].ModRevision
-	}
-	x.mu.Lock()
-	x.mu.syncErr = nil
-	x.mu.readRev = max(x.mu.readRev, last)
-	x.mu.Unlock()
-	return nil
 }
 
 var _ store.Index = (*Index)(nil)
@@ -109,8 +68,7 @@ func open(opts Options) (*Index, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	x := &Index{opts: opts, cli: opts.Client, objPrefix: opts.Prefix + "objects/", commitKey: opts.Prefix + "commit",
-		done: make(chan struct{})}
+	x := &Index{opts: opts, cli: opts.Client, objPrefix: opts.Prefix + "objects/", done: make(chan struct{})}
 	if x.cli == nil {
 		lg := opts.Logger
 		if lg == nil {
@@ -220,14 +178,6 @@ func (x *Index) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64
 			ops = append(ops, clientv3.OpPut(k, string(b)))
 		}
 		gets = append(gets, clientv3.OpGet(k, clientv3.WithKeysOnly()))
-	}
-	for _, s := range swaps {
-		if s.New != nil || s.Old != 0 {
-			// The transaction changes an object: note its revision
-			// where Sync finds it (see Sync).
-			ops = append(ops, clientv3.OpPut(x.commitKey, ""))
-			break
-		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, x.opts.RequestTimeout)
 	defer cancel()
