@@ -181,7 +181,7 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	if h, isH := fh.(*handle); isH && h.reader != nil {
 		o = h.reader.Object()
 	} else if ok {
-			if o, err = n.fs.st.Stat(ctx, key); err != nil {
+		if o, err = n.fs.st.Stat(ctx, key); err != nil {
 			o = nil
 		}
 	}

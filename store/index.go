@@ -49,4 +49,3 @@ type Index interface {
 	// Close releases the index. Later calls fail with ErrClosed.
 	Close() error
 }
-

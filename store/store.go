@@ -105,7 +105,7 @@ type Store struct {
 		commits, revokes        atomic.Uint64
 		reserved, reaped        atomic.Uint64
 		syncFails               atomic.Uint64 // peers that did not confirm a commit
-		delayed                 atomic.Int64 // bytes waiting for FreeDelay
+		delayed                 atomic.Int64  // bytes waiting for FreeDelay
 	}
 	mu struct {
 		sync.Mutex

@@ -54,6 +54,10 @@ func main() {
 		ipcChild(os.Args[2])
 		return
 	}
+	if len(os.Args) == 3 && os.Args[1] == "lat64" {
+		latency64(os.Args[2])
+		return
+	}
 	if len(os.Args) == 2 && os.Args[1] == "reglat" {
 		regLatency()
 		return
@@ -403,5 +407,35 @@ func regLatency() {
 		}
 		_ = ctx.HostUnregister(mem)
 		syscall.Munmap(mem)
+	}
+}
+
+// latency64 runs only 64 MiB put_cuda and get_cuda calls, 30 each after one
+// untimed call, so that the daemon's metrics and log can be read as the
+// cost of exactly those calls.
+func latency64(dir string) {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	dev, _ := ctx.MemAlloc(64 << 20)
+	h, _ := ctx.IpcGetHandle(dev)
+	f, err := ioctl.Open(filepath.Join(dir, "lat64"), os.O_RDWR|os.O_CREATE)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	m := ioctl.CUDAMem{Handle: h}
+	for _, c := range []struct {
+		name string
+		fn   func()
+	}{{"put_cuda 64MiB", func() { _, _, _ = f.PutCUDA(m, 64<<20, 0, 0) }}, {"get_cuda 64MiB", func() { _, _, _ = f.GetCUDA(m, 64<<20, 0) }}} {
+		c.fn()
+		t0 := time.Now()
+		for range 30 {
+			c.fn()
+		}
+		fmt.Printf("%-28s %8.1f us\n", c.name, float64(time.Since(t0).Microseconds())/30)
 	}
 }
