@@ -53,6 +53,9 @@ func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (trans
 		r.deadline = s.opts.Now().Add(ttl)
 		return transfer.ControlResponse{}, nil
 	case transfer.CtlSync:
+		// The committer waits SyncTimeout at most; so does this side.
+		ctx, cancel := context.WithTimeout(ctx, SyncTimeout)
+		defer cancel()
 		return transfer.ControlResponse{}, s.caughtUp(ctx, req.Rev)
 	case transfer.CtlFree:
 		s.mu.Lock()
