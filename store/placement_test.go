@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -270,5 +271,20 @@ func TestStaleBody(t *testing.T) {
 	b.put(t, "g", pattern(9, 200<<10))
 	if _, err := r.ReadAt(context.Background(), buf, 0); !errors.Is(err, transfer.ErrStaleBody) {
 		t.Fatalf("read of a replaced body: %v", err)
+	}
+}
+
+// TestCommitWaitsForPeers: a commit returns only once the other node's
+// view includes it, so a read there right after sees it from its cache.
+func TestCommitWaitsForPeers(t *testing.T) {
+	a, b := newCluster(t, true)
+	for i := range 50 {
+		o := a.put(t, fmt.Sprintf("k%d", i), pattern(byte(i), 5000))
+		if seen, _ := store.FollowState(b.Store); seen < o.Version {
+			t.Fatalf("commit %d at version %d returned while b had seen only %d", i, o.Version, seen)
+		}
+	}
+	if st := a.Stats(); st.SyncFails != 0 {
+		t.Fatalf("%d peers did not confirm", st.SyncFails)
 	}
 }
