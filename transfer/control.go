@@ -204,31 +204,13 @@ func (t *TCPTransport) Control(ctx context.Context, node string, epoch uint64, r
 	// so a dead pooled connection is retried only when the request
 	// cannot have reached the peer: the write of the request failed.
 	for attempt := 0; ; attempt++ {
-		var broken, reused, sent bool
-		pc, reused, err := t.conn(ctx, p)
-		if err != nil {
-			return resp, 0, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
-		}
-		if err := pc.checkEpoch(epoch); err != nil {
-			t.release(p, pc)
-			return resp, 0, fmt.Errorf("transfer: tcp control %s %s: %w", req.Op, node, err)
-		}
-		got = pc.epoch
-		dl, _ := ctx.Deadline()
-		pc.c.SetDeadline(dl)
-		stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
-		out, sent, broken, err = pc.control(body)
-		if !stop() {
-			broken = true
-			if err != nil {
-				err = errors.Join(ctx.Err(), err)
-			}
-		}
-		if broken {
-			t.drop(p, pc)
-		} else {
-			t.release(p, pc)
-		}
+		var reused, broken, sent bool
+		got, reused, broken, err = t.onConn(ctx, p, epoch, func(pc *tcpConn) (bool, error) {
+			var broken bool
+			var err error
+			out, sent, broken, err = pc.control(body)
+			return broken, err
+		})
 		if err != nil && broken && reused && !sent && attempt == 0 && ctx.Err() == nil {
 			continue
 		}

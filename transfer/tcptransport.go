@@ -288,22 +288,32 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch 
 // try runs one request on a connection of p; broken says the connection
 // was dropped, reused that it came from the idle pool.
 func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte, chk *bodyCheck) (broken, reused bool, err error) {
+	_, reused, broken, err = t.onConn(ctx, p, epoch, func(pc *tcpConn) (bool, error) {
+		return pc.roundTrip(op, e, buf, chk)
+	})
+	return broken, reused, err
+}
+
+// onConn runs fn on a connection of p under ctx's deadline (a cancelled
+// ctx unblocks its I/O), after checking the peer's epoch, then returns the
+// connection to the pool, or drops it when fn says it is broken or the
+// deadline may be poisoned. It returns the peer's epoch.
+func (t *TCPTransport) onConn(ctx context.Context, p *tcpPeer, epoch uint64, fn func(pc *tcpConn) (broken bool, err error)) (got uint64, reused, broken bool, err error) {
 	pc, reused, err := t.conn(ctx, p)
 	if err != nil {
-		return false, false, err
+		return 0, false, false, err
 	}
 	if err := pc.checkEpoch(epoch); err != nil {
 		t.release(p, pc)
-		return false, reused, err
+		return pc.epoch, reused, false, err
 	}
-	dl, _ := ctx.Deadline() // call set one
+	dl, _ := ctx.Deadline() // the caller set one
 	if err := pc.c.SetDeadline(dl); err != nil {
 		t.drop(p, pc)
-		return true, reused, err
+		return pc.epoch, reused, true, err
 	}
-	// A cancelled ctx unblocks the I/O by moving the deadline to the past.
 	stop := context.AfterFunc(ctx, func() { pc.c.SetDeadline(time.Unix(1, 0)) })
-	broken, err = pc.roundTrip(op, e, buf, chk)
+	broken, err = fn(pc)
 	if !stop() {
 		// The deadline may be poisoned, or about to be: do not reuse.
 		broken = true
@@ -316,7 +326,7 @@ func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch ui
 	} else {
 		t.release(p, pc)
 	}
-	return broken, reused, err
+	return pc.epoch, reused, broken, err
 }
 
 // conn returns an idle connection of p (reused) or dials one. The caller

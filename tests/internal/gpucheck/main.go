@@ -238,20 +238,8 @@ func rawCall(f *ioctl.File, cmd uint32, b []byte) error {
 // latency prints the per-call cost of the GPU ioctls next to a bare ioctl
 // round trip and the driver's own copy, to see what a call adds.
 func latency(dir string) {
-	ctx, err := cuda.Retain(0)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
-	dev, _ := ctx.MemAlloc(64 << 20)
-	h, _ := ctx.IpcGetHandle(dev)
-	f, err := ioctl.Open(filepath.Join(dir, "lat"), os.O_RDWR|os.O_CREATE)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
+	ctx, dev, m, f := latSetup(dir, "lat")
 	host := make([]byte, 64<<20)
-	m := ioctl.CUDAMem{Handle: h}
 	timeit := func(name string, n int, fn func()) {
 		fn()
 		t0 := time.Now()
@@ -414,19 +402,7 @@ func regLatency() {
 // untimed call, so that the daemon's metrics and log can be read as the
 // cost of exactly those calls.
 func latency64(dir string) {
-	ctx, err := cuda.Retain(0)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
-	dev, _ := ctx.MemAlloc(64 << 20)
-	h, _ := ctx.IpcGetHandle(dev)
-	f, err := ioctl.Open(filepath.Join(dir, "lat64"), os.O_RDWR|os.O_CREATE)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
-	m := ioctl.CUDAMem{Handle: h}
+	_, _, m, f := latSetup(dir, "lat64")
 	for _, c := range []struct {
 		name string
 		fn   func()
@@ -438,4 +414,22 @@ func latency64(dir string) {
 		}
 		fmt.Printf("%-28s %8.1f us\n", c.name, float64(time.Since(t0).Microseconds())/30)
 	}
+}
+
+// latSetup allocates 64 MiB on the first GPU and opens dir/name for the
+// latency runs; it exits on failure.
+func latSetup(dir, name string) (*cuda.Context, cuda.DevicePtr, ioctl.CUDAMem, *ioctl.File) {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	dev, _ := ctx.MemAlloc(64 << 20)
+	h, _ := ctx.IpcGetHandle(dev)
+	f, err := ioctl.Open(filepath.Join(dir, name), os.O_RDWR|os.O_CREATE)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	return ctx, dev, ioctl.CUDAMem{Handle: h}, f
 }
