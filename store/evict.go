@@ -38,8 +38,10 @@ func (s *Store) lruTail(n int) []string {
 }
 
 // evictOne removes key if it may be evicted: a file with local bytes,
-// not pinned and not open. It returns the bytes freed (possibly later, once
-// a racing reader lets go) and whether it evicted.
+// not pinned and not open. A file with replicas on other nodes only loses
+// this node's copy (repair may place it elsewhere); the last copy takes
+// the key with it. It returns the bytes freed (possibly later, once a
+// racing reader lets go) and whether it evicted.
 func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 	o, err := s.idx.Get(ctx, key)
 	if err != nil {
@@ -51,8 +53,12 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 	if o.Kind != KindFile || o.Pinned || o.Size == 0 || len(s.localExtents(o)) == 0 || s.IsOpen(o.Ino) {
 		return 0, false
 	}
-	swaps, err := s.removal(ctx, o)
-	if err != nil {
+	var swaps []Swap
+	if others := s.otherReplicas(o); len(others) > 0 {
+		next := o.Clone()
+		next.Replicas = others
+		swaps = []Swap{{Key: key, Old: o.Version, New: next}}
+	} else if swaps, err = s.removal(ctx, o); err != nil {
 		return 0, false
 	}
 	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
@@ -62,6 +68,17 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 	s.stats.evictions.Add(1)
 	s.stats.evictedBytes.Add(o.Size)
 	return o.Size, true
+}
+
+// otherReplicas returns o's replicas on other nodes.
+func (s *Store) otherReplicas(o *Object) []Replica {
+	var out []Replica
+	for _, r := range o.Replicas {
+		if r.Node != s.opts.Node {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // evictFor evicts least recently used objects until need bytes are free

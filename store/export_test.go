@@ -1,7 +1,15 @@
 package store
 
+import "context"
+
 // FollowState reports the highest version the follow loop processed and
 // whether no retirement waits in it, for tests.
 func FollowState(s *Store) (seen uint64, idle bool) {
 	return s.follow.seen.Load(), s.follow.idle.Load()
+}
+
+// EvictKey runs one eviction attempt of key, for tests.
+func EvictKey(s *Store, key string) bool {
+	_, ok := s.evictOne(context.Background(), key)
+	return ok
 }

@@ -288,3 +288,30 @@ func TestCommitWaitsForPeers(t *testing.T) {
 		t.Fatalf("%d peers did not confirm", st.SyncFails)
 	}
 }
+
+// TestEvictKeepsOtherReplicas: evicting a file that has a copy on another
+// node drops only this node's copy; the last copy takes the key.
+func TestEvictKeepsOtherReplicas(t *testing.T) {
+	a, b := newCluster(t, true)
+	data := pattern(7, 300<<10)
+	if _, err := a.putPlaced("two", data, store.Placement{Policy: store.PolicyLocal, Replicas: 2}, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	a.put(t, "one", pattern(8, 5000))
+	if !store.EvictKey(a.Store, "two") {
+		t.Fatal("two not evicted")
+	}
+	o, err := a.Stat(context.Background(), "two")
+	if err != nil || len(o.Replicas) != 1 || o.Replicas[0].Node != "b" {
+		t.Fatalf("after evicting a's copy: %+v, %v", o, err)
+	}
+	equalBytes(t, "two, read on a from b", a.readVia(t, "two"), data)
+	if !store.EvictKey(a.Store, "one") {
+		t.Fatal("one not evicted")
+	}
+	if _, err := b.Stat(context.Background(), "one"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the last copy evicted, key still there: %v", err)
+	}
+	a.sync(t)
+	a.waitUsed(t, 0)
+}
