@@ -287,6 +287,18 @@ func TestCommitWaitsForPeers(t *testing.T) {
 	if st := a.Stats(); st.SyncFails != 0 {
 		t.Fatalf("%d peers did not confirm", st.SyncFails)
 	}
+	// A member that cannot be reached fails once and is then left out
+	// for a while: commits do not pay for it each time.
+	v := testViews[a.Store]
+	v.mu.Lock()
+	v.phantom = append(v.phantom, "ghost")
+	v.mu.Unlock()
+	for i := range 5 {
+		a.put(t, fmt.Sprintf("g%d", i), pattern(byte(i), 100))
+	}
+	if st := a.Stats(); st.SyncFails != 1 {
+		t.Fatalf("%d failed confirmations from an unreachable member, want 1", st.SyncFails)
+	}
 }
 
 // TestEvictKeepsOtherReplicas: evicting a file that has a copy on another

@@ -256,8 +256,12 @@ type sharedIndex struct {
 	s *Store
 }
 
-// SyncTimeout bounds how long a commit waits for one other node.
-const SyncTimeout = 2 * time.Second
+// SyncTimeout bounds how long a commit waits for one other node;
+// SyncBackoff is how long a node that did not confirm is not waited for.
+const (
+	SyncTimeout = 2 * time.Second
+	SyncBackoff = 5 * time.Second
+)
 
 func (x *sharedIndex) CompareAndSwap(ctx context.Context, swaps ...Swap) (uint64, error) {
 	rev, err := x.Index.CompareAndSwap(ctx, swaps...)
@@ -267,18 +271,30 @@ func (x *sharedIndex) CompareAndSwap(ctx context.Context, swaps ...Swap) (uint64
 	return rev, err
 }
 
-// propagate waits until every other live node has seen rev.
+// propagate waits until every other live node has seen rev. A node that
+// failed to confirm is not waited for again for SyncBackoff (it is cut
+// off or misconfigured: commits must not pay SyncTimeout each).
 func (s *Store) propagate(ctx context.Context, rev uint64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SyncTimeout)
 	defer cancel()
+	now := s.opts.Now()
 	var wg sync.WaitGroup
 	for _, n := range s.opts.Cluster.Nodes() {
 		if s.isLocal(n.Name) {
 			continue
 		}
+		s.mu.Lock()
+		skip := now.Before(s.mu.syncSkip[n.Name])
+		s.mu.Unlock()
+		if skip {
+			continue
+		}
 		wg.Go(func() {
 			if err := s.opts.Transport.Sync(ctx, n.Name, rev); err != nil {
 				s.stats.syncFails.Add(1)
+				s.mu.Lock()
+				s.mu.syncSkip[n.Name] = s.opts.Now().Add(SyncBackoff)
+				s.mu.Unlock()
 			}
 		})
 	}

@@ -56,15 +56,21 @@ func newCluster(t *testing.T, follow bool, opts ...testOpt) (a, b *testStore) {
 		t.Cleanup(func() { _ = srv.Close() })
 		return s
 	}
-	return mk("a"), mk("b")
+	a, b = mk("a"), mk("b")
+	testViews[a.Store], testViews[b.Store] = view, view
+	return a, b
 }
+
+// testViews finds the cluster view of a test store.
+var testViews = map[*store.Store]*clusterView{}
 
 // clusterView is the Cluster of the test stores: all live, free space
 // read from their tables.
 type clusterView struct {
-	mu    sync.Mutex
-	nodes map[string]*testStore
-	dead  map[string]bool
+	mu      sync.Mutex
+	nodes   map[string]*testStore
+	dead    map[string]bool
+	phantom []string // members that run no store (unreachable)
 }
 
 func (v *clusterView) add(name string, s *testStore) {
@@ -91,6 +97,9 @@ func (v *clusterView) Nodes() []store.NodeInfo {
 			st := s.Table.Stats()
 			out = append(out, store.NodeInfo{Name: name, Capacity: st.Size, Free: st.Free})
 		}
+	}
+	for _, name := range v.phantom {
+		out = append(out, store.NodeInfo{Name: name})
 	}
 	return out
 }

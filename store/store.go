@@ -117,6 +117,8 @@ type Store struct {
 		// resv holds reservations for writers on other nodes (reserve.go).
 		resv     map[uint64]*reservation
 		nextResv uint64
+		// syncSkip: nodes not waited for until then (remote.go).
+		syncSkip map[string]time.Time
 	}
 	follow struct {
 		seen atomic.Uint64 // highest version the follow loop processed
@@ -163,6 +165,7 @@ func New(o Options) (*Store, error) {
 	s.mu.opens = make(map[uint64]int)
 	s.mu.live = make(map[segment.Extent]*liveBody)
 	s.mu.resv = make(map[uint64]*reservation)
+	s.mu.syncSkip = make(map[string]time.Time)
 	s.lru.list = list.New()
 	s.lru.elem = make(map[string]*list.Element)
 	if o.Follow {
