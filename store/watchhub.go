@@ -27,20 +27,20 @@ func (h *WatchHub) Watch(ctx context.Context, prefix string) (<-chan Event, erro
 	if h.ws == nil {
 		h.ws = make(map[*watcher]struct{})
 	}
-	w := &watcher{prefix: prefix, out: make(chan Event), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &watcher{prefix: prefix, q: NewQueue[Event]()}
 	h.ws[w] = struct{}{}
 	go func() {
 		select {
 		case <-ctx.Done():
-		case <-w.done:
+		case <-w.q.Done():
 		}
 		h.mu.Lock()
 		delete(h.ws, w)
 		h.mu.Unlock()
-		w.stop()
+		w.q.Stop()
 	}()
-	go w.run(ctx)
-	return w.out, nil
+	go w.q.Run(ctx)
+	return w.q.Out(), nil
 }
 
 // Publish queues events, in commit order, for every watch whose prefix
@@ -63,66 +63,31 @@ func (h *WatchHub) Close() {
 	defer h.mu.Unlock()
 	h.closed = true
 	for w := range h.ws {
-		w.stop()
+		w.q.Stop()
 	}
 	h.ws = nil
 }
 
+// watcher is one Watch: the events under its prefix, queued.
 type watcher struct {
 	prefix string
-	out    chan Event
-	wake   chan struct{}
-	done   chan struct{}
-	once   sync.Once
-	mu     struct {
-		sync.Mutex
-		queue []Event
-	}
+	q      *Queue[Event]
 }
 
 func (w *watcher) send(events []Event) {
-	w.mu.Lock()
-	start := len(w.mu.queue)
-	for _, e := range events {
-		if strings.HasPrefix(e.Object.Key, w.prefix) {
-			e.Last = false
-			w.mu.queue = append(w.mu.queue, e)
-		}
-	}
-	// Mark the last event of each commit this watcher gets.
-	q := w.mu.queue[start:]
-	for i := range q {
-		q[i].Last = i == len(q)-1 || q[i+1].Rev != q[i].Rev
-	}
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (w *watcher) stop() { w.once.Do(func() { close(w.done) }) }
-
-func (w *watcher) run(ctx context.Context) {
-	defer close(w.out)
-	for {
-		w.mu.Lock()
-		q := w.mu.queue
-		w.mu.queue = nil
-		w.mu.Unlock()
-		for _, e := range q {
-			select {
-			case w.out <- e:
-			case <-w.done:
-				return
+	w.q.push(func(queue []Event) []Event {
+		start := len(queue)
+		for _, e := range events {
+			if strings.HasPrefix(e.Object.Key, w.prefix) {
+				e.Last = false
+				queue = append(queue, e)
 			}
 		}
-		select {
-		case <-w.wake:
-		case <-w.done:
-			return
-		case <-ctx.Done():
-			return
+		// Mark the last event of each commit this watcher gets.
+		mine := queue[start:]
+		for i := range mine {
+			mine[i].Last = i == len(mine)-1 || mine[i+1].Rev != mine[i].Rev
 		}
-	}
+		return queue
+	})
 }

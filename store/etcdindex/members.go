@@ -25,7 +25,7 @@ import (
 // Left event whichever way it happened.
 //
 // Locks: Membership.mu guards the cache, the registration state and the
-// watcher list; memberWatcher.mu (a queue) is taken under it, never the
+// watcher list; a watch queue's lock is taken under it, never the
 // other way round. No lock is held across an etcd call.
 
 // ErrNameTaken reports a Join under a name another live node holds.
@@ -140,7 +140,7 @@ type Membership struct {
 		live     bool
 		err      error // why not live, for Err
 		nodes    map[string]Node
-		watchers map[*memberWatcher]struct{}
+		watchers map[*store.Queue[MemberEvent]]struct{}
 		closed   bool
 	}
 }
@@ -177,7 +177,7 @@ func Join(ctx context.Context, cli *clientv3.Client, self Node, opts MemberOptio
 	m.key = m.prefix + self.Name
 	m.mu.self = self
 	m.mu.nodes = map[string]Node{}
-	m.mu.watchers = map[*memberWatcher]struct{}{}
+	m.mu.watchers = map[*store.Queue[MemberEvent]]struct{}{}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 
 	ka, err := m.register(ctx, true)
@@ -275,26 +275,26 @@ func (m *Membership) Watch(ctx context.Context) (<-chan MemberEvent, error) {
 	if m.mu.closed {
 		return nil, fmt.Errorf("etcdindex: watch nodes: %w", store.ErrClosed)
 	}
-	w := &memberWatcher{out: make(chan MemberEvent), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	w := store.NewQueue[MemberEvent]()
 	var initial []MemberEvent
 	for _, n := range m.mu.nodes {
 		initial = append(initial, MemberEvent{Type: Joined, Node: n})
 	}
 	slices.SortFunc(initial, func(a, b MemberEvent) int { return strings.Compare(a.Node.Name, b.Node.Name) })
-	w.send(initial)
+	w.Send(initial...)
 	m.mu.watchers[w] = struct{}{}
 	go func() {
 		select {
 		case <-ctx.Done():
-		case <-w.done:
+		case <-w.Done():
 		}
 		m.mu.Lock()
 		delete(m.mu.watchers, w)
 		m.mu.Unlock()
-		w.stop()
+		w.Stop()
 	}()
-	go w.run()
-	return w.out, nil
+	go w.Run(ctx)
+	return w.Out(), nil
 }
 
 // Leave closes the Membership and revokes its lease, so that every member
@@ -318,7 +318,7 @@ func (m *Membership) Close() error {
 	m.mu.live = false
 	m.mu.err = store.ErrClosed
 	for w := range m.mu.watchers {
-		w.stop()
+		w.Stop()
 	}
 	m.mu.watchers = nil
 	m.mu.Unlock()
@@ -678,57 +678,11 @@ func (m *Membership) publishLocked(evs []MemberEvent) {
 		return
 	}
 	for w := range m.mu.watchers {
-		w.send(evs)
+		w.Send(evs...)
 	}
 }
 
 func nodeEqual(a, b Node) bool {
 	return a.Name == b.Name && a.Addr == b.Addr && a.Capacity == b.Capacity && a.Used == b.Used &&
 		a.Free == b.Free && a.Started.Equal(b.Started) && slices.Equal(a.Segments, b.Segments)
-}
-
-// memberWatcher is one Watch: an unbounded queue drained into out.
-type memberWatcher struct {
-	out  chan MemberEvent
-	wake chan struct{}
-	done chan struct{}
-	once sync.Once
-	mu   struct {
-		sync.Mutex
-		queue []MemberEvent
-	}
-}
-
-func (w *memberWatcher) send(evs []MemberEvent) {
-	w.mu.Lock()
-	w.mu.queue = append(w.mu.queue, evs...)
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (w *memberWatcher) stop() { w.once.Do(func() { close(w.done) }) }
-
-func (w *memberWatcher) run() {
-	defer close(w.out)
-	for {
-		w.mu.Lock()
-		q := w.mu.queue
-		w.mu.queue = nil
-		w.mu.Unlock()
-		for _, e := range q {
-			select {
-			case w.out <- e:
-			case <-w.done:
-				return
-			}
-		}
-		select {
-		case <-w.wake:
-		case <-w.done:
-			return
-		}
-	}
 }
