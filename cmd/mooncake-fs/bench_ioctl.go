@@ -122,13 +122,38 @@ func benchIoctlPutBuf(dir string, p benchParams) (benchSample, error) {
 // ceiling attach its ceiling (it gets the source memory).
 func ioctlPutBuf(dir string, p benchParams, ceiling func(s benchSample, mem []byte) (benchSample, error)) (benchSample, error) {
 	path := filepath.Join(dir, "ioctl-put-buf.dat")
+	s, err := withRegisteredValue(path, os.O_RDWR|os.O_CREATE, func(f *ioctl.File, reg ioctl.Registration, mem []byte) (benchSample, error) {
+		s, err := timeOps(ioctlOps(p), ioctlValueSize, func() error {
+			got, _, err := f.PutBuf(reg.ID, 0, ioctlValueSize, 0, 0)
+			if err != nil {
+				return err
+			}
+			return checkMoved("put_buf", got, ioctlValueSize)
+		})
+		if err != nil {
+			return benchSample{}, err
+		}
+		if err := checkStored(f, path); err != nil {
+			return benchSample{}, err
+		}
+		return ceiling(s, mem)
+	})
+	if err != nil {
+		return benchSample{}, err
+	}
+	return s, unlinkIfExists(path)
+}
+
+// withRegisteredValue opens path with flags, registers a 64 MiB memfd
+// holding the bench pattern on it and runs fn; everything is closed after.
+func withRegisteredValue(path string, flags int, fn func(f *ioctl.File, reg ioctl.Registration, mem []byte) (benchSample, error)) (benchSample, error) {
 	mf, mem, err := newBenchMemfd(ioctlValueSize)
 	if err != nil {
 		return benchSample{}, err
 	}
 	defer unix.Munmap(mem)
 	defer mf.Close()
-	f, err := ioctl.Open(path, os.O_RDWR|os.O_CREATE)
+	f, err := ioctl.Open(path, flags)
 	if err != nil {
 		return benchSample{}, err
 	}
@@ -137,24 +162,7 @@ func ioctlPutBuf(dir string, p benchParams, ceiling func(s benchSample, mem []by
 	if err != nil {
 		return benchSample{}, err
 	}
-	n := ioctlOps(p)
-	s, err := timeOps(n, ioctlValueSize, func() error {
-		got, _, err := f.PutBuf(reg.ID, 0, ioctlValueSize, 0, 0)
-		if err != nil {
-			return err
-		}
-		return checkMoved("put_buf", got, ioctlValueSize)
-	})
-	if err != nil {
-		return benchSample{}, err
-	}
-	if err := checkStored(f, path); err != nil {
-		return benchSample{}, err
-	}
-	if s, err = ceiling(s, mem); err != nil {
-		return benchSample{}, err
-	}
-	return s, unlinkIfExists(path)
+	return fn(f, reg, mem)
 }
 
 func benchIoctlPutVM(dir string, p benchParams) (benchSample, error) {
@@ -254,37 +262,23 @@ func benchIoctlGetBuf(dir string, p benchParams) (benchSample, error) {
 // ioctlGetBuf times GET_BUF of the value stored by benchIoctlGetSetup,
 // then lets ceiling attach its ceiling (it gets the destination memory).
 func ioctlGetBuf(dir string, p benchParams, ceiling func(s benchSample, mem []byte) (benchSample, error)) (benchSample, error) {
-	mf, mem, err := newBenchMemfd(ioctlValueSize)
-	if err != nil {
-		return benchSample{}, err
-	}
-	defer unix.Munmap(mem)
-	defer mf.Close()
-	clear(mem)
-	f, err := ioctl.Open(ioctlGetPath(dir), os.O_RDONLY)
-	if err != nil {
-		return benchSample{}, err
-	}
-	defer f.Close()
-	reg, err := f.Register(mf, 0, ioctlValueSize)
-	if err != nil {
-		return benchSample{}, err
-	}
-	n := ioctlOps(p)
-	s, err := timeOps(n, ioctlValueSize, func() error {
-		got, _, err := f.GetBuf(reg.ID, 0, ioctlValueSize, 0, 0)
+	return withRegisteredValue(ioctlGetPath(dir), os.O_RDONLY, func(f *ioctl.File, reg ioctl.Registration, mem []byte) (benchSample, error) {
+		clear(mem)
+		s, err := timeOps(ioctlOps(p), ioctlValueSize, func() error {
+			got, _, err := f.GetBuf(reg.ID, 0, ioctlValueSize, 0, 0)
+			if err != nil {
+				return err
+			}
+			return checkMoved("get_buf", got, ioctlValueSize)
+		})
 		if err != nil {
-			return err
+			return benchSample{}, err
 		}
-		return checkMoved("get_buf", got, ioctlValueSize)
+		if err := checkPattern("get_buf", mem); err != nil {
+			return benchSample{}, err
+		}
+		return ceiling(s, mem)
 	})
-	if err != nil {
-		return benchSample{}, err
-	}
-	if err := checkPattern("get_buf", mem); err != nil {
-		return benchSample{}, err
-	}
-	return ceiling(s, mem)
 }
 
 func benchIoctlGetVM(dir string, p benchParams) (benchSample, error) {
