@@ -465,17 +465,25 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-func TestTCPRedial(t *testing.T) {
-	n1 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{})
-	n2 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{})
+// restartingPeer returns a one-connection transport whose node "n" is at
+// n's address until the test stores another in addr (the node restarted).
+func restartingPeer(t *testing.T, n *tcpNode) (*TCPTransport, *atomic.Value) {
+	t.Helper()
 	var addr atomic.Value
-	addr.Store(n1.addr)
+	addr.Store(n.addr)
 	tr, err := NewTCPTransport(TCPOptions{Token: testToken, ConnsPerPeer: 1,
 		Resolve: func(string) (string, error) { return addr.Load().(string), nil }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.Close()
+	t.Cleanup(func() { tr.Close() })
+	return tr, &addr
+}
+
+func TestTCPRedial(t *testing.T) {
+	n1 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{})
+	n2 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{})
+	tr, addr := restartingPeer(t, n1)
 	e := segment.Extent{Segment: 0, Off: 3, Len: 1000}
 	dst := make([]byte, e.Len)
 	if err := tr.ReadAt(context.Background(), "n", 0, e, dst); err != nil {
@@ -513,14 +521,7 @@ func TestTCPTransportClose(t *testing.T) {
 func TestTCPStaleEpoch(t *testing.T) {
 	n1 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 11})
 	n2 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 22})
-	var addr atomic.Value
-	addr.Store(n1.addr)
-	tr, err := NewTCPTransport(TCPOptions{Token: testToken, ConnsPerPeer: 1,
-		Resolve: func(string) (string, error) { return addr.Load().(string), nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
+	tr, addr := restartingPeer(t, n1)
 	e := segment.Extent{Segment: 0, Off: 3, Len: 1000}
 	dst := make([]byte, e.Len)
 	if err := tr.ReadAt(context.Background(), "n", 11, e, dst); err != nil {
