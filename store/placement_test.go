@@ -80,7 +80,7 @@ func TestPlaceOnNode(t *testing.T) {
 	}
 	equalBytes(t, "read on a", a.readVia(t, "f"), data)
 	equalBytes(t, "read on b", b.readVia(t, "f"), data)
-	waitFor(t, "b to take the reservation over", func() bool { return b.Reservations() == 0 })
+	waitFor(t, "b to take the reservation over", func() bool { return b.Stats().Reservations == 0 })
 	want := uint64(len(data)+segment.Granule-1) / segment.Granule * segment.Granule
 	if b.used() != want {
 		t.Fatalf("b uses %d B, want %d (trimmed to the size)", b.used(), want)
@@ -115,8 +115,8 @@ func TestPlaceNowhere(t *testing.T) {
 	// More than b holds, explicitly on b: no silent landing on a.
 	_, err = a.putPlaced("g", pattern(1, 5<<20), store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}, 1<<20)
 	wantErr(t, "5 MiB on a 4 MiB node", err, store.ErrNoSpace)
-	if a.used() != 0 || b.used() != 0 || b.Reservations() != 0 {
-		t.Fatalf("left behind: a %d B, b %d B, %d reservations", a.used(), b.used(), b.Reservations())
+	if a.used() != 0 || b.used() != 0 || b.Stats().Reservations != 0 {
+		t.Fatalf("left behind: a %d B, b %d B, %d reservations", a.used(), b.used(), b.Stats().Reservations)
 	}
 	// Three replicas on a two-node cluster cannot be placed.
 	_, err = a.putPlaced("h", pattern(1, 5000), store.Placement{Policy: store.PolicyLocal, Replicas: 3}, 5000)
@@ -124,7 +124,7 @@ func TestPlaceNowhere(t *testing.T) {
 	if _, err := a.Stat(context.Background(), "h"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("failed put is visible: %v", err)
 	}
-	waitFor(t, "b to free the failed replica", func() bool { return b.used() == 0 && b.Reservations() == 0 })
+	waitFor(t, "b to free the failed replica", func() bool { return b.used() == 0 && b.Stats().Reservations == 0 })
 }
 
 // TestReplicas: two replicas land on distinct nodes with the same bytes;
@@ -192,7 +192,7 @@ func TestSpill(t *testing.T) {
 	if a.used() != 3<<20 {
 		t.Fatalf("a uses %d B after the spill, want only the filler", a.used())
 	}
-	waitFor(t, "b to take the reservation over", func() bool { return b.Reservations() == 0 })
+	waitFor(t, "b to take the reservation over", func() bool { return b.Stats().Reservations == 0 })
 }
 
 // TestReservationExpires: a writer that reserves and vanishes leaks nothing.
@@ -203,10 +203,13 @@ func TestReservationExpires(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.used() < 1<<20 || b.Reservations() != 1 {
-		t.Fatalf("b uses %d B with %d reservations", b.used(), b.Reservations())
+	if b.used() < 1<<20 || b.Stats().Reservations != 1 {
+		t.Fatalf("b uses %d B with %d reservations", b.used(), b.Stats().Reservations)
 	}
-	waitFor(t, "the reaper", func() bool { return b.used() == 0 && b.Reservations() == 0 })
+	waitFor(t, "the reaper", func() bool { return b.used() == 0 && b.Stats().Reservations == 0 })
+	if st := b.Stats(); st.Reserved != 1 || st.Reaped != 1 {
+		t.Fatalf("reservations made %d, reaped %d; want 1 and 1", st.Reserved, st.Reaped)
+	}
 	if err := tr.Renew(context.Background(), "b", r.Epoch, r.ID, time.Second); err == nil {
 		t.Fatal("renewed an expired reservation")
 	}

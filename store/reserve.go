@@ -167,13 +167,6 @@ func (s *Store) reap() {
 	}
 }
 
-// Reservations returns how many reservations for remote writers are open.
-func (s *Store) Reservations() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.mu.resv)
-}
-
 // copyExtents copies the first n bytes of src into dst (each a node, its
 // epoch and extents): straight from or into local segment memory when one
 // side is here, through a bounce buffer otherwise. A remote src is read

@@ -365,9 +365,15 @@ type ClusterStatus struct {
 	Reservations int          `json:"reservations"`
 	// SyncFailures counts peers that did not confirm a commit of this
 	// node in time (dead, cut off, or with another token).
-	SyncFailures uint64                  `json:"sync_failures"`
-	Transport    transfer.TCPStats       `json:"transport"`
-	Server       transfer.TCPServerStats `json:"server"`
+	SyncFailures uint64 `json:"sync_failures"`
+	// ReservationsMade and ReservationsReaped count reservations for
+	// writers on other nodes since start, and those that expired unused.
+	ReservationsMade   uint64 `json:"reservations_made"`
+	ReservationsReaped uint64 `json:"reservations_reaped"`
+	// DelayedFreeBytes are retired bytes waiting out the free delay.
+	DelayedFreeBytes int64                   `json:"delayed_free_bytes"`
+	Transport        transfer.TCPStats       `json:"transport"`
+	Server           transfer.TCPServerStats `json:"server"`
 }
 
 // NodeStatus is one member as the cluster sees it.
@@ -387,7 +393,10 @@ const maxLostListed = 100
 
 func (c *cluster) status() *ClusterStatus {
 	cs := &ClusterStatus{Etcd: c.d.cfg.cluster.etcd, Addr: c.ln.Addr().String(), Live: c.members.Live(),
-		Transport: c.tr.Stats(), Server: c.srv.Stats(), Reservations: c.d.st.Reservations(), SyncFailures: c.d.st.Stats().SyncFails}
+		Transport: c.tr.Stats(), Server: c.srv.Stats()}
+	st := c.d.st.Stats()
+	cs.Reservations, cs.ReservationsMade, cs.ReservationsReaped = st.Reservations, st.Reserved, st.Reaped
+	cs.SyncFailures, cs.DelayedFreeBytes = st.SyncFails, st.DelayedFree
 	if err := c.members.Err(); err != nil {
 		cs.LiveErr = err.Error()
 	}
