@@ -30,6 +30,7 @@ var errnoTable = []struct {
 	{segment.ErrNoSpace, syscall.ENOSPC},
 	{store.ErrStale, syscall.ESTALE},
 	{store.ErrLost, syscall.EIO},
+	{store.ErrUnavailable, syscall.ETIMEDOUT},
 	{etcdindex.ErrCorrupt, syscall.EIO},
 	{store.ErrInvalid, syscall.EINVAL},
 	{store.ErrTooLarge, syscall.EFBIG},

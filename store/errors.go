@@ -23,6 +23,9 @@ var (
 	ErrClosed      = errors.New("store: closed")
 	ErrUnsupported = errors.New("store: unsupported")
 	ErrRange       = errors.New("store: offset outside the object")
+	// ErrUnavailable means a shared index (etcd) did not answer: the
+	// change did not happen, or its outcome is unknown.
+	ErrUnavailable = errors.New("store: index unavailable")
 	// ErrRemote means the held bytes live on another node: Reader.Slices
 	// cannot map them; callers (fs) fall back to ReadAt / ReadTo.
 	ErrRemote = errors.New("store: bytes on a remote node")

@@ -41,7 +41,8 @@
 // # etcd outages
 //
 // Every etcd request is bounded by RequestTimeout and fails with an error
-// that says "etcd unavailable at <endpoints>" and wraps the client's error
+// that says "etcd unavailable at <endpoints>" and wraps store.ErrUnavailable
+// (ETIMEDOUT at the mount) and the client's error
 // (context.DeadlineExceeded when it timed out). Cached reads keep working
 // while etcd is away, unless they wait for this node's own write. The watch
 // reconnects and resumes by itself.

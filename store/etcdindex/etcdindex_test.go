@@ -229,7 +229,7 @@ func TestEtcdOutage(t *testing.T) {
 	if err == nil || errors.Is(err, store.ErrConflict) {
 		t.Fatalf("swap with etcd stopped: %v", err)
 	}
-	if !strings.Contains(err.Error(), "etcd unavailable at "+s.ClientURL) || !errors.Is(err, context.DeadlineExceeded) {
+	if !strings.Contains(err.Error(), "etcd unavailable at "+s.ClientURL) || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("swap with etcd stopped: %v; want etcd unavailable at %s wrapping DeadlineExceeded", err, s.ClientURL)
 	}
 	// A hang guard, not a latency assertion: the call must not block far

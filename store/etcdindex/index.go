@@ -251,7 +251,7 @@ func (x *Index) requestError(ctx context.Context, op string, err error) error {
 	case ctx.Err() != nil:
 		return fmt.Errorf("etcdindex: %s: %w", op, err) // the caller gave up
 	}
-	return fmt.Errorf("etcdindex: %s: etcd unavailable at %s: %w", op, strings.Join(x.cli.Endpoints(), ","), err)
+	return fmt.Errorf("etcdindex: %s: etcd unavailable at %s: %w: %w", op, strings.Join(x.cli.Endpoints(), ","), store.ErrUnavailable, err)
 }
 
 // lockCaughtUp locks x.mu once the cache reflects readRev, waiting at most

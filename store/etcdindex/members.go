@@ -343,7 +343,7 @@ func (m *Membership) revoke() error {
 }
 
 func (m *Membership) requestError(op string, err error) error {
-	return fmt.Errorf("etcdindex: %s: etcd unavailable at %s: %w", op, strings.Join(m.cli.Endpoints(), ","), err)
+	return fmt.Errorf("etcdindex: %s: etcd unavailable at %s: %w: %w", op, strings.Join(m.cli.Endpoints(), ","), store.ErrUnavailable, err)
 }
 
 // register makes this node's key live: it keeps the current lease if etcd
