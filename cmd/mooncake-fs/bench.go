@@ -44,6 +44,8 @@ type benchConfig struct {
 	reps      int
 	files     int
 	keepGoing bool
+	// daemonCPUs is passed to the benchmark's daemon as --cpus.
+	daemonCPUs string
 }
 
 const (
@@ -62,6 +64,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fl.IntVar(&c.reps, "reps", 3, "repetitions of each side of each case; the median is reported")
 	fl.IntVar(&c.files, "files", 5000, "files per pass of fuse-small-files")
 	fl.BoolVar(&c.keepGoing, "keep-going", false, "report a failed case and run the next instead of stopping")
+	fl.StringVar(&c.daemonCPUs, "daemon-cpus", "", "run the benchmark's daemon with --cpus LIST (the workers stay where the scheduler puts them)")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
 	}
@@ -75,6 +78,11 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	}
 	if c.size < benchBlock {
 		errs = append(errs, fmt.Errorf("--size %d: at least 1 MiB", c.size))
+	}
+	if c.daemonCPUs != "" {
+		if _, err := parseCPUList(c.daemonCPUs); err != nil {
+			errs = append(errs, fmt.Errorf("--daemon-cpus: %w", err))
+		}
 	}
 	if c.reps < 1 {
 		errs = append(errs, fmt.Errorf("--reps %d: at least 1", c.reps))
@@ -115,7 +123,7 @@ func runBench(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 
-	env := &benchEnv{self: self}
+	env := &benchEnv{self: self, daemonCPUs: cfg.daemonCPUs}
 	defer func() {
 		if cerr := env.close(); cerr != nil {
 			fmt.Fprintf(os.Stderr, "mooncake-fs bench: cleanup: %v\n", cerr)
@@ -140,6 +148,7 @@ func runBench(args []string) error {
 			failed++
 			continue
 		}
+		res.DaemonCPUs = cfg.daemonCPUs
 		out.result(res)
 	}
 	if failed > 0 {
@@ -289,6 +298,8 @@ type benchResult struct {
 	// reported mooncake repetition ran (1 = one core busy).
 	DaemonCPU float64 `json:"daemon_cpu,omitempty"`
 	Reps      int     `json:"reps"`
+	// DaemonCPUs is the daemon's --cpus, when the run set one.
+	DaemonCPUs string `json:"daemon_cpus,omitempty"`
 }
 
 // makeBenchResult turns the reported samples of both sides into a line.
@@ -341,6 +352,9 @@ func (o *benchOutput) begin(cfg *benchConfig) {
 	fmt.Printf("# median of %d repetitions per side; GB/s = 1e9 B/s; ratio = mooncake / ceiling (ops/s for small files)\n", cfg.reps)
 	fmt.Printf("# mount: %s store, sequential passes of %s in %s blocks, %d files of %s\n",
 		formatSize(cfg.storeSize), formatSize(cfg.size), formatSize(benchBlock), cfg.files, formatSize(benchFileSize))
+	if cfg.daemonCPUs != "" {
+		fmt.Printf("# daemon on CPUs %s\n", cfg.daemonCPUs)
+	}
 	fmt.Printf(benchRow, "CASE", "GB/s", "CEILING", "GB/s", "RATIO", "OPS/S", "P50 us", "P99 us", "CEIL OPS/S", "DAEMON")
 }
 

@@ -34,6 +34,8 @@ type benchEnv struct {
 	mnt    string
 	tmpfs  string
 	failed bool // dump the daemon's log at close
+	// daemonCPUs, when set, is the daemon's --cpus.
+	daemonCPUs string
 
 	tmpfsMounted bool
 	daemon       *benchProc
@@ -79,8 +81,12 @@ func (e *benchEnv) start(ctx context.Context, storeSize, tmpfsSize uint64) error
 func (e *benchEnv) startDaemon(ctx context.Context, storeSize uint64) error {
 	// --evict off: a case that outgrows the store fails with ENOSPC
 	// instead of quietly measuring eviction.
+	args := []string{"mount", "--size", strconv.FormatUint(storeSize, 10), "--evict", "off"}
+	if e.daemonCPUs != "" {
+		args = append(args, "--cpus", e.daemonCPUs)
+	}
 	var err error
-	e.daemon, err = e.startProc(ctx, "daemon", "READY "+e.mnt, e.self, "mount", "--size", strconv.FormatUint(storeSize, 10), "--evict", "off", e.mnt)
+	e.daemon, err = e.startProc(ctx, "daemon", "READY "+e.mnt, e.self, append(args, e.mnt)...)
 	return err
 }
 

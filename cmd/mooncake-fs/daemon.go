@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -42,6 +43,7 @@ type mountConfig struct {
 	fuseDebug   bool
 	node        string
 	pinMax      uint64
+	cpus        []int // nil: wherever the scheduler puts them
 	cluster     clusterConfig
 }
 
@@ -90,6 +92,8 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 		}
 	}
 	fl.Var(sizeFlag{&c.pinMax}, "pin-max", "register at most this much segment memory with CUDA (env MOONCAKE_PIN_MAX); 0: none; default: all")
+	cpus := os.Getenv("MOONCAKE_CPUS")
+	fl.StringVar(&cpus, "cpus", cpus, "run the daemon's threads on these CPUs only, e.g. 2,3 or 0-3 (env MOONCAKE_CPUS); default: any")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
 	}
@@ -101,6 +105,11 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 		return nil, err
 	}
 	var errs []error
+	if cpus != "" {
+		if c.cpus, err = parseCPUList(cpus); err != nil {
+			errs = append(errs, fmt.Errorf("--cpus: %w", err))
+		}
+	}
 	if c.node == "" {
 		c.node = "local"
 		if c.cluster.etcd != "" {
@@ -174,6 +183,12 @@ func runMount(args []string) error {
 	if err := reexecForSplice(); err != nil {
 		return err
 	}
+	if cfg.cpus != nil {
+		// Before the segments, CUDA and FUSE start their threads.
+		if err := confineToCPUs(cfg.cpus); err != nil {
+			return fmt.Errorf("--cpus: %w", err)
+		}
+	}
 	log := logrus.New()
 	log.SetOutput(os.Stderr)
 	lvl, _ := logrus.ParseLevel(cfg.logLevel)
@@ -235,6 +250,10 @@ func (d *daemon) start() error {
 	so := store.DefaultOptions()
 	so.Node = d.cfg.node
 	eo := transfer.Options{Local: d.segs, Registerer: d.reg, Self: d.cfg.node}
+	if d.cfg.cpus != nil {
+		// runtime.NumCPU still counts the CPUs the process started with.
+		eo.Workers = len(d.cfg.cpus)
+	}
 	if d.cfg.cluster.etcd != "" {
 		if err := d.startCluster(); err != nil {
 			return err
@@ -279,6 +298,11 @@ func (d *daemon) start() error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+		// Profiles of the running daemon, e.g.
+		// go tool pprof http://ADDR/debug/pprof/profile?seconds=10
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		go func() { _ = http.Serve(ln, mux) }()
 		d.log.WithField("addr", ln.Addr().String()).Info("metrics")
 	}
@@ -372,6 +396,8 @@ type Status struct {
 	GPUs          []cuda.GPU      `json:"gpus,omitempty"`
 	Cluster       *ClusterStatus  `json:"cluster,omitempty"`
 	CPUs          int             `json:"cpus"`
+	// Affinity is the CPUs the daemon runs on (--cpus), e.g. "0-15".
+	Affinity string `json:"cpu_affinity"`
 }
 
 // RegStatus counts client buffers registered through REGISTER_BUFFER.
@@ -433,6 +459,9 @@ func (d *daemon) status() Status {
 		Transfer: d.eng.Stats(),
 		Fuse:     d.mnt.Settings(),
 		CPUs:     runtime.NumCPU(),
+	}
+	if cpus, err := allowedCPUs(); err == nil {
+		s.Affinity = formatCPUList(cpus)
 	}
 	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
 	s.GPUs = d.gpus

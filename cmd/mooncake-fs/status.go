@@ -76,6 +76,7 @@ func printStatus(s *Status) {
 		{"locked", fmt.Sprintf("%s of %s", formatSize(s.Memory.LockedBytes), formatSize(s.Capacity))},
 		{"cuda pinned", fmt.Sprintf("%s of %s", formatSize(s.Memory.CUDAPinned), formatSize(s.Capacity))},
 		{"segments", fmt.Sprint(len(s.Segments))},
+		{"cpus", fmt.Sprintf("%s (of %d)", s.Affinity, s.CPUs)},
 		{"eviction", ev},
 		{"evictions", fmt.Sprintf("%d (%s)", s.Evict.Evictions, formatSize(s.Evict.EvictedBytes))},
 		{"commits", fmt.Sprintf("%d (%d revoked)", s.Commits, s.Revokes)},

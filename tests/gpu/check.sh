@@ -2,7 +2,8 @@
 # Runs on the GPU host, from the repository root, with the binaries built
 # on the development machine in .gpu/ (mooncake-fs, gpucheck): mounts the
 # store, runs the GPU checks (Go, then Python with torch where present),
-# the cuda bench cases, and unmounts. Output goes to stdout and $OUT.
+# the cuda bench cases (also with the daemon on one CPU), and unmounts.
+# Output goes to stdout and $OUT.
 set -u -o pipefail
 OUT=${OUT:-/tmp}
 BIN=.gpu/mooncake-fs
@@ -21,7 +22,12 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ 
 fi
 $BIN status --json $MNT > $OUT/status.json
 kill -TERM %1; wait
+CASES=cuda-put-64MiB,cuda-get-64MiB,cuda-put-256MiB,cuda-get-256MiB,cuda-put-1GiB,cuda-get-1GiB
 echo "== bench"
-timeout 400 $BIN bench --json --case cuda-put-64MiB,cuda-get-64MiB,cuda-put-1GiB,cuda-get-1GiB 2>&1 | tee $OUT/bench.json
+timeout 400 $BIN bench --json --case $CASES 2>&1 | tee $OUT/bench.json
+# The daemon on one CPU (mount --cpus): its threads stay warm between calls.
+DCPU=${DAEMON_CPUS:-$(( $(nproc) / 4 ))}
+echo "== bench, daemon on CPU $DCPU"
+timeout 400 $BIN bench --json --daemon-cpus $DCPU --case $CASES 2>&1 | tee $OUT/bench-cpus.json
 tail -5 $OUT/daemon.log
 exit $rc

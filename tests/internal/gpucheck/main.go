@@ -62,6 +62,10 @@ func main() {
 		regLatency()
 		return
 	}
+	if len(os.Args) == 2 && os.Args[1] == "mstream" {
+		multiStream()
+		return
+	}
 	if len(os.Args) == 2 && os.Args[1] == "ipclat" {
 		ipcLatency()
 		return
@@ -432,4 +436,62 @@ func latSetup(dir, name string) (*cuda.Context, cuda.DevicePtr, ioctl.CUDAMem, *
 		os.Exit(1)
 	}
 	return ctx, dev, ioctl.CUDAMem{Handle: h}, f
+}
+
+// multiStream times one copy of 64 MiB and 1 GiB split into k contiguous
+// slices on k streams at once: does more than one copy engine in the same
+// direction beat a single cuMemcpy over the same link?
+func multiStream() {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	const most = 1 << 30
+	dev, _ := ctx.MemAlloc(most)
+	huge, err := syscall.Mmap(-1, 0, most, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS|0x40000)
+	if err != nil {
+		huge, _ = syscall.Mmap(-1, 0, most, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	}
+	for i := 0; i < len(huge); i += 4096 {
+		huge[i] = 1
+	}
+	if err := ctx.HostRegister(huge, cuda.HostRegisterPortable); err != nil {
+		fmt.Println("register:", err)
+		return
+	}
+	var ss []*cuda.Stream
+	for range 8 {
+		s, _ := ctx.NewStream()
+		ss = append(ss, s)
+	}
+	for _, n := range []int{64 << 20, 256 << 20, most} {
+		iters := max(4, (2<<30)/n)
+		for _, dtoh := range []bool{true, false} {
+			for _, k := range []int{1, 2, 3, 4, 8} {
+				run := func() {
+					part := n / k
+					for i := range k {
+						h := huge[i*part : (i+1)*part]
+						d := dev + cuda.DevicePtr(i*part)
+						if dtoh {
+							_ = cuda.CopyDtoHAsync(h, d, ss[i])
+						} else {
+							_ = cuda.CopyHtoDAsync(d, h, ss[i])
+						}
+					}
+					for i := range k {
+						_ = ss[i].Sync()
+					}
+				}
+				run()
+				t0 := time.Now()
+				for range iters {
+					run()
+				}
+				us := float64(time.Since(t0).Microseconds()) / float64(iters)
+				fmt.Printf("mstream %5d MiB dtoh=%-5v k=%d %9.1f us %6.2f GB/s\n", n>>20, dtoh, k, us, float64(n)/us/1e3)
+			}
+		}
+	}
 }
