@@ -14,7 +14,8 @@
 #
 # Environment: PYTHON (default python3), MNT (/tmp/mcgpu), SIZE (4GiB),
 # TEST_TIMEOUT (420 s), BENCH_TIMEOUT (300 s), NO_BENCH=1 to skip the
-# bench, ALLOW_NO_GPU=1 to pass without torch.cuda (everything skips).
+# bench, DAEMON_CPUS=LIST to run the bench's daemon with --cpus LIST,
+# ALLOW_NO_GPU=1 to pass without torch.cuda (everything skips).
 set -u -o pipefail
 
 BIN=bin/mooncake-fs
@@ -115,6 +116,7 @@ if [ -z "${NO_BENCH:-}" ]; then
 	else
 		echo "cases: $cases"
 		timeout --kill-after=30 "${BENCH_TIMEOUT:-300}" "$BIN" bench --json --keep-going --case "$cases" \
+			${DAEMON_CPUS:+--daemon-cpus "$DAEMON_CPUS"} \
 			2>&1 | tee /tmp/bench.json
 		bench_rc=$?
 		save /tmp/bench.json
