@@ -330,3 +330,37 @@ func TestEvictKeepsOtherReplicas(t *testing.T) {
 	a.sync(t)
 	a.waitUsed(t, 0)
 }
+
+// TestEvictRemoteWritten: files that a wrote into b's segments (node:b)
+// are in b's LRU like b's own, so a write that must land on a full b
+// evicts the least recently written of them instead of failing with
+// ErrNoSpace.
+func TestEvictRemoteWritten(t *testing.T) {
+	ctx := context.Background()
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) { o.Evict = true }))
+	onB := store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}
+	for _, k := range []string{"r1", "r2", "r3"} {
+		if _, err := a.putPlaced(k, pattern(4, 1<<20), onB, 256<<10); err != nil {
+			t.Fatalf("put %s on b: %v", k, err)
+		}
+	}
+	b.sync(t)
+	if b.used() != 3<<20 {
+		t.Fatalf("b uses %d B, want 3 MiB", b.used())
+	}
+	big := pattern(5, 2<<20)
+	if _, err := b.putPlaced("big", big, onB, 1<<20); err != nil {
+		t.Fatalf("put big on a full b: %v", err)
+	}
+	if _, err := b.Stat(ctx, "r1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("r1, the least recently written, after b made room: %v, want ErrNotFound", err)
+	}
+	// The draft reserves ahead of its writes, so r2 may go as well; the
+	// most recently written stays.
+	equalBytes(t, "r3 read on a", a.readVia(t, "r3"), pattern(4, 1<<20))
+	equalBytes(t, "big", a.readVia(t, "big"), big)
+	if st := b.Stats(); st.Evictions < 1 || st.Evictions > 2 {
+		t.Fatalf("b evicted %d objects, want 1 or 2", st.Evictions)
+	}
+	b.checkAlloc(t)
+}

@@ -168,6 +168,14 @@ func (f *follower) apply(ev Event) {
 			f.s.mu.Unlock()
 		}
 	}
+	// The LRU holds every key with bytes here, whichever node wrote
+	// them, so that eviction can make room for the next write.
+	if cur.ext != nil && ev.Object.Kind == KindFile {
+		f.s.touch(key)
+		f.s.kickEvict()
+	} else {
+		f.s.forget(key)
+	}
 	prev, had := f.keys[key]
 	if !had && ev.Type == EventDelete {
 		// A version from before the watch started.

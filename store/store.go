@@ -399,6 +399,11 @@ func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
 		}
 	}
 	s.stats.commits.Add(1)
+	s.kickEvict()
+}
+
+// kickEvict wakes the eviction loop when use passed the high watermark.
+func (s *Store) kickEvict() {
 	if s.opts.Evict && s.aboveHighWater() {
 		select {
 		case s.kick <- struct{}{}:
