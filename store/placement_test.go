@@ -364,3 +364,28 @@ func TestEvictRemoteWritten(t *testing.T) {
 	}
 	b.checkAlloc(t)
 }
+
+// TestRemoteReadsKeepLRU: a checked read from a counts as a use of b's copy,
+// so b evicts the file nobody read since, not the one a keeps reading.
+func TestRemoteReadsKeepLRU(t *testing.T) {
+	ctx := context.Background()
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) { o.Evict = true }))
+	onB := store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}
+	for _, k := range []string{"r1", "r2", "r3"} {
+		if _, err := a.putPlaced(k, pattern(4, 1<<20), onB, 1<<20); err != nil {
+			t.Fatalf("put %s on b: %v", k, err)
+		}
+	}
+	b.sync(t)
+	equalBytes(t, "r1 read on a", a.readVia(t, "r1"), pattern(4, 1<<20))
+	// One more MiB on b: the least recently used is now r2.
+	if _, err := b.putPlaced("more", pattern(6, 1<<20), onB, 1<<20); err != nil {
+		t.Fatalf("put more on b: %v", err)
+	}
+	if _, err := b.Stat(ctx, "r2"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("r2 after b made room: %v, want ErrNotFound (evicted)", err)
+	}
+	if _, err := b.Stat(ctx, "r1"); err != nil {
+		t.Fatalf("r1, read from a since it was written, was evicted: %v", err)
+	}
+}

@@ -48,6 +48,7 @@ import (
 type liveBody struct {
 	since  uint64 // version that published it; 0 while its swap runs
 	doomed uint64 // a follow retirement observed at this version waits for since
+	key    string // the key the follow loop last saw it under ("" before)
 }
 
 // registerBody notes ext as the body of a commit about to be swapped in.
@@ -171,6 +172,11 @@ func (f *follower) apply(ev Event) {
 	// The LRU holds every key with bytes here, whichever node wrote
 	// them, so that eviction can make room for the next write.
 	if cur.ext != nil && ev.Object.Kind == KindFile {
+		f.s.mu.Lock()
+		if lb := f.s.mu.live[cur.ext[0]]; lb != nil {
+			lb.key = key
+		}
+		f.s.mu.Unlock()
 		f.s.touch(key)
 		f.s.kickEvict()
 	} else {
@@ -233,9 +239,17 @@ func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uin
 	}
 	s.mu.Lock()
 	lb := s.mu.live[first]
+	var key string
+	if lb != nil {
+		key = lb.key
+	}
 	s.mu.Unlock()
 	if lb == nil || lb.since > version {
 		return fmt.Errorf("body %v at version %d: %w", first, version, transfer.ErrStaleBody)
+	}
+	if key != "" {
+		// A read from another node is a use of this node's copy.
+		s.touch(key)
 	}
 	return nil
 }
