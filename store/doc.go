@@ -41,7 +41,9 @@
 // replicas are copied before the commit swaps in; Reconcile drops
 // replicas of dead nodes and restores replica counts; objects left
 // without a replica are lost (ErrLost). Retired bodies wait FreeDelay
-// before their space is reused, for reads from other nodes in flight.
+// before their space is reused, for reads from other nodes in flight; an
+// open reader on another node keeps its version with a hold that its
+// node asks for when it sees the key change (hold.go).
 //
 // # Directories
 //

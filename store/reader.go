@@ -18,6 +18,10 @@ type Reader struct {
 	b      *body
 	remote *remoteBody // set when the bytes are on another node (b is nil)
 	closed atomic.Bool
+	// Guarded by Store.mu, remote readers only (hold.go): holding is set
+	// once holds were asked for; holds are those granted.
+	holding bool
+	holds   []heldRef
 }
 
 // OpenReader returns a lease on the current version of key.
@@ -43,7 +47,11 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 	s.mu.opens[obj.Ino]++
 	s.mu.Unlock()
 	s.touch(key)
-	return &Reader{s: s, obj: obj, b: b, remote: rb}, nil
+	r := &Reader{s: s, obj: obj, b: b, remote: rb}
+	if rb != nil && s.opts.Follow {
+		s.watchRemoteReader(r)
+	}
+	return r, nil
 }
 
 // Object returns the version this reader holds.
@@ -148,4 +156,7 @@ func (r *Reader) Close() {
 	}
 	r.s.release(r.b)
 	r.s.closeIno(r.obj.Ino)
+	if r.remote != nil && r.s.opts.Follow {
+		r.s.closeRemoteReader(r)
+	}
 }

@@ -169,6 +169,13 @@ func (f *follower) apply(ev Event) {
 			f.s.mu.Unlock()
 		}
 	}
+	// Open readers of the key's previous version on other nodes' bodies
+	// ask those nodes to keep them.
+	if ev.Type == EventDelete {
+		f.s.holdReadersOf(key, 0)
+	} else {
+		f.s.holdReadersOf(key, ev.Object.Version)
+	}
 	// The LRU holds every key with bytes here, whichever node wrote
 	// them, so that eviction can make room for the next write.
 	if cur.ext != nil && ev.Object.Kind == KindFile {
@@ -238,13 +245,13 @@ func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uin
 		return fmt.Errorf("body %v: %w", first, err)
 	}
 	s.mu.Lock()
-	lb := s.mu.live[first]
+	ok := s.bodyReadableLocked(first, version)
 	var key string
-	if lb != nil {
+	if lb := s.mu.live[first]; lb != nil {
 		key = lb.key
 	}
 	s.mu.Unlock()
-	if lb == nil || lb.since > version {
+	if !ok {
 		return fmt.Errorf("body %v at version %d: %w", first, version, transfer.ErrStaleBody)
 	}
 	if key != "" {

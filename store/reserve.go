@@ -46,11 +46,25 @@ func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (trans
 	case transfer.CtlRenew:
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if h := s.mu.holds[req.ID]; h != nil {
+			h.deadline = s.opts.Now().Add(ttl)
+			return transfer.ControlResponse{}, nil
+		}
 		r := s.mu.resv[req.ID]
 		if r == nil {
 			return transfer.ControlResponse{}, fmt.Errorf("reservation %d: %w", req.ID, transfer.ErrUnknownReservation)
 		}
 		r.deadline = s.opts.Now().Add(ttl)
+		return transfer.ControlResponse{}, nil
+	case transfer.CtlHold:
+		id, err := s.holdBody(ctx, req.Extents[0], req.Version, ttl)
+		return transfer.ControlResponse{ID: id}, err
+	case transfer.CtlRelease:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.releaseHoldLocked(req.ID) {
+			return transfer.ControlResponse{}, fmt.Errorf("hold %d: %w", req.ID, transfer.ErrUnknownReservation)
+		}
 		return transfer.ControlResponse{}, nil
 	case transfer.CtlSync:
 		// The committer waits SyncTimeout at most; so does this side.
@@ -139,17 +153,23 @@ func (s *Store) consumeLocked(ext []segment.Extent, ver uint64) bool {
 	return found
 }
 
-// reapLoop frees reservations whose deadline passed.
+// reapLoop frees reservations and ends holds whose deadline passed, and
+// renews the holds of this node's open readers.
 func (s *Store) reapLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	renewed := s.opts.Now()
 	for {
 		select {
 		case <-s.done:
 			return
 		case <-t.C:
 			s.reap()
+			if now := s.opts.Now(); now.Sub(renewed) >= HoldTTL/3 {
+				renewed = now
+				s.renewHolds()
+			}
 		}
 	}
 }
@@ -163,6 +183,11 @@ func (s *Store) reap() {
 			delete(s.mu.resv, id)
 			_ = s.segs.Free(r.ext)
 			s.stats.reaped.Add(1)
+		}
+	}
+	for id, h := range s.mu.holds {
+		if now.After(h.deadline) {
+			s.releaseHoldLocked(id)
 		}
 	}
 }

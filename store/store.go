@@ -44,8 +44,9 @@ type Options struct {
 	// means placement stays local (remote replicas are still read).
 	Cluster Cluster
 	// FreeDelay postpones the freeing of replaced or deleted local bodies
-	// so that a read in flight from another node (which holds no lease
-	// here) finishes before the space is reused. 0: free at once.
+	// so that a read in flight from another node finishes before the
+	// space is reused, and an open reader there has time to ask for a
+	// hold (hold.go). 0: free at once.
 	FreeDelay time.Duration
 	// Logf receives one line per notable cluster event (a lost object);
 	// nil logs nothing.
@@ -119,6 +120,17 @@ type Store struct {
 		nextResv uint64
 		// syncSkip: nodes not waited for until then (remote.go).
 		syncSkip map[string]time.Time
+		// retired: the publishing version of local bodies retired but
+		// not freed yet (still readable by other nodes).
+		retired map[segment.Extent]uint64
+		// holds other nodes' readers have on local bodies, by id; held
+		// counts them per body; pendingFree keeps the extents of a
+		// retired body whose free waits for its holds (hold.go).
+		holds       map[uint64]*bodyHold
+		held        map[segment.Extent]int
+		pendingFree map[segment.Extent][]segment.Extent
+		// remoteReaders: open readers of other nodes' bodies, by key.
+		remoteReaders map[string]map[*Reader]struct{}
 	}
 	follow struct {
 		seen atomic.Uint64 // highest version the follow loop processed
@@ -166,6 +178,11 @@ func New(o Options) (*Store, error) {
 	s.mu.live = make(map[segment.Extent]*liveBody)
 	s.mu.resv = make(map[uint64]*reservation)
 	s.mu.syncSkip = make(map[string]time.Time)
+	s.mu.retired = make(map[segment.Extent]uint64)
+	s.mu.holds = make(map[uint64]*bodyHold)
+	s.mu.held = make(map[segment.Extent]int)
+	s.mu.pendingFree = make(map[segment.Extent][]segment.Extent)
+	s.mu.remoteReaders = make(map[string]map[*Reader]struct{})
 	s.lru.list = list.New()
 	s.lru.elem = make(map[string]*list.Element)
 	if o.Follow {
@@ -225,10 +242,14 @@ type Stats struct {
 	DelayedFree int64
 	// SyncFails counts other nodes that did not confirm a commit in time.
 	SyncFails uint64
+	// Holds are other nodes' readers' holds on bodies here; Holding, this
+	// node's readers' holds on bodies elsewhere (hold.go).
+	Holds, Holding int
 }
 
-// Stats returns current figures. Objects counts keys known to the LRU,
-// which is every file committed through this store.
+// Stats returns current figures. Objects counts keys known to the LRU:
+// every file committed through this store and, in a cluster, every file
+// with bytes on this node.
 func (s *Store) Stats() Stats {
 	st := Stats{
 		Segments:     s.segs.Stats(),
@@ -244,6 +265,12 @@ func (s *Store) Stats() Stats {
 	st.OpenObjects = len(s.mu.opens)
 	st.LiveBodies = len(s.mu.bodies)
 	st.Reservations = len(s.mu.resv)
+	st.Holds = len(s.mu.holds)
+	for _, m := range s.mu.remoteReaders {
+		for r := range m {
+			st.Holding += len(r.holds)
+		}
+	}
 	s.mu.Unlock()
 	st.Reserved, st.Reaped = s.stats.reserved.Load(), s.stats.reaped.Load()
 	st.DelayedFree = s.stats.delayed.Load()
@@ -286,12 +313,14 @@ func (s *Store) retireExtLocked(ext []segment.Extent) {
 	if len(ext) == 0 {
 		return
 	}
-	if _, ok := s.mu.live[ext[0]]; !ok {
+	lb, ok := s.mu.live[ext[0]]
+	if !ok {
 		// Retired already: the follow loop saw the replacing commit
 		// before the committer got here (or the other way round).
 		return
 	}
 	delete(s.mu.live, ext[0])
+	s.mu.retired[ext[0]] = lb.since
 	b := s.mu.bodies[ext[0]]
 	if b == nil {
 		s.freeExtLocked(ext)
@@ -312,17 +341,34 @@ func (s *Store) freeBodyLocked(b *body) {
 	s.freeExtLocked(b.extents)
 }
 
-// freeExtLocked frees a retired body's extents, after FreeDelay when set.
+// freeExtLocked frees a retired body's extents, after FreeDelay when set,
+// and once no other node holds it (hold.go).
 func (s *Store) freeExtLocked(ext []segment.Extent) {
+	if len(ext) == 0 {
+		return
+	}
+	if s.mu.held[ext[0]] > 0 {
+		s.mu.pendingFree[ext[0]] = ext
+		return
+	}
 	if s.opts.FreeDelay <= 0 {
+		delete(s.mu.retired, ext[0])
 		_ = s.segs.Free(ext)
 		return
 	}
 	n := int64(segment.TotalLen(ext))
 	s.stats.delayed.Add(n)
 	time.AfterFunc(s.opts.FreeDelay, func() {
-		_ = s.segs.Free(ext)
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		s.stats.delayed.Add(-n)
+		if s.mu.held[ext[0]] > 0 {
+			// Held while the delay ran: freed when the last hold ends.
+			s.mu.pendingFree[ext[0]] = ext
+			return
+		}
+		delete(s.mu.retired, ext[0])
+		_ = s.segs.Free(ext)
 	})
 }
 

@@ -4,8 +4,10 @@ package tests
 // with its own mountpoint and transport port, driven from child processes.
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -403,4 +405,65 @@ func TestClusterWrongToken(t *testing.T) {
 		t.Fatalf("a counted no refused peer: %+v", st)
 	}
 	run(t, "cmp", src, a.path("f"))
+}
+
+// TestClusterOpenReaderKeepsVersion: a file open on a whose bytes are on b
+// still reads as the version it opened after b replaced the file, past b's
+// 5 s free delay: a's daemon asked b to hold the old bytes, and b frees
+// them once the file is closed on a.
+func TestClusterOpenReaderKeepsVersion(t *testing.T) {
+	requireTools(t, "setfattr")
+	c := newTestCluster(t, "a", "b")
+	a, b := c.nodes["a"], c.nodes["b"]
+	run(t, "mkdir", a.path("onb"))
+	run(t, "setfattr", "-n", "user.mooncake.placement", "-v", "node:b", a.path("onb"))
+	old, nu := randomFile(t, 4), randomFile(t, 2)
+	run(t, "cp", old, a.path("onb", "f"))
+	want, err := os.ReadFile(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(a.path("onb", "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]byte, len(want))
+	if _, err := f.ReadAt(got[:1<<20], 0); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "cp", nu, b.path("onb", "f"))
+	run(t, "cmp", nu, a.path("onb", "f"))
+	holds := func() int {
+		var s struct {
+			Cluster struct {
+				Holds int `json:"holds"`
+			} `json:"cluster"`
+		}
+		if err := json.Unmarshal([]byte(run(t, daemonBin(), "status", "--json", b.dir)), &s); err != nil {
+			t.Fatal(err)
+		}
+		return s.Cluster.Holds
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for holds() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("b holds %d bodies for a's open reader, want 1", holds())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(7 * time.Second) // past b's free delay
+	if _, err := f.ReadAt(got[1<<20:], 1<<20); err != nil && err != io.EOF {
+		t.Fatalf("read the rest of the opened version: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("the open file on a changed under its reader")
+	}
+	f.Close()
+	for deadline = time.Now().Add(10 * time.Second); holds() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("b still holds %d bodies after the reader closed", holds())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

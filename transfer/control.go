@@ -27,12 +27,17 @@ import (
 // Extents the writer commits are taken over by the owner when it sees the
 // commit in the index; what is left when the TTL runs out is freed, so a
 // writer that dies mid-write leaks nothing.
+//
+// Holds keep a replaced body readable: a node whose open reader's version
+// was replaced or deleted asks the owner to hold that body (named by its
+// first extent and the reader's version) for TTL; renewals extend it, a
+// release or the TTL's end lets the owner free it.
 
 // Control operations.
 const (
 	// CtlReserve allocates Bytes in the owner's segments for TTLMillis.
 	CtlReserve = "reserve"
-	// CtlRenew extends reservation ID by TTLMillis from now.
+	// CtlRenew extends reservation or hold ID by TTLMillis from now.
 	CtlRenew = "renew"
 	// CtlFree frees Extents of reservation ID (all of it when Extents is
 	// empty). Each extent must lie within one reserved extent.
@@ -41,6 +46,13 @@ const (
 	// revision Rev: a committer waits for it so that its commit is seen
 	// everywhere when it returns.
 	CtlSync = "sync"
+	// CtlHold keeps the body whose first extent is Extents[0], published
+	// at or before Version, from being freed for TTLMillis; the answer's
+	// ID names the hold for CtlRenew and CtlRelease. A body no longer
+	// there is ErrStaleBody.
+	CtlHold = "hold"
+	// CtlRelease ends hold ID.
+	CtlRelease = "release"
 )
 
 // ControlRequest is one control call.
@@ -51,6 +63,7 @@ type ControlRequest struct {
 	TTLMillis int64            `json:"ttl_ms,omitempty"`
 	Extents   []segment.Extent `json:"extents,omitempty"`
 	Rev       uint64           `json:"rev,omitempty"`
+	Version   uint64           `json:"version,omitempty"`
 }
 
 // ControlResponse is the answer to a successful control call.
@@ -101,6 +114,8 @@ func controlStatus(err error) uint32 {
 		return statusUnknownReservation
 	case errors.Is(err, ErrBadRequest):
 		return statusBadControl
+	case errors.Is(err, ErrStaleBody):
+		return statusStale
 	}
 	return statusOf(err)
 }
@@ -127,6 +142,14 @@ func decodeControl(b []byte) (ControlRequest, error) {
 			return req, fmt.Errorf("%w: renew for %d ms", ErrBadRequest, req.TTLMillis)
 		}
 	case CtlFree:
+	case CtlHold:
+		if len(req.Extents) != 1 || req.Extents[0].Len == 0 || req.Version == 0 || req.TTLMillis <= 0 {
+			return req, fmt.Errorf("%w: hold of %d extents at version %d for %d ms", ErrBadRequest, len(req.Extents), req.Version, req.TTLMillis)
+		}
+	case CtlRelease:
+		if req.ID == 0 {
+			return req, fmt.Errorf("%w: release of hold 0", ErrBadRequest)
+		}
 	case CtlSync:
 		if req.Rev == 0 {
 			return req, fmt.Errorf("%w: sync to revision 0", ErrBadRequest)
@@ -287,9 +310,26 @@ func (t *TCPTransport) Reserve(ctx context.Context, node string, n uint64, ttl t
 	return Reservation{Node: node, Epoch: epoch, ID: r.ID, Extents: r.Extents}, nil
 }
 
-// Renew extends reservation id on node by ttl from now.
+// Renew extends reservation or hold id on node by ttl from now.
 func (t *TCPTransport) Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error {
 	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
+	return err
+}
+
+// Hold asks node to keep the body whose first extent is body, at version,
+// for ttl (see CtlHold).
+func (t *TCPTransport) Hold(ctx context.Context, node string, epoch uint64, body segment.Extent, version uint64, ttl time.Duration) (uint64, error) {
+	r, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlHold, Extents: []segment.Extent{body}, Version: version,
+		TTLMillis: max(ttl.Milliseconds(), 1)})
+	if err == nil && r.ID == 0 {
+		err = fmt.Errorf("transfer: hold on %s: no id: %w", node, ErrProtocol)
+	}
+	return r.ID, err
+}
+
+// Release ends hold id on node.
+func (t *TCPTransport) Release(ctx context.Context, node string, epoch, id uint64) error {
+	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRelease, ID: id})
 	return err
 }
 

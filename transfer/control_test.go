@@ -49,16 +49,37 @@ func (f *fakeOwner) Control(_ context.Context, r ControlRequest) (ControlRespons
 		}
 		delete(f.held, r.ID)
 		return ControlResponse{}, f.tab.Free(ext)
+	case CtlHold:
+		// Bodies of version 5 and later exist; earlier ones are gone.
+		if r.Version < 5 {
+			return ControlResponse{}, ErrStaleBody
+		}
+		f.next++
+		f.held[f.next] = r.Extents
+		f.ttl[f.next] = r.TTLMillis
+		return ControlResponse{ID: f.next}, nil
+	case CtlRelease:
+		if _, ok := f.held[r.ID]; !ok {
+			return ControlResponse{}, ErrUnknownReservation
+		}
+		delete(f.held, r.ID)
+		return ControlResponse{}, nil
 	}
 	return ControlResponse{}, ErrBadRequest
 }
 
-func TestControlReserveRenewFree(t *testing.T) {
+// newControlPair serves a fakeOwner as node "b" and returns a client of it.
+func newControlPair(t *testing.T) (*fakeOwner, *tcpNode, *TCPTransport) {
+	t.Helper()
 	owner := &fakeOwner{held: map[uint64][]segment.Extent{}, ttl: map[uint64]int64{}}
 	n := newTCPNode(t, testToken, 1<<20, TCPServerOptions{})
 	owner.tab = n.tab
 	n.srv.opts.Control = owner
-	c := newTCPClient(t, testToken, map[string]string{"b": n.addr}, TCPOptions{})
+	return owner, n, newTCPClient(t, testToken, map[string]string{"b": n.addr}, TCPOptions{})
+}
+
+func TestControlReserveRenewFree(t *testing.T) {
+	owner, n, c := newControlPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), hang)
 	defer cancel()
 
@@ -93,10 +114,40 @@ func TestControlReserveRenewFree(t *testing.T) {
 	}
 }
 
+// TestControlHoldRelease: holds over the wire, and ErrStaleBody coming
+// back as itself.
+func TestControlHoldRelease(t *testing.T) {
+	owner, _, c := newControlPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), hang)
+	defer cancel()
+	body := segment.Extent{Segment: 1, Off: 8192, Len: 4096}
+	if _, err := c.Hold(ctx, "b", 0, body, 4, time.Second); !errors.Is(err, ErrStaleBody) {
+		t.Fatalf("hold of a gone body: %v, want ErrStaleBody", err)
+	}
+	id, err := c.Hold(ctx, "b", 0, body, 9, 3*time.Second)
+	if err != nil || id == 0 {
+		t.Fatalf("hold: %d, %v", id, err)
+	}
+	if got := owner.held[id]; len(got) != 1 || got[0] != body || owner.ttl[id] != 3000 {
+		t.Fatalf("owner got %v for %d ms", got, owner.ttl[id])
+	}
+	if err := c.Release(ctx, "b", 0, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Release(ctx, "b", 0, id); !errors.Is(err, ErrUnknownReservation) {
+		t.Fatalf("second release: %v, want ErrUnknownReservation", err)
+	}
+}
+
 func TestDecodeControlRejects(t *testing.T) {
 	for _, in := range []string{
 		``, `{`, `[]`, `{"op":"reserve"}`, `{"op":"reserve","bytes":1}`, `{"op":"renew","id":1}`,
 		`{"op":"explode"}`, `{"op":"free","extra":1}`, `{"op":"free"}{"op":"free"}`,
+		`{"op":"hold","version":3,"ttl_ms":10}`, `{"op":"hold","extents":[{"Segment":1,"Off":0,"Len":4096}],"ttl_ms":10}`,
+		`{"op":"hold","extents":[{"Segment":1,"Off":0,"Len":4096}],"version":3}`,
+		`{"op":"hold","extents":[{"Segment":1,"Off":0,"Len":0}],"version":3,"ttl_ms":10}`,
+		`{"op":"hold","extents":[{"Segment":1,"Off":0,"Len":1},{"Segment":1,"Off":1,"Len":1}],"version":3,"ttl_ms":10}`,
+		`{"op":"release"}`,
 	} {
 		if _, err := decodeControl([]byte(in)); !errors.Is(err, ErrBadRequest) {
 			t.Errorf("decodeControl(%q) = %v, want ErrBadRequest", in, err)
@@ -108,8 +159,14 @@ func TestDecodeControlRejects(t *testing.T) {
 	if _, err := decodeControl([]byte(`{"op":"sync","rev":9}`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := decodeControl([]byte(`{"op":"free","id":3,"extents":[{"Segment":1,"Off":0,"Len":4096}]}`)); err != nil {
-		t.Fatal(err)
+	for _, ok := range []string{
+		`{"op":"free","id":3,"extents":[{"Segment":1,"Off":0,"Len":4096}]}`,
+		`{"op":"hold","extents":[{"Segment":1,"Off":0,"Len":4096}],"version":3,"ttl_ms":10}`,
+		`{"op":"release","id":7}`,
+	} {
+		if _, err := decodeControl([]byte(ok)); err != nil {
+			t.Errorf("decodeControl(%q): %v", ok, err)
+		}
 	}
 }
 
@@ -117,9 +174,11 @@ func TestDecodeControlRejects(t *testing.T) {
 func FuzzControl(f *testing.F) {
 	f.Add([]byte(`{"op":"reserve","bytes":4096,"ttl_ms":10}`))
 	f.Add([]byte(`{"op":"free","id":1,"extents":[{"Segment":0,"Off":0,"Len":1}]}`))
+	f.Add([]byte(`{"op":"hold","extents":[{"Segment":0,"Off":0,"Len":1}],"version":2,"ttl_ms":5}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := decodeControl(b)
-		if err == nil && r.Op != CtlReserve && r.Op != CtlRenew && r.Op != CtlFree && r.Op != CtlSync {
+		if err == nil && r.Op != CtlReserve && r.Op != CtlRenew && r.Op != CtlFree && r.Op != CtlSync &&
+			r.Op != CtlHold && r.Op != CtlRelease {
 			t.Fatalf("accepted op %q", r.Op)
 		}
 	})

@@ -83,12 +83,18 @@ type Transport interface {
 	// renewed or committed (see control.go). The reservation carries the
 	// epoch of the daemon that made it.
 	Reserve(ctx context.Context, node string, n uint64, ttl time.Duration) (Reservation, error)
-	// Renew extends reservation id on node by ttl from now.
+	// Renew extends reservation or hold id on node by ttl from now.
 	Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error
 	// Free returns extents of reservation id (all of it when ext is empty).
 	Free(ctx context.Context, node string, epoch, id uint64, ext []segment.Extent) error
 	// Sync returns once node's view of the index includes revision rev.
 	Sync(ctx context.Context, node string, rev uint64) error
+	// Hold keeps node's body whose first extent is body, published at or
+	// before version, from being freed for ttl, and returns the hold's id
+	// (Renew extends it). ErrStaleBody: that body is gone.
+	Hold(ctx context.Context, node string, epoch uint64, body segment.Extent, version uint64, ttl time.Duration) (uint64, error)
+	// Release ends hold id on node.
+	Release(ctx context.Context, node string, epoch, id uint64) error
 	// ReadBody is ReadAt of an extent of the body whose first extent is
 	// body, held at version: the owner refuses with ErrStaleBody once that
 	// body was replaced or deleted (body.go).

@@ -370,6 +370,10 @@ type ClusterStatus struct {
 	// writers on other nodes since start, and those that expired unused.
 	ReservationsMade   uint64 `json:"reservations_made"`
 	ReservationsReaped uint64 `json:"reservations_reaped"`
+	// Holds are other nodes' open readers keeping replaced bodies here;
+	// Holding, this node's readers keeping bodies on other nodes.
+	Holds   int `json:"holds"`
+	Holding int `json:"holding"`
 	// DelayedFreeBytes are retired bytes waiting out the free delay.
 	DelayedFreeBytes int64                   `json:"delayed_free_bytes"`
 	Transport        transfer.TCPStats       `json:"transport"`
@@ -397,6 +401,7 @@ func (c *cluster) status() *ClusterStatus {
 	st := c.d.st.Stats()
 	cs.Reservations, cs.ReservationsMade, cs.ReservationsReaped = st.Reservations, st.Reserved, st.Reaped
 	cs.SyncFailures, cs.DelayedFreeBytes = st.SyncFails, st.DelayedFree
+	cs.Holds, cs.Holding = st.Holds, st.Holding
 	if err := c.members.Err(); err != nil {
 		cs.LiveErr = err.Error()
 	}

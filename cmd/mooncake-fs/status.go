@@ -115,6 +115,8 @@ func printCluster(c *ClusterStatus) {
 			pct(n.Used, n.Capacity), formatSize(n.Free), state, n.Started.Local().Format("2006-01-02 15:04:05"))
 	}
 	w.Flush()
+	fmt.Printf("reservations for writers elsewhere: %d open, %d made, %d expired; holds on replaced bodies: %d here, %d elsewhere\n",
+		c.Reservations, c.ReservationsMade, c.ReservationsReaped, c.Holds, c.Holding)
 	if c.LostCount > 0 {
 		fmt.Printf("lost objects (no surviving replica, read as EIO): %d\n", c.LostCount)
 		for _, k := range c.Lost {

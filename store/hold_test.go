@@ -1,0 +1,117 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+const testFreeDelay = 100 * time.Millisecond
+
+// TestRemoteReaderKeepsVersion: a reader on a of a file whose bytes are on
+// b keeps reading its version after b replaces the file, long after b's
+// FreeDelay: a's follow loop asked b to hold the old body. Closing the
+// reader releases the hold and b frees the old body.
+func TestRemoteReaderKeepsVersion(t *testing.T) {
+	ctx := context.Background()
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) { o.FreeDelay = testFreeDelay }))
+	onB := store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}
+	old := pattern(7, 300<<10)
+	if _, err := a.putPlaced("f", old, onB, 100<<10); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	nu := pattern(8, 100<<10)
+	b.put(t, "f", nu)
+	waitFor(t, "a to hold the replaced body on b", func() bool {
+		return a.Stats().Holding == 1 && b.Stats().Holds == 1
+	})
+	time.Sleep(3 * testFreeDelay)
+	got := make([]byte, len(old))
+	if n, err := r.ReadAt(ctx, got, 0); err != nil || n != len(old) {
+		t.Fatalf("old reader after the replace: %d, %v", n, err)
+	}
+	equalBytes(t, "old reader after the replace", got, old)
+	equalBytes(t, "new version read on a", a.readVia(t, "f"), nu)
+	if want := roundUp(300<<10) + roundUp(100<<10); b.used() != want {
+		t.Fatalf("b uses %d B with the old body held, want %d", b.used(), want)
+	}
+	r.Close()
+	waitFor(t, "the hold to end", func() bool { return b.Stats().Holds == 0 && a.Stats().Holding == 0 })
+	b.waitUsed(t, roundUp(100<<10))
+	b.checkAlloc(t)
+}
+
+// TestRemoteReaderOfDeletedFile: the same for a delete.
+func TestRemoteReaderOfDeletedFile(t *testing.T) {
+	ctx := context.Background()
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) { o.FreeDelay = testFreeDelay }))
+	onB := store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}
+	old := pattern(9, 64<<10)
+	if _, err := a.putPlaced("f", old, onB, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	r, err := a.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a to hold the deleted body", func() bool { return b.Stats().Holds == 1 })
+	time.Sleep(3 * testFreeDelay)
+	got := make([]byte, len(old))
+	if n, err := r.ReadAt(ctx, got, 0); err != nil || n != len(old) {
+		t.Fatalf("reader of a deleted file: %d, %v", n, err)
+	}
+	equalBytes(t, "reader of a deleted file", got, old)
+	r.Close()
+	b.waitUsed(t, 0)
+}
+
+// TestHoldControl: the owner's side of holds through its Control entry:
+// what it refuses, renewals, release, and the end of a hold whose holder
+// never renews it.
+func TestHoldControl(t *testing.T) {
+	ctx := context.Background()
+	_, b := newCluster(t, true, withOptions(func(o *store.Options) { o.FreeDelay = testFreeDelay }))
+	o := b.put(t, "f", pattern(1, 64<<10))
+	first := o.Replicas[0].Extents[0]
+	hold := func(e segment.Extent, v uint64, ttl time.Duration) (uint64, error) {
+		r, err := b.Control(ctx, transfer.ControlRequest{Op: transfer.CtlHold, Extents: []segment.Extent{e}, Version: v,
+			TTLMillis: ttl.Milliseconds()})
+		return r.ID, err
+	}
+	if _, err := hold(first, o.Version-1, time.Minute); !errors.Is(err, transfer.ErrStaleBody) {
+		t.Errorf("hold at a version before the body: %v, want ErrStaleBody", err)
+	}
+	if _, err := hold(segment.Extent{Segment: first.Segment, Off: first.Off + segment.Granule, Len: 4096}, o.Version, time.Minute); !errors.Is(err, transfer.ErrStaleBody) {
+		t.Errorf("hold of no body: %v, want ErrStaleBody", err)
+	}
+	if _, err := b.Control(ctx, transfer.ControlRequest{Op: transfer.CtlRelease, ID: 12345}); !errors.Is(err, transfer.ErrUnknownReservation) {
+		t.Errorf("release of an unknown hold: %v, want ErrUnknownReservation", err)
+	}
+	// A hold that is never renewed ends with its TTL, and the body it
+	// kept after a replace is freed then.
+	id, err := hold(first, o.Version, time.Millisecond)
+	if err != nil || id == 0 {
+		t.Fatalf("hold: %d, %v", id, err)
+	}
+	b.put(t, "f", pattern(2, 4096))
+	b.waitUsed(t, roundUp(4096))
+	if st := b.Stats(); st.Holds != 0 {
+		t.Fatalf("%d holds left after the TTL", st.Holds)
+	}
+	if _, err := b.Control(ctx, transfer.ControlRequest{Op: transfer.CtlRenew, ID: id, TTLMillis: 1000}); !errors.Is(err, transfer.ErrUnknownReservation) {
+		t.Errorf("renew of an ended hold: %v, want ErrUnknownReservation", err)
+	}
+}
