@@ -13,3 +13,11 @@ func EvictKey(s *Store, key string) bool {
 	_, ok := s.evictOne(context.Background(), key)
 	return ok
 }
+
+// HoldAsked reports whether the follow loop asked for holds on r's bytes,
+// for tests.
+func HoldAsked(s *Store, r *Reader) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return r.holding
+}

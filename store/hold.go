@@ -82,10 +82,9 @@ func (s *Store) releaseHoldLocked(id uint64) bool {
 	return true
 }
 
-// watchRemoteReader notes an open reader whose bytes are on another node.
-func (s *Store) watchRemoteReader(r *Reader) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// watchRemoteReaderLocked notes an open reader whose bytes are on another
+// node. Caller holds s.mu.
+func (s *Store) watchRemoteReaderLocked(r *Reader) {
 	m := s.mu.remoteReaders[r.obj.Key]
 	if m == nil {
 		m = map[*Reader]struct{}{}
@@ -122,22 +121,42 @@ func (s *Store) releaseHolds(holds []heldRef) {
 }
 
 // holdReadersOf asks the owners to hold the bodies of key's open readers
-// that the event at version (0: a delete) makes older than the key's
-// current version. The follow loop calls it; the calls run in the
-// background.
-func (s *Store) holdReadersOf(key string, version uint64) {
+// that a change of key leaves behind: cur is the key's new version, nil
+// when it was removed. A new version that keeps a reader's bytes (a
+// metadata change) asks nothing. The follow loop calls it; the calls run
+// in the background.
+func (s *Store) holdReadersOf(key string, cur *Object) {
 	s.mu.Lock()
 	var todo []*Reader
 	for r := range s.mu.remoteReaders[key] {
-		if !r.holding && (version == 0 || version > r.obj.Version) {
-			r.holding = true
-			todo = append(todo, r)
+		if r.holding || (cur != nil && (cur.Version <= r.obj.Version || keepsBodies(cur, r.remote))) {
+			continue
 		}
+		r.holding = true
+		todo = append(todo, r)
 	}
 	s.mu.Unlock()
 	for _, r := range todo {
 		go s.holdReader(r)
 	}
+}
+
+// keepsBodies reports whether o still has every replica of rb, same node,
+// same first extent.
+func keepsBodies(o *Object, rb *remoteBody) bool {
+	for _, rep := range rb.replicas {
+		found := false
+		for _, r := range o.Replicas {
+			if r.Node == rep.Node && len(r.Extents) > 0 && r.Extents[0] == rep.Extents[0] {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 // holdReader takes a hold on every remote replica of r's version.

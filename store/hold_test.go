@@ -30,6 +30,14 @@ func TestRemoteReaderKeepsVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
+	// A metadata change keeps the bytes: no hold.
+	if _, err := b.Update(ctx, "f", 0, func(o *store.Object) error { o.Mode = 0o600; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	a.sync(t)
+	if store.HoldAsked(a.Store, r) {
+		t.Fatal("a asked for a hold after a chmod, which keeps the bytes")
+	}
 	nu := pattern(8, 100<<10)
 	b.put(t, "f", nu)
 	waitFor(t, "a to hold the replaced body on b", func() bool {

@@ -45,12 +45,14 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 	}
 	b := s.acquireLocked(obj)
 	s.mu.opens[obj.Ino]++
-	s.mu.Unlock()
-	s.touch(key)
 	r := &Reader{s: s, obj: obj, b: b, remote: rb}
 	if rb != nil && s.opts.Follow {
-		s.watchRemoteReader(r)
+		// In the same critical section as the Get: the follow loop
+		// cannot see a newer version of key in between.
+		s.watchRemoteReaderLocked(r)
 	}
+	s.mu.Unlock()
+	s.touch(key)
 	return r, nil
 }
 

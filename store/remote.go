@@ -172,9 +172,9 @@ func (f *follower) apply(ev Event) {
 	// Open readers of the key's previous version on other nodes' bodies
 	// ask those nodes to keep them.
 	if ev.Type == EventDelete {
-		f.s.holdReadersOf(key, 0)
+		f.s.holdReadersOf(key, nil)
 	} else {
-		f.s.holdReadersOf(key, ev.Object.Version)
+		f.s.holdReadersOf(key, ev.Object)
 	}
 	// The LRU holds every key with bytes here, whichever node wrote
 	// them, so that eviction can make room for the next write.
