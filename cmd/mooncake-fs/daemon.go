@@ -551,8 +551,9 @@ func reexecForSplice() error {
 	if os.Geteuid() != 0 || os.Getenv(reexecEnv) != "" || mfs.SpliceReady(mfs.DefaultOptions().MaxWrite) {
 		return nil
 	}
-	changed, err := mfs.RaisePipeMaxSize(2 * mfs.PipeSizeFor(mfs.DefaultOptions().MaxWrite))
-	if err != nil || !changed {
+	// Raised here or, when daemons start together, by another one: this
+	// process read the old limit either way.
+	if _, err := mfs.RaisePipeMaxSize(2 * mfs.PipeSizeFor(mfs.DefaultOptions().MaxWrite)); err != nil {
 		return nil
 	}
 	exe, err := os.Executable()
