@@ -277,3 +277,26 @@ func TestReadBody(t *testing.T) {
 		t.Fatal("checked read served by a server without a checker")
 	}
 }
+
+// TestSplitBounced: bounce-buffered pieces are cut into bounceBytes pieces
+// that tile the extent and the buffer range in order; others stay whole.
+func TestSplitBounced(t *testing.T) {
+	vm := Request{Op: Read, Buf: Buffer{Kind: ProcessVM}, BufOff: 100, Extent: segment.Extent{Segment: 2, Off: 4096, Len: 2*bounceBytes + 5}}
+	host := Request{Op: Read, Buf: Buffer{Kind: Host}, Extent: segment.Extent{Segment: 2, Off: 0, Len: 3 * bounceBytes}}
+	got := splitBounced([]remotePiece{{idx: 0, req: vm}, {idx: 1, req: host}})
+	if len(got) != 4 {
+		t.Fatalf("%d pieces, want 3 + 1", len(got))
+	}
+	off, bufOff := vm.Extent.Off, vm.BufOff
+	for i, p := range got[:3] {
+		want := min(uint64(bounceBytes), vm.Extent.Off+vm.Extent.Len-off)
+		if p.idx != 0 || p.req.Extent.Segment != 2 || p.req.Extent.Off != off || p.req.Extent.Len != want || p.req.BufOff != bufOff {
+			t.Fatalf("piece %d: %+v, want extent at %d of %d B, buffer at %d", i, p, off, want, bufOff)
+		}
+		off += want
+		bufOff += want
+	}
+	if got[3].idx != 1 || got[3].req.Extent != host.Extent {
+		t.Fatalf("host piece changed: %+v", got[3])
+	}
+}

@@ -31,27 +31,54 @@ type remotePiece struct {
 
 var bouncePool = sync.Pool{New: func() any { b := make([]byte, bounceBytes); return &b }}
 
-// copyRemote runs the pieces, several at a time.
+// copyRemote runs the pieces, several at a time. Pieces that go through
+// a bounce buffer are cut into bounce-sized ones first, so that one large
+// extent keeps several transfers and local copies in flight at once.
 func (e *Engine) copyRemote(ctx context.Context, pieces []remotePiece) []error {
 	var (
-		mu   sync.Mutex
-		errs []error
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, remoteParallel)
+		mu     sync.Mutex
+		errs   []error
+		failed = map[int]bool{}
+		wg     sync.WaitGroup
+		sem    = make(chan struct{}, remoteParallel)
 	)
-	for _, p := range pieces {
+	for _, p := range splitBounced(pieces) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			if err := e.remoteOne(ctx, p.req); err != nil {
 				mu.Lock()
-				errs = append(errs, fmt.Errorf("request %d: node %q %v: %w", p.idx, p.req.Node, p.req.Extent, err))
+				if !failed[p.idx] {
+					failed[p.idx] = true
+					errs = append(errs, fmt.Errorf("request %d: node %q %v: %w", p.idx, p.req.Node, p.req.Extent, err))
+				}
 				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
 	return errs
+}
+
+// splitBounced cuts the pieces whose buffers need a bounce buffer
+// (another process's memory, GPU memory) into pieces of at most
+// bounceBytes; the others stay whole.
+func splitBounced(pieces []remotePiece) []remotePiece {
+	var out []remotePiece
+	for _, p := range pieces {
+		if k := p.req.Buf.Kind; (k != ProcessVM && k != CUDA) || p.req.Extent.Len <= bounceBytes {
+			out = append(out, p)
+			continue
+		}
+		for off := uint64(0); off < p.req.Extent.Len; off += bounceBytes {
+			q := p
+			q.req.Extent.Off += off
+			q.req.Extent.Len = min(bounceBytes, p.req.Extent.Len-off)
+			q.req.BufOff += off
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 func (e *Engine) remoteOne(ctx context.Context, r Request) error {
