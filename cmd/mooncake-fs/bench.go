@@ -123,7 +123,7 @@ func runBench(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 
-	env := &benchEnv{self: self, daemonCPUs: cfg.daemonCPUs}
+	env := &benchEnv{self: self, daemonCPUs: cfg.daemonCPUs, clusterNodeSize: clusterNodeSize(cfg)}
 	defer func() {
 		if cerr := env.close(); cerr != nil {
 			fmt.Fprintf(os.Stderr, "mooncake-fs bench: cleanup: %v\n", cerr)

@@ -36,14 +36,33 @@ import (
 )
 
 const (
-	etcdBin        = "/usr/bin/etcd"
 	benchRemoteDir = "remote" // directory of A placed on B
 	tcpCeilConns   = 4        // transfer.DefaultTCPOptions().ConnsPerPeer
 )
 
+// clusterNodeSize is the capacity of each cluster daemon: room for every
+// value a case puts in all its repetitions (and one more), since each
+// replaced value's space is reused only after the 5 s free delay; a case
+// that waited for it would measure the delay.
+func clusterNodeSize(c *benchConfig) uint64 {
+	n := uint64(c.reps+1) * (c.size + remoteCUDASize)
+	return max(2<<30, (n+2<<20-1)&^(2<<20-1))
+}
+
+// etcdBin finds etcd: $MOONCAKE_ETCD, else etcd on PATH, else Debian's.
+func etcdBin() string {
+	if p := os.Getenv("MOONCAKE_ETCD"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("etcd"); err == nil {
+		return p
+	}
+	return "/usr/bin/etcd"
+}
+
 func needEtcd() error {
-	if _, err := os.Stat(etcdBin); err != nil {
-		return fmt.Errorf("no etcd at %s (apt-get install etcd-server): %w", etcdBin, err)
+	if _, err := os.Stat(etcdBin()); err != nil {
+		return fmt.Errorf("no etcd at %s (apt-get install etcd-server, or MOONCAKE_ETCD): %w", etcdBin(), err)
 	}
 	return nil
 }
@@ -107,7 +126,7 @@ func (e *benchEnv) startCluster(ctx context.Context) (*benchCluster, error) {
 	}
 	curl := fmt.Sprintf("http://127.0.0.1:%d", cport)
 	purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
-	if c.etcd, err1 = e.startProc(ctx, "etcd", "", etcdBin, "--name", "bench", "--data-dir", filepath.Join(c.root, "etcd"),
+	if c.etcd, err1 = e.startProc(ctx, "etcd", "", etcdBin(), "--name", "bench", "--data-dir", filepath.Join(c.root, "etcd"),
 		"--listen-client-urls", curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
 		"--initial-advertise-peer-urls", purl, "--initial-cluster", "bench="+purl, "--log-level", "warn"); err1 != nil {
 		return nil, err1
@@ -119,15 +138,13 @@ func (e *benchEnv) startCluster(ctx context.Context) (*benchCluster, error) {
 	if err := os.WriteFile(token, []byte(fmt.Sprintf("bench-token-%d-%d", os.Getpid(), time.Now().UnixNano())), 0o600); err != nil {
 		return nil, err
 	}
-	// Room for a pass of replaced 64 MiB values while retired bodies wait
-	// out the free delay.
 	for i, name := range []string{"bench-a", "bench-b"} {
 		mnt := filepath.Join(c.root, name)
 		if err := os.Mkdir(mnt, 0o755); err != nil {
 			return nil, err
 		}
 		c.mnts = append(c.mnts, mnt)
-		p, err := e.startProc(ctx, name, "READY "+mnt, e.self, "mount", "--size", "2GiB", "--evict", "off",
+		p, err := e.startProc(ctx, name, "READY "+mnt, e.self, "mount", "--size", fmt.Sprint(e.clusterNodeSize), "--evict", "off",
 			"--etcd", curl, "--node", name, "--listen", "127.0.0.1:0", "--token-file", token, mnt)
 		if i == 0 {
 			c.a = p

@@ -7,9 +7,16 @@ package main
 // (cuMemHostRegister) host buffer of the worker, cuMemcpy in the same
 // process right after. Cases: cuda-put-SIZE and cuda-get-SIZE for 64 MiB,
 // 256 MiB and 1 GiB; they run only where CUDA is available.
+//
+// remote-cuda-put and remote-cuda-get move a 256 MiB value the same way
+// in the cluster's directory of node A placed on node B (bench_cluster.go):
+// GPU memory of the worker <-> A's bounce buffers <-> TCP <-> B's
+// segments. Their ceiling is the remote cases' plain TCP stream of the
+// same bytes.
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,7 +40,26 @@ func cudaBenchCases() []benchCase {
 				needs: cuda.Init, run: benchCUDA(size, put)})
 		}
 	}
+	for _, put := range []bool{true, false} {
+		name := "remote-cuda-get"
+		if put {
+			name = "remote-cuda-put"
+		}
+		cs = append(cs, benchCase{name: name, target: withCopy, ceiling: "tcp-stream", cluster: benchRemoteDir,
+			needs: func() error { return errors.Join(cuda.Init(), needEtcd()) }, run: benchRemoteCUDA(remoteCUDASize, put)})
+	}
 	return append(cs, safetensorsCases()...)
+}
+
+// remoteCUDASize: a few passes of replaced values fit node B's 2 GiB
+// while retired bodies wait out the free delay.
+const remoteCUDASize = 256 << 20
+
+// benchRemoteCUDA is benchCUDA against a TCP ceiling.
+func benchRemoteCUDA(size uint64, put bool) func(string, benchParams) (benchSample, error) {
+	return benchCUDAWith(size, put, func(s benchSample, host []byte, _ func() error) (benchSample, error) {
+		return withTCPCeiling(s, map[bool]string{true: "put", false: "get"}[put], host)
+	})
 }
 
 func sizeLabel(n uint64) string {
@@ -45,6 +71,20 @@ func sizeLabel(n uint64) string {
 
 // benchCUDA returns the run function of one cuda case.
 func benchCUDA(size uint64, put bool) func(string, benchParams) (benchSample, error) {
+	return benchCUDAWith(size, put, func(s benchSample, host []byte, memcpy func() error) (benchSample, error) {
+		c, err := timeOps(s.Ops, uint64(len(host)), memcpy)
+		if err != nil {
+			return benchSample{}, err
+		}
+		s.Ceiling = &c
+		return s, nil
+	})
+}
+
+// benchCUDAWith times put_cuda or get_cuda of size bytes and attaches the
+// ceiling that ceil measures; memcpy is the same copy between the GPU
+// memory and the pinned host buffer host, which holds the value.
+func benchCUDAWith(size uint64, put bool, ceil func(s benchSample, host []byte, memcpy func() error) (benchSample, error)) func(string, benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
 		if err := cuda.Init(); err != nil {
 			return benchSample{}, err
@@ -129,8 +169,8 @@ func benchCUDA(size uint64, put bool) func(string, benchParams) (benchSample, er
 			return benchSample{}, err
 		}
 		// Ceiling: the same direction between the same GPU memory and
-		// pinned host memory of this process.
-		c, err := timeOps(n, size, func() error {
+		// pinned host memory of this process, or what ceil measures.
+		s, err = ceil(s, host, func() error {
 			if put {
 				return ctx.CopyDtoH(host, dev)
 			}
@@ -139,7 +179,6 @@ func benchCUDA(size uint64, put bool) func(string, benchParams) (benchSample, er
 		if err != nil {
 			return benchSample{}, err
 		}
-		s.Ceiling = &c
 		return s, unlinkIfExists(path)
 	}
 }

@@ -36,6 +36,8 @@ type benchEnv struct {
 	failed bool // dump the daemon's log at close
 	// daemonCPUs, when set, is the daemon's --cpus.
 	daemonCPUs string
+	// clusterNodeSize is the capacity of each cluster daemon.
+	clusterNodeSize uint64
 
 	tmpfsMounted bool
 	daemon       *benchProc
