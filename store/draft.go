@@ -629,6 +629,14 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		d.s.mu.opens[next.Ino]++
 		published = true
 		d.s.publishedBodyLocked(next)
+		var base *Reader
+		if size > 0 {
+			base = &Reader{s: d.s, obj: next, b: b, remote: d.s.remoteReplicas(next)}
+			if base.remote != nil && d.s.opts.Follow {
+				// Copy-on-write reads it later: keep it like any reader.
+				d.s.watchRemoteReaderLocked(base)
+			}
+		}
 		d.s.mu.Unlock()
 		d.s.committed(nil, []*Object{next}, nil)
 		// Remote reservations now belong to the committed body: their
@@ -638,7 +646,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		d.mu.dirty = false
 		d.mu.mtime = 0
 		if size > 0 {
-			d.mu.base = &Reader{s: d.s, obj: next, b: b, remote: d.s.remoteReplicas(next)}
+			d.mu.base = base
 			d.mu.own = false
 		} else {
 			d.s.release(b)

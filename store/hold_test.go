@@ -123,3 +123,38 @@ func TestHoldControl(t *testing.T) {
 		t.Errorf("renew of an ended hold: %v, want ErrUnknownReservation", err)
 	}
 }
+
+// TestDraftBaseKeptAcrossReplace: after a commit, a draft continues from
+// the committed version; when that version's bytes are on another node and
+// the file is replaced there, a later partial write still copies the base
+// it continues from, past the owner's free delay.
+func TestDraftBaseKeptAcrossReplace(t *testing.T) {
+	ctx := context.Background()
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) { o.FreeDelay = testFreeDelay }))
+	onB := store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1}
+	data := pattern(3, 200<<10)
+	if _, err := a.putPlaced("f", data, onB, 200<<10); err != nil {
+		t.Fatal(err)
+	}
+	d := a.edit(t, "f")
+	defer d.Close()
+	d.Place(onB)
+	if _, err := d.WriteAt(ctx, []byte("AB"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	copy(data, "AB")
+	b.put(t, "f", pattern(4, 4096))
+	waitFor(t, "a to hold the draft's base on b", func() bool { return b.Stats().Holds == 1 })
+	time.Sleep(3 * testFreeDelay)
+	if _, err := d.WriteAt(ctx, []byte("CD"), 100); err != nil {
+		t.Fatalf("copy-on-write from the replaced base: %v", err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	copy(data[100:], "CD")
+	equalBytes(t, "f after the draft's second commit", b.readVia(t, "f"), data)
+}
