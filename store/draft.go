@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -28,7 +29,12 @@ type Draft struct {
 	// rw is held shared by writers while they copy, and exclusively by
 	// truncation, copy-on-write, commit and close.
 	rw sync.RWMutex
-	mu struct {
+	// size and dirty mirror mu.size and mu.dirty (written together, under
+	// mu) for Size and Dirty, which must not wait for a commit's network
+	// calls: a stat of a file being committed answers at once.
+	size  atomic.Uint64
+	dirty atomic.Bool
+	mu    struct {
 		sync.Mutex
 		base     *Reader // unmodified base version, nil once copied
 		own      bool    // the draft has its own extents
@@ -74,22 +80,32 @@ func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 	s.openIno(ino)
 	if base != nil && !trunc && base.Size() > 0 {
 		d.mu.base = base
-		d.mu.size = base.Size()
+		d.setSizeLocked(base.Size())
 	} else {
 		if base != nil {
 			base.Close()
 		}
 		d.mu.own = true
-		d.mu.dirty = trunc && base != nil && base.Size() > 0
+		d.setDirtyLocked(trunc && base != nil && base.Size() > 0)
 	}
 	return d
 }
 
+// setSizeLocked and setDirtyLocked change mu.size and mu.dirty and their
+// mirrors. Caller holds d.mu (or owns d alone).
+func (d *Draft) setSizeLocked(n uint64) {
+	d.mu.size = n
+	d.size.Store(n)
+}
+
+func (d *Draft) setDirtyLocked(b bool) {
+	d.mu.dirty = b
+	d.dirty.Store(b)
+}
+
 // Size returns the draft's current size.
 func (d *Draft) Size() uint64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.mu.size
+	return d.size.Load()
 }
 
 // Place sets where the draft's next reservation goes and how many replicas
@@ -107,9 +123,7 @@ func (d *Draft) Place(p Placement) {
 // Dirty reports whether the draft differs from the version it started from
 // (or last committed).
 func (d *Draft) Dirty() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.mu.dirty
+	return d.dirty.Load()
 }
 
 // errSpill asks the caller of reserveLocked to retry with the draft held
@@ -287,7 +301,7 @@ func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 	base.Close()
 	d.mu.base = nil
 	d.mu.own = true
-	d.mu.size = keep
+	d.setSizeLocked(keep)
 	d.mu.zeroed = keep
 	return nil
 }
@@ -396,8 +410,8 @@ func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		return 0, err
 	}
 	d.mu.Lock()
-	d.mu.size = max(d.mu.size, end)
-	d.mu.dirty = true
+	d.setSizeLocked(max(d.mu.size, end))
+	d.setDirtyLocked(true)
 	d.mu.mtime = 0
 	d.mu.Unlock()
 	return n, nil
@@ -478,8 +492,8 @@ func (d *Draft) Truncate(ctx context.Context, size uint64) error {
 		}
 	}
 	d.mu.zeroed = size
-	d.mu.size = size
-	d.mu.dirty = true
+	d.setSizeLocked(size)
+	d.setDirtyLocked(true)
 	d.mu.mtime = 0
 	return nil
 }
@@ -643,7 +657,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		// owners take them over when they see the commit.
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
 		d.mu.extResv, d.mu.resv, d.mu.node, d.mu.epoch = nil, nil, "", 0
-		d.mu.dirty = false
+		d.setDirtyLocked(false)
 		d.mu.mtime = 0
 		if size > 0 {
 			d.mu.base = base

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
 )
@@ -733,4 +734,48 @@ func TestConcurrentCommitsAndReaders(t *testing.T) {
 		t.Fatalf("OpenObjects = %d", st.OpenObjects)
 	}
 	s.checkAlloc(t)
+}
+
+// TestSizeDuringCommit: Size and Dirty answer while a commit waits in the
+// index (an etcd transaction, in a cluster), so a stat of a file being
+// committed does not wait for it.
+func TestSizeDuringCommit(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	x := &raceIndex{Index: store.NewEmbedded()}
+	x.hook = func() {
+		close(entered)
+		<-release
+	}
+	s := newTestStore(t, 4<<20, withIndex(x))
+	ctx := context.Background()
+	d := s.NewDraft(store.NewIno(), nil, true)
+	defer d.Close()
+	if _, err := d.WriteAt(ctx, pattern(1, 5000), 0); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Commit(ctx, store.CommitOptions{Key: "f"})
+		done <- err
+	}()
+	<-entered
+	answered := make(chan struct{})
+	go func() {
+		if n, dirty := d.Size(), d.Dirty(); n != 5000 || !dirty {
+			t.Errorf("during the commit: size %d, dirty %v; want 5000, true", n, dirty)
+		}
+		close(answered)
+	}()
+	select {
+	case <-answered:
+	case <-time.After(20 * time.Second):
+		t.Error("Size/Dirty blocked behind a commit waiting in the index")
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if d.Dirty() || d.Size() != 5000 {
+		t.Fatalf("after the commit: size %d, dirty %v", d.Size(), d.Dirty())
+	}
 }
