@@ -69,7 +69,6 @@ var testViews = map[*store.Store]*clusterView{}
 type clusterView struct {
 	mu      sync.Mutex
 	nodes   map[string]*testStore
-	dead    map[string]bool
 	phantom []string // members that run no store (unreachable)
 }
 
@@ -77,15 +76,9 @@ func (v *clusterView) add(name string, s *testStore) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.nodes == nil {
-		v.nodes, v.dead = map[string]*testStore{}, map[string]bool{}
+		v.nodes = map[string]*testStore{}
 	}
 	v.nodes[name] = s
-}
-
-func (v *clusterView) kill(name string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.dead[name] = true
 }
 
 func (v *clusterView) Nodes() []store.NodeInfo {
@@ -93,10 +86,8 @@ func (v *clusterView) Nodes() []store.NodeInfo {
 	defer v.mu.Unlock()
 	var out []store.NodeInfo
 	for name, s := range v.nodes {
-		if !v.dead[name] {
-			st := s.Table.Stats()
-			out = append(out, store.NodeInfo{Name: name, Capacity: st.Size, Free: st.Free})
-		}
+		st := s.Table.Stats()
+		out = append(out, store.NodeInfo{Name: name, Capacity: st.Size, Free: st.Free})
 	}
 	for _, name := range v.phantom {
 		out = append(out, store.NodeInfo{Name: name})

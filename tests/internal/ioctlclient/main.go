@@ -88,7 +88,7 @@ func fatal(err error) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fatal(errors.New("usage: ioctlclient SCENARIO ARGS..."))
+		fatal(errors.New("usage: ioctlclient SCENARIO ARGS"))
 	}
 	args := os.Args[2:]
 	need := func(n int) {
