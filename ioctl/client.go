@@ -215,7 +215,8 @@ func (f *File) GetBuf(id, bufOff, n, objOff uint64, flags uint32) (uint64, uint6
 // keepOnHeap stores escapes.
 var (
 	alwaysFalse bool
-	heapSink    unsafe.Pointer
+	//lint:ignore U1000 only written: the store is what makes b escape
+	heapSink unsafe.Pointer
 )
 
 // keepOnHeap makes b's array escape to the heap, where the Go runtime never
