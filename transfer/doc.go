@@ -6,7 +6,7 @@
 // Engine.Submit runs a batch and picks a strategy per request: memcpy,
 // process_vm_readv/writev or a CUDA copy for this node's extents, the
 // Transport for other nodes' (remote.go; process and GPU memory pass
-// through a 4 MiB bounce buffer there).
+// through 4 MiB bounce buffers there, several pieces in flight at once).
 //
 // Large batches are split into chunks and copied by a pool of workers, so a
 // single big put uses every core; small requests are copied inline on the
@@ -20,7 +20,8 @@
 // the TCP transport, one-sided reads and writes of extents served by the
 // owning daemon's TCPServer straight from and into its segment memory,
 // after a challenge-response proof of the cluster token, plus control
-// calls that reserve space for a writer (control.go); frames are fuzzed.
+// calls that reserve space for a writer, hold a replaced body for a reader
+// and wait for a node's index (control.go); frames are fuzzed.
 //
 // The package holds no lock while copying. It never sees keys or objects.
 package transfer
