@@ -204,33 +204,32 @@ func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n, version ui
 	srcStarts, dstStarts := extentStarts(src.Extents), extentStarts(dst.Extents)
 	var reqs []transfer.Request
 	var err error
+	// across moves the bytes between here (the local replica, its segment
+	// memory as the buffer) and there with op: a write of here into there,
+	// or a read of there (checked against ver) into here.
+	across := func(here, there Replica, hereStarts, thereStarts []uint64, op transfer.Op, ver uint64) {
+		var checked segment.Extent
+		if ver != 0 {
+			checked = body
+		}
+		span(here.Extents, hereStarts, 0, n, func(he segment.Extent, rel uint64) bool {
+			var m []byte
+			if m, err = s.segs.Bytes(he); err != nil {
+				return false
+			}
+			span(there.Extents, thereStarts, rel, he.Len, func(te segment.Extent, r2 uint64) bool {
+				reqs = append(reqs, transfer.Request{Op: op, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: te,
+					Node: there.Node, Epoch: there.Epoch, Body: checked, Version: ver})
+				return true
+			})
+			return true
+		})
+	}
 	switch {
 	case s.isLocal(src.Node):
-		span(src.Extents, srcStarts, 0, n, func(se segment.Extent, rel uint64) bool {
-			var m []byte
-			if m, err = s.segs.Bytes(se); err != nil {
-				return false
-			}
-			span(dst.Extents, dstStarts, rel, se.Len, func(de segment.Extent, r2 uint64) bool {
-				reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: de,
-					Node: dst.Node, Epoch: dst.Epoch})
-				return true
-			})
-			return true
-		})
+		across(src, dst, srcStarts, dstStarts, transfer.Write, 0)
 	case s.isLocal(dst.Node):
-		span(dst.Extents, dstStarts, 0, n, func(de segment.Extent, rel uint64) bool {
-			var m []byte
-			if m, err = s.segs.Bytes(de); err != nil {
-				return false
-			}
-			span(src.Extents, srcStarts, rel, de.Len, func(se segment.Extent, r2 uint64) bool {
-				reqs = append(reqs, transfer.Request{Op: transfer.Read, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: se,
-					Node: src.Node, Epoch: src.Epoch, Body: body, Version: version})
-				return true
-			})
-			return true
-		})
+		across(dst, src, dstStarts, srcStarts, transfer.Read, version)
 	default:
 		const chunk = 4 << 20
 		stage := make([]byte, min(n, chunk))
