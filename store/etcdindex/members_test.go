@@ -64,6 +64,20 @@ func pollMembers(t *testing.T, what string, cond func() bool) {
 
 // nextEvent returns the first event on ch that match accepts, failing
 // after memberBound.
+// watchedPair joins members a and b with ttl under a fresh prefix and
+// returns b's watch, past the event of a's first join.
+func watchedPair(t *testing.T, ttl time.Duration) (s *etcdServer, prefix string, a, b *Membership, bw <-chan MemberEvent) {
+	t.Helper()
+	s, prefix = startEtcd(t), freshPrefix()
+	a, b = join(t, s, prefix, "a", ttl), join(t, s, prefix, "b", ttl)
+	bw, err := b.Watch(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextEvent(t, bw, "initial joined a", is(Joined, "a"))
+	return s, prefix, a, b, bw
+}
+
 func nextEvent(t *testing.T, ch <-chan MemberEvent, what string, match func(MemberEvent) bool) MemberEvent {
 	t.Helper()
 	timeout := time.After(memberBound)
@@ -137,14 +151,7 @@ func TestMembersSeeEachOther(t *testing.T) {
 // TestMemberLeave: Leave revokes the lease, so the others see Left long
 // before the TTL could run out.
 func TestMemberLeave(t *testing.T) {
-	s := startEtcd(t)
-	prefix := freshPrefix()
-	a := join(t, s, prefix, "a", 60*time.Second)
-	b := join(t, s, prefix, "b", 60*time.Second)
-	bw, err := b.Watch(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, prefix, a, b, bw := watchedPair(t, 60*time.Second)
 	if err := a.Leave(); err != nil {
 		t.Fatal(err)
 	}
@@ -168,15 +175,7 @@ func TestMemberLeave(t *testing.T) {
 // TestMemberExpiry: a member closed without Leave (a killed daemon) is
 // reported Left when its lease expires.
 func TestMemberExpiry(t *testing.T) {
-	s := startEtcd(t)
-	prefix := freshPrefix()
-	a := join(t, s, prefix, "a", 2*time.Second)
-	b := join(t, s, prefix, "b", 2*time.Second)
-	bw, err := b.Watch(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	nextEvent(t, bw, "initial joined a", is(Joined, "a"))
+	_, _, a, b, bw := watchedPair(t, 2*time.Second)
 	closed := time.Now()
 	a.Close()
 	nextEvent(t, bw, "a expired", is(Left, "a"))
@@ -211,15 +210,7 @@ func TestMemberNameTaken(t *testing.T) {
 // TestMemberLeaseLost: when the lease goes (revoked behind the member's
 // back, as after a long outage), the member re-registers by itself.
 func TestMemberLeaseLost(t *testing.T) {
-	s := startEtcd(t)
-	prefix := freshPrefix()
-	a := join(t, s, prefix, "a", 2*time.Second)
-	b := join(t, s, prefix, "b", 2*time.Second)
-	bw, err := b.Watch(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	nextEvent(t, bw, "initial joined a", is(Joined, "a"))
+	_, _, a, b, bw := watchedPair(t, 2*time.Second)
 	a.mu.Lock()
 	lease := a.mu.lease
 	a.mu.Unlock()
