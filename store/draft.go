@@ -29,11 +29,11 @@ type Draft struct {
 	// rw is held shared by writers while they copy, and exclusively by
 	// truncation, copy-on-write, commit and close.
 	rw sync.RWMutex
-	// size and dirty mirror mu.size and mu.dirty (written together, under
-	// mu) for Size and Dirty, which must not wait for a commit's network
-	// calls: a stat of a file being committed answers at once.
+	// size and dirty are changed under mu but read without it by Size
+	// and Dirty, which must not wait for a commit's network calls: a stat
+	// of a file being committed answers at once.
 	size  atomic.Uint64
-	dirty atomic.Bool
+	dirty atomic.Bool // differs from the version it started from
 	mu    struct {
 		sync.Mutex
 		base     *Reader // unmodified base version, nil once copied
@@ -41,9 +41,7 @@ type Draft struct {
 		ext      []segment.Extent
 		starts   []uint64
 		capacity uint64
-		size     uint64
 		zeroed   uint64 // bytes [0,zeroed) are defined: written or zero-filled
-		dirty    bool
 		closed   bool
 		mtime    int64 // explicit modification time (SetMtime) since the last change; 0: now
 		// Placement (placement.go): where ext lives. node is "" until the
@@ -80,27 +78,15 @@ func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 	s.openIno(ino)
 	if base != nil && !trunc && base.Size() > 0 {
 		d.mu.base = base
-		d.setSizeLocked(base.Size())
+		d.size.Store(base.Size())
 	} else {
 		if base != nil {
 			base.Close()
 		}
 		d.mu.own = true
-		d.setDirtyLocked(trunc && base != nil && base.Size() > 0)
+		d.dirty.Store(trunc && base != nil && base.Size() > 0)
 	}
 	return d
-}
-
-// setSizeLocked and setDirtyLocked change mu.size and mu.dirty and their
-// mirrors. Caller holds d.mu (or owns d alone).
-func (d *Draft) setSizeLocked(n uint64) {
-	d.mu.size = n
-	d.size.Store(n)
-}
-
-func (d *Draft) setDirtyLocked(b bool) {
-	d.mu.dirty = b
-	d.dirty.Store(b)
 }
 
 // Size returns the draft's current size.
@@ -301,7 +287,7 @@ func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 	base.Close()
 	d.mu.base = nil
 	d.mu.own = true
-	d.setSizeLocked(keep)
+	d.size.Store(keep)
 	d.mu.zeroed = keep
 	return nil
 }
@@ -410,8 +396,8 @@ func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		return 0, err
 	}
 	d.mu.Lock()
-	d.setSizeLocked(max(d.mu.size, end))
-	d.setDirtyLocked(true)
+	d.size.Store(max(d.size.Load(), end))
+	d.dirty.Store(true)
 	d.mu.mtime = 0
 	d.mu.Unlock()
 	return n, nil
@@ -431,7 +417,7 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 		d.mu.Unlock()
 		return base.ReadAt(ctx, p, off)
 	}
-	size, ext, starts, node, epoch := d.mu.size, d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch
+	size, ext, starts, node, epoch := d.size.Load(), d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch
 	d.mu.Unlock()
 	if off >= size {
 		return 0, nil
@@ -462,7 +448,7 @@ func (d *Draft) Truncate(ctx context.Context, size uint64) error {
 	d.rw.Lock()
 	defer d.rw.Unlock()
 	d.mu.Lock()
-	closed, own, cur := d.mu.closed, d.mu.own, d.mu.size
+	closed, own, cur := d.mu.closed, d.mu.own, d.size.Load()
 	d.mu.Unlock()
 	if closed {
 		return ErrClosed
@@ -492,8 +478,8 @@ func (d *Draft) Truncate(ctx context.Context, size uint64) error {
 		}
 	}
 	d.mu.zeroed = size
-	d.setSizeLocked(size)
-	d.setDirtyLocked(true)
+	d.size.Store(size)
+	d.dirty.Store(true)
 	d.mu.mtime = 0
 	return nil
 }
@@ -541,7 +527,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		return nil, err
 	}
 	ext := d.mu.ext
-	size := d.mu.size
+	size := d.size.Load()
 	primary := d.placedLocked()
 	if err := d.renewLocked(ctx); err != nil {
 		return nil, err
@@ -657,7 +643,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		// owners take them over when they see the commit.
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
 		d.mu.extResv, d.mu.resv, d.mu.node, d.mu.epoch = nil, nil, "", 0
-		d.setDirtyLocked(false)
+		d.dirty.Store(false)
 		d.mu.mtime = 0
 		if size > 0 {
 			d.mu.base = base
@@ -673,7 +659,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 
 // trimLocked frees reserved space past the size (rounded to the granule).
 func (d *Draft) trimLocked(ctx context.Context) error {
-	keep := (d.mu.size + segment.Granule - 1) / segment.Granule * segment.Granule
+	keep := (d.size.Load() + segment.Granule - 1) / segment.Granule * segment.Granule
 	if keep >= d.mu.capacity {
 		return nil
 	}
@@ -756,7 +742,7 @@ func (d *Draft) Close() {
 			d.mu.resv = nil
 		}
 		d.mu.ext = nil
-		if d.mu.dirty {
+		if d.dirty.Load() {
 			d.s.stats.revokes.Add(1)
 		}
 	}
