@@ -166,6 +166,9 @@ func (f *follower) apply(ev Event) {
 			// live body.
 			f.s.mu.Lock()
 			f.s.consumeLocked(ext, ev.Object.Version)
+			if lb := f.s.mu.live[ext[0]]; lb != nil {
+				lb.key = key // for CheckBody's LRU touch
+			}
 			f.s.mu.Unlock()
 		}
 	}
@@ -179,11 +182,6 @@ func (f *follower) apply(ev Event) {
 	// The LRU holds every key with bytes here, whichever node wrote
 	// them, so that eviction can make room for the next write.
 	if cur.ext != nil && ev.Object.Kind == KindFile {
-		f.s.mu.Lock()
-		if lb := f.s.mu.live[cur.ext[0]]; lb != nil {
-			lb.key = key
-		}
-		f.s.mu.Unlock()
 		f.s.touch(key)
 		f.s.kickEvict()
 	} else {
