@@ -108,7 +108,7 @@ func (f *FS) getObject(ctx context.Context, key string, r *store.Reader, buf tra
 // cached attributes and mapped pages.
 func (n *node) afterPut(ctx context.Context, key string) {
 	n.mu.Lock()
-	if d := n.mu.draft; d != nil && !d.Dirty() {
+	if d := n.mu.draft; d != nil && n.mu.closing == nil && !d.Dirty() {
 		if r, err := n.fs.st.OpenReader(ctx, key); err == nil {
 			if r.Object().Ino == n.StableAttr().Ino {
 				d.Close()

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"github.com/mooncake-fs/mooncake-fs/pinned"
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -45,7 +46,10 @@ var errnoTable = []struct {
 	{errBufRange, syscall.EFAULT},
 	{errBadID, syscall.EINVAL},
 	{errNotOwner, syscall.EPERM},
+	{pinned.ErrNotShmem, syscall.EINVAL},
 	{errBadRegister, syscall.EINVAL},
+	{errTooManyRegs, syscall.EMFILE},
+	{errTooManyOpen, syscall.ENFILE},
 	{errNotWritable, syscall.EBADF},
 	{errNotDirFd, syscall.ENOTDIR},
 	{errBadBatch, syscall.EINVAL},

@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
@@ -44,6 +45,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
+	// MaxOpen bounds the open files of the mount, all users together;
+	// past it open fails with ENFILE. MaxRegistrations bounds the buffers
+	// registered on one open file (EMFILE past it).
+	MaxOpen, MaxRegistrations int
 }
 
 // DefaultOptions returns options with every tunable set; Store is left nil.
@@ -57,6 +62,8 @@ func DefaultOptions() Options {
 		MaxWrite:           1 << 20,
 		MaxReadAhead:       1 << 20,
 		MaxBackground:      64,
+		MaxOpen:            1 << 17,
+		MaxRegistrations:   1024,
 	}
 }
 
@@ -71,6 +78,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxReadAhead < 0 || o.MaxBackground < 0 {
 		errs = append(errs, fmt.Errorf("fs: MaxReadAhead %d / MaxBackground %d negative", o.MaxReadAhead, o.MaxBackground))
+	}
+	if o.MaxOpen <= 0 || o.MaxRegistrations <= 0 {
+		errs = append(errs, fmt.Errorf("fs: MaxOpen %d / MaxRegistrations %d not positive", o.MaxOpen, o.MaxRegistrations))
 	}
 	for _, d := range []time.Duration{o.EntryTimeout, o.AttrTimeout, o.NegativeTimeout} {
 		if d < 0 {
@@ -88,6 +98,7 @@ type FS struct {
 	metrics *metrics
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
+	handles atomic.Int64 // open file handles
 	gpus    gpus
 	ipc     ipcTable
 }

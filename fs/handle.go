@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"syscall"
 	"time"
@@ -11,17 +12,24 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 // handle is one open file description.
 //
 // A read-only handle holds a Reader: it reads the version that was current
 // at open, even if the file is replaced or removed meanwhile. A writable
-// handle joins the node's shared draft; reads through it see its writes.
+// handle opened with O_TRUNC writes a new version of its own (priv): two
+// processes that rewrite one file at once each publish a whole file, the
+// last close winning, never a mix of both. Other writable handles join the
+// node's shared draft, so writes through different descriptors of one file
+// see each other, as in-place updates and appends need.
 type handle struct {
 	n        *node
 	reader   *store.Reader // read-only handles
 	writable bool
+	priv     *store.Draft  // O_TRUNC handles: their own new version
+	append   bool          // O_APPEND: every write goes to the end
 	obj      *store.Object // the object at open time
 	regs     regTable      // buffers registered on this open file
 	ipc      ipcCache      // CUDA IPC handles opened for this open file
@@ -36,18 +44,38 @@ func (h *handle) fuseFlags() uint32 {
 	return fuse.FOPEN_DIRECT_IO | fuse.FOPEN_PARALLEL_DIRECT_WRITES
 }
 
-// open makes a handle. o is the object when the caller just made it.
+// open makes a handle. o is the object when the caller just made it. The
+// node must still be the file at key: a file that was removed, evicted or
+// replaced since the kernel looked it up answers ErrStale, and the kernel
+// looks the path up again (open, stat and the other path calls retry once
+// on ESTALE), so an open either reaches a live file or fails.
 func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint32) (*handle, error) {
 	if n.IsDir() {
 		return nil, store.ErrIsDir
 	}
+	if max := int64(n.fs.opts.MaxOpen); n.fs.handles.Add(1) > max {
+		n.fs.handles.Add(-1)
+		return nil, fmt.Errorf("fs: %d files open: %w", max, errTooManyOpen)
+	}
+	h, err := n.openHandle(ctx, key, o, flags)
+	if err != nil {
+		n.fs.handles.Add(-1)
+	}
+	return h, err
+}
+
+func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flags uint32) (*handle, error) {
+	ino := n.StableAttr().Ino
 	acc := flags & syscall.O_ACCMODE
 	if acc == syscall.O_RDONLY {
 		r, err := n.fs.st.OpenReader(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			err = store.ErrStale
+		}
 		if err != nil {
 			return nil, err
 		}
-		if r.Object().Ino != n.StableAttr().Ino {
+		if r.Object().Ino != ino {
 			r.Close()
 			return nil, store.ErrStale
 		}
@@ -55,28 +83,88 @@ func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint
 		h.regs.fs = n.fs
 		return h, nil
 	}
-	trunc := flags&syscall.O_TRUNC != 0
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.mu.draft == nil {
-		if _, err := n.openDraftLocked(ctx, key, trunc); err != nil {
+	h := &handle{n: n, writable: true, append: flags&syscall.O_APPEND != 0}
+	h.regs.fs = n.fs
+	if flags&syscall.O_TRUNC != 0 {
+		d, err := n.fs.st.OpenDraft(ctx, key, ino, true)
+		if err != nil {
 			return nil, err
 		}
-	} else if trunc {
-		if err := n.mu.draft.Truncate(ctx, 0); err != nil {
-			return nil, err
-		}
+		d.Place(n.fs.st.PlacementFor(ctx, key))
+		h.priv = d
+		n.mu.Lock()
+		n.mu.private[h] = struct{}{}
+		n.mu.Unlock()
+	} else if err := n.joinShared(ctx, key); err != nil {
+		return nil, err
 	}
-	n.mu.writers++
 	if o == nil {
 		o, _ = n.fs.st.Stat(ctx, key)
 	}
-	h := &handle{n: n, writable: true, obj: o}
-	h.regs.fs = n.fs
+	h.obj = o
 	return h, nil
 }
 
+// openGhost opens the version a rename replaced (see node.mu.ghost), nil
+// without one. Writes through it go where writes to a replaced file go on
+// any POSIX file system: nowhere, once the last descriptor closes.
+func (n *node) openGhost(flags uint32) *handle {
+	g := n.ghostReader()
+	if g == nil {
+		return nil
+	}
+	if n.fs.handles.Add(1) > int64(n.fs.opts.MaxOpen) {
+		n.fs.handles.Add(-1)
+		g.Close()
+		return nil
+	}
+	h := &handle{n: n, obj: g.Object()}
+	h.regs.fs = n.fs
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
+		h.reader = g
+		return h
+	}
+	h.writable = true
+	h.append = flags&syscall.O_APPEND != 0
+	h.priv = n.fs.st.NewDraft(g.Object().Ino, g, flags&syscall.O_TRUNC != 0)
+	n.mu.Lock()
+	n.mu.private[h] = struct{}{}
+	n.mu.Unlock()
+	return h
+}
+
+// joinShared adds a writer to the node's shared draft, starting it from
+// the current version if there is none. A last writer's release that is
+// still publishing is waited for: its commit comes before this draft's
+// base.
+func (n *node) joinShared(ctx context.Context, key string) error {
+	for {
+		n.mu.Lock()
+		ch := n.mu.closing
+		if ch == nil {
+			break
+		}
+		n.mu.Unlock()
+		<-ch
+	}
+	defer n.mu.Unlock()
+	if n.mu.draft == nil {
+		d, err := n.fs.st.OpenDraft(ctx, key, n.StableAttr().Ino, false)
+		if err != nil {
+			return err
+		}
+		d.Place(n.fs.st.PlacementFor(ctx, key))
+		n.mu.draft = d
+	}
+	n.mu.writers++
+	return nil
+}
+
+// draft returns the draft writes through h go to.
 func (h *handle) draft() *store.Draft {
+	if h.priv != nil {
+		return h.priv
+	}
 	h.n.mu.Lock()
 	defer h.n.mu.Unlock()
 	return h.n.mu.draft
@@ -183,15 +271,46 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	if d == nil {
 		return 0, syscall.EBADF
 	}
-	got, err = d.WriteAt(ctx, data, uint64(off))
+	if h.append {
+		// The kernel picks an append's offset from its own idea of the
+		// size; the draft's end is the one that counts.
+		var n64 uint64
+		_, n64, err = d.AppendFrom(ctx, transfer.HostBuffer(data))
+		got = int(n64)
+	} else {
+		got, err = d.WriteAt(ctx, data, uint64(off))
+	}
 	if err != nil {
 		return 0, toErrno(err)
 	}
 	return uint32(got), 0
 }
 
+// publish commits d as the node's new version if it changed. A draft with
+// a failed write or truncation fails instead, and the previous version
+// stays. A file that was unlinked or replaced while open loses its writes,
+// as on any POSIX file system.
+func (n *node) publish(ctx context.Context, d *store.Draft) error {
+	if err := d.Err(); err != nil {
+		return err
+	}
+	if !d.Dirty() {
+		return nil
+	}
+	key, ok := n.key()
+	if !ok {
+		return nil
+	}
+	_, err := d.Commit(ctx, store.CommitOptions{Key: key, IfIno: n.StableAttr().Ino})
+	if errors.Is(err, store.ErrStale) {
+		return nil
+	}
+	return err
+}
+
 // Flush implements gofs.NodeFlusher: close(2) of a writable descriptor
-// commits, so the content is visible when close returns.
+// publishes, so the content is visible when close returns; closers.go
+// says which closes reach here.
 func (n *node) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	h, ok := fh.(*handle)
@@ -201,9 +320,9 @@ func (n *node) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Err
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "flush", "", 0, start, errno, err) }()
-	n.mu.Lock()
-	err = n.commitLocked(ctx)
-	n.mu.Unlock()
+	if d := h.draft(); d != nil {
+		err = n.publish(ctx, d)
+	}
 	return toErrno(err)
 }
 
@@ -227,6 +346,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	if done {
 		return 0
 	}
+	defer n.fs.handles.Add(-1)
 	h.regs.closeAll()
 	n.fs.ipcCloseAll(&h.ipc)
 	if h.reader != nil {
@@ -236,16 +356,32 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "release", "", 0, start, errno, err) }()
+	// Release is asynchronous to close(2): a close already published what
+	// it could; this publishes what came after (mmap write-back) or what
+	// no publishing close saw (the last descriptor was an inherited one).
+	if d := h.priv; d != nil {
+		err = n.publish(context.Background(), d)
+		d.Close()
+		n.mu.Lock()
+		delete(n.mu.private, h)
+		n.mu.Unlock()
+		return toErrno(err)
+	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	n.mu.writers--
 	if n.mu.writers > 0 {
+		n.mu.Unlock()
 		return 0
 	}
-	// Release is asynchronous to close(2): flush already committed what
-	// it could, this commits writes that came after (mmap write-back).
-	err = n.commitLocked(context.Background())
-	n.mu.draft.Close()
-	n.mu.draft = nil
+	d := n.mu.draft
+	closing := make(chan struct{})
+	n.mu.closing = closing
+	n.mu.Unlock()
+	err = n.publish(context.Background(), d)
+	d.Close()
+	n.mu.Lock()
+	n.mu.draft, n.mu.closing = nil, nil
+	n.mu.Unlock()
+	close(closing)
 	return toErrno(err)
 }

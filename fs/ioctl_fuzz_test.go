@@ -50,14 +50,14 @@ func newFuzzFixture(t testing.TB) *fuzzFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := &node{fs: f}
+	root := f.newNode()
 	gofs.NewNodeFS(root, &gofs.Options{})
 	ctx := context.Background()
 	o, err := st.Create(ctx, "f", nil, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fn := &node{fs: f}
+	fn := f.newNode()
 	root.AddChild("f", root.NewPersistentInode(ctx, fn, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: o.Ino}), false)
 	h, err := fn.open(ctx, "f", o, syscall.O_RDWR)
 	if err != nil {

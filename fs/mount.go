@@ -57,15 +57,20 @@ func MountFS(dir string, o Options) (*Mount, error) {
 	if o.Debug {
 		mo.Logger = log.New(f.log.WriterLevel(4), "", 0)
 	}
-	root := &node{fs: f}
-	server, err := gofs.Mount(dir, root, &gofs.Options{
+	root := f.newNode()
+	raw := gofs.NewNodeFS(root, &gofs.Options{
 		MountOptions:    mo,
 		EntryTimeout:    &et,
 		AttrTimeout:     &at,
 		NegativeTimeout: &nt,
 		RootStableAttr:  &gofs.StableAttr{Ino: 1},
 	})
+	server, err := fuse.NewServer(newClosers(raw), dir, &mo)
 	if err != nil {
+		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
 	}
 	m := &Mount{Dir: dir, server: server, fs: f}

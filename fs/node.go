@@ -20,13 +20,25 @@ type node struct {
 	gofs.Inode
 	fs *FS
 
-	// mu guards the shared draft of this file: every writable handle of
-	// the inode edits the same draft, as writes through different file
-	// descriptors of one file must see each other.
+	// mu guards the drafts of this file: the shared one, which every
+	// writable handle opened without O_TRUNC edits (writes through
+	// different descriptors of one file must see each other), and the
+	// private ones of O_TRUNC handles (handle.go). It is never held
+	// across a commit.
 	mu struct {
 		sync.Mutex
 		draft   *store.Draft
 		writers int
+		// closing is closed when the last writer's release has published
+		// the shared draft; a new writer waits for it.
+		closing chan struct{}
+		private map[*handle]struct{}
+		// ghost is the last version of a file that a rename through this
+		// mount replaced, kept until the kernel forgets the inode: the
+		// kernel may have looked the old file up just before, and an open
+		// it sends for it then gets that version, as on a local file
+		// system, instead of failing.
+		ghost *store.Reader
 	}
 }
 
@@ -56,7 +68,41 @@ var (
 	_ gofs.NodeListxattrer   = (*node)(nil)
 	_ gofs.NodeRemovexattrer = (*node)(nil)
 	_ gofs.NodeIoctler       = (*node)(nil)
+	_ gofs.NodeOnForgetter   = (*node)(nil)
 )
+
+// OnForget implements gofs.NodeOnForgetter: the kernel has dropped the
+// inode, so nobody can open the replaced version any more.
+func (n *node) OnForget() {
+	n.mu.Lock()
+	g := n.mu.ghost
+	n.mu.ghost = nil
+	n.mu.Unlock()
+	if g != nil {
+		g.Close()
+	}
+}
+
+// setGhost keeps r as the version this replaced node opens.
+func (n *node) setGhost(r *store.Reader) {
+	n.mu.Lock()
+	old := n.mu.ghost
+	n.mu.ghost = r
+	n.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+}
+
+// ghostReader returns a new lease on the ghost version, nil without one.
+func (n *node) ghostReader() *store.Reader {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.mu.ghost == nil {
+		return nil
+	}
+	return n.mu.ghost.Dup()
+}
 
 // key returns the node's key; ok is false for a node that is no longer
 // reachable from the root (unlinked or replaced while open).
@@ -85,7 +131,9 @@ func (n *node) childKey(name string) (string, error) {
 	}
 	dir, ok := n.key()
 	if !ok {
-		return "", store.ErrNotFound
+		// The directory the kernel walked through was removed or
+		// replaced: ESTALE makes it walk the path again.
+		return "", store.ErrStale
 	}
 	k := store.Join(dir, name)
 	if len(k) > store.MaxKeyLen {
@@ -99,7 +147,13 @@ func (n *node) newChild(ctx context.Context, o *store.Object) *gofs.Inode {
 	if o.Kind == store.KindDir {
 		mode = syscall.S_IFDIR
 	}
-	return n.NewInode(ctx, &node{fs: n.fs}, gofs.StableAttr{Mode: mode, Ino: o.Ino})
+	return n.NewInode(ctx, n.fs.newNode(), gofs.StableAttr{Mode: mode, Ino: o.Ino})
+}
+
+func (f *FS) newNode() *node {
+	n := &node{fs: f}
+	n.mu.private = make(map[*handle]struct{})
+	return n
 }
 
 // fillAttr converts an object to kernel attributes.
@@ -129,16 +183,26 @@ func (f *FS) entryOut(o *store.Object, size uint64, out *fuse.EntryOut) {
 	out.SetAttrTimeout(f.opts.AttrTimeout)
 }
 
-// sizeOf returns the size a local process should see: the draft's while
-// one is open here.
+// sizeOf returns the size the kernel should keep for the inode: the
+// largest of its drafts' while writers are open here, else the version's.
+// The kernel keeps one size per inode, and the writers' own calls depend
+// on it (mmap past it faults with SIGBUS), so while a file is being
+// written here stat shows the size being written, and readers still read
+// the last published version.
 func (n *node) sizeOf(o *store.Object) uint64 {
 	n.mu.Lock()
-	d := n.mu.draft
-	n.mu.Unlock()
-	if d != nil {
-		return d.Size()
+	defer n.mu.Unlock()
+	if n.mu.draft == nil && len(n.mu.private) == 0 {
+		return o.Size
 	}
-	return o.Size
+	var size uint64
+	if d := n.mu.draft; d != nil {
+		size = d.Size()
+	}
+	for h := range n.mu.private {
+		size = max(size, h.priv.Size())
+	}
+	return size
 }
 
 func caller(ctx context.Context) (uid, gid uint32) {
@@ -181,16 +245,21 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	if h, isH := fh.(*handle); isH && h.reader != nil {
 		o = h.reader.Object()
 	} else if ok {
-		if o, err = n.fs.st.Stat(ctx, key); err != nil {
+		if o, err = n.fs.st.Stat(ctx, key); err != nil || o.Ino != n.StableAttr().Ino {
 			o = nil
 		}
 	}
 	if o == nil {
-		// Unlinked but still open: answer from what the handle knows.
+		// Unlinked or replaced but still open: answer from what the
+		// handle knows. Without a handle, ESTALE: the kernel looks the
+		// path up again and finds what is there now.
 		if h, isH := fh.(*handle); isH && h.obj != nil {
 			o, err = h.obj, nil
-		} else if err == nil {
-			err = store.ErrNotFound
+		} else if g := n.ghostReader(); g != nil {
+			o, err = g.Object(), nil
+			g.Close()
+		} else if err == nil || errors.Is(err, store.ErrNotFound) {
+			err = store.ErrStale
 		}
 	}
 	if o == nil {
@@ -209,14 +278,30 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	var err error
 	key, ok := n.key()
 	defer func() { n.fs.opDone(ctx, "setattr", key, 0, start, errno, err) }()
+	h, _ := fh.(*handle)
 	if !ok {
-		return syscall.ENOENT
+		if h == nil {
+			return syscall.ESTALE
+		}
+		// ftruncate of a file unlinked while open: the draft changes,
+		// and goes nowhere, as its writes do.
+		if size, has := in.GetSize(); has && h.writable {
+			if d := h.draft(); d != nil {
+				err = d.Truncate(ctx, size)
+			}
+		}
+		if err != nil || h.obj == nil {
+			return toErrno(err)
+		}
+		n.fs.fillAttr(h.obj, n.sizeOf(h.obj), &out.Attr)
+		out.SetTimeout(n.fs.opts.AttrTimeout)
+		return 0
 	}
 	if size, has := in.GetSize(); has {
 		if n.IsDir() {
 			return syscall.EISDIR
 		}
-		if err = n.truncate(ctx, key, size); err != nil {
+		if err = n.truncate(ctx, h, key, size); err != nil {
 			return toErrno(err)
 		}
 	}
@@ -226,6 +311,11 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	mtime, hasMtime := in.GetMTime()
 	if hasMtime {
 		// An open writer commits at close: keep the time for that commit.
+		if h != nil && h.writable {
+			if d := h.draft(); d != nil {
+				d.SetMtime(mtime.UnixNano())
+			}
+		}
 		n.mu.Lock()
 		if d := n.mu.draft; d != nil {
 			d.SetMtime(mtime.UnixNano())
@@ -261,66 +351,31 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	return 0
 }
 
-// truncate changes the size. With writers open, the shared draft changes
-// and becomes visible when they close; otherwise it commits at once.
-func (n *node) truncate(ctx context.Context, key string, size uint64) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if d := n.mu.draft; d != nil {
-		return d.Truncate(ctx, size)
+// truncate changes the size: through a writable handle, its draft; with
+// writers open, the shared draft (visible when they close); otherwise a
+// commit at once.
+func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64) error {
+	if h != nil && h.writable {
+		if d := h.draft(); d != nil {
+			return d.Truncate(ctx, size)
+		}
 	}
-	d, err := n.openDraftLocked(ctx, key, size == 0)
+	n.mu.Lock()
+	shared := n.mu.draft
+	n.mu.Unlock()
+	if shared != nil {
+		return shared.Truncate(ctx, size)
+	}
+	d, err := n.fs.st.OpenDraft(ctx, key, n.StableAttr().Ino, size == 0)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		n.mu.draft = nil
-		d.Close()
-	}()
+	defer d.Close()
+	d.Place(n.fs.st.PlacementFor(ctx, key))
 	if err := d.Truncate(ctx, size); err != nil {
 		return err
 	}
 	_, err = d.Commit(ctx, store.CommitOptions{Key: key, IfIno: n.StableAttr().Ino})
-	return err
-}
-
-// openDraftLocked starts the shared draft from the current version.
-func (n *node) openDraftLocked(ctx context.Context, key string, trunc bool) (*store.Draft, error) {
-	ino := n.StableAttr().Ino
-	var base *store.Reader
-	if !trunc {
-		r, err := n.fs.st.OpenReader(ctx, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return nil, err
-		}
-		if r != nil && r.Object().Ino != ino {
-			r.Close()
-			return nil, store.ErrStale
-		}
-		base = r
-	}
-	d := n.fs.st.NewDraft(ino, base, trunc)
-	d.Place(n.fs.st.PlacementFor(ctx, key))
-	n.mu.draft = d
-	return d, nil
-}
-
-// commitLocked publishes the shared draft if it changed. A file that was
-// unlinked or replaced while open loses its writes, as on any POSIX file
-// system.
-func (n *node) commitLocked(ctx context.Context) error {
-	d := n.mu.draft
-	if d == nil || !d.Dirty() {
-		return nil
-	}
-	key, ok := n.key()
-	if !ok {
-		return nil
-	}
-	_, err := d.Commit(ctx, store.CommitOptions{Key: key, IfIno: n.StableAttr().Ino})
-	if errors.Is(err, store.ErrStale) {
-		return nil
-	}
 	return err
 }
 
@@ -359,10 +414,19 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 	var err error
 	key, ok := n.key()
 	defer func() { n.fs.opDone(ctx, "open", key, 0, start, errno, err) }()
-	if !ok {
-		return nil, 0, syscall.ENOENT
+	var h *handle
+	if ok {
+		h, err = n.open(ctx, key, nil, flags)
+	} else {
+		// Unlinked or replaced since the kernel looked it up: ESTALE
+		// makes the kernel look the path up again.
+		err = store.ErrStale
 	}
-	h, err := n.open(ctx, key, nil, flags)
+	if errors.Is(err, store.ErrStale) {
+		if gh := n.openGhost(flags); gh != nil {
+			h, err = gh, nil
+		}
+	}
 	if err != nil {
 		return nil, 0, toErrno(err)
 	}
@@ -444,7 +508,28 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if flags&^uint32(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 {
 		return syscall.EINVAL
 	}
+	// The file this rename replaces may have been looked up by a process
+	// that is about to open it: keep its version for that open.
+	var ghost *store.Reader
+	var replaced *node
+	if ch := np.GetChild(newName); ch != nil && !ch.IsDir() {
+		if rn, ok := ch.Operations().(*node); ok {
+			if r, err := n.fs.st.OpenReader(ctx, to); err == nil {
+				if r.Object().Ino == ch.StableAttr().Ino {
+					ghost, replaced = r.Dup(), rn
+				}
+				r.Close()
+			}
+		}
+	}
 	err = n.fs.st.Rename(ctx, key, to, f)
+	if ghost != nil {
+		if err == nil {
+			replaced.setGhost(ghost)
+		} else {
+			ghost.Close()
+		}
+	}
 	return toErrno(err)
 }
 
@@ -504,15 +589,18 @@ func (n *node) Allocate(ctx context.Context, fh gofs.FileHandle, off uint64, siz
 	if mode != 0 {
 		return syscall.EOPNOTSUPP
 	}
-	n.mu.Lock()
-	d := n.mu.draft
-	n.mu.Unlock()
+	h, ok := fh.(*handle)
+	if !ok || !h.writable {
+		return syscall.EBADF
+	}
+	d := h.draft()
 	if d == nil {
 		return syscall.EBADF
 	}
-	if end := off + size; end > d.Size() {
-		err = d.Truncate(ctx, end)
+	if off+size < off {
+		return syscall.EFBIG
 	}
+	err = d.Grow(ctx, off+size)
 	return toErrno(err)
 }
 

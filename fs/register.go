@@ -23,6 +23,8 @@ var (
 	errBadID       = errors.New("fs: no such registered buffer on this file")
 	errNotOwner    = errors.New("fs: caller does not own the process")
 	errBadRegister = errors.New("fs: bad registration")
+	errTooManyRegs = errors.New("fs: too many registered buffers")
+	errTooManyOpen = errors.New("fs: too many open files")
 )
 
 // maxRegister bounds one registration (the address space, not memory: the
@@ -66,18 +68,21 @@ type regStats struct {
 	live, total, bytes atomic.Int64
 }
 
-func (t *regTable) add(r *registration) uint64 {
+func (t *regTable) add(r *registration) (uint64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.m == nil {
 		t.mu.m = make(map[uint64]*registration)
+	}
+	if max := t.fs.opts.MaxRegistrations; len(t.mu.m) >= max {
+		return 0, fmt.Errorf("fs: %d buffers registered on this file: %w", max, errTooManyRegs)
 	}
 	t.mu.next++
 	t.mu.m[t.mu.next] = r
 	t.fs.regs.live.Add(1)
 	t.fs.regs.total.Add(1)
 	t.fs.regs.bytes.Add(int64(r.size()))
-	return t.mu.next
+	return t.mu.next, nil
 }
 
 // get returns registration id, held until the caller calls done.
@@ -234,7 +239,11 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 	if err != nil {
 		return errors.Join(err, errBadRegister)
 	}
-	a.ID = t.add(&registration{sh: sh, mem: sh.Bytes()})
+	r := &registration{sh: sh, mem: sh.Bytes()}
+	if a.ID, err = t.add(r); err != nil {
+		_ = sh.Close()
+		return err
+	}
 	return nil
 }
 
@@ -243,6 +252,11 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 func (m *Mount) Registrations() (live, total, bytes int64) {
 	r := &m.fs.regs
 	return r.live.Load(), r.total.Load(), r.bytes.Load()
+}
+
+// OpenFiles returns the open files of the mount and their bound.
+func (m *Mount) OpenFiles() (open, limit uint64) {
+	return uint64(m.fs.handles.Load()), uint64(m.fs.opts.MaxOpen)
 }
 
 // registerCUDA opens a CUDA allocation of the caller once (its IPC handle)
@@ -263,6 +277,9 @@ func (f *FS) registerCUDA(t *regTable, a *ioctl.RegisterArg) error {
 		_ = f.ipc.release(m)
 		return fmt.Errorf("%d B at %d of a %d B allocation: %w", a.Len, a.Offset, m.size, errDevRange)
 	}
-	a.ID = t.add(&registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len})
+	if a.ID, err = t.add(&registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len}); err != nil {
+		_ = f.ipc.release(m)
+		return err
+	}
 	return nil
 }

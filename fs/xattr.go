@@ -23,6 +23,11 @@ const (
 	xattrStatus   = "user.mooncake.status"
 	mooncakeNS    = "mooncake."
 	maxXattrValue = 64 << 10
+	// maxFileXattrs bounds the stored xattrs of one file, names and
+	// values; past it setxattr fails with ENOSPC (as ext4 does when a
+	// file's xattr block is full). The mount's metadata as a whole is
+	// bounded by the store (store.Options.MetaLimit).
+	maxFileXattrs = 128 << 10
 )
 
 // storedMooncake are the user.mooncake.* names stored with the object like
@@ -167,6 +172,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 			o.Xattrs = map[string][]byte{}
 		}
 		o.Xattrs[name] = append([]byte(nil), data...)
+		if o.XattrBytes() > maxFileXattrs {
+			return syscall.ENOSPC
+		}
 		return nil
 	})
 	return toErrno(err)

@@ -22,6 +22,10 @@ var (
 	// (/proc/sys/vm/nr_hugepages, its lock file) failed.
 	ErrHugepagePool = errors.New("pinned: hugepage pool")
 
+	// ErrNotShmem: a client's file offered for a shared mapping is not
+	// shmem or hugetlbfs memory (MapShared, CheckShmem).
+	ErrNotShmem = errors.New("pinned: not shmem or hugetlbfs memory")
+
 	// ErrMeminfo: /proc/meminfo could not be read or parsed.
 	ErrMeminfo = errors.New("pinned: meminfo")
 )

@@ -18,10 +18,20 @@ type Shared struct {
 // MapShared maps length bytes of fd at off (page aligned) read-write and
 // shared. The caller keeps ownership of fd and may close it afterwards:
 // the mapping holds its own reference to the file.
+//
+// fd must be shmem (a memfd, a tmpfs or /dev/shm file) or hugetlbfs
+// memory, whose pages fault in without any file system server: a file of
+// a FUSE mount (the daemon's own, above all) would make a copy from the
+// mapping wait on that mount's daemon, and an ordinary file on disk would
+// make it wait on I/O. Anything else fails with ErrNotShmem before the
+// file is touched.
 func MapShared(fd int, off, length uint64) (*Shared, error) {
 	page := uint64(unix.Getpagesize())
 	if length == 0 || off%page != 0 || off+length < off {
 		return nil, fmt.Errorf("pinned: map %d B at %d: %w", length, off, ErrInvalidOptions)
+	}
+	if err := CheckShmem(fd); err != nil {
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -38,6 +48,17 @@ func MapShared(fd int, off, length uint64) (*Shared, error) {
 		return nil, fmt.Errorf("pinned: map shared %d B: %w", length, err)
 	}
 	return &Shared{mem: mem}, nil
+}
+
+// CheckShmem fails with ErrNotShmem unless fd is shmem or hugetlbfs
+// memory. It asks the kernel for the file's seals, which only those file
+// systems keep: an answer that no file system server takes part in, so a
+// file of a hung FUSE mount cannot stall the check itself (fstat would).
+func CheckShmem(fd int) error {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0); err != nil {
+		return fmt.Errorf("pinned: fd is not a memfd, shmem or hugetlbfs file (F_GET_SEALS: %v): %w", err, ErrNotShmem)
+	}
+	return nil
 }
 
 // Bytes returns the mapping; nil after Close.

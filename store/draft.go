@@ -29,6 +29,8 @@ type Draft struct {
 	// rw is held shared by writers while they copy, and exclusively by
 	// truncation, copy-on-write, commit and close.
 	rw sync.RWMutex
+	// appendMu orders appends: each one reads the size the last left.
+	appendMu sync.Mutex
 	// size and dirty are changed under mu but read without it by Size
 	// and Dirty, which must not wait for a commit's network calls: a stat
 	// of a file being committed answers at once.
@@ -48,8 +50,9 @@ type Draft struct {
 		// first reservation decides it; extResv[i] is the reservation id
 		// of ext[i] on a remote node (0 for local extents); resv holds
 		// the deadline of every remote reservation the draft still owns.
-		// failed is the first error of a write whose bytes went nowhere
-		// (its node died): the draft can no longer commit.
+		// failed is the first error of a write or truncation that did
+		// not happen (no space, a failed copy, its node died): the draft
+		// can no longer commit.
 		failed  error
 		place   Placement
 		node    string
@@ -87,6 +90,26 @@ func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 		d.dirty.Store(trunc && base != nil && base.Size() > 0)
 	}
 	return d
+}
+
+// OpenDraft starts a draft of the file at key that must still be the
+// object with inode ino: a key that is gone or holds another object fails
+// with ErrStale, so a writer never starts a draft that could only commit
+// into nowhere. Without trunc the draft starts from the current version.
+// The file counts as open (never evicted) from the check on.
+func (s *Store) OpenDraft(ctx context.Context, key string, ino uint64, trunc bool) (*Draft, error) {
+	r, err := s.OpenReader(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("open %q (inode %d) for writing: gone: %w", key, ino, ErrStale)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if r.Object().Ino != ino {
+		r.Close()
+		return nil, fmt.Errorf("open %q (inode %d) for writing: replaced: %w", key, ino, ErrStale)
+	}
+	return s.NewDraft(ino, r, trunc), nil
 }
 
 // Size returns the draft's current size.
@@ -317,7 +340,50 @@ func (d *Draft) WriteAt(ctx context.Context, p []byte, off uint64) (int, error) 
 // WriteFrom copies the whole of buf (host, registered or another process's
 // memory) into the draft at off: one copy, by the transfer engine. On a
 // failed copy the range reads as zeros, never as stale bytes.
+//
+// A write that fails (no space, a copy or a node that failed) fails the
+// draft: it can no longer commit (Err says why), so a file whose write
+// was refused never publishes what was written around it.
 func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
+	n, err := d.writeFrom(ctx, buf, off)
+	if err != nil {
+		d.fail(err)
+	}
+	return n, err
+}
+
+// AppendFrom writes buf at the draft's end, as one write: appends through
+// one draft never overlap, whatever size the caller believed the file had.
+// It returns the offset written at.
+func (d *Draft) AppendFrom(ctx context.Context, buf transfer.Buffer) (off, n uint64, err error) {
+	d.appendMu.Lock()
+	defer d.appendMu.Unlock()
+	off = d.Size()
+	n, err = d.WriteFrom(ctx, buf, off)
+	return off, n, err
+}
+
+// fail records the first error that makes the draft unfit to commit.
+func (d *Draft) fail(err error) {
+	if errors.Is(err, ErrClosed) {
+		return
+	}
+	d.mu.Lock()
+	if d.mu.failed == nil {
+		d.mu.failed = err
+	}
+	d.mu.Unlock()
+}
+
+// Err returns the error of the write or truncation that failed the draft,
+// nil while it can commit.
+func (d *Draft) Err() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.failed
+}
+
+func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
 	n := buf.Size()
 	if n == 0 {
 		return 0, nil
@@ -363,7 +429,7 @@ func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		if err != nil {
 			return 0, err
 		}
-		return d.WriteFrom(ctx, buf, off)
+		return d.writeFrom(ctx, buf, off)
 	}
 	defer d.rw.RUnlock()
 	if err != nil {
@@ -443,8 +509,27 @@ func (d *Draft) SetMtime(ns int64) {
 	d.mu.Unlock()
 }
 
-// Truncate sets the draft's size; growing fills with zeros.
+// Truncate sets the draft's size; growing fills with zeros. A failed
+// truncation fails the draft, as a failed write does.
 func (d *Draft) Truncate(ctx context.Context, size uint64) error {
+	err := d.resize(ctx, size, false)
+	if err != nil {
+		d.fail(err)
+	}
+	return err
+}
+
+// Grow extends the draft to at least size with zeros (fallocate); a draft
+// already that large is left alone, even if a write extends it meanwhile.
+func (d *Draft) Grow(ctx context.Context, size uint64) error {
+	err := d.resize(ctx, size, true)
+	if err != nil {
+		d.fail(err)
+	}
+	return err
+}
+
+func (d *Draft) resize(ctx context.Context, size uint64, growOnly bool) error {
 	d.rw.Lock()
 	defer d.rw.Unlock()
 	d.mu.Lock()
@@ -453,7 +538,7 @@ func (d *Draft) Truncate(ctx context.Context, size uint64) error {
 	if closed {
 		return ErrClosed
 	}
-	if size == cur {
+	if size == cur || growOnly && size < cur {
 		return nil
 	}
 	if !own {
@@ -516,12 +601,12 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 	if d.mu.closed {
 		return nil, ErrClosed
 	}
+	if d.mu.failed != nil {
+		return nil, fmt.Errorf("commit %q: %w", o.Key, d.mu.failed)
+	}
 	if !d.mu.own {
 		// Unchanged since the base version: nothing to publish.
 		return d.mu.base.Object(), nil
-	}
-	if d.mu.failed != nil {
-		return nil, fmt.Errorf("commit %q: %w", o.Key, d.mu.failed)
 	}
 	if err := d.trimLocked(ctx); err != nil {
 		return nil, err
@@ -590,6 +675,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			}
 			next = d.s.newObject(o.Key, KindFile, o.Template)
 			d.s.inherit(ctx, next)
+			if err := d.s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
+				return nil, err
+			}
 		}
 		next.Size = size
 		next.Mtime = d.s.now()

@@ -17,6 +17,7 @@ type Embedded struct {
 		sync.Mutex
 		tree   *btree.BTreeG[*Object]
 		rev    uint64
+		bytes  uint64 // MetaBytes of every entry
 		closed bool
 	}
 	hub WatchHub
@@ -75,17 +76,28 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	for _, s := range swaps {
 		if s.New == nil {
 			if old, ok := x.mu.tree.Delete(&Object{Key: s.Key}); ok {
+				x.mu.bytes -= old.MetaBytes()
 				events = append(events, Event{Type: EventDelete, Object: old, Rev: rev})
 			}
 			continue
 		}
 		s.New.Version = rev
 		o := s.New.Clone()
-		x.mu.tree.ReplaceOrInsert(o)
+		if old, ok := x.mu.tree.ReplaceOrInsert(o); ok {
+			x.mu.bytes -= old.MetaBytes()
+		}
+		x.mu.bytes += o.MetaBytes()
 		events = append(events, Event{Type: EventPut, Object: o, Rev: rev})
 	}
 	x.hub.Publish(events)
 	return rev, nil
+}
+
+// MetaBytes implements MetaSizer.
+func (x *Embedded) MetaBytes() uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.mu.bytes
 }
 
 // Scan implements Index.

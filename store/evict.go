@@ -50,9 +50,27 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 		}
 		return 0, false
 	}
-	if o.Kind != KindFile || o.Pinned || o.Size == 0 || len(s.localExtents(o)) == 0 || s.IsOpen(o.Ino) {
+	if o.Kind != KindFile || o.Pinned || o.Size == 0 || len(s.localExtents(o)) == 0 {
 		return 0, false
 	}
+	// Not open, and no open may start until the swap below has landed or
+	// failed: an open that looked the key up meanwhile waits and looks
+	// again, so it either holds the file before it can be evicted or sees
+	// it gone.
+	s.mu.Lock()
+	if s.mu.opens[o.Ino] > 0 || s.mu.evicting[o.Ino] != nil {
+		s.mu.Unlock()
+		return 0, false
+	}
+	done := make(chan struct{})
+	s.mu.evicting[o.Ino] = done
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.mu.evicting, o.Ino)
+		s.mu.Unlock()
+		close(done)
+	}()
 	var swaps []Swap
 	if others := s.otherReplicas(o); len(others) > 0 {
 		next := o.Clone()

@@ -33,6 +33,13 @@ type Event struct {
 
 // Index is the consistent map key -> Object that every daemon shares.
 // Implementations: the embedded index (one machine) and etcd (a cluster).
+// MetaSizer is an Index that knows what its entries cost in memory
+// (Object.MetaBytes, summed): the store then bounds metadata with
+// Options.MetaLimit.
+type MetaSizer interface {
+	MetaBytes() uint64
+}
+
 type Index interface {
 	// Get returns the current object of key, or ErrNotFound.
 	Get(ctx context.Context, key string) (*Object, error)

@@ -165,6 +165,9 @@ func (s *Store) Create(ctx context.Context, key string, t *Object, exclusive boo
 		}
 		o := s.newObject(key, KindFile, t)
 		s.inherit(ctx, o)
+		if err := s.metaRoom("create", key, o.MetaBytes()); err != nil {
+			return nil, err
+		}
 		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, New: o}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
@@ -190,6 +193,9 @@ func (s *Store) Mkdir(ctx context.Context, key string, t *Object) (*Object, erro
 		return nil, err
 	}
 	o := s.newObject(key, KindDir, t)
+	if err := s.metaRoom("mkdir", key, o.MetaBytes()); err != nil {
+		return nil, err
+	}
 	if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, New: o}); err != nil {
 		if errors.Is(err, ErrConflict) {
 			return nil, fmt.Errorf("mkdir %q: %w", key, ErrExists)
@@ -325,6 +331,11 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 		}
 		n.Key, n.Kind, n.Ino, n.Size, n.Replicas = o.Key, o.Kind, o.Ino, o.Size, o.Replicas
 		n.Ctime = s.now()
+		if grow, was := n.MetaBytes(), o.MetaBytes(); grow > was {
+			if err := s.metaRoom("update", key, grow-was); err != nil {
+				return nil, err
+			}
+		}
 		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, Old: o.Version, New: n}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue

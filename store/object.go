@@ -46,6 +46,32 @@ type Object struct {
 	Replicas []Replica
 }
 
+// objectOverhead is what an index entry costs beyond its key, xattrs and
+// extents: the struct, its tree slot, the encoded copy a cluster keeps.
+const objectOverhead = 256
+
+// MetaBytes is what o costs the daemon's memory as an index entry, the
+// figure metadata limits count (Options.MetaLimit).
+func (o *Object) MetaBytes() uint64 {
+	n := uint64(objectOverhead + len(o.Key))
+	for k, v := range o.Xattrs {
+		n += uint64(len(k) + len(v) + 16)
+	}
+	for _, r := range o.Replicas {
+		n += uint64(len(r.Node) + 24*len(r.Extents) + 16)
+	}
+	return n
+}
+
+// XattrBytes is the size of o's user xattrs, names and values.
+func (o *Object) XattrBytes() int {
+	n := 0
+	for k, v := range o.Xattrs {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
 // Clone returns a deep copy of o.
 func (o *Object) Clone() *Object {
 	c := *o

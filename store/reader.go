@@ -32,6 +32,16 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 		s.mu.Unlock()
 		return nil, err
 	}
+	if wait := s.mu.evicting[obj.Ino]; wait != nil {
+		// Being evicted: the outcome decides whether there is a file.
+		s.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return s.OpenReader(ctx, key)
+	}
 	if obj.Kind == KindDir {
 		s.mu.Unlock()
 		return nil, fmt.Errorf("open %q: %w", key, ErrIsDir)
@@ -54,6 +64,21 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 	s.mu.Unlock()
 	s.touch(key)
 	return r, nil
+}
+
+// Dup returns another lease on the version r holds, closed on its own;
+// nil for a version whose bytes are on another node.
+func (r *Reader) Dup() *Reader {
+	if r.remote != nil {
+		return nil
+	}
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	if r.b != nil {
+		r.b.refs.Add(1)
+	}
+	r.s.mu.opens[r.obj.Ino]++
+	return &Reader{s: r.s, obj: r.obj, b: r.b}
 }
 
 // Object returns the version this reader holds.

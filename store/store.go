@@ -51,10 +51,21 @@ type Options struct {
 	// Logf receives one line per notable cluster event (a lost object);
 	// nil logs nothing.
 	Logf func(format string, args ...any)
+	// MetaLimit bounds the memory index entries may take (Object.MetaBytes:
+	// keys, xattrs, extent lists), when the Index is a MetaSizer: a create,
+	// a commit of a new key or an xattr change past it fails with
+	// ErrNoSpace. 0: DefaultMetaLimit of the segments' capacity.
+	MetaLimit uint64
 	// Follow watches the Index for changes committed by other nodes and
 	// frees this node's bodies of versions they replaced or deleted. Set
 	// it when the Index is shared.
 	Follow bool
+}
+
+// DefaultMetaLimit is the metadata bound for a capacity of size bytes: a
+// sixteenth of it, at least 16 MiB.
+func DefaultMetaLimit(size uint64) uint64 {
+	return max(size/16, 16<<20)
 }
 
 // DefaultOptions returns the defaults for the optional fields.
@@ -112,6 +123,9 @@ type Store struct {
 		sync.Mutex
 		bodies map[segment.Extent]*body
 		opens  map[uint64]int // Ino -> open readers and drafts
+		// evicting: inodes whose eviction is between its open check and
+		// its index swap; an open of one waits for the outcome (evict.go).
+		evicting map[uint64]chan struct{}
 		// live holds the first extent of every committed, not yet
 		// retired local body (see remote.go).
 		live map[segment.Extent]*liveBody
@@ -164,6 +178,9 @@ func New(o Options) (*Store, error) {
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
+	if o.MetaLimit == 0 {
+		o.MetaLimit = DefaultMetaLimit(o.Segments.Stats().Size)
+	}
 	idx := o.Index
 	if o.Follow && o.Cluster != nil && o.Transport != nil {
 		idx = &sharedIndex{Index: o.Index}
@@ -175,6 +192,7 @@ func New(o Options) (*Store, error) {
 	}
 	s.mu.bodies = make(map[segment.Extent]*body)
 	s.mu.opens = make(map[uint64]int)
+	s.mu.evicting = make(map[uint64]chan struct{})
 	s.mu.live = make(map[segment.Extent]*liveBody)
 	s.mu.resv = make(map[uint64]*reservation)
 	s.mu.syncSkip = make(map[string]time.Time)
@@ -245,6 +263,8 @@ type Stats struct {
 	// Holds are other nodes' readers' holds on bodies here; Holding, this
 	// node's readers' holds on bodies elsewhere (hold.go).
 	Holds, Holding int
+	// MetaBytes is the memory index entries take; MetaLimit its bound.
+	MetaBytes, MetaLimit uint64
 }
 
 // Stats returns current figures. Objects counts keys known to the LRU:
@@ -275,7 +295,28 @@ func (s *Store) Stats() Stats {
 	st.Reserved, st.Reaped = s.stats.reserved.Load(), s.stats.reaped.Load()
 	st.DelayedFree = s.stats.delayed.Load()
 	st.SyncFails = s.stats.syncFails.Load()
+	st.MetaBytes, st.MetaLimit = s.metaBytes(), s.opts.MetaLimit
 	return st
+}
+
+func (s *Store) metaBytes() uint64 {
+	if m, ok := s.opts.Index.(MetaSizer); ok {
+		return m.MetaBytes()
+	}
+	return 0
+}
+
+// metaRoom fails with ErrNoSpace when grow more bytes of metadata would
+// pass Options.MetaLimit. Concurrent callers may pass it by what they add
+// between check and swap: a bound, not an exact quota.
+func (s *Store) metaRoom(op, key string, grow uint64) error {
+	if grow == 0 {
+		return nil
+	}
+	if used := s.metaBytes(); used+grow > s.opts.MetaLimit {
+		return fmt.Errorf("%s %q: metadata would take %d B of its %d B limit: %w", op, key, used+grow, s.opts.MetaLimit, ErrNoSpace)
+	}
+	return nil
 }
 
 // NewIno returns a fresh inode number for a new object: 62 random bits

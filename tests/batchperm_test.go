@@ -19,7 +19,6 @@ func TestBatchPermissions(t *testing.T) {
 	run(t, "mkdir", "-m", "0777", pub)
 	run(t, "sh", "-c", `printf secret > "$1/secret" && chmod 600 "$1/secret" && printf open > "$1/open" && chmod 644 "$1/open"`, "sh", pub)
 	run(t, "mkdir", "-m", "0755", d.path("rootdir"))
-	repo, _ := filepath.Abs("..")
 	script := `
 import errno, sys
 sys.path.insert(0, sys.argv[1])
@@ -37,7 +36,7 @@ out["put_rootdir"] = r["x"]
 for k, v in sorted(out.items()):
     print(f"{k}={v}")
 `
-	out, err := asNobody(`exec "$1" -c "$2" "$3" "$4"`, python, script, filepath.Join(repo, "python"), d.dir)
+	out, err := asNobody(`exec "$1" -c "$2" "$3" "$4"`, python, script, publicPythonDir(t), d.dir)
 	if err != nil {
 		t.Fatalf("nobody's batch script: %v\n%s", err, out)
 	}

@@ -349,9 +349,17 @@ type status struct {
 		Evictions    uint64 `json:"evictions"`
 		EvictedBytes uint64 `json:"evicted_bytes"`
 	} `json:"evict"`
-	Commits uint64 `json:"commits"`
-	Revokes uint64 `json:"revokes"`
-	Memory  struct {
+	Commits   uint64 `json:"commits"`
+	Revokes   uint64 `json:"revokes"`
+	OpenFiles struct {
+		Used  uint64 `json:"used"`
+		Limit uint64 `json:"limit"`
+	} `json:"open_files"`
+	Metadata struct {
+		Used  uint64 `json:"used"`
+		Limit uint64 `json:"limit"`
+	} `json:"metadata_bytes"`
+	Memory struct {
 		Hugepages bool `json:"hugepages"`
 	} `json:"memory"`
 	Segments []struct {
@@ -365,7 +373,7 @@ type status struct {
 }
 
 // statusFields are the documented top-level fields of the status JSON.
-var statusFields = []string{"capacity", "used", "free", "objects", "open_objects", "evict", "commits", "revokes", "memory", "segments"}
+var statusFields = []string{"capacity", "used", "free", "objects", "open_objects", "open_files", "metadata_bytes", "evict", "commits", "revokes", "memory", "segments"}
 
 // status runs "mooncake-fs status --json" in a child process.
 func (d *daemon) status(t testing.TB) status {

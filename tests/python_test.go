@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -28,6 +30,36 @@ func pythonDir(t testing.TB) string {
 		t.Fatalf("no python package: %v", err)
 	}
 	return dir
+}
+
+var publicPython struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// publicPythonDir is a copy of python/ that every user can read, for
+// scripts that run as nobody: the checkout may be anywhere, under any
+// mode (a clone in a mktemp -d directory is 0700).
+func publicPythonDir(t testing.TB) string {
+	t.Helper()
+	src := pythonDir(t)
+	publicPython.once.Do(func() {
+		dir := filepath.Join(filepath.Dir(binDir), "python")
+		if out, err := exec.Command("cp", "-r", src, dir).CombinedOutput(); err != nil {
+			publicPython.err = fmt.Errorf("copy %s: %v: %s", src, err, out)
+			return
+		}
+		if out, err := exec.Command("chmod", "-R", "a+rX", dir).CombinedOutput(); err != nil {
+			publicPython.err = fmt.Errorf("chmod %s: %v: %s", dir, err, out)
+			return
+		}
+		publicPython.dir = dir
+	})
+	if publicPython.err != nil {
+		t.Fatal(publicPython.err)
+	}
+	return publicPython.dir
 }
 
 // pyEnv runs python with the package importable and env set (KEY=VALUE).

@@ -385,6 +385,8 @@ type Status struct {
 	Fragmentation float64         `json:"fragmentation"`
 	Objects       int             `json:"objects"`
 	OpenObjects   int             `json:"open_objects"`
+	OpenFiles     LimitStatus     `json:"open_files"`
+	Metadata      LimitStatus     `json:"metadata_bytes"`
 	Evict         EvictStatus     `json:"evict"`
 	Commits       uint64          `json:"commits"`
 	Revokes       uint64          `json:"revokes"`
@@ -398,6 +400,12 @@ type Status struct {
 	CPUs          int             `json:"cpus"`
 	// Affinity is the CPUs the daemon runs on (--cpus), e.g. "0-15".
 	Affinity string `json:"cpu_affinity"`
+}
+
+// LimitStatus is a bounded resource users can make the daemon hold.
+type LimitStatus struct {
+	Used  uint64 `json:"used"`
+	Limit uint64 `json:"limit"`
 }
 
 // RegStatus counts client buffers registered through REGISTER_BUFFER.
@@ -452,6 +460,7 @@ func (d *daemon) status() Status {
 		Fragmentation: st.Segments.Fragmentation,
 		Objects:       st.Objects,
 		OpenObjects:   st.OpenObjects,
+		Metadata:      LimitStatus{Used: st.MetaBytes, Limit: st.MetaLimit},
 		Evict: EvictStatus{Enabled: d.cfg.evict == "on", High: d.cfg.high, Low: d.cfg.low,
 			Evictions: st.Evictions, EvictedBytes: st.EvictedBytes},
 		Commits:  st.Commits,
@@ -464,6 +473,7 @@ func (d *daemon) status() Status {
 		s.Affinity = formatCPUList(cpus)
 	}
 	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
+	s.OpenFiles.Used, s.OpenFiles.Limit = d.mnt.OpenFiles()
 	s.GPUs = d.gpus
 	if d.cl != nil {
 		s.Cluster = d.cl.status()

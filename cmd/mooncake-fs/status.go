@@ -72,6 +72,8 @@ func printStatus(s *Status) {
 		{"used", fmt.Sprintf("%s (%s)", formatSize(s.Used), pct(s.Used, s.Capacity))},
 		{"free", fmt.Sprintf("%s, largest range %s, fragmentation %.2f", formatSize(s.Free), formatSize(s.LargestFree), s.Fragmentation)},
 		{"objects", fmt.Sprintf("%d (%d open)", s.Objects, s.OpenObjects)},
+		{"metadata", fmt.Sprintf("%s of %s", formatSize(s.Metadata.Used), formatSize(s.Metadata.Limit))},
+		{"open files", fmt.Sprintf("%d of %d", s.OpenFiles.Used, s.OpenFiles.Limit)},
 		{"memory", mem},
 		{"locked", fmt.Sprintf("%s of %s", formatSize(s.Memory.LockedBytes), formatSize(s.Capacity))},
 		{"cuda pinned", fmt.Sprintf("%s of %s", formatSize(s.Memory.CUDAPinned), formatSize(s.Capacity))},

@@ -34,6 +34,7 @@ type Index struct {
 	mu struct {
 		sync.Mutex
 		tree    *btree.BTreeG[*store.Object]
+		bytes   uint64           // MetaBytes of the cached entries
 		corrupt map[string]error // keys whose values do not decode
 		// rev is the etcd revision the cache reflects: every change at or
 		// below it has been applied.
@@ -345,6 +346,7 @@ func (x *Index) load() error {
 	}
 	tree := newTree()
 	corrupt := map[string]error{}
+	var bytes uint64
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key[len(x.objPrefix):])
 		o, err := decode(key, uint64(kv.ModRevision), kv.Value)
@@ -353,6 +355,7 @@ func (x *Index) load() error {
 			continue
 		}
 		tree.ReplaceOrInsert(o)
+		bytes += o.MetaBytes()
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -365,7 +368,7 @@ func (x *Index) load() error {
 		d[i].Rev = uint64(resp.Header.Revision)
 	}
 	x.sendLocked(d)
-	x.mu.tree, x.mu.corrupt = tree, corrupt
+	x.mu.tree, x.mu.corrupt, x.mu.bytes = tree, corrupt, bytes
 	x.advanceLocked(resp.Header.Revision)
 	return nil
 }
@@ -471,7 +474,11 @@ func (x *Index) applyLocked(evs []*clientv3.Event) {
 		if ev.Type == clientv3.EventTypePut {
 			o, err := decode(key, uint64(rev), ev.Kv.Value)
 			if err == nil {
+				if had {
+					x.mu.bytes -= prev.MetaBytes()
+				}
 				x.mu.tree.ReplaceOrInsert(o)
+				x.mu.bytes += o.MetaBytes()
 				out = append(out, store.Event{Type: store.EventPut, Object: o, Rev: uint64(rev)})
 				continue
 			}
@@ -479,12 +486,20 @@ func (x *Index) applyLocked(evs []*clientv3.Event) {
 		}
 		// A delete, or a put this version cannot read: the object is gone.
 		if had {
+			x.mu.bytes -= prev.MetaBytes()
 			x.mu.tree.Delete(prev)
 			out = append(out, store.Event{Type: store.EventDelete, Object: prev, Rev: uint64(rev)})
 		}
 	}
 	x.sendLocked(out)
 	x.advanceLocked(last)
+}
+
+// MetaBytes implements store.MetaSizer: the cache's entries.
+func (x *Index) MetaBytes() uint64 {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.mu.bytes
 }
 
 func (x *Index) sendLocked(events []store.Event) {

@@ -1,0 +1,305 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The tests of this file each rebuild one way a user or a busy program
+// broke the mount's promises (lost writes, a hung mount, partial files,
+// unbounded daemon memory), driven from child processes as those users
+// would.
+
+// TestRegisterRefusesMountFiles: a buffer registered from a file of the
+// mount itself would make the daemon fault on its own pages and hang the
+// mount for everyone. nobody tries it; the registration is refused and
+// the mount keeps answering. Process memory mapped from the mount still
+// moves (process_vm_* faults are served by other requests).
+func TestRegisterRefusesMountFiles(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python, "setpriv")
+	d := startDaemon(t, "--size", "128MiB")
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
+	script := pyErrnoPrelude + `
+import ctypes, mmap
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+d = sys.argv[2]
+n = 16 << 20
+for name in ("A", "B"):
+    with open(d + "/" + name, "wb") as f:
+        f.write(b"\1" * n)
+a = os.open(d + "/A", os.O_RDWR)
+f = mc.File(d + "/B", "w")
+try_("register_mount_file", f.register, a, n)
+m = mmap.mmap(a, n)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+try_("put_vm_mount_mapped", f.put_vm, addr, n)
+`
+	out, err := asNobody(`exec "$1" -c "$2" "$3" "$4"`, python, script, publicPythonDir(t), pub)
+	if err != nil {
+		t.Fatalf("nobody's script: %v\n%s", err, out)
+	}
+	checkResults(t, out, map[string]string{"register_mount_file": "EINVAL", "put_vm_mount_mapped": "OK"})
+	if got := strings.Fields(run(t, "ls", pub)); strings.Join(got, " ") != "A B" {
+		t.Errorf("ls after the refused registration: %v", got)
+	}
+	if st := d.checkAlive(t); st.OpenFiles.Used > st.OpenFiles.Limit {
+		t.Errorf("open files %d over the limit %d", st.OpenFiles.Used, st.OpenFiles.Limit)
+	}
+}
+
+// TestWriteAfterEviction: a file evicted while the kernel still has its
+// name cached is opened for writing: the open reaches a live file (a new
+// one with O_CREAT) or fails, and what is written and closed is there.
+func TestWriteAfterEviction(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "256MiB")
+	local := t.TempDir()
+	writeRandom(t, filepath.Join(local, "A"), 100*miB, 1)
+	writeRandom(t, filepath.Join(local, "B"), 148*miB, 2)
+	for _, flags := range []string{"os.O_WRONLY", "os.O_WRONLY | os.O_CREAT | os.O_TRUNC", "os.O_RDWR | os.O_CREAT"} {
+		run(t, "rm", "-f", d.path("A"), d.path("B"))
+		run(t, "cp", filepath.Join(local, "A"), d.path("A"))
+		// The script stats A (the kernel caches it), has another process
+		// write B (which evicts A), then writes A at once.
+		out := py(t, pyErrnoPrelude+`
+import subprocess
+d, b = sys.argv[1], sys.argv[2]
+os.stat(d + "/A")
+subprocess.run(["cp", b, d + "/B"], check=True)
+fd = try_("open", os.open, d + "/A", `+flags+`, 0o644)
+if fd is not None:
+    os.write(fd, b"hello")
+    try_("fsync", os.fsync, fd)
+    try_("fstat", os.fstat, fd)
+    try_("close", os.close, fd)
+`, d.dir, filepath.Join(local, "B"))
+		got := pyResults(out)
+		if got["open"] != "OK" {
+			if got["open"] != "ENOENT" || strings.Contains(flags, "O_CREAT") {
+				t.Errorf("%s: open = %s, want OK (or ENOENT without O_CREAT)\n%s", flags, got["open"], out)
+			}
+			continue
+		}
+		checkResults(t, out, map[string]string{"fsync": "OK", "fstat": "OK", "close": "OK"})
+		if st := d.status(t); st.Evict.Evictions == 0 {
+			t.Fatalf("%s: writing B evicted nothing; the test did not test", flags)
+		}
+		b, err := os.ReadFile(d.path("A"))
+		if err != nil {
+			t.Errorf("%s: the write to A succeeded, and A is gone: %v", flags, err)
+		} else if !strings.HasPrefix(string(b), "hello") {
+			t.Errorf("%s: A after the write starts with %q", flags, b[:min(len(b), 16)])
+		}
+	}
+}
+
+// TestRenameOverIsAtomic: the write-temp-then-rename pattern. One process
+// keeps replacing a name, others keep opening, reading, stating and
+// recreating it: on a local file system none of them ever fails.
+func TestRenameOverIsAtomic(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "128MiB")
+	run(t, "sh", "-c", `echo first > "$1/rr"`, "sh", d.dir)
+	script := `
+import collections, errno, os, sys
+d, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fails = collections.Counter()
+for i in range(n):
+    try:
+        if mode == "rename":
+            t = "%s/.t%d" % (d, i % 4)
+            with open(t, "wb") as f:
+                f.write(b"v%08d" % i + b"x" * 1000)
+            os.rename(t, d + "/rr")
+        elif mode == "read":
+            with open(d + "/rr", "rb") as f:
+                b = f.read()
+            # the creat process empties it now and then
+            if not (b in (b"", b"first\n") or (b.startswith(b"v") and len(b) == 1009)):
+                fails["torn"] += 1
+            os.stat(d + "/rr")
+        else:
+            os.close(os.open(d + "/rr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+    except OSError as e:
+        fails[errno.errorcode[e.errno]] += 1
+print(mode, "fails", sum(fails.values()), dict(fails))
+`
+	const n = 3000
+	readers := []*bg{
+		background(t, python, "-c", script, d.dir, "read", strconv.Itoa(n)),
+		background(t, python, "-c", script, d.dir, "read", strconv.Itoa(n)),
+		background(t, python, "-c", script, d.dir, "creat", strconv.Itoa(n)),
+	}
+	out := run(t, python, "-c", script, d.dir, "rename", strconv.Itoa(n))
+	for _, r := range readers {
+		out += r.mustWait(t)
+	}
+	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+		if !strings.Contains(line, "fails 0 ") {
+			t.Errorf("%s", line)
+		}
+	}
+}
+
+// TestForkDoesNotPublish: a writer that runs a child process while its
+// file is half written (subprocess, with and without the descriptor
+// passed on) publishes nothing until it closes the file itself; a reader
+// meanwhile reads the old version, whole.
+func TestForkDoesNotPublish(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "128MiB")
+	out := py(t, `
+import os, subprocess, sys
+p = sys.argv[1] + "/f"
+old = b"old" * 1000
+with open(p, "wb") as f:
+    f.write(old)
+def reader():
+    return subprocess.run(["cat", p], capture_output=True, check=True).stdout
+f = open(p, "wb")
+f.write(b"n" * (5 << 20))
+f.flush()
+subprocess.run(["true"], check=True)
+print("after_exec=" + ("old" if reader() == old else "changed"))
+subprocess.run(["sh", "-c", "exit 0"], pass_fds=(f.fileno(),), check=True)
+print("after_inherit=" + ("old" if reader() == old else "changed"))
+f.write(b"m" * 100)
+f.close()
+print("after_close=" + ("new" if reader() == b"n" * (5 << 20) + b"m" * 100 else "wrong"))
+`, d.dir)
+	checkResults(t, out, map[string]string{"after_exec": "old", "after_inherit": "old", "after_close": "new"})
+}
+
+// TestConcurrentRewritesNeverTorn: several processes rewrite one name
+// with O_TRUNC at once, each value carrying its length and checksum;
+// readers only ever see one writer's whole value.
+func TestConcurrentRewritesNeverTorn(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "128MiB")
+	script := `
+import hashlib, os, random, struct, sys
+p, mode, n = sys.argv[1] + "/tw", sys.argv[2], int(sys.argv[3])
+rnd = random.Random(os.getpid())
+ok = bad = 0
+for i in range(n):
+    if mode == "write":
+        body = os.urandom(rnd.choice([49, 1000, 100000, 256 << 10]))
+        with open(p, "wb") as f:
+            f.write(struct.pack("<Q", len(body)) + hashlib.sha256(body).digest())
+            f.write(body)
+        continue
+    try:
+        b = open(p, "rb").read()
+    except FileNotFoundError:
+        continue
+    size = struct.unpack("<Q", b[:8])[0] if len(b) >= 8 else -1
+    if len(b) == 40 + size and hashlib.sha256(b[40:]).digest() == b[8:40]:
+        ok += 1
+    else:
+        bad += 1
+        print("torn: %d B, header says %d" % (len(b), size))
+print(mode, "ok", ok, "bad", bad)
+`
+	// A first value, so that no reader meets the empty file that
+	// creating the name makes.
+	run(t, python, "-c", script, d.dir, "write", "1")
+	var procs []*bg
+	for range 3 {
+		procs = append(procs, background(t, python, "-c", script, d.dir, "write", "300"))
+	}
+	procs = append(procs, background(t, python, "-c", script, d.dir, "read", "1500"))
+	out := ""
+	for _, p := range procs {
+		out += p.mustWait(t)
+	}
+	if strings.Contains(out, "torn") || !strings.Contains(out, "read ok") {
+		t.Errorf("readers saw torn values:\n%s", out)
+	}
+}
+
+// TestFailedWriteKeepsVersion: a rewrite that runs out of space fails at
+// close, and the file keeps the version it had: nothing partial is
+// published.
+func TestFailedWriteKeepsVersion(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "64MiB", "--evict", "off")
+	run(t, "sh", "-c", `printf keep > "$1"`, "sh", d.path("f"))
+	out := py(t, pyErrnoPrelude+`
+p = sys.argv[1]
+fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+chunk = b"z" * (1 << 20)
+for i in range(100):
+    if try_("write%d" % i, os.write, fd, chunk) is None:
+        break
+try_("close", os.close, fd)
+`, d.path("f"))
+	if !strings.Contains(out, "=ENOSPC") {
+		t.Fatalf("100 MiB into a 64 MiB store never failed:\n%s", out)
+	}
+	checkResults(t, out, map[string]string{"close": "ENOSPC"})
+	if b, err := os.ReadFile(d.path("f")); err != nil || string(b) != "keep" {
+		t.Errorf("f after the failed rewrite: %d B starting %q, %v; want %q", len(b), b[:min(len(b), 16)], err, "keep")
+	}
+	waitFor(t, "the failed draft's space back", func() (bool, string) {
+		st := d.status(t)
+		return st.Used < 1*miB && st.OpenObjects == 0, fmt.Sprintf("used %d, open %d", st.Used, st.OpenObjects)
+	})
+}
+
+// TestXattrsBounded: nobody cannot grow the daemon without bound through
+// extended attributes: one file holds at most 128 KiB of them, the mount
+// a documented share of its capacity (status shows it), and past either
+// setxattr fails with ENOSPC while everything else keeps working.
+func TestXattrsBounded(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python, "setpriv")
+	d := startDaemon(t, "--size", "64MiB")
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
+	script := pyErrnoPrelude + `
+d = sys.argv[1]
+v = b"x" * (64 << 10)
+open(d + "/one", "wb").close()
+for i in range(3):
+    try_("one_%d" % i, os.setxattr, d + "/one", "user.a%d" % i, v)
+done = 0
+for i in range(2000):
+    p = "%s/f%d" % (d, i)
+    open(p, "wb").close()
+    try:
+        os.setxattr(p, "user.big", v)
+        done += 1
+    except OSError as e:
+        print("stopped_at=%d %s" % (done, errno.errorcode[e.errno]))
+        break
+`
+	out, err := asNobody(`exec "$1" -c "$2" "$3"`, python, script, pub)
+	if err != nil {
+		t.Fatalf("nobody's script: %v\n%s", err, out)
+	}
+	checkResults(t, out, map[string]string{"one_0": "OK", "one_1": "ENOSPC", "one_2": "ENOSPC"})
+	stop, ok := pyResults(out)["stopped_at"]
+	if !ok || !strings.HasSuffix(stop, "ENOSPC") {
+		t.Fatalf("2000 xattrs of 64 KiB in a 64 MiB store all succeeded (or failed otherwise): %q\n%s", stop, lastLines(out, 5))
+	}
+	st := d.checkAlive(t)
+	if st.Metadata.Limit == 0 || st.Metadata.Used > st.Metadata.Limit+128<<10 {
+		t.Errorf("metadata %d B, limit %d B", st.Metadata.Used, st.Metadata.Limit)
+	}
+	t.Logf("xattrs stopped at %s; metadata %d of %d B", stop, st.Metadata.Used, st.Metadata.Limit)
+	// Removing files gives the room back.
+	run(t, "sh", "-c", `rm -f "$1"/f*`, "sh", pub)
+	run(t, "setfattr", "-n", "user.again", "-v", "1", filepath.Join(pub, "one"))
+}
