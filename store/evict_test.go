@@ -245,3 +245,62 @@ func TestEvictNothingEvictable(t *testing.T) {
 func sameSet(a, b []string) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
+
+// TestEvictNeverTakesAnOpenDraft races eviction of a file against opening
+// it for writing: either the open fails with ErrStale (the file was gone
+// first) or the draft it returns commits into the file, which eviction
+// then leaves alone. A commit into nowhere would be a lost write.
+func TestEvictNeverTakesAnOpenDraft(t *testing.T) {
+	// Slow swaps hold eviction between its open check and its swap long
+	// enough for the open to run in between.
+	idx := store.NewEmbedded()
+	t.Cleanup(func() { _ = idx.Close() })
+	s := newTestStore(t, 4<<20, withIndex(slowSwaps{idx, time.Millisecond}))
+	ctx := context.Background()
+	opened, evicted := 0, 0
+	for i := range 300 {
+		key := fmt.Sprintf("f%d", i%4)
+		o := s.put(t, key, pattern(byte(i), 64<<10))
+		done := make(chan bool)
+		go func() { done <- store.EvictKey(s.Store, key) }()
+		// Give eviction a head start of 0, 0.5 or 1 ms: the open lands
+		// before its check, during its swap, or after it.
+		time.Sleep(time.Duration(i%3) * 500 * time.Microsecond)
+		d, err := s.OpenDraft(ctx, key, o.Ino, false)
+		if ev := <-done; ev {
+			evicted++
+		}
+		if errors.Is(err, store.ErrStale) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		opened++
+		if _, err := d.WriteAt(ctx, []byte("mine"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Commit(ctx, store.CommitOptions{Key: key, IfIno: o.Ino}); err != nil {
+			t.Fatalf("round %d: an open draft could not commit (evicted under it?): %v", i, err)
+		}
+		d.Close()
+		if got := s.read(t, key); string(got[:4]) != "mine" {
+			t.Fatalf("round %d: committed %q, read %q", i, "mine", got[:4])
+		}
+	}
+	t.Logf("%d opens won, %d evictions won", opened, evicted)
+	if opened == 0 || evicted == 0 {
+		t.Errorf("one side never won: the race was not exercised both ways")
+	}
+}
+
+// slowSwaps delays every compare-and-swap of an index.
+type slowSwaps struct {
+	store.Index
+	delay time.Duration
+}
+
+func (x slowSwaps) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64, error) {
+	time.Sleep(x.delay)
+	return x.Index.CompareAndSwap(ctx, swaps...)
+}

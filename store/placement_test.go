@@ -249,7 +249,10 @@ func TestStaleEpoch(t *testing.T) {
 // replaces the object and reuses the extents, a's reads fail instead of
 // returning the new object's bytes.
 func TestStaleBody(t *testing.T) {
-	a, b := newCluster(t, true)
+	// Holds would keep the old body for a's reader (that is their job);
+	// this test is about the check that protects a reader whose hold
+	// never came, so no hold is granted here.
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) { o.Transport = noHolds{o.Transport} }))
 	old := pattern(1, 200<<10)
 	if _, err := b.putPlaced("f", old, store.DefaultPlacement(), 64<<10); err != nil {
 		t.Fatal(err)
@@ -388,4 +391,12 @@ func TestRemoteReadsKeepLRU(t *testing.T) {
 	if _, err := b.Stat(ctx, "r1"); err != nil {
 		t.Fatalf("r1, read from a since it was written, was evicted: %v", err)
 	}
+}
+
+// noHolds is a transport whose owners never grant a hold, as when the hold
+// request is lost.
+type noHolds struct{ transfer.Transport }
+
+func (noHolds) Hold(context.Context, string, uint64, segment.Extent, uint64, time.Duration) (uint64, error) {
+	return 0, errors.New("test: holds refused")
 }
