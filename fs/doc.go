@@ -13,10 +13,45 @@
 // unchanged until release, whatever happens to the key meanwhile. Reads
 // answer with a ReadResult whose Slices point into segment memory, so the
 // daemon copies nothing; the result holds the version until go-fuse calls
-// Done. Writable handles of one inode share one store.Draft (writes through
-// different descriptors of one file see each other); close(2) (FLUSH) and
-// fsync commit it atomically, so a reader never sees a partial write and a
-// closed file is complete for everyone (close-to-open consistency).
+// Done.
+//
+// # Writing and publishing
+//
+// A writable handle opened with O_TRUNC writes a private draft: a new
+// version of its own, so two processes rewriting one file at once each
+// publish a whole file (the last to close wins), never a mix. Other
+// writable handles of an inode share one store.Draft, so writes through
+// different descriptors of one file see each other, as in-place updates
+// and appends need; O_APPEND writes go to the draft's end, whatever size
+// the kernel believed. A draft is published (committed atomically) by:
+//
+//   - fsync;
+//   - close(2) by a process that wrote or ftruncated through that open
+//     file, or by the thread that opened it (closers.go: the kernel's
+//     lock owner names the descriptor table of writer and closer);
+//   - the last close of the open file (RELEASE), whatever is left.
+//
+// A close by a process that only inherited the descriptor (a child of
+// fork, before or after exec) publishes nothing, so a helper run while a
+// file is half written never shows the half. A reader never sees a
+// partial write; a closed file is complete for everyone (close-to-open
+// consistency). A write or truncation that fails (ENOSPC) fails the
+// draft: the closes report it and the previous version stays. While a
+// file is written here, stat shows the size being written (the kernel
+// keeps one size per inode and a writer's mmap and appends depend on it);
+// readers read the last published version.
+//
+// # Stale nodes
+//
+// The kernel may send an operation for an inode it looked up before the
+// file was removed, evicted or replaced. Opens and path-based getattr of
+// such a node answer ESTALE, and the kernel looks the path up again
+// (open, stat and the other path calls retry once), so an open reaches a
+// live file or fails, never a draft that could only commit into nowhere.
+// A file replaced by a rename through this mount keeps its last version
+// as a ghost until the kernel forgets the inode: an open the kernel sends
+// for it meanwhile gets that version, as on a local file system, so the
+// write-temp-then-rename pattern never makes a reader fail.
 //
 // Files are opened with FOPEN_DIRECT_IO: the store is memory already, and a
 // page cache would only hold a second copy. mmap still works through
@@ -54,10 +89,22 @@
 // those commits return. Changing operations run detached from the request's cancellation:
 // an interrupt does not cut a commit in half.
 //
+// # Limits
+//
+// Everything a user can make the daemon hold is bounded: open files
+// (Options.MaxOpen, ENFILE), buffers registered per open file
+// (Options.MaxRegistrations, EMFILE), xattrs per file (128 KiB, ENOSPC),
+// and index metadata as a whole (store.Options.MetaLimit, ENOSPC). Only
+// shmem and hugetlbfs memory can be registered: a file of a FUSE mount
+// (this one above all) would make a copy wait on that mount's daemon.
+//
 // # Lock order and deadlocks
 //
-// node.mu (the shared draft) before store locks; store locks are never
-// held across a copy. The daemon must never do I/O on its own mount (a
+// node.mu (the node's drafts and ghost) before store locks; node.mu is
+// never held across a commit (a stat answers while a close commits), and
+// store locks are never held across a copy. A new writer of an inode
+// waits for the last writer's release to finish publishing the shared
+// draft. The daemon must never do I/O on its own mount (a
 // request would wait for itself); tests drive the mount from child
 // processes. Commit happens in FLUSH, which runs while the closing process
 // waits: it must not wait for anything that process holds.

@@ -39,7 +39,10 @@
 // fixed-size slots that Lease hands out and Return takes back; when every
 // slot is leased it fails (ErrPoolExhausted) or waits with a deadline, as
 // PoolOptions say, and never registers more. Seal the size of memfds you
-// register yourself (F_SEAL_SHRINK): the daemon maps their pages.
+// register yourself (F_SEAL_SHRINK): the daemon maps their pages. Only
+// memfds, shm (tmpfs) and hugetlbfs files can be registered; any other fd,
+// a file of the mount itself above all, fails with EINVAL. One open file
+// holds at most 1024 registrations (EMFILE past them).
 //
 // PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
 // caller's pages a folio at a time: buffers backed by transparent huge

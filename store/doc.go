@@ -9,7 +9,10 @@
 // compare-and-swap on the version (phase 3). A draft that is closed without
 // committing frees its reservation (revoke). A draft starts from a base
 // version without copying it; the first change copies the base (copy on
-// write), except truncation to zero.
+// write), except truncation to zero. OpenDraft starts one only while the
+// key still holds the caller's inode (else ErrStale). A write or
+// truncation that fails fails the draft: it can no longer commit
+// (Draft.Err), so nothing around a refused write is ever published.
 //
 // # Reader leases and freeing
 //
@@ -23,6 +26,16 @@
 // With Options.Evict, allocation failures evict least recently used files
 // that are neither open nor pinned, and a background loop keeps use between
 // LowWater and HighWater. Without it, a full store fails with ErrNoSpace.
+// An eviction marks the inode between its open check and its index swap;
+// an open that meets the mark waits for the outcome, so a file is either
+// open (and stays) or gone before anyone could open it.
+//
+// # Metadata
+//
+// Index entries cost daemon memory (keys, xattrs, extent lists:
+// Object.MetaBytes). With an Index that counts them (MetaSizer: both
+// indexes do), creates, new keys and growing updates past
+// Options.MetaLimit fail with ErrNoSpace.
 //
 // # Indexes
 //
@@ -55,7 +68,7 @@
 // # Lock order
 //
 // Store.mu (bodies, open counts) -> Index internals; Store.lru is a leaf;
-// Draft.rw -> Draft.mu -> Store.mu. No store lock is held across a
+// Draft.appendMu -> Draft.rw -> Draft.mu -> Store.mu. No store lock is held across a
 // transfer; Draft.mu is held across the control calls that reserve, trim
 // and renew a draft's remote extents (the draft's own lock, no other). Store.mu is held across Index.Get in OpenReader so that an
 // open and a concurrent replace cannot interleave between the lookup and
