@@ -98,6 +98,14 @@ func (c *closers) Write(cancel <-chan struct{}, in *fuse.WriteIn, data []byte) (
 	return c.RawFileSystem.Write(cancel, in, data)
 }
 
+// Writev implements fuse.RawFileSystem: go-fuse sends writes here first.
+func (c *closers) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte) (uint32, fuse.Status) {
+	if in.WriteFlags&fuse.WRITE_LOCKOWNER != 0 {
+		c.changed(in.Fh, in.LockOwner)
+	}
+	return c.RawFileSystem.Writev(cancel, in, data)
+}
+
 // SetAttr implements fuse.RawFileSystem: ftruncate names its owner.
 func (c *closers) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.AttrOut) fuse.Status {
 	const want = fuse.FATTR_FH | fuse.FATTR_LOCKOWNER | fuse.FATTR_SIZE

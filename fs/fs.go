@@ -47,23 +47,29 @@ type Options struct {
 	Debug bool
 	// MaxOpen bounds the open files of the mount, all users together;
 	// past it open fails with ENFILE. MaxRegistrations bounds the buffers
-	// registered on one open file (EMFILE past it).
-	MaxOpen, MaxRegistrations int
+	// registered on one open file, MaxRegistrationsTotal those of the
+	// whole mount (each is a mapping in the daemon, and the kernel allows
+	// a process about 65530) and MaxRegisteredBytes the address space they
+	// take; past any of them REGISTER_BUFFER fails with EMFILE.
+	MaxOpen, MaxRegistrations, MaxRegistrationsTotal int
+	MaxRegisteredBytes                               uint64
 }
 
 // DefaultOptions returns options with every tunable set; Store is left nil.
 func DefaultOptions() Options {
 	return Options{
-		AllowOther:         true,
-		DefaultPermissions: true,
-		EntryTimeout:       time.Second,
-		AttrTimeout:        time.Second,
-		NegativeTimeout:    time.Second,
-		MaxWrite:           1 << 20,
-		MaxReadAhead:       1 << 20,
-		MaxBackground:      64,
-		MaxOpen:            1 << 17,
-		MaxRegistrations:   1024,
+		AllowOther:            true,
+		DefaultPermissions:    true,
+		EntryTimeout:          time.Second,
+		AttrTimeout:           time.Second,
+		NegativeTimeout:       time.Second,
+		MaxWrite:              1 << 20,
+		MaxReadAhead:          1 << 20,
+		MaxBackground:         64,
+		MaxOpen:               1 << 17,
+		MaxRegistrations:      1024,
+		MaxRegistrationsTotal: 16384,
+		MaxRegisteredBytes:    8 << 40, // a sixteenth of a 47-bit address space
 	}
 }
 
@@ -79,8 +85,9 @@ func (o Options) Validate() error {
 	if o.MaxReadAhead < 0 || o.MaxBackground < 0 {
 		errs = append(errs, fmt.Errorf("fs: MaxReadAhead %d / MaxBackground %d negative", o.MaxReadAhead, o.MaxBackground))
 	}
-	if o.MaxOpen <= 0 || o.MaxRegistrations <= 0 {
-		errs = append(errs, fmt.Errorf("fs: MaxOpen %d / MaxRegistrations %d not positive", o.MaxOpen, o.MaxRegistrations))
+	if o.MaxOpen <= 0 || o.MaxRegistrations <= 0 || o.MaxRegistrationsTotal <= 0 || o.MaxRegisteredBytes == 0 {
+		errs = append(errs, fmt.Errorf("fs: MaxOpen %d, MaxRegistrations %d, MaxRegistrationsTotal %d, MaxRegisteredBytes %d: each must be positive",
+			o.MaxOpen, o.MaxRegistrations, o.MaxRegistrationsTotal, o.MaxRegisteredBytes))
 	}
 	for _, d := range []time.Duration{o.EntryTimeout, o.AttrTimeout, o.NegativeTimeout} {
 		if d < 0 {

@@ -138,15 +138,7 @@ func (n *node) openGhost(flags uint32) *handle {
 // still publishing is waited for: its commit comes before this draft's
 // base.
 func (n *node) joinShared(ctx context.Context, key string) error {
-	for {
-		n.mu.Lock()
-		ch := n.mu.closing
-		if ch == nil {
-			break
-		}
-		n.mu.Unlock()
-		<-ch
-	}
+	n.lockSettled()
 	defer n.mu.Unlock()
 	if n.mu.draft == nil {
 		d, err := n.fs.st.OpenDraft(ctx, key, n.StableAttr().Ino, false)
@@ -158,6 +150,21 @@ func (n *node) joinShared(ctx context.Context, key string) error {
 	}
 	n.mu.writers++
 	return nil
+}
+
+// lockSettled locks n.mu once no last writer's release is publishing the
+// shared draft: what the caller does to it then comes before that publish
+// or after it, never between the publish and the draft's close.
+func (n *node) lockSettled() {
+	for {
+		n.mu.Lock()
+		ch := n.mu.closing
+		if ch == nil {
+			return
+		}
+		n.mu.Unlock()
+		<-ch
+	}
 }
 
 // draft returns the draft writes through h go to.

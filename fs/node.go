@@ -316,7 +316,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 				d.SetMtime(mtime.UnixNano())
 			}
 		}
-		n.mu.Lock()
+		n.lockSettled()
 		if d := n.mu.draft; d != nil {
 			d.SetMtime(mtime.UnixNano())
 		}
@@ -360,12 +360,15 @@ func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64)
 			return d.Truncate(ctx, size)
 		}
 	}
-	n.mu.Lock()
-	shared := n.mu.draft
-	n.mu.Unlock()
-	if shared != nil {
-		return shared.Truncate(ctx, size)
+	n.lockSettled()
+	if shared := n.mu.draft; shared != nil {
+		// Under n.mu: the last writer's release cannot start publishing
+		// until the truncation is in the draft.
+		err := shared.Truncate(ctx, size)
+		n.mu.Unlock()
+		return err
 	}
+	n.mu.Unlock()
 	d, err := n.fs.st.OpenDraft(ctx, key, n.StableAttr().Ino, size == 0)
 	if err != nil {
 		return err

@@ -77,6 +77,13 @@ func (t *regTable) add(r *registration) (uint64, error) {
 	if max := t.fs.opts.MaxRegistrations; len(t.mu.m) >= max {
 		return 0, fmt.Errorf("fs: %d buffers registered on this file: %w", max, errTooManyRegs)
 	}
+	o := &t.fs.opts
+	if live := t.fs.regs.live.Load(); live >= int64(o.MaxRegistrationsTotal) {
+		return 0, fmt.Errorf("fs: %d buffers registered on the mount: %w", live, errTooManyRegs)
+	}
+	if b := uint64(t.fs.regs.bytes.Load()); b+r.size() > o.MaxRegisteredBytes {
+		return 0, fmt.Errorf("fs: %d B registered on the mount, %d B more would pass %d B: %w", b, r.size(), o.MaxRegisteredBytes, errTooManyRegs)
+	}
 	t.mu.next++
 	t.mu.m[t.mu.next] = r
 	t.fs.regs.live.Add(1)

@@ -345,6 +345,10 @@ func (d *Draft) WriteAt(ctx context.Context, p []byte, off uint64) (int, error) 
 // draft: it can no longer commit (Err says why), so a file whose write
 // was refused never publishes what was written around it.
 func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
+	if err := d.Err(); err != nil {
+		// Failed already: no later write may look as if it landed.
+		return 0, err
+	}
 	n, err := d.writeFrom(ctx, buf, off)
 	if err != nil {
 		d.fail(err)
@@ -530,6 +534,9 @@ func (d *Draft) Grow(ctx context.Context, size uint64) error {
 }
 
 func (d *Draft) resize(ctx context.Context, size uint64, growOnly bool) error {
+	if err := d.Err(); err != nil {
+		return err
+	}
 	d.rw.Lock()
 	defer d.rw.Unlock()
 	d.mu.Lock()

@@ -345,8 +345,20 @@ func (s *Store) localExtents(obj *Object) []segment.Extent {
 
 // retireLocked marks the local body of a replaced or deleted object for
 // freeing; it is freed now if nobody holds it. Caller holds s.mu.
+//
+// A body whose own commit is still between its swap and its bookkeeping
+// (since 0: another committer replaced it that fast) is only marked: its
+// committer retires it when it records the version (publishedBodyLocked),
+// after taking its own reference, so the body is never freed under it.
 func (s *Store) retireLocked(obj *Object) {
-	s.retireExtLocked(s.localExtents(obj))
+	ext := s.localExtents(obj)
+	if len(ext) > 0 {
+		if lb := s.mu.live[ext[0]]; lb != nil && lb.since == 0 {
+			lb.doomed = max(lb.doomed, obj.Version)
+			return
+		}
+	}
+	s.retireExtLocked(ext)
 }
 
 // retireExtLocked retires the local body whose extents are ext.

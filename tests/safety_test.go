@@ -176,8 +176,24 @@ print("after_inherit=" + ("old" if reader() == old else "changed"))
 f.write(b"m" * 100)
 f.close()
 print("after_close=" + ("new" if reader() == b"n" * (5 << 20) + b"m" * 100 else "wrong"))
+# A child that writes through the inherited descriptor publishes when it
+# exits: it changed the file.
+fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+os.write(fd, b"a" * 100)
+subprocess.run([sys.executable, "-c", "import os, sys; os.write(int(sys.argv[1]), b'b' * 100)", str(fd)], pass_fds=(fd,), check=True)
+print("after_child_wrote=" + ("both" if reader() == b"a" * 100 + b"b" * 100 else "other"))
+os.close(fd)
+# Written by this process, closed by another of its threads: published
+# when close returns.
+import threading
+fd = os.open(p, os.O_WRONLY | os.O_TRUNC)
+os.write(fd, b"t" * 4096)
+th = threading.Thread(target=os.close, args=(fd,))
+th.start(); th.join()
+print("after_thread_close=" + ("new" if reader() == b"t" * 4096 else "old"))
 `, d.dir)
-	checkResults(t, out, map[string]string{"after_exec": "old", "after_inherit": "old", "after_close": "new"})
+	checkResults(t, out, map[string]string{"after_exec": "old", "after_inherit": "old", "after_close": "new",
+		"after_child_wrote": "both", "after_thread_close": "new"})
 }
 
 // TestConcurrentRewritesNeverTorn: several processes rewrite one name
@@ -243,12 +259,18 @@ chunk = b"z" * (1 << 20)
 for i in range(100):
     if try_("write%d" % i, os.write, fd, chunk) is None:
         break
+try_("again", os.write, fd, b"x")
 try_("close", os.close, fd)
 `, d.path("f"))
 	if !strings.Contains(out, "=ENOSPC") {
 		t.Fatalf("100 MiB into a 64 MiB store never failed:\n%s", out)
 	}
 	checkResults(t, out, map[string]string{"close": "ENOSPC"})
+	// Once a write failed, later writes through the file fail too: none
+	// may look as if it landed in a file that cannot publish.
+	if got := pyResults(out); !strings.Contains(out, "=ENOSPC") || got["again"] != "ENOSPC" {
+		t.Errorf("a write after the failed one: %q, want ENOSPC\n%s", got["again"], out)
+	}
 	if b, err := os.ReadFile(d.path("f")); err != nil || string(b) != "keep" {
 		t.Errorf("f after the failed rewrite: %d B starting %q, %v; want %q", len(b), b[:min(len(b), 16)], err, "keep")
 	}
@@ -302,4 +324,40 @@ for i in range(2000):
 	// Removing files gives the room back.
 	run(t, "sh", "-c", `rm -f "$1"/f*`, "sh", pub)
 	run(t, "setfattr", "-n", "user.again", "-v", "1", filepath.Join(pub, "one"))
+}
+
+// TestTruncateRacesRelease: truncate(2) by path right after a writer's
+// close, while the kernel's release of that writer may still be
+// publishing: it never fails and is never lost.
+func TestTruncateRacesRelease(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "128MiB")
+	out := py(t, `
+import collections, errno, os, sys, threading, time
+p = sys.argv[1] + "/t"
+errs, lost = collections.Counter(), 0
+for i in range(2000):
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * 65536)
+    th = threading.Thread(target=os.close, args=(fd,))
+    th.start(); th.join()
+    try:
+        os.truncate(p, 0)
+    except OSError as e:
+        errs[errno.errorcode[e.errno]] += 1
+        continue
+    for _ in range(100):
+        if os.stat(p).st_size == 0:
+            break
+        time.sleep(0.01)
+    else:
+        lost += 1
+print("errors=%d %s" % (sum(errs.values()), dict(errs)))
+print("lost=%d" % lost)
+`, d.dir)
+	got := pyResults(out)
+	if !strings.HasPrefix(got["errors"], "0 ") || got["lost"] != "0" {
+		t.Errorf("truncate after close:\n%s", out)
+	}
 }
