@@ -92,8 +92,9 @@
 // # Limits
 //
 // Everything a user can make the daemon hold is bounded: open files
-// (Options.MaxOpen, ENFILE), buffers registered per open file
-// (Options.MaxRegistrations, EMFILE), xattrs per file (128 KiB, ENOSPC),
+// (Options.MaxOpen, ENFILE), registered buffers per open file and per
+// mount, by count and bytes (Options.MaxRegistrations and the others,
+// EMFILE), xattrs per file (128 KiB, ENOSPC),
 // and index metadata as a whole (store.Options.MetaLimit, ENOSPC). Only
 // shmem and hugetlbfs memory can be registered: a file of a FUSE mount
 // (this one above all) would make a copy wait on that mount's daemon.

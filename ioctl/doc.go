@@ -42,7 +42,8 @@
 // register yourself (F_SEAL_SHRINK): the daemon maps their pages. Only
 // memfds, shm (tmpfs) and hugetlbfs files can be registered; any other fd,
 // a file of the mount itself above all, fails with EINVAL. One open file
-// holds at most 1024 registrations (EMFILE past them).
+// holds at most 1024 registrations, the mount 16384 and 8 TiB of them
+// (EMFILE past them).
 //
 // PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
 // caller's pages a folio at a time: buffers backed by transparent huge
