@@ -117,6 +117,8 @@ while ops < maxops and time.time() < deadline:
             s, data = value(name, rnd.choice([10, 300, 4000]))
             writes.append([name, wid, s])
             put(d + "/" + name, data, os.O_WRONLY | os.O_APPEND)
+            if os.stat(d + "/" + name).st_size > (1 << 20):
+                os.truncate(d + "/" + name, 0)  # logs are pinned: keep them small
         elif r < 0.50:
             name = "v%d" % rnd.randrange(10)
             s, data = value(name, rnd.choice([100, 2 << 20, 4 << 20, 6 << 20]))
@@ -197,13 +199,6 @@ print("ok")
 	for i := range 4 {
 		note(fmt.Sprintf("s%d", i), 0, uint64(i+1))
 	}
-	deadline := float64(time.Now().Add(dur).UnixNano()) / 1e9
-	const workers = 4
-	var procs []*bg
-	for w := 1; w <= workers; w++ {
-		procs = append(procs, background(t, python, "-c", modelWorker, d.dir, strconv.Itoa(w),
-			strconv.FormatUint(rng.Uint64()>>1, 10), fmt.Sprintf("%.3f", deadline), strconv.Itoa(maxOps)))
-	}
 	type result struct {
 		Wid     int      `json:"wid"`
 		Ops     int      `json:"ops"`
@@ -213,34 +208,52 @@ print("ok")
 		Errors  []string `json:"errors"`
 		NErrors int      `json:"nerrors"`
 	}
-	var results []result
-	for _, p := range procs {
-		out := p.mustWait(t)
-		var r result
-		line := lastLines(strings.TrimSpace(out), 1)
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("seed %d: worker output: %v\n%s", seed, err, lastLines(out, 5))
-		}
-		results = append(results, r)
-	}
+	// Rounds of at most a minute (a child command's time is bounded);
+	// the names and what was written to them carry over.
+	const workers = 4
 	ops, nreads, nospace := 0, 0, 0
-	for _, r := range results {
-		ops += r.Ops
-		nospace += r.NoSpace
-		for _, w := range r.Writes {
-			note(w[0].(string), uint64(w[1].(float64)), uint64(w[2].(float64)))
+	for round, end := 0, time.Now().Add(dur); time.Now().Before(end); round++ {
+		stop := time.Now().Add(time.Minute)
+		if end.Before(stop) {
+			stop = end
 		}
-	}
-	for _, r := range results {
-		if r.NErrors > 0 {
-			t.Errorf("seed %d: worker %d: %d errors, first: %v", seed, r.Wid, r.NErrors, r.Errors)
+		deadline := float64(stop.UnixNano()) / 1e9
+		var procs []*bg
+		for w := 1; w <= workers; w++ {
+			procs = append(procs, background(t, python, "-c", modelWorker, d.dir, strconv.Itoa(round*workers+w),
+				strconv.FormatUint(rng.Uint64()>>1, 10), fmt.Sprintf("%.3f", deadline), strconv.Itoa(maxOps)))
 		}
-		for _, rd := range r.Reads {
-			nreads++
-			name, w, s := rd[0].(string), uint64(rd[1].(float64)), uint64(rd[2].(float64))
-			if !written[name][[2]uint64{w, s}] {
-				t.Errorf("seed %d: worker %d read %s = value %d/%d, which nobody wrote there", seed, r.Wid, name, w, s)
+		var results []result
+		for _, p := range procs {
+			out := p.mustWait(t)
+			var r result
+			line := lastLines(strings.TrimSpace(out), 1)
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatalf("seed %d: worker output: %v\n%s", seed, err, lastLines(out, 5))
 			}
+			results = append(results, r)
+		}
+		for _, r := range results {
+			ops += r.Ops
+			nospace += r.NoSpace
+			for _, w := range r.Writes {
+				note(w[0].(string), uint64(w[1].(float64)), uint64(w[2].(float64)))
+			}
+		}
+		for _, r := range results {
+			if r.NErrors > 0 {
+				t.Errorf("seed %d: worker %d: %d errors, first: %v", seed, r.Wid, r.NErrors, r.Errors)
+			}
+			for _, rd := range r.Reads {
+				nreads++
+				name, w, s := rd[0].(string), uint64(rd[1].(float64)), uint64(rd[2].(float64))
+				if !written[name][[2]uint64{w, s}] {
+					t.Errorf("seed %d: worker %d read %s = value %d/%d, which nobody wrote there", seed, r.Wid, name, w, s)
+				}
+			}
+		}
+		if t.Failed() {
+			break
 		}
 	}
 	// Afterwards every stable name holds a whole value written to it.
