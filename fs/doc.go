@@ -33,7 +33,10 @@
 //
 // A close by a process that only inherited the descriptor (a child of
 // fork, before or after exec) publishes nothing, so a helper run while a
-// file is half written never shows the half. A reader never sees a
+// file is half written never shows the half. An O_TRUNC writer killed by a
+// signal before it closed (the kernel closes its files as it dies, which
+// /proc/TID/stat tells) publishes nothing either: its release discards the
+// version, and the old one stays. A reader never sees a
 // partial write; a closed file is complete for everyone (close-to-open
 // consistency). A write or truncation that fails (ENOSPC) fails the
 // draft: the closes report it and the previous version stays. While a

@@ -1,10 +1,15 @@
 package fs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,13 +33,16 @@ type handle struct {
 	n        *node
 	reader   *store.Reader // read-only handles
 	writable bool
-	priv     *store.Draft  // O_TRUNC handles: their own new version
-	append   bool          // O_APPEND: every write goes to the end
-	obj      *store.Object // the object at open time
-	regs     regTable      // buffers registered on this open file
-	ipc      ipcCache      // CUDA IPC handles opened for this open file
-	mu       sync.Mutex
-	released bool
+	priv     *store.Draft // O_TRUNC handles: their own new version
+	append   bool         // O_APPEND: every write goes to the end
+	// abandoned: the process writing priv was killed before it closed
+	// it; release discards priv unless a later write took it up again.
+	abandoned atomic.Bool
+	obj       *store.Object // the object at open time
+	regs      regTable      // buffers registered on this open file
+	ipc       ipcCache      // CUDA IPC handles opened for this open file
+	mu        sync.Mutex
+	released  bool
 }
 
 func (h *handle) fuseFlags() uint32 {
@@ -278,6 +286,7 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	if d == nil {
 		return 0, syscall.EBADF
 	}
+	h.abandoned.Store(false)
 	if h.append {
 		// The kernel picks an append's offset from its own idea of the
 		// size; the draft's end is the one that counts.
@@ -319,6 +328,15 @@ func (n *node) publish(ctx context.Context, d *store.Draft) error {
 // publishes, so the content is visible when close returns; closers.go
 // says which closes reach here.
 func (n *node) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Errno) {
+	return n.flush(ctx, fh, "flush")
+}
+
+// Fsync implements gofs.NodeFsyncer: commit now.
+func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) (errno syscall.Errno) {
+	return n.flush(ctx, fh, "fsync")
+}
+
+func (n *node) flush(ctx context.Context, fh gofs.FileHandle, op string) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	h, ok := fh.(*handle)
 	if !ok || !h.writable {
@@ -326,17 +344,50 @@ func (n *node) Flush(ctx context.Context, fh gofs.FileHandle) (errno syscall.Err
 	}
 	start := time.Now()
 	var err error
-	defer func() { n.fs.opDone(ctx, "flush", "", 0, start, errno, err) }()
-	if d := h.draft(); d != nil {
-		err = n.publish(ctx, d)
+	defer func() { n.fs.opDone(ctx, op, "", 0, start, errno, err) }()
+	d := h.draft()
+	if d == nil {
+		return 0
 	}
+	if op == "flush" && h.priv != nil && d.Dirty() && killedCaller(ctx) {
+		// The writer of this new version was killed before it closed
+		// it: the kernel is closing its files. What it wrote is not a
+		// version anybody finished; the old one stays.
+		h.abandoned.Store(true)
+		return 0
+	}
+	err = n.publish(ctx, d)
 	return toErrno(err)
 }
 
-// Fsync implements gofs.NodeFsyncer: commit now.
-func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) (errno syscall.Errno) {
-	ctx = detached(ctx)
-	return n.Flush(ctx, fh)
+// killedCaller reports whether the process behind ctx is exiting on a
+// signal (kill -9, an unhandled SIGTERM or SIGINT), so that its FLUSH is
+// the kernel closing its files, not a close(2). /proc/TID/stat says so:
+// PF_EXITING in its flags and a signal in its exit code, both set before
+// the kernel closes the files of a dying task.
+func killedCaller(ctx context.Context) bool {
+	c, ok := fuse.FromContext(ctx)
+	if !ok || c.Pid == 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(c.Pid)) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	// After the command name: field 3 (state) on; flags is field 9,
+	// exit_code field 52.
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 50 {
+		return false
+	}
+	const pfExiting = 0x4
+	flags, err1 := strconv.ParseUint(f[6], 10, 64)
+	code, err2 := strconv.ParseInt(f[49], 10, 64)
+	return err1 == nil && err2 == nil && flags&pfExiting != 0 && code&0x7f != 0
 }
 
 // Release implements gofs.NodeReleaser.
@@ -367,7 +418,9 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	// it could; this publishes what came after (mmap write-back) or what
 	// no publishing close saw (the last descriptor was an inherited one).
 	if d := h.priv; d != nil {
-		err = n.publish(context.Background(), d)
+		if !h.abandoned.Load() {
+			err = n.publish(context.Background(), d)
+		}
 		d.Close()
 		n.mu.Lock()
 		delete(n.mu.private, h)

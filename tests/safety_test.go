@@ -361,3 +361,39 @@ print("lost=%d" % lost)
 		t.Errorf("truncate after close:\n%s", out)
 	}
 }
+
+// TestKilledWriterPublishesNothing: a process rewriting a file (O_TRUNC)
+// is killed with SIGKILL halfway: the kernel closes its files, and the
+// file keeps its old version. One that exits without closing (exit(3)
+// closes its files) publishes, as a close would.
+func TestKilledWriterPublishesNothing(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "128MiB")
+	out := py(t, `
+import os, signal, subprocess, sys, time
+p = sys.argv[1] + "/f"
+with open(p, "wb") as f:
+    f.write(b"old")
+child = subprocess.Popen([sys.executable, "-c", """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+os.write(fd, b"half" * 100000)
+print("ready", flush=True)
+time.sleep(60)
+""", p], stdout=subprocess.PIPE)
+child.stdout.readline()
+child.send_signal(signal.SIGKILL)
+child.wait()
+for _ in range(200):  # the release comes after the kill
+    b = open(p, "rb").read()
+    if b != b"old":
+        break
+    time.sleep(0.01)
+print("after_kill=" + ("old" if b == b"old" else "changed:%d" % len(b)))
+subprocess.run([sys.executable, "-c",
+    "import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC); os.write(fd, b'done'); os._exit(0)", p], check=True)
+print("after_exit=" + ("new" if open(p, "rb").read() == b"done" else "old"))
+`, d.dir)
+	checkResults(t, out, map[string]string{"after_kill": "old", "after_exit": "new"})
+}
