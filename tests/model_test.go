@@ -21,13 +21,22 @@ var soak = flag.Duration("soak", 0, "run TestConcurrentModel this long instead o
 // written. Names:
 //
 //   - s*: stable, pinned, always present: replaced by temp+rename and
-//     rewritten in place with O_TRUNC; reading one must never fail;
+//     rewritten in place with O_TRUNC, now and then by a child killed
+//     halfway through; reading one must never fail;
 //   - a*: pinned logs of self-checking records appended with O_APPEND;
 //   - v*: volatile, unpinned and large (more of them than the store
 //     holds): written, unlinked, evicted; a read may find nothing or the
 //     empty file a create makes, never a partial value.
 const modelWorker = `
-import errno, hashlib, json, os, random, struct, sys, time
+import errno, hashlib, json, os, random, struct, subprocess, sys, time
+KILLED = """
+import os, sys, time
+data = sys.stdin.buffer.read(int(sys.argv[2]))
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC)
+os.write(fd, data)
+print("written", flush=True)
+time.sleep(60)
+"""
 d, wid, seed, deadline, maxops = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 rnd = random.Random(seed)
 HDR = struct.Struct("<4sIQQ32s")
@@ -100,7 +109,17 @@ while ops < maxops and time.time() < deadline:
     ops += 1
     r = rnd.random()
     try:
-        if r < 0.15:
+        if r < 0.01:
+            # A rewriter killed halfway: nothing of it may ever be read.
+            name = "s%d" % rnd.randrange(4)
+            s, data = value(name, 200000)
+            child = subprocess.Popen([sys.executable, "-c", KILLED, d + "/" + name, str(len(data) // 2)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            child.stdin.write(data[:len(data) // 2])
+            child.stdin.close()
+            child.stdout.readline()
+            child.kill()
+            child.wait()
+        elif r < 0.15:
             name = "s%d" % rnd.randrange(4)
             s, data = value(name, rnd.choice([100, 5000, 70000, 300000]))
             tmp = "%s/.tmp-%d-%d" % (d, wid, s)
