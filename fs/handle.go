@@ -61,9 +61,8 @@ func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint
 	if n.IsDir() {
 		return nil, store.ErrIsDir
 	}
-	if max := int64(n.fs.opts.MaxOpen); n.fs.handles.Add(1) > max {
-		n.fs.handles.Add(-1)
-		return nil, fmt.Errorf("fs: %d files open: %w", max, errTooManyOpen)
+	if !n.fs.takeHandle() {
+		return nil, fmt.Errorf("fs: %d files open: %w", n.fs.opts.MaxOpen, errTooManyOpen)
 	}
 	h, err := n.openHandle(ctx, key, o, flags)
 	if err != nil {
@@ -113,6 +112,15 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	return h, nil
 }
 
+// takeHandle counts one more open file, false past Options.MaxOpen.
+func (f *FS) takeHandle() bool {
+	if f.handles.Add(1) > int64(f.opts.MaxOpen) {
+		f.handles.Add(-1)
+		return false
+	}
+	return true
+}
+
 // openGhost opens the version a rename replaced (see node.mu.ghost), nil
 // without one. Writes through it go where writes to a replaced file go on
 // any POSIX file system: nowhere, once the last descriptor closes.
@@ -121,8 +129,7 @@ func (n *node) openGhost(flags uint32) *handle {
 	if g == nil {
 		return nil
 	}
-	if n.fs.handles.Add(1) > int64(n.fs.opts.MaxOpen) {
-		n.fs.handles.Add(-1)
+	if !n.fs.takeHandle() {
 		g.Close()
 		return nil
 	}

@@ -73,17 +73,9 @@ var (
 
 // OnForget implements gofs.NodeOnForgetter: the kernel has dropped the
 // inode, so nobody can open the replaced version any more.
-func (n *node) OnForget() {
-	n.mu.Lock()
-	g := n.mu.ghost
-	n.mu.ghost = nil
-	n.mu.Unlock()
-	if g != nil {
-		g.Close()
-	}
-}
+func (n *node) OnForget() { n.setGhost(nil) }
 
-// setGhost keeps r as the version this replaced node opens.
+// setGhost keeps r (nil: none) as the version this replaced node opens.
 func (n *node) setGhost(r *store.Reader) {
 	n.mu.Lock()
 	old := n.mu.ghost
