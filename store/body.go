@@ -43,6 +43,11 @@ func extentStarts(ext []segment.Extent) []uint64 {
 // span calls fn for each piece of [off, off+n) of an extent list, with the
 // sub-extent and the offset of the piece relative to off.
 func span(ext []segment.Extent, starts []uint64, off, n uint64, fn func(e segment.Extent, rel uint64) bool) {
+	spanIdx(ext, starts, off, n, func(_ int, e segment.Extent, rel uint64) bool { return fn(e, rel) })
+}
+
+// spanIdx is span that also passes the index in ext of each piece's extent.
+func spanIdx(ext []segment.Extent, starts []uint64, off, n uint64, fn func(i int, e segment.Extent, rel uint64) bool) {
 	if n == 0 || len(ext) == 0 {
 		return
 	}
@@ -67,7 +72,7 @@ func span(ext []segment.Extent, starts []uint64, off, n uint64, fn func(e segmen
 			continue
 		}
 		take := min(e.Len-skip, n-rel)
-		if !fn(segment.Extent{Segment: e.Segment, Off: e.Off + skip, Len: take}, rel) {
+		if !fn(i, segment.Extent{Segment: e.Segment, Off: e.Off + skip, Len: take}, rel) {
 			return
 		}
 		rel += take

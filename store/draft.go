@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -49,7 +50,8 @@ type Draft struct {
 		// Placement (placement.go): where ext lives. node is "" until the
 		// first reservation decides it; extResv[i] is the reservation id
 		// of ext[i] on a remote node (0 for local extents); resv holds
-		// the deadline of every remote reservation the draft still owns.
+		// the ids of the remote reservations the draft still owns (leased:
+		// renewed while the draft is open, lease.go).
 		// failed is the first error of a write or truncation that did
 		// not happen (no space, a failed copy, its node died): the draft
 		// can no longer commit.
@@ -58,13 +60,9 @@ type Draft struct {
 		node    string
 		epoch   uint64 // of node's daemon, from its reservations
 		extResv []uint64
-		resv    map[uint64]time.Time
+		resv    map[uint64]bool
 	}
 }
-
-// ReserveTTL is how long a remote reservation lasts without renewal;
-// drafts renew theirs when less than half is left.
-const ReserveTTL = 30 * time.Second
 
 // Growth bounds of a draft's reservation; the tail is trimmed at commit.
 const (
@@ -201,9 +199,9 @@ func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow
 	if t == nil {
 		return fmt.Errorf("store: reserve on node %q: %w", node, errNoTransport)
 	}
-	r, err := t.Reserve(ctx, node, want, ReserveTTL)
+	r, err := d.s.reserveRemote(ctx, node, want)
 	if err != nil && want > grow {
-		r, err = t.Reserve(ctx, node, grow, ReserveTTL)
+		r, err = d.s.reserveRemote(ctx, node, grow)
 	}
 	if err != nil {
 		if errors.Is(err, transfer.ErrNoSpace) {
@@ -213,14 +211,11 @@ func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow
 	}
 	if len(d.mu.ext) > 0 && r.Epoch != d.mu.epoch {
 		// The node restarted under the draft: what was written is gone.
-		_ = t.Free(context.WithoutCancel(ctx), node, r.Epoch, r.ID, nil)
+		d.s.freeReservations(ctx, []transfer.Reservation{r})
 		return fmt.Errorf("store: node %q restarted while a draft was written to it: %w", node, transfer.ErrStaleEpoch)
 	}
 	d.mu.epoch = r.Epoch
-	if d.mu.resv == nil {
-		d.mu.resv = map[uint64]time.Time{}
-	}
-	d.mu.resv[r.ID] = d.s.opts.Now().Add(ReserveTTL)
+	d.ownResvLocked(r.ID)
 	d.addExtLocked(r.Extents, r.ID)
 	return nil
 }
@@ -238,26 +233,35 @@ func (d *Draft) placedLocked() Replica {
 // extents freed. Caller holds d.rw exclusively and d.mu.
 func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64) error {
 	t := d.s.opts.Transport
-	r, err := t.Reserve(ctx, node, total, ReserveTTL)
+	if t == nil {
+		return fmt.Errorf("store: spill to node %q: %w", node, errNoTransport)
+	}
+	r, err := d.s.reserveRemote(ctx, node, total)
 	if err != nil && total > need {
-		r, err = t.Reserve(ctx, node, need, ReserveTTL)
+		r, err = d.s.reserveRemote(ctx, node, need)
 	}
 	if err != nil {
 		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, errors.Join(ErrNoSpace, err))
 	}
-	if err := d.s.copyExtents(ctx, d.placedLocked(), Replica{Node: node, Epoch: r.Epoch, Extents: r.Extents}, d.mu.zeroed, 0); err != nil {
-		_ = t.Free(context.WithoutCancel(ctx), node, r.Epoch, r.ID, nil)
+	dst := Replica{Node: node, Epoch: r.Epoch, Extents: r.Extents}
+	if err := d.s.copyExtents(ctx, d.placedLocked(), dst, sameResv(r), d.mu.zeroed, 0); err != nil {
+		d.s.freeReservations(ctx, []transfer.Reservation{r})
 		return fmt.Errorf("store: spill to node %q: %w", node, err)
 	}
 	_ = d.s.segs.Free(d.mu.ext)
 	d.mu.ext, d.mu.extResv = nil, nil
 	d.mu.node, d.mu.epoch = node, r.Epoch
-	if d.mu.resv == nil {
-		d.mu.resv = map[uint64]time.Time{}
-	}
-	d.mu.resv[r.ID] = d.s.opts.Now().Add(ReserveTTL)
+	d.ownResvLocked(r.ID)
 	d.addExtLocked(r.Extents, r.ID)
 	return nil
+}
+
+// ownResvLocked notes remote reservation id as the draft's.
+func (d *Draft) ownResvLocked(id uint64) {
+	if d.mu.resv == nil {
+		d.mu.resv = map[uint64]bool{}
+	}
+	d.mu.resv[id] = true
 }
 
 // zeroes is a source of zero bytes for remote zero-fill.
@@ -278,11 +282,12 @@ func (d *Draft) zeroLocked(ctx context.Context, from, to uint64) error {
 		return nil
 	}
 	var reqs []transfer.Request
-	span(d.mu.ext, d.mu.starts, from, to-from, func(e segment.Extent, _ uint64) bool {
+	spanIdx(d.mu.ext, d.mu.starts, from, to-from, func(i int, e segment.Extent, _ uint64) bool {
 		for off := uint64(0); off < e.Len; off += uint64(len(zeroes)) {
 			n := min(uint64(len(zeroes)), e.Len-off)
 			reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: transfer.HostBuffer(zeroes[:n]),
-				Extent: segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: n}, Node: d.mu.node, Epoch: d.mu.epoch})
+				Extent: segment.Extent{Segment: e.Segment, Off: e.Off + off, Len: n}, Node: d.mu.node, Epoch: d.mu.epoch,
+				Resv: d.mu.extResv[i]})
 		}
 		return true
 	})
@@ -303,7 +308,7 @@ func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 		return err
 	}
 	if keep > 0 {
-		if err := d.s.copyExtents(ctx, base.replica(), d.placedLocked(), keep, base.obj.Version); err != nil {
+		if err := d.s.copyExtents(ctx, base.replica(), d.placedLocked(), d.mu.extResv, keep, base.obj.Version); err != nil {
 			return fmt.Errorf("store: copy on write of %d B: %w", keep, err)
 		}
 	}
@@ -447,12 +452,12 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		}
 	}
 	d.mu.zeroed = max(d.mu.zeroed, end)
-	ext, starts, node, epoch := d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch
+	ext, starts, node, epoch, resv := d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch, d.mu.extResv
 	d.mu.Unlock()
 
 	var reqs []transfer.Request
-	span(ext, starts, off, n, func(e segment.Extent, rel uint64) bool {
-		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node, Epoch: epoch})
+	spanIdx(ext, starts, off, n, func(i int, e segment.Extent, rel uint64) bool {
+		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node, Epoch: epoch, Resv: resv[i]})
 		return true
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
@@ -615,9 +620,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		// Unchanged since the base version: nothing to publish.
 		return d.mu.base.Object(), nil
 	}
-	if err := d.trimLocked(ctx); err != nil {
-		return nil, err
-	}
+	d.trimLocked(ctx)
 	ext := d.mu.ext
 	size := d.size.Load()
 	primary := d.placedLocked()
@@ -720,22 +723,21 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		if cur != nil {
 			d.s.retireLocked(cur)
 		}
-		b := d.s.acquireLocked(next)
-		d.s.mu.opens[next.Ino]++
+		// The draft continues from the committed version, read like any
+		// reader's (copy on write reads it later).
+		base := d.s.readerLocked(next, d.s.remoteReplicas(next))
 		published = true
 		d.s.publishedBodyLocked(next)
-		var base *Reader
-		if size > 0 {
-			base = &Reader{s: d.s, obj: next, b: b, remote: d.s.remoteReplicas(next)}
-			if base.remote != nil && d.s.opts.Follow {
-				// Copy-on-write reads it later: keep it like any reader.
-				d.s.watchRemoteReaderLocked(base)
-			}
-		}
 		d.s.mu.Unlock()
 		d.s.committed(nil, []*Object{next}, nil)
 		// Remote reservations now belong to the committed body: their
 		// owners take them over when they see the commit.
+		for id := range d.mu.resv {
+			d.s.handOver(d.mu.node, id)
+		}
+		for _, r := range extraResv {
+			d.s.handOver(r.Node, r.ID)
+		}
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
 		d.mu.extResv, d.mu.resv, d.mu.node, d.mu.epoch = nil, nil, "", 0
 		d.dirty.Store(false)
@@ -744,19 +746,22 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			d.mu.base = base
 			d.mu.own = false
 		} else {
-			d.s.release(b)
-			d.s.closeIno(next.Ino)
+			base.Close()
 			d.mu.own = true
 		}
 		return next, nil
 	}
 }
 
-// trimLocked frees reserved space past the size (rounded to the granule).
-func (d *Draft) trimLocked(ctx context.Context) error {
+// trimLocked gives back reserved space past the size (rounded to the
+// granule). The tail leaves the extent list whatever its owner answers:
+// no byte of it is ever published, and a remote part whose free failed
+// expires with its reservation once the lease ends (when no kept extent
+// is in it) or with the commit's takeover (when one is).
+func (d *Draft) trimLocked(ctx context.Context) {
 	keep := (d.size.Load() + segment.Granule - 1) / segment.Granule * segment.Granule
 	if keep >= d.mu.capacity {
-		return nil
+		return
 	}
 	var kept, freed []segment.Extent
 	var keptResv, freedResv []uint64
@@ -775,36 +780,40 @@ func (d *Draft) trimLocked(ctx context.Context) error {
 		}
 		off += e.Len
 	}
-	if d.s.isLocal(d.mu.node) {
-		_ = d.s.segs.Free(freed)
-	} else {
-		byID := map[uint64][]segment.Extent{}
-		for i, e := range freed {
-			byID[freedResv[i]] = append(byID[freedResv[i]], e)
-		}
-		for id, ext := range byID {
-			if err := d.s.opts.Transport.Free(ctx, d.mu.node, d.mu.epoch, id, ext); err != nil {
-				return fmt.Errorf("store: trim reservation on node %q: %w", d.mu.node, err)
-			}
-		}
-	}
 	d.mu.ext, d.mu.extResv = kept, keptResv
 	d.mu.starts = extentStarts(kept)
 	d.mu.capacity = keep
 	d.mu.zeroed = min(d.mu.zeroed, keep)
-	return nil
+	if d.s.isLocal(d.mu.node) {
+		_ = d.s.segs.Free(freed)
+		return
+	}
+	byID := map[uint64][]segment.Extent{}
+	for i, e := range freed {
+		byID[freedResv[i]] = append(byID[freedResv[i]], e)
+	}
+	for id, ext := range byID {
+		if !slices.Contains(keptResv, id) {
+			// Nothing of it stays: give all of it back.
+			delete(d.mu.resv, id)
+			d.s.freeReservations(ctx, []transfer.Reservation{{Node: d.mu.node, Epoch: d.mu.epoch, ID: id}})
+			continue
+		}
+		if err := d.s.opts.Transport.Free(ctx, d.mu.node, d.mu.epoch, id, ext); err != nil {
+			d.s.opts.Logf("trim reservation %d on node %q: %v", id, d.mu.node, err)
+		}
+	}
 }
 
 // renewLocked renews the draft's remote reservations before a commit: it
 // proves the owner still holds them (it did not die or restart since the
 // bytes were written) and makes them outlive the commit.
 func (d *Draft) renewLocked(ctx context.Context) error {
-	now := d.s.opts.Now()
 	for id := range d.mu.resv {
-		if err := d.s.opts.Transport.Renew(ctx, d.mu.node, d.mu.epoch, id, ReserveTTL); err != nil {
+		if err := d.s.opts.Transport.Renew(ctx, d.mu.node, d.mu.epoch, id, d.s.reserveTTL()); err != nil {
 			return fmt.Errorf("store: renew reservation on node %q: %w", d.mu.node, err)
 		}
-		d.mu.resv[id] = now.Add(ReserveTTL)
+		d.s.renewed(d.mu.node, id)
 	}
 	return nil
 }
@@ -829,11 +838,11 @@ func (d *Draft) Close() {
 			_ = d.s.segs.Free(d.mu.ext)
 		} else {
 			// Best effort: what is not freed now expires with its TTL.
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			var all []transfer.Reservation
 			for id := range d.mu.resv {
-				_ = d.s.opts.Transport.Free(ctx, d.mu.node, d.mu.epoch, id, nil)
+				all = append(all, transfer.Reservation{Node: d.mu.node, Epoch: d.mu.epoch, ID: id})
 			}
-			cancel()
+			d.s.freeReservations(context.Background(), all)
 			d.mu.resv = nil
 		}
 		d.mu.ext = nil

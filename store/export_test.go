@@ -21,3 +21,10 @@ func HoldAsked(s *Store, r *Reader) bool {
 	defer s.mu.Unlock()
 	return r.holding
 }
+
+// Leases counts this node's leased reservations on other nodes, for tests.
+func Leases(s *Store) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.mu.leases)
+}

@@ -72,14 +72,21 @@ func (s *Store) releaseHoldLocked(id uint64) bool {
 		return false
 	}
 	delete(s.mu.holds, id)
-	if s.mu.held[h.first]--; s.mu.held[h.first] <= 0 {
-		delete(s.mu.held, h.first)
-		if ext, ok := s.mu.pendingFree[h.first]; ok {
-			delete(s.mu.pendingFree, h.first)
+	s.unpinLocked(h.first)
+	return true
+}
+
+// unpinLocked drops one hold or checked read on the body whose first
+// extent is first; the last one runs the body's deferred free. Caller
+// holds s.mu.
+func (s *Store) unpinLocked(first segment.Extent) {
+	if s.mu.held[first]--; s.mu.held[first] <= 0 {
+		delete(s.mu.held, first)
+		if ext, ok := s.mu.pendingFree[first]; ok {
+			delete(s.mu.pendingFree, first)
 			s.freeExtLocked(ext)
 		}
 	}
-	return true
 }
 
 // watchRemoteReaderLocked notes an open reader whose bytes are on another

@@ -53,17 +53,21 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 			return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
 		}
 	}
-	b := s.acquireLocked(obj)
-	s.mu.opens[obj.Ino]++
-	r := &Reader{s: s, obj: obj, b: b, remote: rb}
-	if rb != nil && s.opts.Follow {
-		// In the same critical section as the Get: the follow loop
-		// cannot see a newer version of key in between.
-		s.watchRemoteReaderLocked(r)
-	}
+	r := s.readerLocked(obj, rb)
 	s.mu.Unlock()
 	s.touch(key)
 	return r, nil
+}
+
+// readerLocked opens a reader of obj: a reference on its local body, or
+// its replicas on other nodes (rb), watched for holds. Caller holds s.mu.
+func (s *Store) readerLocked(obj *Object, rb *remoteBody) *Reader {
+	r := &Reader{s: s, obj: obj, b: s.acquireLocked(obj), remote: rb}
+	s.mu.opens[obj.Ino]++
+	if rb != nil && s.opts.Follow {
+		s.watchRemoteReaderLocked(r)
+	}
+	return r
 }
 
 // Dup returns another lease on the version r holds, closed on its own;

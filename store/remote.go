@@ -236,11 +236,14 @@ var _ transfer.BodyChecker = (*Store)(nil)
 // CheckBody implements transfer.BodyChecker for checked reads by other
 // nodes: the body whose first extent is first must be live here and
 // published at version or before (a later body in the same extents is
-// another object's). It first lets the follow loop catch up with version,
-// so a reader that saw a commit before this node did is not refused.
-func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uint64) error {
+// another object's), or retired and not yet freed. It first lets the
+// follow loop catch up with version, so a reader that saw a commit before
+// this node did is not refused. The body is then pinned, as a hold pins
+// it, until release: a retirement meanwhile frees it only after the
+// stream ended.
+func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uint64) (func(), error) {
 	if err := s.caughtUp(ctx, version); err != nil {
-		return fmt.Errorf("body %v: %w", first, err)
+		return nil, fmt.Errorf("body %v: %w", first, err)
 	}
 	s.mu.Lock()
 	ok := s.bodyReadableLocked(first, version)
@@ -248,15 +251,25 @@ func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uin
 	if lb := s.mu.live[first]; lb != nil {
 		key = lb.key
 	}
+	if ok {
+		s.mu.held[first]++
+	}
 	s.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("body %v at version %d: %w", first, version, transfer.ErrStaleBody)
+		return nil, fmt.Errorf("body %v at version %d: %w", first, version, transfer.ErrStaleBody)
 	}
 	if key != "" {
 		// A read from another node is a use of this node's copy.
 		s.touch(key)
 	}
-	return nil
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.unpinLocked(first)
+			s.mu.Unlock()
+		})
+	}, nil
 }
 
 // caughtUp returns once the follow loop has processed every change up to
@@ -425,7 +438,7 @@ func (s *Store) replicateFrom(ctx context.Context, src Replica, n, version uint6
 			dst.Epoch = s.opts.Epoch
 			resv = append(resv, transfer.Reservation{Node: node, Extents: dst.Extents})
 		} else {
-			r, err := s.opts.Transport.Reserve(ctx, node, size, ReserveTTL)
+			r, err := s.reserveRemote(ctx, node, size)
 			if err != nil {
 				if errors.Is(err, transfer.ErrNoSpace) {
 					err = errors.Join(ErrNoSpace, err)
@@ -435,7 +448,7 @@ func (s *Store) replicateFrom(ctx context.Context, src Replica, n, version uint6
 			resv = append(resv, r)
 			dst.Epoch, dst.Extents = r.Epoch, r.Extents
 		}
-		if err := s.copyExtents(ctx, src, dst, n, version); err != nil {
+		if err := s.copyExtents(ctx, src, dst, sameResv(resv[len(resv)-1]), n, version); err != nil {
 			return fail(fmt.Errorf("replica on node %q: %w", node, err))
 		}
 		reps = append(reps, dst)
@@ -444,7 +457,7 @@ func (s *Store) replicateFrom(ctx context.Context, src Replica, n, version uint6
 }
 
 // freeReservations gives back reservations (local ones: allocations) that
-// did not become part of a commit.
+// did not become part of a commit, and ends their leases.
 func (s *Store) freeReservations(ctx context.Context, resv []transfer.Reservation) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
@@ -452,7 +465,18 @@ func (s *Store) freeReservations(ctx context.Context, resv []transfer.Reservatio
 		if s.isLocal(r.Node) {
 			_ = s.segs.Free(r.Extents)
 		} else if s.opts.Transport != nil {
+			s.endLease(r.Node, r.ID)
 			_ = s.opts.Transport.Free(ctx, r.Node, r.Epoch, r.ID, nil)
 		}
 	}
+}
+
+// sameResv lists r's id once per extent of r: the reservation each extent
+// of a copy's destination lies in.
+func sameResv(r transfer.Reservation) []uint64 {
+	ids := make([]uint64, len(r.Extents))
+	for i := range ids {
+		ids[i] = r.ID
+	}
+	return ids
 }

@@ -42,8 +42,12 @@ func newCluster(t *testing.T, follow bool, opts ...testOpt) (a, b *testStore) {
 			o.Epoch = uint64(100 + len(addrs))
 		})}, opts...)...)
 		view.add(node, s)
-		srv, err := transfer.NewTCPServer(transfer.TCPServerOptions{Local: s.Table, Token: clusterToken, Control: s.Store, Bodies: s.Store,
-			Epoch: uint64(100 + len(addrs))})
+		so := transfer.TCPServerOptions{Local: s.Table, Token: clusterToken, Control: s.Store, Bodies: s.Store, Writes: s.Store,
+			Epoch: uint64(100 + len(addrs))}
+		if serverHook != nil {
+			serverHook(node, &so)
+		}
+		srv, err := transfer.NewTCPServer(so)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,6 +64,10 @@ func newCluster(t *testing.T, follow bool, opts ...testOpt) (a, b *testStore) {
 	testViews[a.Store], testViews[b.Store] = view, view
 	return a, b
 }
+
+// serverHook, when set (by a test, reset at its end), edits the options
+// of each TCP server newCluster starts.
+var serverHook func(node string, o *transfer.TCPServerOptions)
 
 // testViews finds the cluster view of a test store.
 var testViews = map[*store.Store]*clusterView{}

@@ -124,13 +124,14 @@ func (s *Store) reconcileOne(ctx context.Context, o *Object, live func(string) b
 		s.freeReservations(ctx, resv)
 		return fmt.Errorf("repair %q: %w", o.Key, err)
 	}
+	// The copy here is a body like any commit's: a retirement that came
+	// in while the swap ran applies now.
 	s.mu.Lock()
-	if len(localExt) > 0 {
-		if lb := s.mu.live[localExt[0]]; lb != nil {
-			lb.since = next.Version
-		}
-	}
+	s.publishedBodyLocked(next)
 	s.mu.Unlock()
+	for _, r := range resv {
+		s.handOver(r.Node, r.ID)
+	}
 	rep.Dropped += dropped
 	rep.Repaired += len(added)
 	if len(next.Replicas) == 0 {

@@ -20,6 +20,51 @@ import (
 type reservation struct {
 	ext      []segment.Extent
 	deadline time.Time
+	// writes in flight into it (BeginWrite); while there are any it is
+	// neither reaped nor freed: a free marks it dead and the last write
+	// frees what is left.
+	writes int
+	dead   bool
+}
+
+var _ transfer.WriteGuard = (*Store)(nil)
+
+// BeginWrite implements transfer.WriteGuard: e must lie in one extent of
+// reservation id, which must not have passed its deadline.
+func (s *Store) BeginWrite(id uint64, e segment.Extent) (func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.mu.resv[id]
+	if r == nil {
+		return nil, fmt.Errorf("write %v: reservation %d: %w", e, id, transfer.ErrNotReserved)
+	}
+	if s.opts.Now().After(r.deadline) {
+		return nil, fmt.Errorf("write %v: reservation %d expired: %w", e, id, transfer.ErrNotReserved)
+	}
+	if _, err := carve(r.ext, e); err != nil {
+		return nil, fmt.Errorf("write %v: not in reservation %d: %w", e, id, transfer.ErrNotReserved)
+	}
+	r.writes++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if r.writes--; r.writes == 0 && r.dead {
+			_ = s.segs.Free(r.ext)
+			r.ext = nil
+		}
+	}, nil
+}
+
+// dropResvLocked forgets reservation id and frees what is left of it, or,
+// with writes in flight, leaves that to the last one. Caller holds s.mu.
+func (s *Store) dropResvLocked(id uint64, r *reservation) {
+	delete(s.mu.resv, id)
+	if r.writes > 0 {
+		r.dead = true
+		return
+	}
+	_ = s.segs.Free(r.ext)
+	r.ext = nil
 }
 
 // MaxReserveTTL bounds a reservation's lifetime between renewals.
@@ -79,8 +124,7 @@ func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (trans
 			return transfer.ControlResponse{}, fmt.Errorf("reservation %d: %w", req.ID, transfer.ErrUnknownReservation)
 		}
 		if len(req.Extents) == 0 {
-			delete(s.mu.resv, req.ID)
-			_ = s.segs.Free(r.ext)
+			s.dropResvLocked(req.ID, r)
 			return transfer.ControlResponse{}, nil
 		}
 		// Check all first: a bad extent changes nothing.
@@ -154,10 +198,10 @@ func (s *Store) consumeLocked(ext []segment.Extent, ver uint64) bool {
 }
 
 // reapLoop frees reservations and ends holds whose deadline passed, and
-// renews the holds of this node's open readers.
+// renews this node's leases (lease.go) and the holds of its open readers.
 func (s *Store) reapLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(time.Second)
+	t := time.NewTicker(min(time.Second, s.reserveTTL()/6))
 	defer t.Stop()
 	renewed := s.opts.Now()
 	for {
@@ -166,6 +210,9 @@ func (s *Store) reapLoop() {
 			return
 		case <-t.C:
 			s.reap()
+			if s.opts.Transport != nil {
+				s.renewLeases()
+			}
 			if now := s.opts.Now(); now.Sub(renewed) >= HoldTTL/3 {
 				renewed = now
 				s.renewHolds()
@@ -179,9 +226,8 @@ func (s *Store) reap() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, r := range s.mu.resv {
-		if now.After(r.deadline) {
-			delete(s.mu.resv, id)
-			_ = s.segs.Free(r.ext)
+		if now.After(r.deadline) && r.writes == 0 {
+			s.dropResvLocked(id, r)
 			s.stats.reaped.Add(1)
 		}
 	}
@@ -194,9 +240,11 @@ func (s *Store) reap() {
 
 // copyExtents copies the first n bytes of src into dst (each a node, its
 // epoch and extents): straight from or into local segment memory when one
-// side is here, through a bounce buffer otherwise. A remote src is read
-// checked against version (see transfer.BodyChecker) unless it is 0.
-func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n, version uint64) error {
+// side is here, through a bounce buffer otherwise. A remote dst's
+// extents lie in the reservations dstResv names (one per extent). A
+// remote src is read checked against version (see transfer.BodyChecker)
+// unless it is 0.
+func (s *Store) copyExtents(ctx context.Context, src, dst Replica, dstResv []uint64, n, version uint64) error {
 	var body segment.Extent
 	if len(src.Extents) > 0 {
 		body = src.Extents[0]
@@ -217,9 +265,13 @@ func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n, version ui
 			if m, err = s.segs.Bytes(he); err != nil {
 				return false
 			}
-			span(there.Extents, thereStarts, rel, he.Len, func(te segment.Extent, r2 uint64) bool {
-				reqs = append(reqs, transfer.Request{Op: op, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: te,
-					Node: there.Node, Epoch: there.Epoch, Body: checked, Version: ver})
+			spanIdx(there.Extents, thereStarts, rel, he.Len, func(i int, te segment.Extent, r2 uint64) bool {
+				req := transfer.Request{Op: op, Buf: transfer.HostBuffer(m), BufOff: r2, Extent: te,
+					Node: there.Node, Epoch: there.Epoch, Body: checked, Version: ver}
+				if op == transfer.Write {
+					req.Resv = dstResv[i]
+				}
+				reqs = append(reqs, req)
 				return true
 			})
 			return true
@@ -242,8 +294,9 @@ func (s *Store) copyExtents(ctx context.Context, src, dst Replica, n, version ui
 					Body: body, Version: version})
 				return true
 			})
-			span(dst.Extents, dstStarts, off, k, func(de segment.Extent, rel uint64) bool {
-				wr = append(wr, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: de, Node: dst.Node, Epoch: dst.Epoch})
+			spanIdx(dst.Extents, dstStarts, off, k, func(i int, de segment.Extent, rel uint64) bool {
+				wr = append(wr, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: de, Node: dst.Node, Epoch: dst.Epoch,
+					Resv: dstResv[i]})
 				return true
 			})
 			if err = s.eng.Submit(ctx, rd); err == nil {

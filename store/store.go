@@ -56,6 +56,10 @@ type Options struct {
 	// a commit of a new key or an xattr change past it fails with
 	// ErrNoSpace. 0: DefaultMetaLimit of the segments' capacity.
 	MetaLimit uint64
+	// ReserveTTL is the lifetime of a reservation this node makes on
+	// another node without renewal; it renews its writers' reservations
+	// every third of it (lease.go). 0: DefaultReserveTTL.
+	ReserveTTL time.Duration
 	// Follow watches the Index for changes committed by other nodes and
 	// frees this node's bodies of versions they replaced or deleted. Set
 	// it when the Index is shared.
@@ -145,6 +149,8 @@ type Store struct {
 		pendingFree map[segment.Extent][]segment.Extent
 		// remoteReaders: open readers of other nodes' bodies, by key.
 		remoteReaders map[string]map[*Reader]struct{}
+		// leases: this node's reservations on other nodes (lease.go).
+		leases map[leaseKey]*resvLease
 	}
 	follow struct {
 		seen atomic.Uint64 // highest version the follow loop processed
@@ -178,6 +184,9 @@ func New(o Options) (*Store, error) {
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
+	if o.ReserveTTL <= 0 {
+		o.ReserveTTL = DefaultReserveTTL
+	}
 	if o.MetaLimit == 0 {
 		o.MetaLimit = DefaultMetaLimit(o.Segments.Stats().Size)
 	}
@@ -201,6 +210,7 @@ func New(o Options) (*Store, error) {
 	s.mu.held = make(map[segment.Extent]int)
 	s.mu.pendingFree = make(map[segment.Extent][]segment.Extent)
 	s.mu.remoteReaders = make(map[string]map[*Reader]struct{})
+	s.mu.leases = make(map[leaseKey]*resvLease)
 	s.lru.list = list.New()
 	s.lru.elem = make(map[string]*list.Element)
 	if o.Follow {
@@ -212,7 +222,7 @@ func New(o Options) (*Store, error) {
 		s.wg.Add(1)
 		go s.evictLoop()
 	}
-	if o.Follow {
+	if o.Follow || o.Transport != nil {
 		s.wg.Add(1)
 		go s.reapLoop()
 	}

@@ -16,9 +16,9 @@ import (
 // reuse its extents for a new one. A checked read names the body it reads
 // (its first extent) and the object version the reader holds; the owner
 // serves it only while that body, published at that version or before, is
-// still live, and otherwise answers ErrStaleBody. Frees are delayed a
-// little past retirement (store.Options.FreeDelay), so a read that passed
-// the check finishes before the memory can be reused.
+// still live, and otherwise answers ErrStaleBody. A read that passed the
+// check holds the body until its last byte is sent: however long the
+// stream takes, the memory is not freed (let alone reused) under it.
 //
 //	read-body  header{op 7, segment, offset, length 40} + payload:
 //	             0  8 bytes to read
@@ -32,7 +32,6 @@ const (
 	opReadBody  frameOp = 7
 	readBodyLen         = 40
 	statusStale uint32  = 7
-	opLastFrame         = opReadBody
 )
 
 // ErrStaleBody means the body a checked read named was replaced or
@@ -40,9 +39,10 @@ const (
 var ErrStaleBody = errors.New("transfer: the object was replaced or removed on its node")
 
 // BodyChecker answers whether the body whose first extent is first, as
-// published at version or before, is still live (the store).
+// published at version or before, is still live (the store), and if so
+// keeps it from being freed until release is called (once).
 type BodyChecker interface {
-	CheckBody(ctx context.Context, first segment.Extent, version uint64) error
+	CheckBody(ctx context.Context, first segment.Extent, version uint64) (release func(), err error)
 }
 
 type bodyCheck struct {
@@ -99,8 +99,12 @@ func (s *TCPServer) serveReadBody(c net.Conn, h header, hb []byte) error {
 			rerr = errors.New("this node checks no bodies")
 		} else {
 			ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
-			rerr = s.opts.Bodies.CheckBody(ctx, chk.body, chk.version)
+			var release func()
+			release, rerr = s.opts.Bodies.CheckBody(ctx, chk.body, chk.version)
 			cancel()
+			if rerr == nil {
+				defer release()
+			}
 		}
 	}
 	if rerr != nil {
@@ -128,5 +132,5 @@ func (t *TCPTransport) ReadBody(ctx context.Context, node string, epoch uint64, 
 	if uint64(len(dst)) != e.Len {
 		return fmt.Errorf("transfer: tcp read %s %v into %d B: %w", node, e, len(dst), ErrBadRequest)
 	}
-	return t.callChecked(ctx, opReadBody, node, epoch, e, dst, &bodyCheck{body: body, version: version})
+	return t.callChecked(ctx, opReadBody, node, epoch, e, dst, &frameArg{chk: bodyCheck{body: body, version: version}})
 }

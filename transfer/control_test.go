@@ -231,11 +231,11 @@ type bodyRule struct {
 	version uint64
 }
 
-func (b bodyRule) CheckBody(_ context.Context, first segment.Extent, version uint64) error {
+func (b bodyRule) CheckBody(_ context.Context, first segment.Extent, version uint64) (func(), error) {
 	if first != b.body || version < b.version {
-		return ErrStaleBody
+		return nil, ErrStaleBody
 	}
-	return nil
+	return func() {}, nil
 }
 
 func TestReadBody(t *testing.T) {

@@ -89,7 +89,7 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 		if r.Op == Read {
 			return e.read(ctx, r, r.Extent, b)
 		}
-		return t.WriteAt(ctx, r.Node, r.Epoch, r.Extent, b)
+		return t.WriteAt(ctx, r.Node, r.Epoch, r.Resv, r.Extent, b)
 	case ProcessVM, CUDA:
 		bp := bouncePool.Get().(*[]byte)
 		defer bouncePool.Put(bp)
@@ -104,7 +104,7 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 				if err := e.bounce(local, stage); err != nil {
 					return err
 				}
-				if err := t.WriteAt(ctx, r.Node, r.Epoch, ext, stage); err != nil {
+				if err := t.WriteAt(ctx, r.Node, r.Epoch, r.Resv, ext, stage); err != nil {
 					return err
 				}
 			} else {

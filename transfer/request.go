@@ -110,6 +110,11 @@ type Request struct {
 	// fails with ErrStaleBody once the owner replaced or freed it.
 	Body    segment.Extent
 	Version uint64
+	// Resv names the reservation on Node that a write of another node's
+	// extent goes into; its owner refuses writes that no live
+	// reservation of the writer covers (guard.go). 0: none (refused by
+	// owners that guard writes).
+	Resv uint64
 }
 
 func (r Request) validate() error {

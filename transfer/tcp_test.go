@@ -124,7 +124,7 @@ func TestTCPRoundTrip(t *testing.T) {
 						e := segment.Extent{Segment: segment.ID(rng.Intn(2)), Off: off, Len: uint64(size)}
 						src := make([]byte, size)
 						rng.Read(src)
-						if err := tr.WriteAt(ctx, name, 0, e, src); err != nil {
+						if err := tr.WriteAt(ctx, name, 0, 0, e, src); err != nil {
 							t.Fatalf("write %s %v: %v", name, e, err)
 						}
 						if !bytes.Equal(n.mem(t, e), src) {
@@ -169,7 +169,7 @@ func TestTCPConcurrent(t *testing.T) {
 				e := segment.Extent{Segment: 1, Off: base + uint64(rng.Intn(1000)), Len: uint64(1 + rng.Intn(300<<10))}
 				src := make([]byte, e.Len)
 				rng.Read(src)
-				if err := tr.WriteAt(context.Background(), "n", 0, e, src); err != nil {
+				if err := tr.WriteAt(context.Background(), "n", 0, 0, e, src); err != nil {
 					t.Error(err)
 					return
 				}
@@ -207,7 +207,7 @@ func TestTCPBoundsKeepConnection(t *testing.T) {
 		if err := tr.ReadAt(ctx, "n", 0, c.e, buf); !errors.Is(err, c.want) {
 			t.Errorf("read %v: %v, want %v", c.e, err, c.want)
 		}
-		if err := tr.WriteAt(ctx, "n", 0, c.e, buf); !errors.Is(err, c.want) {
+		if err := tr.WriteAt(ctx, "n", 0, 0, c.e, buf); !errors.Is(err, c.want) {
 			t.Errorf("write %v: %v, want %v", c.e, err, c.want)
 		}
 	}
@@ -419,7 +419,7 @@ func TestTCPServerClosedMidTransfer(t *testing.T) {
 				if op == opRead {
 					return tr.ReadAt(context.Background(), "n", 0, e, buf)
 				}
-				return tr.WriteAt(context.Background(), "n", 0, e, buf)
+				return tr.WriteAt(context.Background(), "n", 0, 0, e, buf)
 			})
 			<-closed
 		})
@@ -442,7 +442,7 @@ func TestTCPPeerNeverAnswers(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		failsWithin(t, "write", func() error {
-			return tr.WriteAt(ctx, "n", 0, segment.Extent{Len: 1}, make([]byte, 1))
+			return tr.WriteAt(ctx, "n", 0, 0, segment.Extent{Len: 1}, make([]byte, 1))
 		})
 	})
 	t.Run("request", func(t *testing.T) {
@@ -533,7 +533,7 @@ func TestTCPStaleEpoch(t *testing.T) {
 	if err := tr.ReadAt(context.Background(), "n", 11, e, dst); !errors.Is(err, ErrStaleEpoch) {
 		t.Fatalf("read of epoch 11 from epoch 22: %v", err)
 	}
-	if err := tr.WriteAt(context.Background(), "n", 11, e, make([]byte, e.Len)); !errors.Is(err, ErrStaleEpoch) {
+	if err := tr.WriteAt(context.Background(), "n", 11, 0, e, make([]byte, e.Len)); !errors.Is(err, ErrStaleEpoch) {
 		t.Fatalf("write of epoch 11 to epoch 22: %v", err)
 	}
 	if !bytes.Equal(n2.mem(t, e), before) {

@@ -39,7 +39,7 @@ func BenchmarkTCP(b *testing.B) {
 				if op == opRead {
 					err = tr.ReadAt(ctx, "n", 0, e, buf)
 				} else {
-					err = tr.WriteAt(ctx, "n", 0, e, buf)
+					err = tr.WriteAt(ctx, "n", 0, 0, e, buf)
 				}
 				if err != nil {
 					b.Fatal(err)

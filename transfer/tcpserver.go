@@ -35,6 +35,10 @@ type TCPServerOptions struct {
 	// Control serves control calls (remote reservations); nil refuses
 	// them with an error status.
 	Control Controller
+	// Writes admits writes into reservations (guard.go); with it, plain
+	// writes that name no reservation are refused. Nil admits every
+	// in-range write.
+	Writes WriteGuard
 	// Log receives one line per refused or broken connection; nil logs
 	// nothing.
 	Log func(format string, args ...any)
@@ -245,6 +249,8 @@ func (s *TCPServer) serveConn(c net.Conn) {
 			serve = s.serveControl
 		case opReadBody:
 			serve = s.serveReadBody
+		case opWriteResv:
+			serve = s.serveWriteResv
 		}
 		if err := serve(c, h, hb[:]); err != nil {
 			s.opts.Log("transfer: tcp: closing %v: %v %v: %v", c.RemoteAddr(), h.op, h.extent(), err)
@@ -261,10 +267,13 @@ func (s *TCPServer) serveRequest(c net.Conn, h header, hb []byte) error {
 	if rerr == nil && uint64(len(mem)) != h.len {
 		rerr = fmt.Errorf("resolver returned %d B for %d B", len(mem), h.len)
 	}
+	if rerr == nil && h.op == opWrite && s.opts.Writes != nil {
+		rerr = fmt.Errorf("write of %v names no reservation: %w", h.extent(), ErrNotReserved)
+	}
 	resp := header{op: h.op, id: h.id, seg: h.seg, off: h.off}
 	if rerr != nil {
 		s.stats.bad.Add(1)
-		resp.status = statusOf(rerr)
+		resp.status = guardStatus(rerr)
 	}
 	switch h.op {
 	case opRead:
@@ -283,7 +292,7 @@ func (s *TCPServer) serveRequest(c net.Conn, h header, hb []byte) error {
 		}
 		s.stats.read.Add(h.len)
 		return nil
-	case opWrite:
+	case opWrite, opWriteResv:
 		if rerr != nil {
 			// Keep the connection in step: the payload follows anyway.
 			if _, err := io.CopyN(io.Discard, c, int64(h.len)); err != nil {

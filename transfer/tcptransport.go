@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -158,10 +159,14 @@ func (t *TCPTransport) ReadAt(ctx context.Context, node string, epoch uint64, e 
 	return t.call(ctx, opRead, node, epoch, e, dst)
 }
 
-// WriteAt implements Transport. src is borrowed for the call.
-func (t *TCPTransport) WriteAt(ctx context.Context, node string, epoch uint64, e segment.Extent, src []byte) error {
+// WriteAt implements Transport. src is borrowed for the call. A write
+// that names a reservation goes as a write-resv frame (guard.go).
+func (t *TCPTransport) WriteAt(ctx context.Context, node string, epoch, resv uint64, e segment.Extent, src []byte) error {
 	if uint64(len(src)) != e.Len {
 		return fmt.Errorf("transfer: tcp write %s %v from %d B: %w", node, e, len(src), ErrBadRequest)
+	}
+	if resv != 0 {
+		return t.callChecked(ctx, opWriteResv, node, epoch, e, src, &frameArg{resv: resv})
 	}
 	return t.call(ctx, opWrite, node, epoch, e, src)
 }
@@ -191,8 +196,15 @@ func (t *TCPTransport) call(ctx context.Context, op frameOp, node string, epoch 
 	return t.callChecked(ctx, op, node, epoch, e, buf, nil)
 }
 
-// callChecked is call with an optional body check for read-body frames.
-func (t *TCPTransport) callChecked(ctx context.Context, op frameOp, node string, epoch uint64, e segment.Extent, buf []byte, chk *bodyCheck) error {
+// frameArg is what read-body and write-resv frames carry besides the
+// extent: the body checked, or the reservation written into.
+type frameArg struct {
+	chk  bodyCheck
+	resv uint64
+}
+
+// callChecked is call with the argument of a read-body or write-resv frame.
+func (t *TCPTransport) callChecked(ctx context.Context, op frameOp, node string, epoch uint64, e segment.Extent, buf []byte, chk *frameArg) error {
 	ctx, cancel := context.WithTimeout(ctx, t.opts.Timeout)
 	defer cancel()
 	p, err := t.peer(node)
@@ -253,7 +265,7 @@ func (t *TCPTransport) peer(node string) (*tcpPeer, error) {
 }
 
 // chunk runs one frame's request on a pooled connection.
-func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte, chk *bodyCheck) error {
+func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte, chk *frameArg) error {
 	wrap := func(err error) error {
 		return fmt.Errorf("transfer: tcp %v %s %v: %w", op, p.node, e, err)
 	}
@@ -277,7 +289,7 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch 
 	if err != nil {
 		return wrap(err)
 	}
-	if op == opWrite {
+	if op == opWrite || op == opWriteResv {
 		t.stats.written.Add(e.Len)
 	} else {
 		t.stats.read.Add(e.Len)
@@ -287,7 +299,7 @@ func (t *TCPTransport) chunk(ctx context.Context, p *tcpPeer, op frameOp, epoch 
 
 // try runs one request on a connection of p; broken says the connection
 // was dropped, reused that it came from the idle pool.
-func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte, chk *bodyCheck) (broken, reused bool, err error) {
+func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch uint64, e segment.Extent, buf []byte, chk *frameArg) (broken, reused bool, err error) {
 	_, reused, broken, err = t.onConn(ctx, p, epoch, func(pc *tcpConn) (bool, error) {
 		return pc.roundTrip(op, e, buf, chk)
 	})
@@ -400,21 +412,27 @@ func (t *TCPTransport) drop(p *tcpPeer, pc *tcpConn) {
 // roundTrip sends one request and reads its response. broken reports that
 // the connection must not be reused; a remote error status leaves it
 // usable.
-func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte, chk *bodyCheck) (broken bool, err error) {
+func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte, chk *frameArg) (broken bool, err error) {
 	pc.nextID++
 	req := header{op: op, id: pc.nextID, seg: e.Segment, off: e.Off, len: e.Len}
 	var hb [headerSize + readBodyLen]byte
 	msg := hb[:headerSize]
-	if op == opReadBody {
+	switch op {
+	case opReadBody:
 		req.len = readBodyLen
-		putReadBody(hb[headerSize:], e.Len, *chk)
+		putReadBody(hb[headerSize:], e.Len, chk.chk)
 		msg = hb[:]
+	case opWriteResv:
+		req.len = e.Len + resvIDLen
+		binary.LittleEndian.PutUint64(hb[headerSize:], chk.resv)
+		msg = hb[:headerSize+resvIDLen]
 	}
 	putHeader(hb[:], req)
 	if _, err := pc.c.Write(msg); err != nil {
 		return true, err
 	}
-	if op == opWrite {
+	written := op == opWrite || op == opWriteResv
+	if written {
 		// Straight from the caller's buffer; see serveRequest on writev.
 		if _, err := sendSegment(pc.c, buf); err != nil {
 			return true, err
@@ -437,13 +455,13 @@ func (pc *tcpConn) roundTrip(op frameOp, e segment.Extent, buf []byte, chk *body
 		return false, statusErr(h.status)
 	}
 	want := uint64(0)
-	if op != opWrite {
+	if !written {
 		want = e.Len
 	}
 	if h.len != want {
 		return true, fmt.Errorf("%w: %v response of %d B, want %d", ErrProtocol, op, h.len, want)
 	}
-	if op != opWrite {
+	if !written {
 		if _, err := io.ReadFull(pc.c, buf); err != nil {
 			return true, err
 		}

@@ -23,7 +23,8 @@ import (
 //	  0    4 magic    "MCFT" (0x5446434d as a uint32)
 //	  4    1 version  1
 //	  5    1 op       1 challenge, 2 proof, 3 accept, 4 read, 5 write,
-//	                  6 control (control.go), 7 read-body (body.go)
+//	                  6 control (control.go), 7 read-body (body.go),
+//	                  8 write-resv (guard.go)
 //	  6    2 flags    0 (any other value closes the connection)
 //	  8    8 id       request id, echoed in the response
 //	 16    4 segment  segment.ID on the serving node
@@ -76,9 +77,10 @@ type Transport interface {
 	// ReadAt copies the remote extent e of node into dst; len(dst) must be
 	// e.Len.
 	ReadAt(ctx context.Context, node string, epoch uint64, e segment.Extent, dst []byte) error
-	// WriteAt copies src into the remote extent e of node; len(src) must be
+	// WriteAt copies src into the remote extent e of node, which must lie
+	// in node's reservation resv (0: none; see guard.go); len(src) must be
 	// e.Len. An error may leave the extent partly written.
-	WriteAt(ctx context.Context, node string, epoch uint64, e segment.Extent, src []byte) error
+	WriteAt(ctx context.Context, node string, epoch, resv uint64, e segment.Extent, src []byte) error
 	// Reserve asks node for n bytes of its segments, kept for ttl unless
 	// renewed or committed (see control.go). The reservation carries the
 	// epoch of the daemon that made it.
@@ -160,6 +162,8 @@ func (o frameOp) String() string {
 		return "control"
 	case opReadBody:
 		return "read-body"
+	case opWriteResv:
+		return "write-resv"
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
 }
@@ -228,7 +232,7 @@ func decodeHeader(b []byte) (header, error) {
 		off:    binary.LittleEndian.Uint64(b[24:]),
 		len:    binary.LittleEndian.Uint64(b[32:]),
 	}
-	if h.len > maxFrameLen {
+	if h.len > maxFrameLen && !(op == opWriteResv && h.len <= maxFrameLen+resvIDLen) {
 		return header{}, fmt.Errorf("%w: %v length %d B > %d B", ErrProtocol, op, h.len, maxFrameLen)
 	}
 	return h, nil
@@ -254,6 +258,8 @@ func statusErr(s uint32) error {
 		return segment.ErrBadRange
 	case statusStale:
 		return ErrStaleBody
+	case statusNotResv:
+		return ErrNotReserved
 	}
 	return fmt.Errorf("status %d: %w", s, ErrRemote)
 }
