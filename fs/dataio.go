@@ -40,51 +40,49 @@ func regBuffer(t *regTable, id, off, n uint64) (transfer.Buffer, func(), error) 
 }
 
 // putObject writes buf as key's new content (or, with FlagUpdate, into a
-// copy of the current content at objOff) and commits it: the whole put is
-// one atomic version change. ino is the inode a new object gets; openVer
-// is the version the caller saw at open (for FlagExcl through a file).
-func (f *FS) putObject(ctx context.Context, key string, ino uint64, tmpl *store.Object, buf transfer.Buffer, objOff uint64, flags uint32, excl func(cur *store.Object) bool) (*store.Object, error) {
+// copy of its content at objOff) and commits it: the whole put is one
+// atomic version change. It acts on the version cur the caller checked
+// (its permissions, FlagExcl), nil when it found no file: a key changed
+// meanwhile (a rename over it, say) fails with ErrConflict and is not
+// touched. tmpl gives a new file's owner, mode and inode.
+func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object, buf transfer.Buffer, objOff uint64, flags uint32) (*store.Object, error) {
 	if err := ioctl.ValidatePut(flags); err != nil {
 		return nil, err
 	}
 	if flags&ioctl.FlagUpdate == 0 && objOff != 0 {
 		return nil, fmt.Errorf("put at object offset %d without FlagUpdate: %w", objOff, store.ErrInvalid)
 	}
+	if flags&ioctl.FlagExcl != 0 && cur != nil {
+		return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
+	}
+	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil}
 	var d *store.Draft
-	if flags&ioctl.FlagUpdate != 0 {
+	if cur != nil {
+		opts.IfVersion = cur.Version
 		base, err := f.st.OpenReader(ctx, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, fmt.Errorf("put %q: removed since checked: %w", key, store.ErrConflict)
+		}
+		if err != nil {
 			return nil, err
 		}
-		if base != nil {
-			ino = base.Object().Ino
+		if base.Object().Version != cur.Version {
+			base.Close()
+			return nil, fmt.Errorf("put %q: changed since checked: %w", key, store.ErrConflict)
 		}
-		d = f.st.NewDraft(ino, base, false)
+		d = f.st.NewDraft(cur.Ino, base, flags&ioctl.FlagUpdate == 0)
 	} else {
-		d = f.st.NewDraft(ino, nil, true)
+		d = f.st.NewDraft(tmpl.Ino, nil, true)
 	}
 	defer d.Close()
 	d.Place(f.st.PlacementFor(ctx, key))
 	if _, err := d.WriteFrom(ctx, buf, objOff); err != nil {
 		return nil, err
 	}
-	opts := store.CommitOptions{Key: key, Template: tmpl}
-	if flags&ioctl.FlagExcl != 0 {
-		cur, err := f.st.Stat(ctx, key)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			opts.Exclusive = true
-		case err != nil:
-			return nil, err
-		case !excl(cur):
-			return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
-		default:
-			opts.IfVersion = cur.Version
-		}
-	}
 	o, err := d.Commit(ctx, opts)
-	if errors.Is(err, store.ErrConflict) && flags&ioctl.FlagExcl != 0 {
-		return nil, fmt.Errorf("put %q: another writer won: %w", key, store.ErrExists)
+	if errors.Is(err, store.ErrExists) && flags&ioctl.FlagExcl == 0 {
+		// Created since checked: its permissions were not.
+		err = fmt.Errorf("put %q: created since checked: %w", key, errors.Join(store.ErrConflict, err))
 	}
 	return o, err
 }
@@ -101,28 +99,6 @@ func (f *FS) getObject(ctx context.Context, key string, r *store.Reader, buf tra
 	}
 	n, err := r.ReadTo(ctx, buf, objOff)
 	return n, r.Object().Version, err
-}
-
-// afterPut brings the node up to date with a version committed by an
-// ioctl: a clean shared draft restarts from it, and the kernel drops
-// cached attributes and mapped pages.
-func (n *node) afterPut(ctx context.Context, key string) {
-	n.mu.Lock()
-	if d := n.mu.draft; d != nil && n.mu.closing == nil && !d.Dirty() {
-		if r, err := n.fs.st.OpenReader(ctx, key); err == nil {
-			if r.Object().Ino == n.StableAttr().Ino {
-				d.Close()
-				n.mu.draft = n.fs.st.NewDraft(r.Object().Ino, r, false)
-				n.mu.draft.Place(n.fs.st.PlacementFor(ctx, key))
-			} else {
-				r.Close()
-			}
-		}
-	}
-	n.mu.Unlock()
-	// Notify after the reply: the kernel may wait for the inode that this
-	// very request is still using.
-	go n.NotifyContent(0, 0)
 }
 
 // invalidateKey makes the kernel forget what it cached about dir/rel
@@ -146,6 +122,10 @@ func (n *node) invalidateKey(rel string) {
 		parent = ch
 	}
 }
+
+// maxPutRetries bounds how often a batch put of one key looks again at a
+// key that changed between its check and its commit.
+const maxPutRetries = 8
 
 // ioctlData serves the data-path commands. It returns errno and fills out.
 func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte) error {
@@ -268,18 +248,78 @@ func (n *node) moveData(ctx context.Context, h *handle, key string, put bool, bu
 	if !h.writable {
 		return 0, 0, errNotWritable
 	}
-	openVer := uint64(0)
-	if h.obj != nil {
-		openVer = h.obj.Version
-	}
-	o, err := n.fs.putObject(ctx, key, n.StableAttr().Ino, nil, buf, objOff, flags, func(cur *store.Object) bool {
-		return cur.Size == 0 && cur.Version == openVer
-	})
+	o, err := n.putThrough(ctx, h, key, buf, objOff, flags)
 	if err != nil {
 		return 0, 0, err
 	}
-	n.afterPut(ctx, key)
+	// Notify after the reply: the kernel may wait for the inode that this
+	// very request is still using.
+	go n.NotifyContent(0, 0)
 	return buf.Size(), o.Version, nil
+}
+
+// putThrough runs a PUT ioctl through writable handle h by the rules of
+// write(2) and close(2): its bytes become the content of the handle's
+// draft (with FlagUpdate, a write into it), and the draft is published
+// as a close publishes it, only while the key still holds this file. A
+// put through a file that was unlinked or replaced fails with ErrStale and
+// creates nothing; a later close never publishes older writes over it.
+// A put without FlagUpdate that fails changes nothing; a failed update
+// fails the draft, as a failed write does.
+func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transfer.Buffer, objOff uint64, flags uint32) (*store.Object, error) {
+	if err := ioctl.ValidatePut(flags); err != nil {
+		return nil, err
+	}
+	if flags&ioctl.FlagUpdate == 0 && objOff != 0 {
+		return nil, fmt.Errorf("put at object offset %d without FlagUpdate: %w", objOff, store.ErrInvalid)
+	}
+	d := h.draft()
+	if d == nil {
+		return nil, errNotWritable
+	}
+	n.putMu.Lock()
+	defer n.putMu.Unlock()
+	ino := n.StableAttr().Ino
+	opts := store.CommitOptions{Key: key, IfIno: ino}
+	if flags&ioctl.FlagExcl != 0 {
+		// Only into the empty file at the version seen at open.
+		cur, err := n.fs.st.Stat(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if cur.Ino != ino {
+			return nil, fmt.Errorf("put %q (inode %d): replaced: %w", key, ino, store.ErrStale)
+		}
+		if cur.Size != 0 || h.obj == nil || cur.Version != h.obj.Version || d.Size() != 0 {
+			return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
+		}
+		opts.IfVersion = cur.Version
+	}
+	var o *store.Object
+	var err error
+	if flags&ioctl.FlagUpdate == 0 {
+		// A whole new content: written aside, so a put that fails
+		// changes nothing, then committed as the handle's draft's next
+		// version (what it held before is replaced).
+		src := n.fs.st.NewDraft(ino, nil, true)
+		defer src.Close()
+		src.Place(n.fs.st.PlacementFor(ctx, key))
+		if _, err := src.WriteFrom(ctx, buf, 0); err != nil {
+			return nil, err
+		}
+		o, err = d.CommitInto(ctx, src, opts)
+	} else {
+		// An update edits the content as it stands, pending writes
+		// included: a write into the draft, as pwrite(2) then fsync(2).
+		if _, err := d.WriteFrom(ctx, buf, objOff); err != nil {
+			return nil, err
+		}
+		o, err = d.Commit(ctx, opts)
+	}
+	if errors.Is(err, store.ErrConflict) && flags&ioctl.FlagExcl != 0 {
+		return nil, fmt.Errorf("put %q: another writer won: %w", key, store.ErrExists)
+	}
+	return o, err
 }
 
 // batch serves BATCH_PUT and BATCH_GET on directory dir. Each key gets its
@@ -338,40 +378,51 @@ func (n *node) batchOne(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 	} else {
 		buf = transfer.VMBuffer(p.tid, e.Addr, e.Len)
 	}
-	cur, err := n.fs.st.Stat(ctx, key)
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return 0, err
-	}
 	if !put {
-		if cur == nil {
-			return 0, err
-		}
-		if cur.Kind == store.KindDir {
-			return 0, store.ErrIsDir
-		}
-		if !allowed(p, cur, mayRead) {
-			return 0, syscall.EACCES
-		}
-		got, ver, err := n.fs.getObject(ctx, key, nil, buf, e.ObjOff)
-		e.Len = got
-		return ver, err
-	}
-	switch {
-	case cur != nil && !allowed(p, cur, mayWrite):
-		return 0, syscall.EACCES
-	case cur == nil:
-		parent, err := n.fs.st.Stat(ctx, store.Parent(key))
+		// Checked on the version it reads: the reader holds it.
+		r, err := n.fs.st.OpenReader(ctx, key)
 		if err != nil {
 			return 0, err
 		}
-		if !allowed(p, parent, mayWrite|mayExec) {
+		defer r.Close()
+		if !allowed(p, r.Object(), mayRead) {
 			return 0, syscall.EACCES
 		}
+		got, ver, err := n.fs.getObject(ctx, key, r, buf, e.ObjOff)
+		e.Len = got
+		return ver, err
 	}
-	tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: store.NewIno()}
-	o, err := n.fs.putObject(ctx, key, tmpl.Ino, tmpl, buf, e.ObjOff, e.Flags, func(*store.Object) bool { return false })
-	if err != nil {
-		return 0, err
+	// Checked on a version, acted on only if the key still holds it: a
+	// change in between (a rename over the key) is looked at again.
+	var o *store.Object
+	for attempt := 0; ; attempt++ {
+		cur, err := n.fs.st.Stat(ctx, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return 0, err
+		}
+		switch {
+		case cur != nil && cur.Kind == store.KindDir:
+			return 0, store.ErrIsDir
+		case cur != nil && !allowed(p, cur, mayWrite):
+			return 0, syscall.EACCES
+		case cur == nil:
+			parent, err := n.fs.st.Stat(ctx, store.Parent(key))
+			if err != nil {
+				return 0, err
+			}
+			if !allowed(p, parent, mayWrite|mayExec) {
+				return 0, syscall.EACCES
+			}
+		}
+		tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: store.NewIno()}
+		o, err = n.fs.putObject(ctx, key, cur, tmpl, buf, e.ObjOff, e.Flags)
+		if errors.Is(err, store.ErrConflict) && attempt < maxPutRetries && e.Flags&ioctl.FlagExcl == 0 {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		break
 	}
 	go n.invalidateKey(rel)
 	return o.Version, nil

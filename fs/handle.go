@@ -152,19 +152,56 @@ func (n *node) openGhost(flags uint32) *handle {
 // the current version if there is none. A last writer's release that is
 // still publishing is waited for: its commit comes before this draft's
 // base.
+//
+// The draft is opened without n.mu (its lookup may wait for the index);
+// an opener that lost the race to another closes its own and joins that.
 func (n *node) joinShared(ctx context.Context, key string) error {
-	n.lockSettled()
-	defer n.mu.Unlock()
-	if n.mu.draft == nil {
+	for {
+		n.lockSettled()
+		if n.mu.draft != nil {
+			n.mu.writers++
+			n.mu.Unlock()
+			return nil
+		}
+		n.mu.Unlock()
 		d, err := n.fs.st.OpenDraft(ctx, key, n.StableAttr().Ino, false)
 		if err != nil {
 			return err
 		}
 		d.Place(n.fs.st.PlacementFor(ctx, key))
-		n.mu.draft = d
+		n.lockSettled()
+		if n.mu.draft == nil {
+			n.mu.draft = d
+			n.mu.writers++
+			n.mu.Unlock()
+			return nil
+		}
+		n.mu.Unlock()
+		d.Close()
 	}
-	n.mu.writers++
-	return nil
+}
+
+// leaveShared drops a writer of the shared draft; the last one publishes
+// it and closes it. Writers that join meanwhile wait (lockSettled), so
+// their draft starts from what this one publishes.
+func (n *node) leaveShared(ctx context.Context) error {
+	n.mu.Lock()
+	n.mu.writers--
+	if n.mu.writers > 0 {
+		n.mu.Unlock()
+		return nil
+	}
+	d := n.mu.draft
+	closing := make(chan struct{})
+	n.mu.closing = closing
+	n.mu.Unlock()
+	err := n.publish(ctx, d)
+	d.Close()
+	n.mu.Lock()
+	n.mu.draft, n.mu.closing = nil, nil
+	n.mu.Unlock()
+	close(closing)
+	return err
 }
 
 // lockSettled locks n.mu once no last writer's release is publishing the
@@ -434,21 +471,6 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 		n.mu.Unlock()
 		return toErrno(err)
 	}
-	n.mu.Lock()
-	n.mu.writers--
-	if n.mu.writers > 0 {
-		n.mu.Unlock()
-		return 0
-	}
-	d := n.mu.draft
-	closing := make(chan struct{})
-	n.mu.closing = closing
-	n.mu.Unlock()
-	err = n.publish(context.Background(), d)
-	d.Close()
-	n.mu.Lock()
-	n.mu.draft, n.mu.closing = nil, nil
-	n.mu.Unlock()
-	close(closing)
+	err = n.leaveShared(context.Background())
 	return toErrno(err)
 }

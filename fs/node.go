@@ -24,7 +24,7 @@ type node struct {
 	// writable handle opened without O_TRUNC edits (writes through
 	// different descriptors of one file must see each other), and the
 	// private ones of O_TRUNC handles (handle.go). It is never held
-	// across a commit.
+	// across a commit, a copy or an index lookup.
 	mu struct {
 		sync.Mutex
 		draft   *store.Draft
@@ -40,6 +40,9 @@ type node struct {
 		// system, instead of failing.
 		ghost *store.Reader
 	}
+	// putMu makes each PUT ioctl through this file's drafts one version
+	// change: truncate, write and publish (dataio.go).
+	putMu sync.Mutex
 }
 
 var (
@@ -354,10 +357,15 @@ func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64)
 	}
 	n.lockSettled()
 	if shared := n.mu.draft; shared != nil {
-		// Under n.mu: the last writer's release cannot start publishing
-		// until the truncation is in the draft.
-		err := shared.Truncate(ctx, size)
+		// As a writer of its own, so the last writer's release does not
+		// publish before the truncation is in the draft; n.mu is not held
+		// across it (it may reserve and zero-fill on another node).
+		n.mu.writers++
 		n.mu.Unlock()
+		err := shared.Truncate(ctx, size)
+		if lerr := n.leaveShared(ctx); err == nil {
+			err = lerr
+		}
 		return err
 	}
 	n.mu.Unlock()

@@ -23,7 +23,11 @@ import (
 // to zero, which copies nothing. Several goroutines may write disjoint
 // ranges at once: the copy itself runs without the draft's mutex.
 //
-// Lock order: rw before mu; mu is never held across a copy.
+// Lock order: appendMu, rw, mu, meta, then Store.mu. mu is held across
+// the draft's own reservations, zero-fill and copies (spill, copy on
+// write, commit); only the draft's writers wait for it, and they hold rw,
+// which those steps hold exclusively anyway. Size, Dirty, Err, SetMtime
+// and Place never wait for mu.
 type Draft struct {
 	s   *Store
 	ino uint64
@@ -46,21 +50,28 @@ type Draft struct {
 		capacity uint64
 		zeroed   uint64 // bytes [0,zeroed) are defined: written or zero-filled
 		closed   bool
-		mtime    int64 // explicit modification time (SetMtime) since the last change; 0: now
 		// Placement (placement.go): where ext lives. node is "" until the
 		// first reservation decides it; extResv[i] is the reservation id
 		// of ext[i] on a remote node (0 for local extents); resv holds
 		// the ids of the remote reservations the draft still owns (leased:
 		// renewed while the draft is open, lease.go).
-		// failed is the first error of a write or truncation that did
-		// not happen (no space, a failed copy, its node died): the draft
-		// can no longer commit.
-		failed  error
-		place   Placement
 		node    string
 		epoch   uint64 // of node's daemon, from its reservations
 		extResv []uint64
 		resv    map[uint64]bool
+	}
+	// meta is a leaf lock, never held across anything: what callers
+	// outside the draft's writers set or ask (a stat, a futimens, a
+	// setxattr) never waits for the draft's copies and control calls,
+	// which run under mu.
+	meta struct {
+		sync.Mutex
+		// failed is the first error of a write or truncation that did
+		// not happen (no space, a failed copy, its node died): the draft
+		// can no longer commit.
+		failed error
+		mtime  int64 // explicit modification time (SetMtime) since the last change; 0: now
+		place  Placement
 	}
 }
 
@@ -75,7 +86,7 @@ const (
 // it. With trunc the draft starts empty.
 func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 	d := &Draft{s: s, ino: ino}
-	d.mu.place = DefaultPlacement()
+	d.meta.place = DefaultPlacement()
 	s.openIno(ino)
 	if base != nil && !trunc && base.Size() > 0 {
 		d.mu.base = base
@@ -122,9 +133,9 @@ func (d *Draft) Place(p Placement) {
 	if p.Replicas < 1 {
 		p.Replicas = 1
 	}
-	d.mu.Lock()
-	d.mu.place = p
-	d.mu.Unlock()
+	d.meta.Lock()
+	d.meta.place = p
+	d.meta.Unlock()
 }
 
 // Dirty reports whether the draft differs from the version it started from
@@ -147,7 +158,7 @@ func (d *Draft) reserveLocked(ctx context.Context, need uint64, excl bool) error
 	grow := need - d.mu.capacity
 	want := max(grow, min(max(d.mu.capacity, minGrow), maxGrow))
 	if d.mu.capacity == 0 {
-		node, err := d.s.primaryNode(d.mu.place, need)
+		node, err := d.s.primaryNode(d.placement(), need)
 		if err != nil {
 			return err
 		}
@@ -162,7 +173,7 @@ func (d *Draft) reserveLocked(ctx context.Context, need uint64, excl bool) error
 	if err != nil {
 		ext, err = d.s.segs.Alloc(grow)
 	}
-	if err != nil && d.mu.place.Policy == PolicyLocal {
+	if err != nil && d.placement().Policy == PolicyLocal {
 		if node, ok := d.s.spillNode(need); ok {
 			switch {
 			case d.mu.capacity == 0:
@@ -377,19 +388,26 @@ func (d *Draft) fail(err error) {
 	if errors.Is(err, ErrClosed) {
 		return
 	}
-	d.mu.Lock()
-	if d.mu.failed == nil {
-		d.mu.failed = err
+	d.meta.Lock()
+	if d.meta.failed == nil {
+		d.meta.failed = err
 	}
-	d.mu.Unlock()
+	d.meta.Unlock()
+}
+
+// placement returns where the draft's next reservation goes.
+func (d *Draft) placement() Placement {
+	d.meta.Lock()
+	defer d.meta.Unlock()
+	return d.meta.place
 }
 
 // Err returns the error of the write or truncation that failed the draft,
 // nil while it can commit.
 func (d *Draft) Err() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.mu.failed
+	d.meta.Lock()
+	defer d.meta.Unlock()
+	return d.meta.failed
 }
 
 func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
@@ -462,10 +480,10 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	})
 	if err := d.s.eng.Submit(ctx, reqs); err != nil {
 		d.mu.Lock()
-		if zerr := d.zeroLocked(ctx, off, end); zerr != nil && d.mu.failed == nil {
+		if zerr := d.zeroLocked(ctx, off, end); zerr != nil {
 			// Neither the bytes nor zeros reached the range: committing
 			// would publish whatever the remote memory holds.
-			d.mu.failed = fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", n, off, errors.Join(err, zerr))
+			d.fail(fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", n, off, errors.Join(err, zerr)))
 		}
 		d.mu.Unlock()
 		return 0, err
@@ -473,8 +491,8 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	d.mu.Lock()
 	d.size.Store(max(d.size.Load(), end))
 	d.dirty.Store(true)
-	d.mu.mtime = 0
 	d.mu.Unlock()
+	d.setMtime(0)
 	return n, nil
 }
 
@@ -512,10 +530,12 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 // SetMtime sets the modification time the next commit publishes (as
 // futimens does before close, for cp -p and tar); a later write or
 // truncate resets it to the commit time.
-func (d *Draft) SetMtime(ns int64) {
-	d.mu.Lock()
-	d.mu.mtime = ns
-	d.mu.Unlock()
+func (d *Draft) SetMtime(ns int64) { d.setMtime(ns) }
+
+func (d *Draft) setMtime(ns int64) {
+	d.meta.Lock()
+	d.meta.mtime = ns
+	d.meta.Unlock()
 }
 
 // Truncate sets the draft's size; growing fills with zeros. A failed
@@ -577,7 +597,7 @@ func (d *Draft) resize(ctx context.Context, size uint64, growOnly bool) error {
 	d.mu.zeroed = size
 	d.size.Store(size)
 	d.dirty.Store(true)
-	d.mu.mtime = 0
+	d.setMtime(0)
 	return nil
 }
 
@@ -613,9 +633,12 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 	if d.mu.closed {
 		return nil, ErrClosed
 	}
-	if d.mu.failed != nil {
-		return nil, fmt.Errorf("commit %q: %w", o.Key, d.mu.failed)
+	if err := d.Err(); err != nil {
+		return nil, fmt.Errorf("commit %q: %w", o.Key, err)
 	}
+	d.meta.Lock()
+	place, mtime := d.meta.place, d.meta.mtime
+	d.meta.Unlock()
 	if !d.mu.own {
 		// Unchanged since the base version: nothing to publish.
 		return d.mu.base.Object(), nil
@@ -629,9 +652,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 	}
 	var extra []Replica
 	var extraResv []transfer.Reservation
-	if d.mu.place.Replicas > 1 && size > 0 {
+	if place.Replicas > 1 && size > 0 {
 		var err error
-		if extra, extraResv, err = d.s.replicate(ctx, primary, size, d.mu.place.Replicas-1); err != nil {
+		if extra, extraResv, err = d.s.replicate(ctx, primary, size, place.Replicas-1); err != nil {
 			return nil, fmt.Errorf("commit %q: %w", o.Key, err)
 		}
 	}
@@ -692,10 +715,10 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		next.Size = size
 		next.Mtime = d.s.now()
 		next.Ctime = next.Mtime
-		if d.mu.mtime != 0 {
-			next.Mtime = d.mu.mtime
+		if mtime != 0 {
+			next.Mtime = mtime
 		}
-		if want := d.mu.place.Replicas; want > 1 {
+		if want := place.Replicas; want > 1 {
 			if _, ok := next.Xattrs[XattrReplicas]; !ok {
 				// Repair restores the count the object was written with.
 				if next.Xattrs == nil {
@@ -741,7 +764,11 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
 		d.mu.extResv, d.mu.resv, d.mu.node, d.mu.epoch = nil, nil, "", 0
 		d.dirty.Store(false)
-		d.mu.mtime = 0
+		d.meta.Lock()
+		if d.meta.mtime == mtime {
+			d.meta.mtime = 0
+		}
+		d.meta.Unlock()
 		if size > 0 {
 			d.mu.base = base
 			d.mu.own = false
@@ -877,4 +904,63 @@ func (s *Store) alloc(n uint64) ([]segment.Extent, error) {
 		}
 	}
 	return nil, fmt.Errorf("store: reserve %d B: %w", n, errors.Join(ErrNoSpace, err))
+}
+
+// CommitInto commits src (a fresh draft holding a whole new content) as
+// o.Key's next version, and makes d continue from that version as if d
+// had committed it: what d held and had not committed is dropped, since
+// the new content replaces all of it. Writers of d wait meanwhile, so no
+// write lands in between and is lost. src stays src's to close.
+func (d *Draft) CommitInto(ctx context.Context, src *Draft, o CommitOptions) (*Object, error) {
+	d.rw.Lock()
+	defer d.rw.Unlock()
+	d.mu.Lock()
+	closed := d.mu.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	obj, err := src.Commit(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	src.rw.Lock()
+	src.mu.Lock()
+	base := src.mu.base
+	src.mu.base, src.mu.own = nil, true
+	src.mu.Unlock()
+	src.rw.Unlock()
+	d.mu.Lock()
+	old := d.dropOwnLocked()
+	if d.mu.base != nil {
+		d.mu.base.Close()
+	}
+	d.mu.base, d.mu.own = base, base == nil
+	d.size.Store(obj.Size)
+	d.dirty.Store(false)
+	d.mu.Unlock()
+	d.s.freeReservations(ctx, old)
+	d.meta.Lock()
+	d.meta.failed, d.meta.mtime = nil, 0
+	d.meta.Unlock()
+	return obj, nil
+}
+
+// dropOwnLocked forgets the draft's own extents and returns them as
+// reservations to free (local ones as allocations). Caller holds d.rw
+// exclusively and d.mu.
+func (d *Draft) dropOwnLocked() []transfer.Reservation {
+	var out []transfer.Reservation
+	if len(d.mu.ext) > 0 {
+		if d.s.isLocal(d.mu.node) {
+			out = append(out, transfer.Reservation{Node: d.s.opts.Node, Extents: d.mu.ext})
+		} else {
+			for id := range d.mu.resv {
+				out = append(out, transfer.Reservation{Node: d.mu.node, Epoch: d.mu.epoch, ID: id})
+			}
+		}
+	}
+	d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
+	d.mu.extResv, d.mu.resv, d.mu.node, d.mu.epoch = nil, nil, "", 0
+	return out
 }

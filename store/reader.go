@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -25,38 +26,83 @@ type Reader struct {
 }
 
 // OpenReader returns a lease on the current version of key.
+//
+// The lookup runs without Store.mu (an index may wait for its cache
+// there). A version replaced between the lookup and the lease may have
+// had its body freed already: the lease is taken only on a body still
+// current at that version, else the lookup is made again.
 func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
-	s.mu.Lock()
-	obj, err := s.idx.Get(ctx, key)
-	if err != nil {
-		s.mu.Unlock()
-		return nil, err
-	}
-	if wait := s.mu.evicting[obj.Ino]; wait != nil {
-		// Being evicted: the outcome decides whether there is a file.
-		s.mu.Unlock()
-		select {
-		case <-wait:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+	for wait := time.Duration(0); ; wait = min(max(2*wait, 20*time.Microsecond), 5*time.Millisecond) {
+		if wait > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(wait):
+			}
 		}
-		return s.OpenReader(ctx, key)
-	}
-	if obj.Kind == KindDir {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("open %q: %w", key, ErrIsDir)
-	}
-	var rb *remoteBody
-	if obj.Size > 0 && len(s.localExtents(obj)) == 0 {
-		if rb = s.remoteReplicas(obj); rb == nil {
+		obj, err := s.idx.Get(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if obj.Kind == KindDir {
+			return nil, fmt.Errorf("open %q: %w", key, ErrIsDir)
+		}
+		s.mu.Lock()
+		if ch := s.mu.evicting[obj.Ino]; ch != nil {
+			// Being evicted: the outcome decides whether there is a file.
 			s.mu.Unlock()
-			return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			wait = 0
+			continue
 		}
+		local := s.localExtents(obj)
+		if len(local) > 0 && !s.leasableLocked(local[0], obj.Version) {
+			s.mu.Unlock()
+			continue
+		}
+		var rb *remoteBody
+		if obj.Size > 0 && len(local) == 0 {
+			if rb = s.remoteReplicas(obj); rb == nil {
+				s.mu.Unlock()
+				return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
+			}
+		}
+		r := s.readerLocked(obj, rb)
+		s.mu.Unlock()
+		if rb != nil && s.opts.Follow {
+			// The follow loop asks holds for the open readers of a key it
+			// sees replaced; it may have seen this one's replacement
+			// between the lookup and the watch: ask now.
+			if cur, err := s.idx.Get(ctx, key); err != nil || cur.Version != obj.Version {
+				s.holdReadersOf(key, cur)
+			}
+		}
+		s.touch(key)
+		return r, nil
 	}
-	r := s.readerLocked(obj, rb)
-	s.mu.Unlock()
-	s.touch(key)
-	return r, nil
+}
+
+// leasableLocked reports whether the local body whose first extent is
+// first may be leased as the body of the version published at version: it
+// is live and was published then or before (a later body in the same
+// extents belongs to another object), or it is retired but still held by
+// a reader (so not freed yet). A body whose commit is between its swap
+// and its bookkeeping is not yet: the caller looks again. Caller holds
+// s.mu.
+func (s *Store) leasableLocked(first segment.Extent, version uint64) bool {
+	if lb := s.mu.live[first]; lb != nil {
+		since := lb.since
+		if since == 0 {
+			since = lb.swapped
+		}
+		return since != 0 && since <= version
+	}
+	b := s.mu.bodies[first]
+	return b != nil && !b.freed && b.refs.Load() > 0 && s.mu.retired[first] != 0 && s.mu.retired[first] <= version
 }
 
 // readerLocked opens a reader of obj: a reference on its local body, or

@@ -46,9 +46,13 @@ import (
 // liveBody is the bookkeeping of one committed local body. Guarded by
 // Store.mu.
 type liveBody struct {
-	since  uint64 // version that published it; 0 while its swap runs
-	doomed uint64 // a follow retirement observed at this version waits for since
-	key    string // the key the follow loop last saw it under ("" before)
+	since uint64 // version that published it; 0 while its swap runs
+	// swapped is the version of its swap once the index took it, while
+	// the commit still waits for other nodes (sharedIndex): readers here
+	// may lease it from then on (leasableLocked).
+	swapped uint64
+	doomed  uint64 // a follow retirement observed at this version waits for since
+	key     string // the key the follow loop last saw it under ("" before)
 }
 
 // registerBody notes ext as the body of a commit about to be swapped in.
@@ -306,9 +310,26 @@ const (
 func (x *sharedIndex) CompareAndSwap(ctx context.Context, swaps ...Swap) (uint64, error) {
 	rev, err := x.Index.CompareAndSwap(ctx, swaps...)
 	if err == nil {
+		x.s.swappedBodies(rev, swaps)
 		x.s.propagate(ctx, rev)
 	}
 	return rev, err
+}
+
+// swappedBodies notes the version of the local bodies a swap just put in.
+func (s *Store) swappedBodies(rev uint64, swaps []Swap) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sw := range swaps {
+		if sw.New == nil {
+			continue
+		}
+		if ext := s.localExtents(sw.New); len(ext) > 0 {
+			if lb := s.mu.live[ext[0]]; lb != nil && lb.since == 0 {
+				lb.swapped = rev
+			}
+		}
+	}
 }
 
 // propagate waits until every other live node has seen rev. A node that

@@ -1,0 +1,149 @@
+package tests
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBatchActsOnTheVersionItChecked: a batch checks the caller's
+// permissions on one version of a key and must act on that version. root
+// keeps renaming a 0600 secret and a 0666 public file over one name while
+// nobody batch-reads and batch-writes that name: nobody never reads the
+// secret and never changes it.
+func TestBatchActsOnTheVersionItChecked(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python, "setpriv")
+	d := startDaemon(t, "--size", "64MiB")
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
+	victim := filepath.Join(pub, "victim")
+	if err := os.WriteFile(victim, []byte("public"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	script := `
+import sys
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+c = mc.Client(sys.argv[2])
+leaks = reads = puts = 0
+print("started", flush=True)
+for i in range(4000):
+    buf = bytearray(16)
+    r = c.batch_get_into({"victim": buf}, dir="pub", check=False)
+    if r["victim"] > 0:
+        reads += 1
+        if b"SECRET" in bytes(buf):
+            leaks += 1
+    r = c.batch_put({"victim": b"nobody"}, dir="pub", check=False, makedirs=False)
+    if r["victim"] > 0:
+        puts += 1
+print(f"leaks={leaks}", flush=True)
+print(f"reads={reads} puts={puts}", flush=True)
+`
+	b := background(t, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script, publicPythonDir(t), d.dir)
+	b.waitOutput(t, "started")
+	tampered := 0
+	for i := 0; ; i++ {
+		select {
+		case <-b.done:
+		default:
+			secret, public := filepath.Join(pub, ".s"), filepath.Join(pub, ".p")
+			if err := os.WriteFile(secret, []byte("SECRET"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(secret, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(secret, victim); err != nil {
+				t.Fatal(err)
+			}
+			// Only root could have changed it now: nobody may not write it.
+			if got, err := os.ReadFile(victim); err != nil {
+				t.Fatal(err)
+			} else if st, err := os.Stat(victim); err == nil && st.Mode().Perm() == 0o600 && !bytes.Equal(got, []byte("SECRET")) {
+				tampered++
+			}
+			if err := os.WriteFile(public, []byte("public"), 0o666); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(public, 0o666); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(public, victim); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		break
+	}
+	out := b.mustWait(t)
+	if !strings.Contains(out, "leaks=0") || tampered != 0 {
+		t.Fatalf("nobody read the secret or changed it: %d secret files changed\n%s", tampered, out)
+	}
+	t.Logf("%s", out)
+	d.checkAlive(t)
+}
+
+// TestPutThroughAFileFollowsWriteRules: a PUT ioctl through an open file
+// is a write to that file: through the descriptor of an unlinked file it
+// fails (ESTALE) and creates nothing; writes made through the descriptor
+// before the put never overwrite it when the file is closed; an update
+// includes them; a failed put changes nothing.
+func TestPutThroughAFileFollowsWriteRules(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	out := py(t, pyErrnoPrelude+`
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+c = mc.Client(sys.argv[2])
+def read(k):
+    with open(c.path(k), "rb") as f:
+        return f.read().decode()
+c.put("u", b"before")
+f = c.open("u", "w")
+os.unlink(c.path("u"))
+try_("unlinked_put", f.put, b"after")
+f.close()
+print(f"u_exists={os.path.exists(c.path('u'))}")
+
+c.put("w", b"0123456789")
+f = c.open("w", "w")
+os.pwrite(f.fileno(), b"OLD-WRITE", 0)
+f.put(b"new")
+f.close()
+print(f"w={read('w')}")
+
+c.put("up", b"0123456789")
+f = c.open("up", "w")
+os.pwrite(f.fileno(), b"AB", 0)
+f.put(b"XY", offset=8, update=True)
+print(f"up_open={read('up')}")
+f.close()
+print(f"up={read('up')}")
+
+c.put("bad", b"kept")
+f = c.open("bad", "w")
+try_("bad_put", f.put_vm, 8, 4)
+os.pwrite(f.fileno(), b"K", 0)
+f.close()
+print(f"bad={read('bad')}")
+`, pythonDir(t), d.dir)
+	got := pyResults(out)
+	want := map[string]string{
+		"unlinked_put": "ESTALE", "u_exists": "False",
+		"w": "new", "up_open": "AB234567XY", "up": "AB234567XY",
+		"bad_put": "EFAULT", "bad": "Kept",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q\n%s", k, got[k], v, out)
+		}
+	}
+	if _, err := os.Stat(d.path("u")); err == nil {
+		t.Errorf("a put through an unlinked file recreated it")
+	}
+	d.checkAlive(t)
+}
