@@ -41,6 +41,7 @@ var errnoTable = []struct {
 	{transfer.ErrBadRequest, syscall.EFAULT},
 	{transfer.ErrFault, syscall.EFAULT},
 	{transfer.ErrNoProcess, syscall.ESRCH},
+	{transfer.ErrUnreachable, syscall.EHOSTUNREACH},
 	{store.ErrRange, syscall.ERANGE},
 	{store.ErrRemote, syscall.EREMOTE},
 	{errBufRange, syscall.EFAULT},

@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -146,4 +147,71 @@ print(f"bad={read('bad')}")
 		t.Errorf("a put through an unlinked file recreated it")
 	}
 	d.checkAlive(t)
+}
+
+// TestClusterRestartedNodeReadableFromPeers: peers that pooled
+// connections to a node keep reading it after it is killed and started
+// again under its name, and keep writing into it: a connection to the
+// old incarnation is closed and dialed anew, not reused.
+func TestClusterRestartedNodeReadableFromPeers(t *testing.T) {
+	requireTools(t, "setfattr")
+	c := newTestCluster(t, "a", "b", "c")
+	a, b, cc := c.nodes["a"], c.nodes["b"], c.nodes["c"]
+	src := randomFile(t, 2)
+	run(t, "mkdir", b.path("ona"))
+	run(t, "setfattr", "-n", "user.mooncake.placement", "-v", "node:a", b.path("ona"))
+	run(t, "cp", src, a.path("f"))
+	run(t, "cmp", src, b.path("f"))
+	run(t, "cmp", src, cc.path("f"))
+	run(t, "cp", src, b.path("ona", "before"))
+	a.kill9(t)
+	a2 := c.start(t, "a")
+	src2 := randomFile(t, 3)
+	run(t, "cp", src2, a2.path("g"))
+	for _, n := range []*daemon{b, cc} {
+		run(t, "cmp", src2, n.path("g"))
+	}
+	// Writes from b into a's memory reach the new incarnation at once.
+	waitFor(t, "b to see a's new incarnation", func() (bool, string) {
+		out, err := runErr("cp", src2, b.path("ona", "probe"))
+		return err == nil, out
+	})
+	for i := range 3 {
+		name := b.path("ona", fmt.Sprintf("after%d", i))
+		run(t, "cp", src2, name)
+		run(t, "cmp", src2, cc.path("ona", fmt.Sprintf("after%d", i)))
+	}
+}
+
+// TestClusterStatWhileCommitWaitsOnEtcd: a commit waiting on a stalled
+// etcd blocks no one else: stat of the file being committed, lookups of
+// other files and reads of them answer while it waits.
+func TestClusterStatWhileCommitWaitsOnEtcd(t *testing.T) {
+	c := newTestCluster(t, "a")
+	a := c.nodes["a"]
+	src := randomFile(t, 1)
+	run(t, "cp", src, a.path("other"))
+	w := background(t, python, "-c", `
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"x" * 65536)
+print("written", flush=True)
+sys.stdin.readline()
+os.close(fd)
+print("closed", flush=True)
+`, a.path("f"))
+	w.waitOutput(t, "written")
+	c.etcd.Pause()
+	defer c.etcd.Resume()
+	fmt.Fprintln(w.stdin)
+	// The close now waits on etcd; meanwhile:
+	run(t, "stat", a.path("f"))
+	run(t, "cmp", src, a.path("other"))
+	run(t, "ls", a.dir)
+	if strings.Contains(w.out.String(), "closed") {
+		t.Fatal("the close did not wait for etcd: the test proves nothing")
+	}
+	c.etcd.Resume()
+	out, err := w.wait()
+	t.Logf("close with etcd stalled, then resumed: %v\n%s", err, out)
 }

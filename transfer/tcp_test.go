@@ -543,3 +543,45 @@ func TestTCPStaleEpoch(t *testing.T) {
 		t.Fatalf("read of the current epoch: %v", err)
 	}
 }
+
+// TestTCPRestartedPeerIsRedialed: a node that restarted under its name is
+// read again by a client that pooled connections to its old incarnation:
+// the pooled connection fails the epoch check, is closed (not pooled
+// again) and a fresh one reaches the new daemon. A pooled connection its
+// peer closed is noticed before a request goes out on it.
+func TestTCPRestartedPeerIsRedialed(t *testing.T) {
+	n1 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 11})
+	n2 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 22})
+	tr, addr := restartingPeer(t, n1)
+	e := segment.Extent{Segment: 0, Off: 3, Len: 1000}
+	dst := make([]byte, e.Len)
+	if err := tr.ReadAt(context.Background(), "n", 11, e, dst); err != nil {
+		t.Fatal(err)
+	}
+	addr.Store(n2.addr) // n1's connection stays open: only its epoch is old
+	for i := range 3 {
+		if err := tr.ReadAt(context.Background(), "n", 22, e, dst); err != nil {
+			t.Fatalf("read %d of the new incarnation: %v", i, err)
+		}
+	}
+	if !bytes.Equal(dst, n2.mem(t, e)) {
+		t.Fatal("wrong bytes from the new incarnation")
+	}
+	n2.srv.Close()
+	n3 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 33})
+	addr.Store(n3.addr)
+	waitClosed := time.Now().Add(5 * time.Second)
+	for time.Now().Before(waitClosed) {
+		// The server's close reaches the idle socket asynchronously.
+		err := tr.ReadAt(context.Background(), "n", 33, e, dst)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrUnreachable) {
+			t.Fatalf("read after the peer closed: %v", err)
+		}
+	}
+	if st := tr.Stats(); st.Dials != 3 {
+		t.Fatalf("stats %+v, want 3 dials", st)
+	}
+}

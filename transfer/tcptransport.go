@@ -310,14 +310,26 @@ func (t *TCPTransport) try(ctx context.Context, p *tcpPeer, op frameOp, epoch ui
 // ctx unblocks its I/O), after checking the peer's epoch, then returns the
 // connection to the pool, or drops it when fn says it is broken or the
 // deadline may be poisoned. It returns the peer's epoch.
+//
+// A pooled connection to an older incarnation than the caller's extents
+// (the node restarted since it was dialed) is closed, and a fresh one
+// dialed: only a caller whose extents are older than the daemon is stale.
 func (t *TCPTransport) onConn(ctx context.Context, p *tcpPeer, epoch uint64, fn func(pc *tcpConn) (broken bool, err error)) (got uint64, reused, broken bool, err error) {
-	pc, reused, err := t.conn(ctx, p)
-	if err != nil {
-		return 0, false, false, err
-	}
-	if err := pc.checkEpoch(epoch); err != nil {
-		t.release(p, pc)
-		return pc.epoch, reused, false, err
+	var pc *tcpConn
+	for {
+		pc, reused, err = t.conn(ctx, p)
+		if err != nil {
+			return 0, false, false, unreachable(err)
+		}
+		if err := pc.checkEpoch(epoch); err != nil {
+			if reused && epoch > pc.epoch {
+				t.drop(p, pc)
+				continue
+			}
+			t.release(p, pc)
+			return pc.epoch, reused, false, err
+		}
+		break
 	}
 	dl, _ := ctx.Deadline() // the caller set one
 	if err := pc.c.SetDeadline(dl); err != nil {
@@ -335,23 +347,55 @@ func (t *TCPTransport) onConn(ctx context.Context, p *tcpPeer, epoch uint64, fn 
 	}
 	if broken {
 		t.drop(p, pc)
+		if ctx.Err() == nil {
+			err = unreachable(err)
+		}
 	} else {
 		t.release(p, pc)
 	}
 	return pc.epoch, reused, broken, err
 }
 
+// ErrUnreachable means the node could not be reached, or its connection
+// broke mid-request: it is down, restarting or cut off. fs answers
+// EHOSTUNREACH for it, whatever the socket said.
+var ErrUnreachable = errors.New("transfer: node unreachable")
+
+// unreachable wraps a dial or connection error as ErrUnreachable (its
+// text kept, its errno not: one errno for every transport failure).
+func unreachable(err error) error {
+	if err == nil || errors.Is(err, ErrUnreachable) || errors.Is(err, ErrClosed) || errors.Is(err, ErrAuth) ||
+		errors.Is(err, ErrProtocol) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return err // a deadline: ETIMEDOUT, as the caller's own
+	}
+	return fmt.Errorf("%w: %v", ErrUnreachable, err)
+}
+
 // conn returns an idle connection of p (reused) or dials one. The caller
 // holds one of p's slots.
 func (t *TCPTransport) conn(ctx context.Context, p *tcpPeer) (*tcpConn, bool, error) {
-	p.mu.Lock()
-	if n := len(p.mu.idle); n > 0 {
+	for {
+		p.mu.Lock()
+		n := len(p.mu.idle)
+		if n == 0 {
+			p.mu.Unlock()
+			break
+		}
 		pc := p.mu.idle[n-1]
 		p.mu.idle = p.mu.idle[:n-1]
 		p.mu.Unlock()
+		if pc.closedByPeer() {
+			// The peer went away (a restart, a crash) while this sat
+			// idle: a request on it would fail, or worse, a control call
+			// would not know whether it was served.
+			t.drop(p, pc)
+			continue
+		}
 		return pc, true, nil
 	}
-	p.mu.Unlock()
 
 	addr, err := t.opts.Resolve(p.node)
 	if err != nil {
@@ -407,6 +451,30 @@ func (t *TCPTransport) drop(p *tcpPeer, pc *tcpConn) {
 	delete(p.mu.all, pc)
 	p.mu.Unlock()
 	pc.c.Close()
+}
+
+// closedByPeer reports whether an idle connection was closed or reset by
+// its peer: a non-blocking peek finds end of file or an error where an
+// idle connection has nothing to read.
+func (pc *tcpConn) closedByPeer() bool {
+	sc, ok := pc.c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	dead := false
+	var b [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		dead = n == 0 && err == nil || err != nil && err != syscall.EAGAIN && err != syscall.EINTR
+		return true
+	}); err != nil {
+		return true
+	}
+	return dead
 }
 
 // roundTrip sends one request and reads its response. broken reports that

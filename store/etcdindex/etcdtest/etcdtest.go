@@ -143,3 +143,18 @@ func (s *Server) Stop() {
 
 // Log returns what etcd wrote so far.
 func (s *Server) Log() string { return s.log.String() }
+
+// Pause stops the process in place (SIGSTOP): requests hang instead of
+// failing, like a stalled disk or network. Resume continues it.
+func (s *Server) Pause() {
+	if !s.stopped && s.cmd != nil {
+		s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused process (SIGCONT); a no-op otherwise.
+func (s *Server) Resume() {
+	if !s.stopped && s.cmd != nil {
+		s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
