@@ -2,7 +2,8 @@
 // needs: devices, primary contexts, streams, host-memory registration
 // (pinning), IPC handles, host<->device copies and pointer attributes; and
 // lists the machine's GPUs through NVML. It is a leaf: it imports nothing
-// of ours. It is the only package besides rdma/ that uses cgo.
+// of ours. It and rdma/ (the libibverbs binding) are the only packages that
+// may use cgo.
 //
 // # Loading
 //

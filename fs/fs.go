@@ -34,9 +34,10 @@ type Options struct {
 	// MaxBackground is the number of asynchronous requests the kernel may
 	// keep in flight.
 	MaxBackground int
-	// Cluster says other daemons share the index: reads sync with it
-	// first, the kernel keeps no attributes or negative entries, and
-	// changes seen on the index invalidate the kernel's caches.
+	// Cluster says other daemons share the index: the kernel keeps no
+	// attributes or negative entries, and changes seen on the index
+	// invalidate the kernel's caches. Lookups read this node's view of
+	// the index, which every commit waits for before it returns.
 	Cluster bool
 	// Status returns the document served as the root's
 	// user.mooncake.status xattr (JSON). Nil serves the store's figures.

@@ -150,14 +150,15 @@ const maxIPC = 64
 // pays once. Its references are dropped when the file is released.
 type ipcCache struct {
 	mu    sync.Mutex
-	m     map[[64]byte]*ipcMapping
-	order [][64]byte
+	m     map[ipcKey]*ipcMapping // by context and handle, as ipcTable
+	order []ipcKey
 }
 
 func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
+	k := ipcKey{ctx, h}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if m, ok := c.m[h]; ok && m.ctx == ctx {
+	if m, ok := c.m[k]; ok {
 		return m, nil
 	}
 	m, err := f.ipc.acquire(ctx, h)
@@ -165,7 +166,7 @@ func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, e
 		return nil, err
 	}
 	if c.m == nil {
-		c.m = map[[64]byte]*ipcMapping{}
+		c.m = map[ipcKey]*ipcMapping{}
 	}
 	if len(c.order) >= maxIPC {
 		old := c.order[0]
@@ -177,8 +178,8 @@ func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, e
 		}
 		delete(c.m, old)
 	}
-	c.m[h] = m
-	c.order = append(c.order, h)
+	c.m[k] = m
+	c.order = append(c.order, k)
 	return m, nil
 }
 

@@ -275,7 +275,8 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	}
 	if h.reader != nil {
 		release := h.reader.Hold()
-		slices, err := h.reader.Slices(uint64(off), uint64(len(dest)))
+		var slices [][]byte
+		slices, err = h.reader.Slices(uint64(off), uint64(len(dest)))
 		if errors.Is(err, store.ErrRemote) {
 			// The bytes live on another node: fetch them into dest.
 			release()

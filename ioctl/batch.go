@@ -123,15 +123,11 @@ func packBatch(source uint32, id uint64, items []BatchItem) ([]batchChunk, error
 	return chunks, nil
 }
 
-// maxBatchRetries bounds the rounds of retrying keys that were
-// interrupted.
-const maxBatchRetries = 100
-
-// batch runs the chunks of items in order. Keys the daemon answers EINTR
-// for (the request was interrupted by a signal, and the daemon left them
-// unchanged) are sent again. A failed ioctl (a malformed batch) stops it:
-// the results of the keys already done stand, and every other key's Err
-// is the ioctl's error, which is also returned.
+// batch runs the chunks of items in order. A failed ioctl (a malformed
+// batch) stops it: the results of the keys already done stand, and every
+// other key's Err is the ioctl's error, which is also returned. Nothing is
+// retried: the daemon finishes every request it started (a signal does
+// not cancel it), so no key comes back undone.
 func (f *File) batch(op string, cmd uint32, source uint32, id uint64, items []BatchItem) ([]BatchResult, error) {
 	if source == BatchVM {
 		for i := range items {
@@ -140,37 +136,21 @@ func (f *File) batch(op string, cmd uint32, source uint32, id uint64, items []Ba
 	}
 	res := make([]BatchResult, len(items))
 	done := make([]bool, len(items))
-	todo, index := items, []int(nil) // todo[j] is items[index[j]]; nil: the identity
-	for round := 0; len(todo) > 0; round++ {
-		var again []int
-		err := f.batchOnce(op, cmd, source, id, todo, func(j int, r int64, v uint64) {
-			i := j
-			if index != nil {
-				i = index[j]
-			}
-			switch {
-			case r == -int64(unix.EINTR) && round < maxBatchRetries:
-				again = append(again, i)
-				return
-			case r < 0:
-				res[i] = BatchResult{Err: fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, items[i].Key, unix.Errno(-r))}
-			default:
-				res[i] = BatchResult{N: uint64(r), Version: v}
-			}
-			done[i] = true
-		})
-		if err != nil {
-			for i := range res {
-				if !done[i] {
-					res[i].Err = err
-				}
-			}
-			return res, err
+	err := f.batchOnce(op, cmd, source, id, items, func(i int, r int64, v uint64) {
+		if r < 0 {
+			res[i] = BatchResult{Err: fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, items[i].Key, unix.Errno(-r))}
+		} else {
+			res[i] = BatchResult{N: uint64(r), Version: v}
 		}
-		todo, index = nil, again
-		for _, i := range again {
-			todo = append(todo, items[i])
+		done[i] = true
+	})
+	if err != nil {
+		for i := range res {
+			if !done[i] {
+				res[i].Err = err
+			}
 		}
+		return res, err
 	}
 	runtime.KeepAlive(items)
 	return res, nil

@@ -22,8 +22,9 @@ var (
 	ErrBadItem = errors.New("ioctl: bad batch item")
 )
 
-// call issues cmd on f with arg as the in/out buffer. EINTR is retried:
-// the daemon answers EINTR only for a request it abandoned unchanged.
+// call issues cmd on f with arg as the in/out buffer, once: the daemon
+// finishes every request it started, so a signal never leaves one half
+// done to retry.
 func call(f *os.File, cmd uint32, arg []byte) error {
 	if uint32(len(arg)) != Size(cmd) {
 		return fmt.Errorf("ioctl %#x: buffer %d B, command wants %d: %w", cmd, len(arg), Size(cmd), ErrArgSize)
@@ -34,12 +35,7 @@ func call(f *os.File, cmd uint32, arg []byte) error {
 	}
 	var errno unix.Errno
 	cerr := rc.Control(func(fd uintptr) {
-		for {
-			_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&arg[0])))
-			if errno != unix.EINTR {
-				return
-			}
-		}
+		_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&arg[0])))
 	})
 	if cerr != nil {
 		return cerr

@@ -54,9 +54,10 @@
 // A failed command returns an error naming the command, the path and the
 // arguments, wrapping the daemon's errno (errors.Is(err, unix.EEXIST)).
 // Batch commands succeed or fail per key (BatchResult.Err); the call
-// itself fails only for a batch the daemon refused whole. The client
-// retries EINTR: the daemon answers it for requests a signal interrupted,
-// which it leaves undone.
+// itself fails only for a batch the daemon refused whole. Nothing is
+// retried: the daemon runs every request it received to its end (FUSE
+// interrupts do not cancel it), so no call returns EINTR for work left
+// half done.
 //
 // # Invariants
 //

@@ -178,8 +178,9 @@ func (r *Reader) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) 
 // another process's memory), one copy, and returns the count: the buffer's
 // size, or less at the end of the object. An offset past the end is
 // ErrRange. Bytes held by another node are fetched through
-// Options.Transport extent by extent, straight into host or registered
-// buffers; other buffer kinds fail with ErrUnsupported for now.
+// Options.Transport extent by extent, straight into host and registered
+// buffers, through the engine's bounce buffers into process and GPU
+// memory.
 func (r *Reader) ReadTo(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
 	if off > r.obj.Size {
 		return 0, fmt.Errorf("read at %d of %d B: %w", off, r.obj.Size, ErrRange)
