@@ -49,14 +49,17 @@
 // placement.go, reserve.go, repair.go): replicas on other nodes are read
 // through the transfer engine; a draft is placed by its Placement (local
 // first with spill, spread, node:NAME) and reserves extents on other nodes
-// by control calls with a TTL, renewed at commit, taken over by the owner
-// when its follow loop sees the commit and reaped otherwise; further
-// replicas are copied before the commit swaps in; Reconcile drops
-// replicas of dead nodes and restores replica counts; objects left
-// without a replica are lost (ErrLost). Retired bodies wait FreeDelay
-// before their space is reused, for reads from other nodes in flight; an
-// open reader on another node keeps its version with a hold that its
-// node asks for when it sees the key change (hold.go).
+// by control calls with a TTL, leased (renewed every third of
+// Options.ReserveTTL while its writer lives, lease.go), taken over by the
+// owner when its follow loop sees the commit and reaped otherwise; the
+// owner admits writes only into live reservations that cover them
+// (transfer.WriteGuard); further replicas are copied before the commit
+// swaps in; Reconcile drops replicas of dead nodes and restores replica
+// counts; objects left without a replica are lost (ErrLost). A checked
+// read from another node pins its body until its stream ends
+// (CheckBody); retired bodies also wait FreeDelay, which leaves an open
+// reader on another node time to ask for a hold when its node sees the
+// key change (hold.go).
 //
 // # Directories
 //
@@ -67,13 +70,13 @@
 //
 // # Lock order
 //
-// Store.mu (bodies, open counts) -> Index internals; Store.lru is a leaf;
-// Draft.appendMu -> Draft.rw -> Draft.mu -> Store.mu. No store lock is held across a
-// transfer; Draft.mu is held across the control calls that reserve, trim
-// and renew a draft's remote extents (the draft's own lock, no other). Store.mu is held across Index.Get in OpenReader so that an
-// open and a concurrent replace cannot interleave between the lookup and
-// the lease; Index.Get must therefore be served locally (the embedded
-// index, or a watch-fed cache).
+// Draft.appendMu -> Draft.rw -> Draft.mu -> Draft.meta -> Store.mu ->
+// Index internals; Store.lru is a leaf. No store lock is held across an
+// index lookup, a transfer or a control call: OpenReader looks the key up
+// first and leases the body only if it is still current at that version
+// (leasableLocked), else looks again. Draft.mu is held across the draft's
+// own reservations, zero-fill and copies, which only its own writers wait
+// for; Size, Dirty, Err, SetMtime and Place never wait for it.
 //
 // # Errors
 //
