@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
 )
 
 // Cluster mode (Options.Cluster): other daemons change the namespace
@@ -28,7 +30,9 @@ func (f *FS) followIndex(ctx context.Context, root *gofs.Inode) error {
 	}
 	go func() {
 		for ev := range ch {
-			invalidatePath(root, ev.Object.Key)
+			if !store.IsInternal(ev.Object.Key) {
+				invalidatePath(root, ev.Object.Key)
+			}
 		}
 	}()
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // newObject builds a fresh object for key from an optional template.
@@ -89,6 +90,9 @@ func (s *Store) List(ctx context.Context, dir string) ([]DirEntry, error) {
 	var out []DirEntry
 	seen := map[string]bool{}
 	from := prefix
+	if prefix == "" {
+		from = "\x01" // past the store's hidden records (rename.go)
+	}
 	const batch = 256
 	for {
 		objs, err := s.idx.Scan(ctx, prefix, from, batch)
@@ -371,6 +375,18 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 		return fmt.Errorf("rename %q into itself: %w", oldKey, ErrInvalid)
 	}
 	for {
+		if err := s.renamesInWay(ctx, oldKey, newKey); err != nil {
+			if errors.Is(err, ErrConflict) && ctx.Err() == nil {
+				// A tree this rename touches is being moved: wait for it.
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(10 * time.Millisecond):
+				}
+				continue
+			}
+			return err
+		}
 		src, err := s.Stat(ctx, oldKey)
 		if err != nil {
 			return err
@@ -432,6 +448,14 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 				}
 				move(k, to, 0)
 			}
+		}
+		if lim := s.maxSwaps(); lim > 0 && len(swaps)+1 > lim && src.Kind == KindDir {
+			// More than one index transaction holds: in steps (rename.go).
+			err := s.renameInSteps(ctx, src, newKey, dstVersion, replaced)
+			if errors.Is(err, ErrConflict) && ctx.Err() == nil {
+				continue
+			}
+			return err
 		}
 		if p := Parent(oldKey); p != "" && !strings.HasPrefix(newKey, p+"/") {
 			if sw, err := s.keepParent(ctx, oldKey, gone); err != nil {

@@ -8,12 +8,16 @@ import (
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
 
-// Kind tells files from explicit directories.
+// Kind tells files from explicit directories (and the store's own
+// hidden records from both).
 type Kind uint8
 
 const (
 	KindFile Kind = iota
 	KindDir
+	// KindIntent is a rename under way (rename.go), at a key no file can
+	// have; listings never show it.
+	KindIntent
 )
 
 // Replica is one full copy of an object's bytes on one node.

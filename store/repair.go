@@ -41,6 +41,12 @@ func (s *Store) Reconcile(ctx context.Context, live func(node string) bool) (Rep
 
 func (s *Store) reconcile(ctx context.Context, live func(string) bool, repair bool) (RepairReport, error) {
 	var rep RepairReport
+	if repair {
+		// Renames whose mover died are finished here (rename.go).
+		if err := s.resumeRenames(ctx); err != nil {
+			s.opts.Logf("finish renames left under way: %v", err)
+		}
+	}
 	err := s.eachFile(ctx, func(o *Object) error {
 		if err := s.reconcileOne(ctx, o, live, repair, &rep); err != nil && ctx.Err() != nil {
 			return err

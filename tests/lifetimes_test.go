@@ -215,3 +215,28 @@ print("closed", flush=True)
 	out, err := w.wait()
 	t.Logf("close with etcd stalled, then resumed: %v\n%s", err, out)
 }
+
+// TestClusterRenameLargeDirectory: a directory of 500 files (far more
+// than one etcd transaction holds) renames whole in a cluster, and every
+// node sees the result.
+func TestClusterRenameLargeDirectory(t *testing.T) {
+	c := newTestCluster(t, "a", "b", "c")
+	a, b, cc := c.nodes["a"], c.nodes["b"], c.nodes["c"]
+	run(t, "mkdir", "-p", a.path("d", "sub"))
+	run(t, "sh", "-c", `cd "$1" && for i in $(seq 500); do echo "file $i" > "$i"; done && echo deep > sub/x`, "sh", a.path("d"))
+	run(t, "mv", a.path("d"), a.path("e"))
+	for _, n := range []*daemon{a, b, cc} {
+		if out := run(t, "sh", "-c", `ls "$1" | wc -l`, "sh", n.path("e")); strings.TrimSpace(out) != "501" {
+			t.Fatalf("%s lists %s entries in e, want 501", n.dir, strings.TrimSpace(out))
+		}
+		if got := run(t, "cat", n.path("e", "250"), n.path("e", "sub", "x")); got != "file 250\ndeep\n" {
+			t.Fatalf("%s reads %q", n.dir, got)
+		}
+		if _, err := os.Stat(n.path("d")); !os.IsNotExist(err) {
+			t.Fatalf("%s still has d: %v", n.dir, err)
+		}
+		if out := run(t, "ls", "-A", n.dir); strings.TrimSpace(out) != "e" {
+			t.Fatalf("%s root lists %q, want just e", n.dir, out)
+		}
+	}
+}

@@ -64,7 +64,7 @@ type wireReplica struct {
 
 // checkBounds returns a description of the first bound o breaks, or "".
 func checkBounds(o *store.Object) string {
-	if o.Kind != store.KindFile && o.Kind != store.KindDir {
+	if o.Kind > store.KindIntent {
 		return fmt.Sprintf("kind %d", o.Kind)
 	}
 	if len(o.Xattrs) > MaxXattrs {
@@ -87,7 +87,7 @@ func checkBounds(o *store.Object) string {
 // encode returns the etcd value of o. Objects outside the bounds fail with
 // store.ErrTooLarge (sizes) or store.ErrInvalid (kind, names).
 func encode(o *store.Object) ([]byte, error) {
-	if o.Kind != store.KindFile && o.Kind != store.KindDir {
+	if o.Kind > store.KindIntent {
 		return nil, fmt.Errorf("etcdindex: encode %q: kind %d: %w", o.Key, o.Kind, store.ErrInvalid)
 	}
 	// JSON strings carry UTF-8 only; anything else would come back changed.

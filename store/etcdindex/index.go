@@ -522,3 +522,9 @@ func slicesSortByVersion(events []store.Event) {
 		return 0
 	})
 }
+
+var _ store.SwapLimiter = (*Index)(nil)
+
+// MaxSwaps implements store.SwapLimiter: one etcd transaction carries at
+// most MaxTxnOps compares and as many operations.
+func (x *Index) MaxSwaps() int { return x.opts.MaxTxnOps }

@@ -1,0 +1,174 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
+)
+
+// limitedIndex bounds the swaps of one CompareAndSwap, as etcd does, and
+// fails the CompareAndSwap numbered failAt (counting from 1; 0: none) as
+// if its daemon died there.
+type limitedIndex struct {
+	store.Index
+	max    int
+	failAt int64
+	calls  *atomic.Int64
+}
+
+func (x limitedIndex) MaxSwaps() int { return x.max }
+
+func (x limitedIndex) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64, error) {
+	if len(swaps) > x.max {
+		return 0, fmt.Errorf("test: %d swaps > %d: %w", len(swaps), x.max, store.ErrTooLarge)
+	}
+	if n := x.calls.Add(1); n == x.failAt {
+		return 0, fmt.Errorf("test: the mover died: %w", store.ErrUnavailable)
+	}
+	return x.Index.CompareAndSwap(ctx, swaps...)
+}
+
+// clock is a settable time for the store.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// fillTree makes dir with files f0..f(n-1) and a subdirectory sub with
+// three more, and returns their contents by key below dir.
+func fillTree(t *testing.T, s *testStore, dir string, n int) map[string][]byte {
+	t.Helper()
+	s.mkdir(t, dir)
+	s.mkdir(t, dir+"/sub")
+	want := map[string][]byte{}
+	for i := range n {
+		k := fmt.Sprintf("f%d", i)
+		want[k] = pattern(byte(i), 100+i)
+	}
+	for i := range 3 {
+		want[fmt.Sprintf("sub/g%d", i)] = pattern(byte(200+i), 50)
+	}
+	for k, v := range want {
+		s.put(t, dir+"/"+k, v)
+	}
+	return want
+}
+
+func checkTree(t *testing.T, s *testStore, dir string, want map[string][]byte, gone string) {
+	t.Helper()
+	for k, v := range want {
+		equalBytes(t, dir+"/"+k, s.read(t, dir+"/"+k), v)
+	}
+	for _, k := range s.keys(t) {
+		if strings.HasPrefix(k, gone+"/") || k == gone || store.IsInternal(k) {
+			t.Errorf("key %q left after the rename", k)
+		}
+	}
+	es, err := s.List(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if store.IsInternal(e.Name) || strings.ContainsRune(e.Name, 0) {
+			t.Errorf("root lists a hidden record %q", e.Name)
+		}
+	}
+}
+
+// TestRenameLargeTreeInSteps: a directory with many more descendants than
+// one index transaction holds renames whole, in steps.
+func TestRenameLargeTreeInSteps(t *testing.T) {
+	ctx := context.Background()
+	idx := store.NewEmbedded()
+	t.Cleanup(func() { _ = idx.Close() })
+	calls := new(atomic.Int64)
+	s := newTestStore(t, 4<<20, withIndex(limitedIndex{Index: idx, max: 8, calls: calls}))
+	want := fillTree(t, s, "d", 40)
+	before := calls.Load()
+	if err := s.Rename(ctx, "d", "e", 0); err != nil {
+		t.Fatal(err)
+	}
+	if steps := calls.Load() - before; steps < 10 {
+		t.Fatalf("the rename took %d transactions for 45 entries at 8 swaps each", steps)
+	}
+	checkTree(t, s, "e", want, "d")
+	if _, err := s.Stat(ctx, "d"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("d after the rename: %v", err)
+	}
+	if o, err := s.Stat(ctx, "e"); err != nil || o.Kind != store.KindDir || o.Version == 0 {
+		t.Fatalf("e after the rename: %+v, %v (want the explicit directory)", o, err)
+	}
+	s.checkAlloc(t)
+}
+
+// TestRenameInStepsFinishedAfterMoverDies: a mover that dies mid-way
+// leaves every file at one of its names; once its intent is stale,
+// Reconcile finishes the rename.
+func TestRenameInStepsFinishedAfterMoverDies(t *testing.T) {
+	ctx := context.Background()
+	idx := store.NewEmbedded()
+	t.Cleanup(func() { _ = idx.Close() })
+	calls := new(atomic.Int64)
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	s := newTestStore(t, 4<<20, withIndex(limitedIndex{Index: idx, max: 8, calls: calls}),
+		withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	want := fillTree(t, s, "d", 40)
+	// Die at the fourth step of the rename.
+	failing := limitedIndex{Index: idx, max: 8, calls: calls, failAt: calls.Load() + 4}
+	mover := newTestStore(t, 1<<20, withIndex(failing), withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	if err := mover.Rename(ctx, "d", "e", 0); err == nil {
+		t.Fatal("the dying mover's rename succeeded")
+	}
+	// Every file is at exactly one of its names meanwhile.
+	for k, v := range want {
+		a, errA := s.tryRead("d/" + k)
+		b, errB := s.tryRead("e/" + k)
+		switch {
+		case errA == nil && errB == nil:
+			t.Fatalf("%s at both names", k)
+		case errA != nil && errB != nil:
+			t.Fatalf("%s at neither name: %v, %v", k, errA, errB)
+		case errA == nil:
+			equalBytes(t, "d/"+k, a, v)
+		default:
+			equalBytes(t, "e/"+k, b, v)
+		}
+	}
+	// A rename into the tree waits for the move meanwhile.
+	rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	err := s.Rename(rctx, "e/f1", "e/other", 0)
+	cancel()
+	if err == nil {
+		t.Fatal("a rename inside a tree being moved went ahead")
+	}
+	if _, err := s.Reconcile(ctx, func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Stat(ctx, "d/f0"); err == nil {
+		if _, err2 := s.Stat(ctx, "e/f0"); err2 == nil {
+			t.Fatal("f0 at both names")
+		}
+	}
+	clk.add(store.RenameStale)
+	if _, err := s.Reconcile(ctx, func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	checkTree(t, s, "e", want, "d")
+	if err := s.Rename(ctx, "e/f1", "e/other", 0); err != nil {
+		t.Fatalf("rename after the move was finished: %v", err)
+	}
+}
