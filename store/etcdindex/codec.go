@@ -64,8 +64,8 @@ type wireReplica struct {
 
 // checkBounds returns a description of the first bound o breaks, or "".
 func checkBounds(o *store.Object) string {
-	if o.Kind > store.KindIntent {
-		return fmt.Sprintf("kind %d", o.Kind)
+	if o.Kind > store.KindIntent || (o.Kind == store.KindIntent) != store.IsInternal(o.Key) {
+		return fmt.Sprintf("kind %d at key %q", o.Kind, o.Key)
 	}
 	if len(o.Xattrs) > MaxXattrs {
 		return fmt.Sprintf("%d xattrs (max %d)", len(o.Xattrs), MaxXattrs)

@@ -59,7 +59,8 @@ func TestCodecRoundTrip(t *testing.T) {
 func TestDecodeRejects(t *testing.T) {
 	for _, b := range []string{
 		``, `null`, `{}`, `{"f":0}`, `{"f":2}`, `{"f":"1"}`, `[1]`,
-		`{"f":1,"k":2}`,   // bad kind
+		`{"f":1,"k":3}`,   // bad kind
+		`{"f":1,"k":2}`,   // an intent at a file's key
 		`{"f":1,"zz":1}`,  // unknown field
 		`{"f":1} {"f":1}`, // trailing data
 		`{"f":1,"r":[{"n":"a","e":[[4294967296,0,0]]}]}`, // segment id overflow
