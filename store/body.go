@@ -1,33 +1,156 @@
 package store
 
 import (
+	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
 
-// body is the local replica of one committed version's bytes. Its extents
-// are immutable while anyone holds it. A body is freed once it is retired
-// (no longer the current version of its key) and its last holder released
-// it.
+// body is the local replica of one committed version's bytes, and the
+// store's one record of it (Store.mu.bodies, by its first extent, unique
+// among live allocations) from the commit that registers it to the free
+// of its extents:
+//
+//	registered  a commit is about to swap it in (since 0, swapped once
+//	            the index took it); a retirement meanwhile is remembered
+//	            (doomed) and applied when the commit publishes
+//	live        the current body of some key, published at since
+//	retired     replaced or deleted; freed once no local reader holds it
+//	            (refs), no other node's hold or checked read pins it
+//	            (pins) and FreeDelay passed after the last local reader
+//	freed       its extents are free again; it is out of the map
+//
+// Its extents are immutable while it is in the map.
 type body struct {
-	id      segment.Extent // first extent: unique among live allocations
+	id      segment.Extent
 	extents []segment.Extent
 	starts  []uint64 // starts[i] = object offset of extents[i]
-	size    uint64
 	refs    atomic.Int64
 	// guarded by Store.mu
-	retired bool
-	freed   bool
+	state   bodyState
+	since   uint64 // version that published it (live, retired)
+	swapped uint64 // version of its swap while registered (sharedIndex)
+	doomed  uint64 // a retirement seen at this version while registered
+	key     string // the key the follow loop last saw it under (CheckBody's LRU touch)
+	pins    int
+	delayed bool // the FreeDelay after its last reader ran (or runs)
+	waiting bool // that delay is running
 }
 
-func newBody(ext []segment.Extent, size uint64) *body {
-	b := &body{extents: ext, size: size}
+type bodyState uint8
+
+const (
+	bodyRegistered bodyState = iota
+	bodyLive
+	bodyRetired
+	bodyFreed
+)
+
+func newBody(ext []segment.Extent, state bodyState, since uint64) *body {
+	b := &body{extents: ext, state: state, since: since}
 	if len(ext) > 0 {
 		b.id = ext[0]
 	}
 	b.starts = extentStarts(ext)
 	return b
+}
+
+// bodyLocked returns the body whose first extent is first, nil if none.
+// Caller holds s.mu.
+func (s *Store) bodyLocked(first segment.Extent) *body { return s.mu.bodies[first] }
+
+// readableLocked reports whether the body still holds what version held:
+// not freed, and published at or before version (a later body in the
+// same extents is another object's). A registered body counts from its
+// swap on. Caller holds s.mu.
+func (b *body) readableLocked(version uint64) bool {
+	if b == nil {
+		return false
+	}
+	switch b.state {
+	case bodyRegistered:
+		return b.swapped != 0 && b.swapped <= version
+	case bodyLive, bodyRetired:
+		return b.since <= version
+	}
+	return false
+}
+
+// retireBodyLocked retires a live body and frees it if nothing holds it.
+// Caller holds s.mu.
+func (s *Store) retireBodyLocked(b *body) {
+	if b == nil || b.state != bodyLive {
+		// Retired already: the follow loop saw the replacing commit
+		// before the committer got here (or the other way round).
+		return
+	}
+	b.state = bodyRetired
+	s.tryFreeLocked(b)
+}
+
+// tryFreeLocked frees a retired body once nothing holds it, after
+// FreeDelay (counted from the last local reader's release). Caller holds
+// s.mu.
+func (s *Store) tryFreeLocked(b *body) {
+	if b.state != bodyRetired || b.refs.Load() > 0 || b.pins > 0 || b.waiting {
+		return
+	}
+	if !b.delayed && s.opts.FreeDelay > 0 {
+		b.delayed, b.waiting = true, true
+		n := int64(segment.TotalLen(b.extents))
+		s.stats.delayed.Add(n)
+		time.AfterFunc(s.opts.FreeDelay, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.stats.delayed.Add(-n)
+			b.waiting = false
+			s.tryFreeLocked(b)
+		})
+		return
+	}
+	b.state = bodyFreed
+	delete(s.mu.bodies, b.id)
+	_ = s.segs.Free(b.extents)
+}
+
+// settledLocked returns the body whose first extent is first once it is
+// not between its swap and the swap's return: a registered body is either
+// the version a reader names (its swap is about to return) or a new
+// object's in reused extents (its commit comes later); which one, only
+// the swap tells. It waits with s.mu released; the caller holds s.mu
+// (also on return, unless ctx ended).
+func (s *Store) settledLocked(ctx context.Context, first segment.Extent) (*body, error) {
+	for wait := 20 * time.Microsecond; ; wait = min(2*wait, 5*time.Millisecond) {
+		b := s.mu.bodies[first]
+		if b == nil || b.state != bodyRegistered || b.swapped != 0 {
+			return b, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		s.mu.Lock()
+	}
+}
+
+// pinLocked keeps the body from being freed until unpinLocked.
+func (b *body) pinLocked() { b.pins++ }
+
+// unpinLocked drops a hold or checked read on the body whose first extent
+// is first; the last one lets a retired body go. Caller holds s.mu.
+func (s *Store) unpinLocked(first segment.Extent) {
+	b := s.mu.bodies[first]
+	if b == nil {
+		return
+	}
+	if b.pins--; b.pins < 0 {
+		panic("store: body unpinned more often than pinned")
+	}
+	s.tryFreeLocked(b)
 }
 
 func extentStarts(ext []segment.Extent) []uint64 {

@@ -35,17 +35,6 @@ type heldRef struct {
 	epoch, id uint64
 }
 
-// bodyReadableLocked reports whether the local body whose first extent is
-// first still holds what it held at version: live and published at or
-// before version, or retired and not yet freed. Caller holds s.mu.
-func (s *Store) bodyReadableLocked(first segment.Extent, version uint64) bool {
-	if lb := s.mu.live[first]; lb != nil {
-		return lb.since <= version
-	}
-	since, ok := s.mu.retired[first]
-	return ok && since <= version
-}
-
 // holdBody grants a hold on the body whose first extent is first (at
 // version) for ttl.
 func (s *Store) holdBody(ctx context.Context, first segment.Extent, version uint64, ttl time.Duration) (uint64, error) {
@@ -53,19 +42,23 @@ func (s *Store) holdBody(ctx context.Context, first segment.Extent, version uint
 		return 0, fmt.Errorf("hold body %v: %w", first, err)
 	}
 	s.mu.Lock()
+	b, err := s.settledLocked(ctx, first)
+	if err != nil {
+		return 0, fmt.Errorf("hold body %v: %w", first, err)
+	}
 	defer s.mu.Unlock()
-	if !s.bodyReadableLocked(first, version) {
+	if !b.readableLocked(version) {
 		return 0, fmt.Errorf("hold body %v at version %d: %w", first, version, transfer.ErrStaleBody)
 	}
 	s.mu.nextResv++
 	id := s.mu.nextResv
 	s.mu.holds[id] = &bodyHold{first: first, deadline: s.opts.Now().Add(ttl)}
-	s.mu.held[first]++
+	b.pinLocked()
 	return id, nil
 }
 
-// releaseHoldLocked ends hold id; the body's deferred free, if any, runs
-// when its last hold ends. Caller holds s.mu.
+// releaseHoldLocked ends hold id; a retired body is freed when its last
+// hold ends. Caller holds s.mu.
 func (s *Store) releaseHoldLocked(id uint64) bool {
 	h := s.mu.holds[id]
 	if h == nil {
@@ -74,19 +67,6 @@ func (s *Store) releaseHoldLocked(id uint64) bool {
 	delete(s.mu.holds, id)
 	s.unpinLocked(h.first)
 	return true
-}
-
-// unpinLocked drops one hold or checked read on the body whose first
-// extent is first; the last one runs the body's deferred free. Caller
-// holds s.mu.
-func (s *Store) unpinLocked(first segment.Extent) {
-	if s.mu.held[first]--; s.mu.held[first] <= 0 {
-		delete(s.mu.held, first)
-		if ext, ok := s.mu.pendingFree[first]; ok {
-			delete(s.mu.pendingFree, first)
-			s.freeExtLocked(ext)
-		}
-	}
 }
 
 // watchRemoteReaderLocked notes an open reader whose bytes are on another

@@ -87,22 +87,13 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 }
 
 // leasableLocked reports whether the local body whose first extent is
-// first may be leased as the body of the version published at version: it
-// is live and was published then or before (a later body in the same
-// extents belongs to another object), or it is retired but still held by
-// a reader (so not freed yet). A body whose commit is between its swap
-// and its bookkeeping is not yet: the caller looks again. Caller holds
-// s.mu.
+// first may be leased as the body of the version published at version:
+// it is not freed and was published then or before (a later body in the
+// same extents belongs to another object). A body whose commit is
+// between its swap and its bookkeeping is not yet: the caller looks
+// again. Caller holds s.mu.
 func (s *Store) leasableLocked(first segment.Extent, version uint64) bool {
-	if lb := s.mu.live[first]; lb != nil {
-		since := lb.since
-		if since == 0 {
-			since = lb.swapped
-		}
-		return since != 0 && since <= version
-	}
-	b := s.mu.bodies[first]
-	return b != nil && !b.freed && b.refs.Load() > 0 && s.mu.retired[first] != 0 && s.mu.retired[first] <= version
+	return s.mu.bodies[first].readableLocked(version)
 }
 
 // readerLocked opens a reader of obj: a reference on its local body, or

@@ -30,30 +30,17 @@ import (
 //
 // A body is identified by its first extent, which is reused once the body
 // is freed, and this store's own commits retire bodies synchronously, so
-// the watch may report a change this store already applied. s.mu.live
-// tells the two apart: it holds every committed, not yet retired local
-// body with the version that published it (since). A watch retirement of
-// a body observed at version V applies only if the body is still live and
-// since <= V (a larger since is a later body in the same extents). A body
-// is registered (since 0) before its commit's swap and gets its version
-// after; a retirement that arrives in between is remembered (doomed) and
-// applied then.
+// the watch may report a change this store already applied. The body's
+// record (body.go) tells the two apart: a watch retirement of a body
+// observed at version V applies only if the body is still live and was
+// published at or before V (a later one is another body in the same
+// extents). A body is registered before its commit's swap and gets its
+// version after; a retirement that arrives in between is remembered
+// (doomed) and applied then.
 //
 // Renames delete the old key and put the new one in one commit, so a body
 // that lost its last key is retired only at the end of the commit (the
 // event marked Last), if no key of that commit took it back.
-
-// liveBody is the bookkeeping of one committed local body. Guarded by
-// Store.mu.
-type liveBody struct {
-	since uint64 // version that published it; 0 while its swap runs
-	// swapped is the version of its swap once the index took it, while
-	// the commit still waits for other nodes (sharedIndex): readers here
-	// may lease it from then on (leasableLocked).
-	swapped uint64
-	doomed  uint64 // a follow retirement observed at this version waits for since
-	key     string // the key the follow loop last saw it under ("" before)
-}
 
 // registerBody notes ext as the body of a commit about to be swapped in.
 func (s *Store) registerBody(ext []segment.Extent) {
@@ -61,51 +48,52 @@ func (s *Store) registerBody(ext []segment.Extent) {
 		return
 	}
 	s.mu.Lock()
-	s.mu.live[ext[0]] = &liveBody{}
+	s.mu.bodies[ext[0]] = newBody(ext, bodyRegistered, 0)
 	s.mu.Unlock()
 }
 
-// unregisterBody forgets a registered body whose commit failed.
+// unregisterBody forgets a registered body whose commit failed (its
+// extents go back with the draft's).
 func (s *Store) unregisterBody(ext []segment.Extent) {
 	if len(ext) == 0 {
 		return
 	}
 	s.mu.Lock()
-	if lb := s.mu.live[ext[0]]; lb != nil && lb.since == 0 {
-		delete(s.mu.live, ext[0])
+	if b := s.mu.bodies[ext[0]]; b != nil && b.state == bodyRegistered {
+		delete(s.mu.bodies, ext[0])
 	}
 	s.mu.Unlock()
 }
 
 // publishedBodyLocked records the version of a committed local body and
-// applies a follow retirement that came in while the swap ran. The caller
-// holds s.mu and a reference on the body.
+// applies a retirement that came in while the swap ran. The caller holds
+// s.mu and, when it keeps using the body, a reference on it.
 func (s *Store) publishedBodyLocked(obj *Object) {
 	ext := s.localExtents(obj)
 	if len(ext) == 0 {
 		return
 	}
-	lb := s.mu.live[ext[0]]
-	if lb == nil {
+	b := s.mu.bodies[ext[0]]
+	if b == nil || b.state != bodyRegistered {
 		return
 	}
-	lb.since = obj.Version
-	if lb.doomed >= lb.since {
-		s.retireExtLocked(ext)
+	b.state, b.since = bodyLive, obj.Version
+	if b.doomed >= b.since {
+		s.retireBodyLocked(b)
 	}
 }
 
 // followRetireLocked retires the local body ext observed current at
 // version ver, unless this store retired it already. Caller holds s.mu.
 func (s *Store) followRetireLocked(ext []segment.Extent, ver uint64) {
-	lb := s.mu.live[ext[0]]
+	b := s.mu.bodies[ext[0]]
 	switch {
-	case lb == nil:
+	case b == nil:
 		// Retired by this store's own commit (or never ours).
-	case lb.since == 0:
-		lb.doomed = max(lb.doomed, ver)
-	case lb.since <= ver:
-		s.retireExtLocked(ext)
+	case b.state == bodyRegistered:
+		b.doomed = max(b.doomed, ver)
+	case b.since <= ver:
+		s.retireBodyLocked(b)
 	}
 }
 
@@ -170,8 +158,8 @@ func (f *follower) apply(ev Event) {
 			// live body.
 			f.s.mu.Lock()
 			f.s.consumeLocked(ext, ev.Object.Version)
-			if lb := f.s.mu.live[ext[0]]; lb != nil {
-				lb.key = key // for CheckBody's LRU touch
+			if b := f.s.mu.bodies[ext[0]]; b != nil {
+				b.key = key // for CheckBody's LRU touch
 			}
 			f.s.mu.Unlock()
 		}
@@ -250,13 +238,17 @@ func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uin
 		return nil, fmt.Errorf("body %v: %w", first, err)
 	}
 	s.mu.Lock()
-	ok := s.bodyReadableLocked(first, version)
-	var key string
-	if lb := s.mu.live[first]; lb != nil {
-		key = lb.key
+	b, err := s.settledLocked(ctx, first)
+	if err != nil {
+		return nil, fmt.Errorf("body %v: %w", first, err)
 	}
+	ok := b.readableLocked(version)
+	var key string
 	if ok {
-		s.mu.held[first]++
+		b.pinLocked()
+		if b.state == bodyLive {
+			key = b.key
+		}
 	}
 	s.mu.Unlock()
 	if !ok {
@@ -325,8 +317,8 @@ func (s *Store) swappedBodies(rev uint64, swaps []Swap) {
 			continue
 		}
 		if ext := s.localExtents(sw.New); len(ext) > 0 {
-			if lb := s.mu.live[ext[0]]; lb != nil && lb.since == 0 {
-				lb.swapped = rev
+			if b := s.mu.bodies[ext[0]]; b != nil && b.state == bodyRegistered {
+				b.swapped = rev
 			}
 		}
 	}

@@ -190,8 +190,8 @@ func (s *Store) consumeLocked(ext []segment.Extent, ver uint64) bool {
 		}
 	}
 	if found {
-		if _, ok := s.mu.live[ext[0]]; !ok {
-			s.mu.live[ext[0]] = &liveBody{since: ver}
+		if _, ok := s.mu.bodies[ext[0]]; !ok {
+			s.mu.bodies[ext[0]] = newBody(ext, bodyLive, ver)
 		}
 	}
 	return found

@@ -125,28 +125,21 @@ type Store struct {
 	}
 	mu struct {
 		sync.Mutex
+		// bodies: every local body from its commit's registration to its
+		// free, by first extent (body.go).
 		bodies map[segment.Extent]*body
 		opens  map[uint64]int // Ino -> open readers and drafts
 		// evicting: inodes whose eviction is between its open check and
 		// its index swap; an open of one waits for the outcome (evict.go).
 		evicting map[uint64]chan struct{}
-		// live holds the first extent of every committed, not yet
-		// retired local body (see remote.go).
-		live map[segment.Extent]*liveBody
 		// resv holds reservations for writers on other nodes (reserve.go).
 		resv     map[uint64]*reservation
 		nextResv uint64
 		// syncSkip: nodes not waited for until then (remote.go).
 		syncSkip map[string]time.Time
-		// retired: the publishing version of local bodies retired but
-		// not freed yet (still readable by other nodes).
-		retired map[segment.Extent]uint64
-		// holds other nodes' readers have on local bodies, by id; held
-		// counts them per body; pendingFree keeps the extents of a
-		// retired body whose free waits for its holds (hold.go).
-		holds       map[uint64]*bodyHold
-		held        map[segment.Extent]int
-		pendingFree map[segment.Extent][]segment.Extent
+		// holds other nodes' readers have on local bodies, by id; each
+		// pins its body (hold.go).
+		holds map[uint64]*bodyHold
 		// remoteReaders: open readers of other nodes' bodies, by key.
 		remoteReaders map[string]map[*Reader]struct{}
 		// leases: this node's reservations on other nodes (lease.go).
@@ -202,13 +195,9 @@ func New(o Options) (*Store, error) {
 	s.mu.bodies = make(map[segment.Extent]*body)
 	s.mu.opens = make(map[uint64]int)
 	s.mu.evicting = make(map[uint64]chan struct{})
-	s.mu.live = make(map[segment.Extent]*liveBody)
 	s.mu.resv = make(map[uint64]*reservation)
 	s.mu.syncSkip = make(map[string]time.Time)
-	s.mu.retired = make(map[segment.Extent]uint64)
 	s.mu.holds = make(map[uint64]*bodyHold)
-	s.mu.held = make(map[segment.Extent]int)
-	s.mu.pendingFree = make(map[segment.Extent][]segment.Extent)
 	s.mu.remoteReaders = make(map[string]map[*Reader]struct{})
 	s.mu.leases = make(map[leaseKey]*resvLease)
 	s.lru.list = list.New()
@@ -261,7 +250,9 @@ type Stats struct {
 	Commits      uint64
 	Revokes      uint64
 	OpenObjects  int
-	LiveBodies   int
+	// LiveBodies counts local bodies not freed yet: current, being
+	// committed, or retired and waiting for their readers (body.go).
+	LiveBodies int
 	// Reservations are open reservations for writers on other nodes;
 	// Reserved and Reaped count those made and those that expired.
 	Reservations     int
@@ -353,89 +344,30 @@ func (s *Store) localExtents(obj *Object) []segment.Extent {
 	return nil
 }
 
-// retireLocked marks the local body of a replaced or deleted object for
-// freeing; it is freed now if nobody holds it. Caller holds s.mu.
+// retireLocked retires the local body of a replaced or deleted object;
+// it is freed once nothing holds it (body.go). Caller holds s.mu.
 //
 // A body whose own commit is still between its swap and its bookkeeping
-// (since 0: another committer replaced it that fast) is only marked: its
-// committer retires it when it records the version (publishedBodyLocked),
-// after taking its own reference, so the body is never freed under it.
+// (registered: another committer replaced it that fast) is only marked:
+// its committer retires it when it records the version
+// (publishedBodyLocked), after taking its own reference, so the body is
+// never freed under it.
 func (s *Store) retireLocked(obj *Object) {
 	ext := s.localExtents(obj)
-	if len(ext) > 0 {
-		if lb := s.mu.live[ext[0]]; lb != nil && lb.since == 0 {
-			lb.doomed = max(lb.doomed, obj.Version)
-			return
-		}
-	}
-	s.retireExtLocked(ext)
-}
-
-// retireExtLocked retires the local body whose extents are ext.
-func (s *Store) retireExtLocked(ext []segment.Extent) {
 	if len(ext) == 0 {
 		return
 	}
-	lb, ok := s.mu.live[ext[0]]
-	if !ok {
-		// Retired already: the follow loop saw the replacing commit
-		// before the committer got here (or the other way round).
-		return
-	}
-	delete(s.mu.live, ext[0])
-	s.mu.retired[ext[0]] = lb.since
 	b := s.mu.bodies[ext[0]]
-	if b == nil {
-		s.freeExtLocked(ext)
+	if b != nil && b.state == bodyRegistered {
+		b.doomed = max(b.doomed, obj.Version)
 		return
 	}
-	b.retired = true
-	if b.refs.Load() == 0 {
-		s.freeBodyLocked(b)
-	}
+	s.retireBodyLocked(b)
 }
 
-func (s *Store) freeBodyLocked(b *body) {
-	if b.freed {
-		return
-	}
-	b.freed = true
-	delete(s.mu.bodies, b.id)
-	s.freeExtLocked(b.extents)
-}
-
-// freeExtLocked frees a retired body's extents, after FreeDelay when set,
-// and once no other node holds it (hold.go).
-func (s *Store) freeExtLocked(ext []segment.Extent) {
-	if len(ext) == 0 {
-		return
-	}
-	if s.mu.held[ext[0]] > 0 {
-		s.mu.pendingFree[ext[0]] = ext
-		return
-	}
-	if s.opts.FreeDelay <= 0 {
-		delete(s.mu.retired, ext[0])
-		_ = s.segs.Free(ext)
-		return
-	}
-	n := int64(segment.TotalLen(ext))
-	s.stats.delayed.Add(n)
-	time.AfterFunc(s.opts.FreeDelay, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.stats.delayed.Add(-n)
-		if s.mu.held[ext[0]] > 0 {
-			// Held while the delay ran: freed when the last hold ends.
-			s.mu.pendingFree[ext[0]] = ext
-			return
-		}
-		delete(s.mu.retired, ext[0])
-		_ = s.segs.Free(ext)
-	})
-}
-
-// acquireLocked takes a reference on the local body of obj. Caller holds s.mu.
+// acquireLocked takes a reference on the local body of obj. Caller holds
+// s.mu and checked that the body may be leased (leasableLocked), or
+// publishes it (Commit).
 func (s *Store) acquireLocked(obj *Object) *body {
 	ext := s.localExtents(obj)
 	if len(ext) == 0 {
@@ -443,7 +375,10 @@ func (s *Store) acquireLocked(obj *Object) *body {
 	}
 	b := s.mu.bodies[ext[0]]
 	if b == nil {
-		b = newBody(ext, obj.Size)
+		// Every local body is registered by the commit that writes it
+		// or taken over from a reservation; this is one of neither
+		// (a test's hand-made index entry): take it as live.
+		b = newBody(ext, bodyLive, obj.Version)
 		s.mu.bodies[ext[0]] = b
 	}
 	b.refs.Add(1)
@@ -460,9 +395,7 @@ func (s *Store) release(b *body) {
 		panic("store: body released more often than acquired")
 	}
 	s.mu.Lock()
-	if b.refs.Load() == 0 && b.retired {
-		s.freeBodyLocked(b)
-	}
+	s.tryFreeLocked(b)
 	s.mu.Unlock()
 }
 
