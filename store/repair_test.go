@@ -74,4 +74,3 @@ func TestRepairRacingRetirement(t *testing.T) {
 	a.waitUsed(t, 0)
 	a.checkAlloc(t)
 }
-
