@@ -46,39 +46,34 @@ print(f"reads={reads} puts={puts}", flush=True)
 `
 	b := background(t, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script, publicPythonDir(t), d.dir)
 	b.waitOutput(t, "started")
+	// renameOver writes data with mode perm (umask aside) and renames it
+	// over the victim.
+	renameOver := func(tmp string, data []byte, perm os.FileMode) {
+		if err := os.WriteFile(tmp, data, perm); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(tmp, perm); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, victim); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tampered := 0
-	for i := 0; ; i++ {
+	for running := true; running; {
 		select {
 		case <-b.done:
+			running = false
 		default:
-			secret, public := filepath.Join(pub, ".s"), filepath.Join(pub, ".p")
-			if err := os.WriteFile(secret, []byte("SECRET"), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(secret, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(secret, victim); err != nil {
-				t.Fatal(err)
-			}
+			renameOver(filepath.Join(pub, ".s"), []byte("SECRET"), 0o600)
 			// Only root could have changed it now: nobody may not write it.
 			if got, err := os.ReadFile(victim); err != nil {
 				t.Fatal(err)
 			} else if st, err := os.Stat(victim); err == nil && st.Mode().Perm() == 0o600 && !bytes.Equal(got, []byte("SECRET")) {
 				tampered++
 			}
-			if err := os.WriteFile(public, []byte("public"), 0o666); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Chmod(public, 0o666); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Rename(public, victim); err != nil {
-				t.Fatal(err)
-			}
-			continue
+			renameOver(filepath.Join(pub, ".p"), []byte("public"), 0o666)
 		}
-		break
 	}
 	out := b.mustWait(t)
 	if !strings.Contains(out, "leaks=0") || tampered != 0 {
