@@ -82,7 +82,7 @@ func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object,
 	o, err := d.Commit(ctx, opts)
 	if errors.Is(err, store.ErrExists) && flags&ioctl.FlagExcl == 0 {
 		// Created since checked: its permissions were not.
-		err = fmt.Errorf("put %q: created since checked: %w", key, errors.Join(store.ErrConflict, err))
+		err = fmt.Errorf("put %q: created since checked (%v): %w", key, err, store.ErrConflict)
 	}
 	return o, err
 }

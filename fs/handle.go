@@ -151,34 +151,31 @@ func (n *node) openGhost(flags uint32) *handle {
 // joinShared adds a writer to the node's shared draft, starting it from
 // the current version if there is none. A last writer's release that is
 // still publishing is waited for: its commit comes before this draft's
-// base.
-//
-// The draft is opened without n.mu (its lookup may wait for the index);
-// an opener that lost the race to another closes its own and joins that.
+// base. The draft is opened without n.mu (its lookup may wait for the
+// index); writers that come meanwhile wait for it (opening) and join it.
 func (n *node) joinShared(ctx context.Context, key string) error {
-	for {
-		n.lockSettled()
-		if n.mu.draft != nil {
-			n.mu.writers++
-			n.mu.Unlock()
-			return nil
-		}
+	n.lockSettled()
+	if n.mu.draft != nil {
+		n.mu.writers++
 		n.mu.Unlock()
-		d, err := n.fs.st.OpenDraft(ctx, key, n.StableAttr().Ino, false)
-		if err != nil {
-			return err
-		}
-		d.Place(n.fs.st.PlacementFor(ctx, key))
-		n.lockSettled()
-		if n.mu.draft == nil {
-			n.mu.draft = d
-			n.mu.writers++
-			n.mu.Unlock()
-			return nil
-		}
-		n.mu.Unlock()
-		d.Close()
+		return nil
 	}
+	opening := make(chan struct{})
+	n.mu.opening = opening
+	n.mu.Unlock()
+	d, err := n.fs.st.OpenDraft(ctx, key, n.StableAttr().Ino, false)
+	if err == nil {
+		d.Place(n.fs.st.PlacementFor(ctx, key))
+	}
+	n.mu.Lock()
+	n.mu.opening = nil
+	if err == nil {
+		n.mu.draft = d
+		n.mu.writers++
+	}
+	n.mu.Unlock()
+	close(opening)
+	return err
 }
 
 // leaveShared drops a writer of the shared draft; the last one publishes
@@ -206,11 +203,15 @@ func (n *node) leaveShared(ctx context.Context) error {
 
 // lockSettled locks n.mu once no last writer's release is publishing the
 // shared draft: what the caller does to it then comes before that publish
-// or after it, never between the publish and the draft's close.
+// or after it, never between the publish and the draft's close. A first
+// writer still opening the shared draft is waited for too.
 func (n *node) lockSettled() {
 	for {
 		n.mu.Lock()
 		ch := n.mu.closing
+		if ch == nil {
+			ch = n.mu.opening
+		}
 		if ch == nil {
 			return
 		}

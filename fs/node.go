@@ -30,9 +30,10 @@ type node struct {
 		draft   *store.Draft
 		writers int
 		// closing is closed when the last writer's release has published
-		// the shared draft; a new writer waits for it.
-		closing chan struct{}
-		private map[*handle]struct{}
+		// the shared draft; opening when the first writer has opened it.
+		// A new writer waits for either.
+		closing, opening chan struct{}
+		private          map[*handle]struct{}
 		// ghost is the last version of a file that a rename through this
 		// mount replaced, kept until the kernel forgets the inode: the
 		// kernel may have looked the old file up just before, and an open

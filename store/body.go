@@ -19,7 +19,9 @@ import (
 //	live        the current body of some key, published at since
 //	retired     replaced or deleted; freed once no local reader holds it
 //	            (refs), no other node's hold or checked read pins it
-//	            (pins) and FreeDelay passed after the last local reader
+//	            (pins), and FreeDelay passed once, counted from the first
+//	            moment it was retired and unheld (left for other nodes'
+//	            readers to ask for holds)
 //	freed       its extents are free again; it is out of the map
 //
 // Its extents are immutable while it is in the map.
@@ -90,9 +92,8 @@ func (s *Store) retireBodyLocked(b *body) {
 	s.tryFreeLocked(b)
 }
 
-// tryFreeLocked frees a retired body once nothing holds it, after
-// FreeDelay (counted from the last local reader's release). Caller holds
-// s.mu.
+// tryFreeLocked frees a retired body once nothing holds it, after one
+// FreeDelay from the first time nothing did. Caller holds s.mu.
 func (s *Store) tryFreeLocked(b *body) {
 	if b.state != bodyRetired || b.refs.Load() > 0 || b.pins > 0 || b.waiting {
 		return

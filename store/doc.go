@@ -17,9 +17,10 @@
 // # Reader leases and freeing
 //
 // The local bytes of one committed version are a body, identified by its
-// first extent (unique among live allocations). A Reader holds its body;
-// a replacing or deleting commit retires the old body, which is freed when
-// its last holder lets go. Metadata-only updates keep the body.
+// first extent (unique among live allocations), with one record from its
+// commit to its free (body.go). A Reader holds its body; a replacing or
+// deleting commit retires the old body, which is freed when its last
+// holder lets go. Metadata-only updates keep the body.
 //
 // # Eviction
 //
@@ -73,8 +74,8 @@
 // Draft.appendMu -> Draft.rw -> Draft.mu -> Draft.meta -> Store.mu ->
 // Index internals; Store.lru is a leaf. No store lock is held across an
 // index lookup, a transfer or a control call: OpenReader looks the key up
-// first and leases the body only if it is still current at that version
-// (leasableLocked), else looks again. Draft.mu is held across the draft's
+// first and leases the body only if it still holds that version (not
+// freed, not a later object's: leasableLocked), else looks again. Draft.mu is held across the draft's
 // own reservations, zero-fill and copies, which only its own writers wait
 // for; Size, Dirty, Err, SetMtime and Place never wait for it.
 //

@@ -756,10 +756,10 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		// Remote reservations now belong to the committed body: their
 		// owners take them over when they see the commit.
 		for id := range d.mu.resv {
-			d.s.handOver(d.mu.node, id)
+			d.s.handOver(d.mu.node, d.mu.epoch, id)
 		}
 		for _, r := range extraResv {
-			d.s.handOver(r.Node, r.ID)
+			d.s.handOver(r.Node, r.Epoch, r.ID)
 		}
 		d.mu.ext, d.mu.starts, d.mu.capacity, d.mu.zeroed = nil, nil, 0, 0
 		d.mu.extResv, d.mu.resv, d.mu.node, d.mu.epoch = nil, nil, "", 0
@@ -840,7 +840,7 @@ func (d *Draft) renewLocked(ctx context.Context) error {
 		if err := d.s.opts.Transport.Renew(ctx, d.mu.node, d.mu.epoch, id, d.s.reserveTTL()); err != nil {
 			return fmt.Errorf("store: renew reservation on node %q: %w", d.mu.node, err)
 		}
-		d.s.renewed(d.mu.node, id)
+		d.s.renewed(d.mu.node, d.mu.epoch, id)
 	}
 	return nil
 }

@@ -28,3 +28,12 @@ func Leases(s *Store) int {
 	defer s.mu.Unlock()
 	return len(s.mu.leases)
 }
+
+// AddLease makes s lease reservation id of node's daemon epoch, as a
+// Reserve would, for tests.
+func AddLease(s *Store, node string, epoch, id uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := leaseKey{node, epoch, id}
+	s.mu.leases[k] = &resvLease{leaseKey: k, renewed: s.opts.Now()}
+}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -12,31 +13,35 @@ import (
 // on another node, for a draft's bytes or a replica being copied, is a
 // lease here from the Reserve that made it until it is given back (freed)
 // or handed over (committed: the owner takes the extents over when its
-// follow loop sees the commit). The reap loop renews leases every third
-// of Options.ReserveTTL, so a reservation lives as long as its writer,
-// however slow; the owner refuses writes outside live reservations
-// (transfer.WriteGuard), so a write that outlived its reservation (its
-// writer was cut off) fails instead of landing in memory given to another
-// object. A handed-over lease is renewed until the owner no longer knows
-// it (it consumed the reservation), which covers an owner that sees the
-// commit late. Guarded by Store.mu.
+// follow loop sees the commit). The renew loop renews leases every third
+// of Options.ReserveTTL, each node's in parallel with the others' and
+// each call bounded, so a reservation lives as long as its writer,
+// however slow, and one unreachable node delays no other's renewals. The
+// owner refuses writes outside live reservations (transfer.WriteGuard),
+// so a write that outlived its reservation (its writer was cut off)
+// fails instead of landing in memory given to another object. A
+// handed-over lease is renewed until the owner no longer knows it (it
+// consumed the reservation), for handedMax attempts at most, which covers
+// an owner that sees the commit late. A lease on a node that left the
+// cluster ends. Guarded by Store.mu.
 
 // DefaultReserveTTL is Options.ReserveTTL's default.
 const DefaultReserveTTL = 30 * time.Second
 
+// leaseKey names a reservation: ids restart with the owner's daemon, so
+// its epoch is part of the name.
 type leaseKey struct {
-	node string
-	id   uint64
+	node      string
+	epoch, id uint64
 }
 
 type resvLease struct {
-	node      string
-	epoch, id uint64
-	renewed   time.Time
-	// handed: committed; renewed until the owner took it over (or
-	// handedMax renewals, for an owner that never does).
+	leaseKey
+	renewed time.Time
+	// handed: committed; renewed until the owner took it over, at most
+	// handedMax attempts.
 	handed   bool
-	renewals int
+	attempts int
 }
 
 // handedMax bounds the renewals of a committed reservation whose owner
@@ -51,83 +56,122 @@ func (s *Store) reserveRemote(ctx context.Context, node string, n uint64) (trans
 	if err != nil {
 		return r, err
 	}
-	s.lease(r)
+	s.mu.Lock()
+	k := leaseKey{r.Node, r.Epoch, r.ID}
+	s.mu.leases[k] = &resvLease{leaseKey: k, renewed: s.opts.Now()}
+	s.mu.Unlock()
 	return r, nil
 }
 
-// lease starts renewing reservation r.
-func (s *Store) lease(r transfer.Reservation) {
+// endLease stops renewing reservation id of node's daemon epoch (freed, or
+// given up).
+func (s *Store) endLease(node string, epoch, id uint64) {
 	s.mu.Lock()
-	s.mu.leases[leaseKey{r.Node, r.ID}] = &resvLease{node: r.Node, epoch: r.Epoch, id: r.ID, renewed: s.opts.Now()}
+	delete(s.mu.leases, leaseKey{node, epoch, id})
 	s.mu.Unlock()
 }
 
-// endLease stops renewing reservation id of node (freed, or given up).
-func (s *Store) endLease(node string, id uint64) {
+// handOver marks a reservation committed.
+func (s *Store) handOver(node string, epoch, id uint64) {
 	s.mu.Lock()
-	delete(s.mu.leases, leaseKey{node, id})
-	s.mu.Unlock()
-}
-
-// handOver marks reservation id of node committed.
-func (s *Store) handOver(node string, id uint64) {
-	s.mu.Lock()
-	if l := s.mu.leases[leaseKey{node, id}]; l != nil {
+	if l := s.mu.leases[leaseKey{node, epoch, id}]; l != nil {
 		l.handed = true
 	}
 	s.mu.Unlock()
 }
 
-// renewed notes a renewal of reservation id of node made by its writer.
-func (s *Store) renewed(node string, id uint64) {
+// renewed notes a renewal of a reservation made by its writer.
+func (s *Store) renewed(node string, epoch, id uint64) {
 	s.mu.Lock()
-	if l := s.mu.leases[leaseKey{node, id}]; l != nil {
+	if l := s.mu.leases[leaseKey{node, epoch, id}]; l != nil {
 		l.renewed = s.opts.Now()
 	}
 	s.mu.Unlock()
 }
 
-// renewLeases renews the leases that passed a third of their TTL. No lock
-// is held across the calls.
+// renewLoop renews leases and the holds of this node's open readers, on
+// its own goroutine: calls to a slow node never delay the reaper.
+func (s *Store) renewLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(min(time.Second, s.reserveTTL()/6))
+	defer t.Stop()
+	renewed := s.opts.Now()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+			s.renewLeases()
+			if now := s.opts.Now(); now.Sub(renewed) >= HoldTTL/3 {
+				renewed = now
+				s.renewHolds()
+			}
+		}
+	}
+}
+
+// renewLeases renews the leases that passed a third of their TTL: one
+// goroutine per node, each call bounded by a third of the TTL. No lock is
+// held across the calls.
 func (s *Store) renewLeases() {
 	now := s.opts.Now()
 	ttl := s.reserveTTL()
+	var members map[string]bool
+	if s.opts.Cluster != nil {
+		members = map[string]bool{}
+		for _, n := range s.opts.Cluster.Nodes() {
+			members[n.Name] = true
+		}
+	}
+	byNode := map[string][]leaseKey{}
 	s.mu.Lock()
-	var due []resvLease
-	for _, l := range s.mu.leases {
-		if now.Sub(l.renewed) >= ttl/3 {
-			due = append(due, *l)
+	for k, l := range s.mu.leases {
+		switch {
+		case members != nil && !members[k.node]:
+			delete(s.mu.leases, k) // gone from the cluster, and its memory with it
+		case now.Sub(l.renewed) >= ttl/3:
+			if l.handed {
+				if l.attempts++; l.attempts > handedMax {
+					delete(s.mu.leases, k)
+					continue
+				}
+			}
+			byNode[k.node] = append(byNode[k.node], k)
 		}
 	}
 	s.mu.Unlock()
-	if len(due) == 0 {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
-	defer cancel()
-	for _, l := range due {
-		err := s.opts.Transport.Renew(ctx, l.node, l.epoch, l.id, ttl)
-		s.mu.Lock()
-		cur := s.mu.leases[leaseKey{l.node, l.id}]
-		switch {
-		case cur == nil:
-		case err == nil:
-			cur.renewed = now
-			if cur.handed {
-				if cur.renewals++; cur.renewals >= handedMax {
-					delete(s.mu.leases, leaseKey{l.node, l.id})
+	var wg sync.WaitGroup
+	for _, keys := range byNode {
+		wg.Go(func() {
+			for _, k := range keys {
+				ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
+				err := s.opts.Transport.Renew(ctx, k.node, k.epoch, k.id, ttl)
+				cancel()
+				s.leaseRenewed(k, now, err)
+				if err != nil && !errors.Is(err, transfer.ErrUnknownReservation) && !errors.Is(err, transfer.ErrStaleEpoch) {
+					return // the node does not answer: the next round tries again
 				}
 			}
-		case errors.Is(err, transfer.ErrUnknownReservation), errors.Is(err, transfer.ErrStaleEpoch):
-			// Taken over (handed), or lost with its owner: the writer
-			// finds out at its next write or commit.
-			delete(s.mu.leases, leaseKey{l.node, l.id})
-			if !cur.handed {
-				s.opts.Logf("reservation %d on node %q lost while its writer was open: %v", l.id, l.node, err)
-			}
-		default:
-			// Unreachable for now: try again next round.
+		})
+	}
+	wg.Wait()
+}
+
+// leaseRenewed records the outcome of one renewal.
+func (s *Store) leaseRenewed(k leaseKey, at time.Time, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.mu.leases[k]
+	switch {
+	case l == nil:
+	case err == nil:
+		l.renewed = at
+	case errors.Is(err, transfer.ErrUnknownReservation), errors.Is(err, transfer.ErrStaleEpoch):
+		// Taken over (handed), or lost with its owner: the writer finds
+		// out at its next write or commit.
+		delete(s.mu.leases, k)
+		if !l.handed {
+			s.opts.Logf("reservation %d on node %q lost while its writer was open: %v", k.id, k.node, err)
 		}
-		s.mu.Unlock()
 	}
 }

@@ -187,3 +187,53 @@ func TestStalledCheckedReadKeepsItsBody(t *testing.T) {
 	equalBytes(t, "g", b.readVia(t, "g"), pattern(6, 300<<10))
 	b.checkAlloc(t)
 }
+
+// hungPeer is a transport whose calls to one node hang until their
+// context ends: a host that went down without closing its sockets.
+type hungPeer struct {
+	transfer.Transport
+	node string
+}
+
+func (p hungPeer) Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error {
+	if node == p.node {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return p.Transport.Renew(ctx, node, epoch, id, ttl)
+}
+
+// TestHungPeerDelaysNoRenewal: leases on a node that hangs do not keep
+// the leases on healthy nodes from being renewed, and end once the node
+// is gone from the cluster.
+func TestHungPeerDelaysNoRenewal(t *testing.T) {
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) {
+		o.ReserveTTL = ttl
+		o.Transport = hungPeer{Transport: o.Transport, node: "c"}
+	}))
+	for id := range uint64(8) {
+		store.AddLease(a.Store, "c", 7, id+1)
+	}
+	d := a.NewDraft(store.NewIno(), nil, true)
+	defer d.Close()
+	d.Place(store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1})
+	data := pattern(5, 128<<10)
+	if _, err := d.WriteAt(ctx, data[:4096], 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * ttl)
+	if _, err := d.WriteAt(ctx, data[4096:], 4096); err != nil {
+		t.Fatalf("write %v after the first, with a hung node's leases about: %v", 6*ttl, err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.Stats().Reaped; n != 0 {
+		t.Fatalf("b reaped %d reservations of a live writer", n)
+	}
+	equalBytes(t, "f", b.readVia(t, "f"), data)
+	// c is no member of the cluster: its leases end.
+	waitFor(t, "a's leases to end", func() bool { return store.Leases(a.Store) == 0 })
+}

@@ -32,6 +32,7 @@ type Reader struct {
 // had its body freed already: the lease is taken only on a body still
 // current at that version, else the lookup is made again.
 func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
+	var noRecord uint64 // a version whose local bytes have no record here
 	for wait := time.Duration(0); ; wait = min(max(2*wait, 20*time.Microsecond), 5*time.Millisecond) {
 		if wait > 0 {
 			select {
@@ -60,6 +61,29 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 			continue
 		}
 		local := s.localExtents(obj)
+		if len(local) > 0 && s.mu.bodies[local[0]] == nil && noRecord == obj.Version {
+			local = nil
+		}
+		if len(local) > 0 && s.mu.bodies[local[0]] == nil {
+			// No record of the bytes here: freed since the lookup (the
+			// version moved on: look again), not yet taken over from
+			// their reservation by the follow loop, or never (it was
+			// reaped before the commit was seen: they are not this
+			// object's; read elsewhere).
+			s.mu.Unlock()
+			if err := s.caughtUp(ctx, obj.Version); err != nil {
+				return nil, fmt.Errorf("open %q: %w", key, err)
+			}
+			if cur, err := s.idx.Get(ctx, key); err != nil || cur.Version != obj.Version {
+				wait = 0
+				continue
+			}
+			// Look once more from the top (evictions included), this
+			// version's local bytes aside if they still have no record.
+			noRecord = obj.Version
+			wait = 0
+			continue
+		}
 		if len(local) > 0 && !s.leasableLocked(local[0], obj.Version) {
 			s.mu.Unlock()
 			continue
@@ -71,7 +95,7 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 				return nil, fmt.Errorf("open %q: no replica on node %q: %w", key, s.opts.Node, ErrLost)
 			}
 		}
-		r := s.readerLocked(obj, rb)
+		r := s.readerOfLocked(obj, rb, len(local) > 0)
 		s.mu.Unlock()
 		if rb != nil && s.opts.Follow {
 			// The follow loop asks holds for the open readers of a key it
@@ -88,10 +112,11 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 
 // leasableLocked reports whether the local body whose first extent is
 // first may be leased as the body of the version published at version:
-// it is not freed and was published then or before (a later body in the
-// same extents belongs to another object). A body whose commit is
-// between its swap and its bookkeeping is not yet: the caller looks
-// again. Caller holds s.mu.
+// it is not freed (live, or retired and still waiting) and was published
+// then or before (a later body in the same extents belongs to another
+// object). A body whose commit is between its swap and its bookkeeping
+// is leasable once its swap returned (swapped), else not yet: the caller
+// looks again. Caller holds s.mu.
 func (s *Store) leasableLocked(first segment.Extent, version uint64) bool {
 	return s.mu.bodies[first].readableLocked(version)
 }
@@ -99,7 +124,16 @@ func (s *Store) leasableLocked(first segment.Extent, version uint64) bool {
 // readerLocked opens a reader of obj: a reference on its local body, or
 // its replicas on other nodes (rb), watched for holds. Caller holds s.mu.
 func (s *Store) readerLocked(obj *Object, rb *remoteBody) *Reader {
-	r := &Reader{s: s, obj: obj, b: s.acquireLocked(obj), remote: rb}
+	return s.readerOfLocked(obj, rb, true)
+}
+
+// readerOfLocked is readerLocked that leases the local body only with
+// local (OpenReader found no record of it: its bytes are not obj's).
+func (s *Store) readerOfLocked(obj *Object, rb *remoteBody, local bool) *Reader {
+	r := &Reader{s: s, obj: obj, remote: rb}
+	if local {
+		r.b = s.acquireLocked(obj)
+	}
 	s.mu.opens[obj.Ino]++
 	if rb != nil && s.opts.Follow {
 		s.watchRemoteReaderLocked(r)

@@ -478,7 +478,7 @@ func (s *Store) freeReservations(ctx context.Context, resv []transfer.Reservatio
 		if s.isLocal(r.Node) {
 			_ = s.segs.Free(r.Extents)
 		} else if s.opts.Transport != nil {
-			s.endLease(r.Node, r.ID)
+			s.endLease(r.Node, r.Epoch, r.ID)
 			_ = s.opts.Transport.Free(ctx, r.Node, r.Epoch, r.ID, nil)
 		}
 	}

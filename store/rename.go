@@ -13,18 +13,19 @@ import (
 // An Index may bound the swaps of one CompareAndSwap (SwapLimiter: etcd
 // allows 128 operations a transaction). A directory rename takes two
 // swaps a descendant; past the bound the tree moves in steps under an
-// intent, a hidden object (KindIntent, at a key no file can have: see
-// intentKey) that names the new key. The first step creates the intent
-// and moves the directory's own object; every further step moves up to
-// half the bound of entries and rewrites the intent, comparing it, so
-// steps of one rename never interleave with another rename of the same
-// tree; the last deletes the intent. Each step is atomic, so every file
+// intent, a hidden object (KindIntent, at a key no file can have:
+// intentKey) that names both trees. There is one intent key, so one
+// stepped rename runs at a time in the whole namespace: its first step
+// creates the intent (only if there is none) and moves the directory's
+// own object; every further step moves up to half the bound of entries
+// and rewrites the intent, comparing it; the last deletes it. Each step is atomic, so every file
 // is at exactly one of its two names at every moment; another process
 // sees the files arrive in steps. A rename that touches a tree being
 // moved (into it, out of it, of it) waits for the move (ErrConflict, and
 // the caller tries again), or finishes it itself when its mover stopped
 // touching it for RenameStale (it died); Reconcile finishes those too. A
-// file created in the old tree while it moves is moved with it.
+// file created in the old tree while it moves is moved with it, unless
+// its new name would be too long: it stays (and the log says so).
 
 // SwapLimiter is an Index that bounds how many swaps one CompareAndSwap
 // may carry.
@@ -36,11 +37,9 @@ type SwapLimiter interface {
 // finishes its rename.
 const RenameStale = 30 * time.Second
 
-// intentPrefix starts the keys of intents: a NUL byte, which no name has,
-// so no path reaches one, and listings of the root skip them.
-const intentPrefix = "\x00rename\x00"
-
-func intentKey(from string) string { return intentPrefix + from }
+// intentKey is the key of the intent: it starts with a NUL byte, which no
+// name has, so no path reaches it, and listings of the root skip it.
+const intentKey = "\x00rename"
 
 // isInternal reports whether key is one of the store's hidden records.
 func isInternal(key string) bool { return strings.HasPrefix(key, "\x00") }
@@ -50,6 +49,7 @@ func isInternal(key string) bool { return strings.HasPrefix(key, "\x00") }
 func IsInternal(key string) bool { return isInternal(key) }
 
 const (
+	xattrRenameFrom = "from"
 	xattrRenameTo   = "to"
 	xattrRenameNode = "node"
 )
@@ -70,25 +70,22 @@ func within(key, dir string) bool {
 // renamesInWay returns ErrConflict when a rename under way touches the
 // trees of from or to, after finishing those whose mover went quiet.
 func (s *Store) renamesInWay(ctx context.Context, from, to string) error {
-	intents, err := s.idx.Scan(ctx, intentPrefix, "", 0)
+	in, err := s.idx.Get(ctx, intentKey)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	for _, in := range intents {
-		src, dst := in.Key[len(intentPrefix):], string(in.Xattrs[xattrRenameTo])
-		if !(within(from, src) || within(src, from) || within(from, dst) || within(dst, from) ||
-			within(to, src) || within(src, to) || within(to, dst) || within(dst, to)) {
-			continue
-		}
-		if s.opts.Now().Sub(time.Unix(0, in.Mtime)) >= RenameStale {
-			if err := s.finishRename(ctx, in); err != nil {
-				return err
-			}
-			continue
-		}
-		return fmt.Errorf("rename %q to %q: %q is being moved to %q: %w", from, to, src, dst, ErrConflict)
+	src, dst := string(in.Xattrs[xattrRenameFrom]), string(in.Xattrs[xattrRenameTo])
+	if !(within(from, src) || within(src, from) || within(from, dst) || within(dst, from) ||
+		within(to, src) || within(src, to) || within(to, dst) || within(dst, to)) {
+		return nil
 	}
-	return nil
+	if s.opts.Now().Sub(time.Unix(0, in.Mtime)) >= RenameStale {
+		return s.finishRename(ctx, in)
+	}
+	return fmt.Errorf("rename %q to %q: %q is being moved to %q: %w", from, to, src, dst, ErrConflict)
 }
 
 // renameInSteps renames directory src (the Stat of from; Version 0 when
@@ -96,8 +93,8 @@ func (s *Store) renamesInWay(ctx context.Context, from, to string) error {
 // not 0, in steps of at most limit swaps.
 func (s *Store) renameInSteps(ctx context.Context, src *Object, to string, dstVersion uint64, replaced []*Object) error {
 	from := src.Key
-	intent := &Object{Key: intentKey(from), Kind: KindIntent, Ino: NewIno(), Mode: 0o600, Mtime: s.now(),
-		Xattrs: map[string][]byte{xattrRenameTo: []byte(to), xattrRenameNode: []byte(s.opts.Node)}}
+	intent := &Object{Key: intentKey, Kind: KindIntent, Ino: NewIno(), Mode: 0o600, Mtime: s.now(),
+		Xattrs: map[string][]byte{xattrRenameFrom: []byte(from), xattrRenameTo: []byte(to), xattrRenameNode: []byte(s.opts.Node)}}
 	intent.Ctime = intent.Mtime
 	first := []Swap{{Key: intent.Key, New: intent}}
 	var put []*Object
@@ -112,6 +109,8 @@ func (s *Store) renameInSteps(ctx context.Context, src *Object, to string, dstVe
 		deleted = append(deleted, to)
 	}
 	if _, err := s.idx.CompareAndSwap(ctx, first...); err != nil {
+		// ErrConflict: the directory changed, or another stepped rename
+		// began first; the caller looks again.
 		return err
 	}
 	s.committed(replaced, put, deleted)
@@ -122,10 +121,11 @@ func (s *Store) renameInSteps(ctx context.Context, src *Object, to string, dstVe
 // it. Several callers may run it for one intent at once: each step
 // compares the intent's version, so one of them wins each step.
 func (s *Store) finishRename(ctx context.Context, intent *Object) error {
-	from, to := intent.Key[len(intentPrefix):], string(intent.Xattrs[xattrRenameTo])
+	from, to := string(intent.Xattrs[xattrRenameFrom]), string(intent.Xattrs[xattrRenameTo])
 	per := max((s.maxSwaps()-2)/2, 1)
+	after := "" // past the entries left behind
 	for {
-		kids, err := s.idx.Scan(ctx, from+"/", "", per)
+		kids, err := s.idx.Scan(ctx, from+"/", after, per)
 		if err != nil {
 			return err
 		}
@@ -149,7 +149,11 @@ func (s *Store) finishRename(ctx context.Context, intent *Object) error {
 		for _, k := range kids {
 			dst := to + k.Key[len(from):]
 			if len(dst) > MaxKeyLen {
-				return fmt.Errorf("rename %q to %q: %q would become %d B: %w", from, to, k.Key, len(dst), ErrNameTooLong)
+				// Created since the rename began, with a name too long
+				// for the new tree: it stays where it is.
+				s.opts.Logf("rename %q to %q: %q stays, its new name would be %d B", from, to, k.Key, len(dst))
+				after = k.Key + "\x00"
+				continue
 			}
 			var old uint64
 			if cur, err := s.idx.Get(ctx, dst); err == nil {
@@ -164,6 +168,9 @@ func (s *Store) finishRename(ctx context.Context, intent *Object) error {
 			n.Key, n.Ctime = dst, s.now()
 			swaps = append(swaps, Swap{Key: k.Key, Old: k.Version}, Swap{Key: dst, Old: old, New: n})
 			put, deleted = append(put, n), append(deleted, k.Key)
+		}
+		if !last && len(swaps) == 1 {
+			continue // every entry of this batch stays where it is
 		}
 		_, err = s.idx.CompareAndSwap(ctx, swaps...)
 		if errors.Is(err, ErrConflict) && ctx.Err() == nil {
@@ -188,22 +195,19 @@ func (s *Store) finishRename(ctx context.Context, intent *Object) error {
 	}
 }
 
-// resumeRenames finishes the renames whose mover went quiet.
+// resumeRenames finishes a rename whose mover went quiet.
 func (s *Store) resumeRenames(ctx context.Context) error {
-	intents, err := s.idx.Scan(ctx, intentPrefix, "", 0)
-	if err != nil {
+	in, err := s.idx.Get(ctx, intentKey)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil || s.opts.Now().Sub(time.Unix(0, in.Mtime)) < RenameStale {
 		return err
 	}
-	var errs []error
-	for _, in := range intents {
-		if s.opts.Now().Sub(time.Unix(0, in.Mtime)) >= RenameStale {
-			if err := s.finishRename(ctx, in); err != nil {
-				errs = append(errs, err)
-			} else {
-				s.opts.Logf("finished the rename of %q to %q that its mover (node %q) left", in.Key[len(intentPrefix):],
-					in.Xattrs[xattrRenameTo], in.Xattrs[xattrRenameNode])
-			}
-		}
+	if err := s.finishRename(ctx, in); err != nil {
+		return err
 	}
-	return errors.Join(errs...)
+	s.opts.Logf("finished the rename of %q to %q that its mover (node %q) left",
+		in.Xattrs[xattrRenameFrom], in.Xattrs[xattrRenameTo], in.Xattrs[xattrRenameNode])
+	return nil
 }

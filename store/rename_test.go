@@ -127,6 +127,7 @@ func TestRenameInStepsFinishedAfterMoverDies(t *testing.T) {
 	s := newTestStore(t, 4<<20, withIndex(limitedIndex{Index: idx, max: 8, calls: calls}),
 		withOptions(func(o *store.Options) { o.Now = clk.Now }))
 	want := fillTree(t, s, "d", 40)
+	other := fillTree(t, s, "x", 20)
 	// Die at the fourth step of the rename.
 	failing := limitedIndex{Index: idx, max: 8, calls: calls, failAt: calls.Load() + 4}
 	mover := newTestStore(t, 1<<20, withIndex(failing), withOptions(func(o *store.Options) { o.Now = clk.Now }))
@@ -148,13 +149,23 @@ func TestRenameInStepsFinishedAfterMoverDies(t *testing.T) {
 			equalBytes(t, "e/"+k, b, v)
 		}
 	}
-	// A rename into the tree waits for the move meanwhile.
+	// A rename into the tree waits for the move meanwhile, and so does
+	// another rename in steps (one runs at a time).
 	rctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	err := s.Rename(rctx, "e/f1", "e/other", 0)
 	cancel()
 	if err == nil {
 		t.Fatal("a rename inside a tree being moved went ahead")
 	}
+	rctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	err = s.Rename(rctx, "x", "y", 0)
+	cancel()
+	if err == nil {
+		t.Fatal("a second rename in steps ran beside the first")
+	}
+	// A file created in the old tree meanwhile moves too.
+	s.put(t, "d/late", []byte("moves"))
+	want["late"] = []byte("moves")
 	if _, err := s.Reconcile(ctx, func(string) bool { return true }); err != nil {
 		t.Fatal(err)
 	}
@@ -167,8 +178,57 @@ func TestRenameInStepsFinishedAfterMoverDies(t *testing.T) {
 	if _, err := s.Reconcile(ctx, func(string) bool { return true }); err != nil {
 		t.Fatal(err)
 	}
-	checkTree(t, s, "e", want, "d")
+	for k, v := range want {
+		equalBytes(t, "e/"+k, s.read(t, "e/"+k), v)
+	}
+	if keys := s.keys(t); len(keys) == 0 || store.IsInternal(keys[0]) {
+		t.Fatalf("the intent is still there: %q", keys[0])
+	}
 	if err := s.Rename(ctx, "e/f1", "e/other", 0); err != nil {
 		t.Fatalf("rename after the move was finished: %v", err)
+	}
+	if err := s.Rename(ctx, "x", "y", 0); err != nil {
+		t.Fatalf("the second rename in steps after the first: %v", err)
+	}
+	checkTree(t, s, "y", other, "x")
+}
+
+// TestRenameInStepsLeavesTooLongNames: a file created in a tree being
+// moved whose new name would be too long stays where it is; the rest of
+// the move finishes and ends its intent.
+func TestRenameInStepsLeavesTooLongNames(t *testing.T) {
+	ctx := context.Background()
+	idx := store.NewEmbedded()
+	t.Cleanup(func() { _ = idx.Close() })
+	calls := new(atomic.Int64)
+	clk := &clock{now: time.Unix(1_000_000, 0)}
+	s := newTestStore(t, 4<<20, withIndex(limitedIndex{Index: idx, max: 8, calls: calls}),
+		withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	want := fillTree(t, s, "d", 20)
+	failing := limitedIndex{Index: idx, max: 8, calls: calls, failAt: calls.Load() + 2}
+	mover := newTestStore(t, 1<<20, withIndex(failing), withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	if err := mover.Rename(ctx, "d", "dd", 0); err == nil {
+		t.Fatal("the dying mover's rename succeeded")
+	}
+	// A path of exactly MaxKeyLen under d: one byte too long under dd.
+	dir := "d"
+	for len(dir)+1+200 < store.MaxKeyLen-10 {
+		dir += "/" + strings.Repeat("p", 200)
+	}
+	long := dir + "/" + strings.Repeat("n", store.MaxKeyLen-len(dir)-1)
+	s.mkdirAll(t, long)
+	s.put(t, long, []byte("stays"))
+	clk.add(store.RenameStale)
+	if _, err := s.Reconcile(ctx, func(string) bool { return true }); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range want {
+		equalBytes(t, "dd/"+k, s.read(t, "dd/"+k), v)
+	}
+	equalBytes(t, "the entry left behind", s.read(t, long), []byte("stays"))
+	for _, k := range s.keys(t) {
+		if store.IsInternal(k) {
+			t.Fatalf("the intent is still there")
+		}
 	}
 }

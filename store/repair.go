@@ -136,7 +136,7 @@ func (s *Store) reconcileOne(ctx context.Context, o *Object, live func(string) b
 	s.publishedBodyLocked(next)
 	s.mu.Unlock()
 	for _, r := range resv {
-		s.handOver(r.Node, r.ID)
+		s.handOver(r.Node, r.Epoch, r.ID)
 	}
 	rep.Dropped += dropped
 	rep.Repaired += len(added)

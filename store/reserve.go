@@ -127,6 +127,10 @@ func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (trans
 			s.dropResvLocked(req.ID, r)
 			return transfer.ControlResponse{}, nil
 		}
+		if r.writes > 0 {
+			// A write in flight may be into what would be freed.
+			return transfer.ControlResponse{}, fmt.Errorf("free part of reservation %d with %d writes in flight: %w", req.ID, r.writes, transfer.ErrBadRequest)
+		}
 		// Check all first: a bad extent changes nothing.
 		rest := r.ext
 		for _, f := range req.Extents {
@@ -197,26 +201,17 @@ func (s *Store) consumeLocked(ext []segment.Extent, ver uint64) bool {
 	return found
 }
 
-// reapLoop frees reservations and ends holds whose deadline passed, and
-// renews this node's leases (lease.go) and the holds of its open readers.
+// reapLoop frees reservations and ends holds whose deadline passed.
 func (s *Store) reapLoop() {
 	defer s.wg.Done()
 	t := time.NewTicker(min(time.Second, s.reserveTTL()/6))
 	defer t.Stop()
-	renewed := s.opts.Now()
 	for {
 		select {
 		case <-s.done:
 			return
 		case <-t.C:
 			s.reap()
-			if s.opts.Transport != nil {
-				s.renewLeases()
-			}
-			if now := s.opts.Now(); now.Sub(renewed) >= HoldTTL/3 {
-				renewed = now
-				s.renewHolds()
-			}
 		}
 	}
 }

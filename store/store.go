@@ -215,6 +215,10 @@ func New(o Options) (*Store, error) {
 		s.wg.Add(1)
 		go s.reapLoop()
 	}
+	if o.Transport != nil {
+		s.wg.Add(1)
+		go s.renewLoop()
+	}
 	return s, nil
 }
 
@@ -376,8 +380,8 @@ func (s *Store) acquireLocked(obj *Object) *body {
 	b := s.mu.bodies[ext[0]]
 	if b == nil {
 		// Every local body is registered by the commit that writes it
-		// or taken over from a reservation; this is one of neither
-		// (a test's hand-made index entry): take it as live.
+		// or taken over from a reservation, and OpenReader leases none
+		// without a record; Commit and Dup hold one. Not reached.
 		b = newBody(ext, bodyLive, obj.Version)
 		s.mu.bodies[ext[0]] = b
 	}
