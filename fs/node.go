@@ -185,18 +185,23 @@ func (f *FS) entryOut(o *store.Object, size uint64, out *fuse.EntryOut) {
 // on it (mmap past it faults with SIGBUS), so while a file is being
 // written here stat shows the size being written, and readers still read
 // the last published version.
+//
+// A draft that failed (a write was refused: it can never publish) does
+// not count: its size is of bytes nobody will see.
 func (n *node) sizeOf(o *store.Object) uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.mu.draft == nil && len(n.mu.private) == 0 {
-		return o.Size
-	}
-	var size uint64
-	if d := n.mu.draft; d != nil {
-		size = d.Size()
+	size, drafts := uint64(0), 0
+	if d := n.mu.draft; d != nil && d.Err() == nil {
+		size, drafts = d.Size(), 1
 	}
 	for h := range n.mu.private {
-		size = max(size, h.priv.Size())
+		if h.priv.Err() == nil {
+			size, drafts = max(size, h.priv.Size()), drafts+1
+		}
+	}
+	if drafts == 0 {
+		return o.Size
 	}
 	return size
 }
