@@ -57,7 +57,12 @@ func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object,
 	}
 	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil}
 	var d *store.Draft
-	if cur != nil {
+	switch {
+	case cur != nil && flags&ioctl.FlagUpdate == 0:
+		// A whole new content: nothing of the old one is read.
+		opts.IfVersion = cur.Version
+		d = f.st.NewDraft(cur.Ino, nil, true)
+	case cur != nil:
 		opts.IfVersion = cur.Version
 		base, err := f.st.OpenReader(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
@@ -70,8 +75,8 @@ func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object,
 			base.Close()
 			return nil, fmt.Errorf("put %q: changed since checked: %w", key, store.ErrConflict)
 		}
-		d = f.st.NewDraft(cur.Ino, base, flags&ioctl.FlagUpdate == 0)
-	} else {
+		d = f.st.NewDraft(cur.Ino, base, false)
+	default:
 		d = f.st.NewDraft(tmpl.Ino, nil, true)
 	}
 	defer d.Close()
@@ -110,7 +115,7 @@ func (n *node) invalidateKey(rel string) {
 	for i, name := range parts {
 		ch := parent.GetChild(name)
 		if ch == nil {
-			if i == len(parts)-1 {
+			if i == len(parts)-1 && n.fs.neg.cached(parent.StableAttr().Ino, name) {
 				parent.NotifyEntry(name)
 			}
 			return

@@ -109,6 +109,7 @@ type FS struct {
 	handles atomic.Int64 // open file handles
 	gpus    gpus
 	ipc     ipcTable
+	neg     negatives // names answered ENOENT (negative.go)
 }
 
 func newFS(o Options) (*FS, error) {

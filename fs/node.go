@@ -226,6 +226,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch 
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			out.SetEntryTimeout(n.fs.opts.NegativeTimeout)
+			n.fs.neg.answered(n.StableAttr().Ino, name, n.fs.opts.NegativeTimeout)
 			err = nil
 			return nil, syscall.ENOENT
 		}

@@ -128,6 +128,7 @@ func benchCases() []benchCase {
 		{name: "ioctl-small", target: onMount, ceiling: "tmpfs-put-get", small: true,
 			run: benchIoctlSmall, ceilingRun: benchTmpfsSmallPutGet},
 	}
+	cases = append(cases, kvHostCases()...)
 	cases = append(cases, clusterBenchCases()...)
 	return append(cases, cudaBenchCases()...)
 }

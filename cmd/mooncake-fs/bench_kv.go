@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+// KV-cache cases on host memory: many small values per batch call, the
+// way an inference engine saves and loads the blocks of its KV cache.
+// kv-{put,get}-host-SIZE moves them from and into one registered buffer
+// (the engine's pool); kv-{put,get}-host-vm-SIZE from and into plain
+// process memory. Each pass puts --files new keys, kvBatch per call (a
+// get pass puts them first, untimed). The ceiling is the same values
+// written as files to tmpfs and read back, one process.
+
+const kvBatch = 64
+
+var kvHostSizes = []uint64{4 << 10, 64 << 10}
+
+func kvHostCases() []benchCase {
+	var cs []benchCase
+	for _, size := range kvHostSizes {
+		label := fmt.Sprintf("%dKiB", size>>10)
+		for _, vm := range []bool{false, true} {
+			src := "host"
+			if vm {
+				src = "host-vm"
+			}
+			cs = append(cs,
+				benchCase{name: "kv-put-" + src + "-" + label, target: onMount, ceiling: "tmpfs-files-write", small: true,
+					run: kvHostRun(size, true, vm), ceilingRun: kvTmpfsRun(size, true)},
+				benchCase{name: "kv-get-" + src + "-" + label, target: onMount, ceiling: "tmpfs-files-read", small: true,
+					run: kvHostRun(size, false, vm), ceilingRun: kvTmpfsRun(size, false)})
+		}
+	}
+	return cs
+}
+
+// kvSource is the memory a kv case moves values from or into: a memfd
+// registered on the directory, or anonymous memory.
+type kvSource struct {
+	mem  []byte
+	reg  ioctl.Registration
+	file *os.File
+}
+
+func newKVSource(d *ioctl.File, n uint64, register bool) (*kvSource, error) {
+	if !register {
+		b, err := newBenchBuf(n)
+		if err != nil {
+			return nil, err
+		}
+		return &kvSource{mem: b}, nil
+	}
+	fd, err := unix.MemfdCreate("mooncake-bench-kv", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "mooncake-bench-kv")
+	if err := f.Truncate(int64(n)); err != nil {
+		f.Close()
+		return nil, err
+	}
+	mem, err := unix.Mmap(fd, 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("mmap memfd: %w", err)
+	}
+	for i := range mem {
+		mem[i] = patternByte(i)
+	}
+	s := &kvSource{mem: mem, file: f}
+	if s.reg, err = d.Register(f, 0, n); err != nil {
+		s.free(d)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *kvSource) free(d *ioctl.File) {
+	if s.file != nil {
+		if s.reg.ID != 0 {
+			_ = d.Unregister(s.reg.ID)
+		}
+		_ = unix.Munmap(s.mem)
+		s.file.Close()
+		return
+	}
+	benchBuf(s.mem).free()
+}
+
+// batch runs one call on keys[i:j] at offset i*size of s.
+func (s *kvSource) batch(d *ioctl.File, put bool, keys []string, i, j int, size uint64) error {
+	items := make([]ioctl.BatchItem, 0, j-i)
+	for k := i; k < j; k++ {
+		it := ioctl.BatchItem{Key: keys[k]}
+		off := uint64(k) * size
+		if s.file != nil {
+			it.BufOff, it.Len = off, size
+		} else {
+			it.Data = s.mem[off : off+size]
+		}
+		items = append(items, it)
+	}
+	var res []ioctl.BatchResult
+	var err error
+	switch {
+	case put && s.file != nil:
+		res, err = d.BatchPutBuf(s.reg.ID, items)
+	case put:
+		res, err = d.BatchPut(items)
+	case s.file != nil:
+		res, err = d.BatchGetBuf(s.reg.ID, items)
+	default:
+		res, err = d.BatchGet(items)
+	}
+	if err != nil {
+		return err
+	}
+	for k, r := range res {
+		if r.Err != nil {
+			return r.Err
+		}
+		if r.N != size {
+			return fmt.Errorf("%s: %d B, want %d", items[k].Key, r.N, size)
+		}
+	}
+	return nil
+}
+
+func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (benchSample, error) {
+	return func(dir string, p benchParams) (benchSample, error) {
+		sub, err := smallDir(dir, "kv", p.Rep)
+		if err != nil {
+			return benchSample{}, err
+		}
+		d, err := ioctl.OpenDir(sub)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer d.Close()
+		n := uint64(p.Files) * size
+		src, err := newKVSource(d, n, !vm)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer src.free(d)
+		keys := smallNames(p.Files)
+		pass := func(put bool) (time.Duration, error) {
+			t0 := time.Now()
+			for i := 0; i < len(keys); i += kvBatch {
+				if err := src.batch(d, put, keys, i, min(i+kvBatch, len(keys)), size); err != nil {
+					return 0, err
+				}
+			}
+			return time.Since(t0), nil
+		}
+		elapsed, err := pass(true)
+		if err == nil && !put {
+			want := bytes.Clone(src.mem)
+			clear(src.mem)
+			if elapsed, err = pass(false); err == nil && !bytes.Equal(src.mem, want) {
+				err = fmt.Errorf("get: the values read back differ")
+			}
+		}
+		if err != nil {
+			return benchSample{}, err
+		}
+		if err := removeSmall(sub, keys); err != nil {
+			return benchSample{}, err
+		}
+		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files}, nil
+	}
+}
+
+// kvTmpfsRun is the ceiling: the values as files, create-write-close each
+// (put) or open-read-close each after writing them untimed (get).
+func kvTmpfsRun(size uint64, put bool) func(dir string, p benchParams) (benchSample, error) {
+	return func(dir string, p benchParams) (benchSample, error) {
+		sub, err := smallDir(dir, "kv", p.Rep)
+		if err != nil {
+			return benchSample{}, err
+		}
+		buf, err := newBenchBuf(uint64(p.Files) * size)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer buf.free()
+		keys := smallNames(p.Files)
+		write := func() (time.Duration, error) {
+			t0 := time.Now()
+			for i, k := range keys {
+				fd, err := openRetry(filepath.Join(sub, k), unix.O_CREAT|unix.O_TRUNC|unix.O_WRONLY, 0o644)
+				if err != nil {
+					return 0, err
+				}
+				err = writeFull(fd, buf[uint64(i)*size:uint64(i+1)*size])
+				if cerr := unix.Close(fd); err == nil {
+					err = cerr
+				}
+				if err != nil {
+					return 0, err
+				}
+			}
+			return time.Since(t0), nil
+		}
+		elapsed, err := write()
+		if err == nil && !put {
+			t0 := time.Now()
+			for i, k := range keys {
+				fd, oerr := openRetry(filepath.Join(sub, k), unix.O_RDONLY, 0)
+				if oerr != nil {
+					err = oerr
+					break
+				}
+				got, rerr := unix.Read(fd, buf[uint64(i)*size:uint64(i+1)*size])
+				unix.Close(fd)
+				if rerr != nil || uint64(got) != size {
+					err = fmt.Errorf("read %s: %d B, %v", k, got, rerr)
+					break
+				}
+			}
+			elapsed = time.Since(t0)
+		}
+		if err != nil {
+			return benchSample{}, err
+		}
+		if err := removeSmall(sub, keys); err != nil {
+			return benchSample{}, err
+		}
+		return benchSample{Bytes: uint64(p.Files) * size, Ns: elapsed.Nanoseconds(), Ops: p.Files}, nil
+	}
+}
