@@ -235,3 +235,28 @@ func TestClusterRenameLargeDirectory(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchPutVisibleAfterNegativeLookup: a key the kernel was told does
+// not exist (a cached negative entry) is there for the next lookup once a
+// batch created it; and one it was never asked about is too.
+func TestBatchPutVisibleAfterNegativeLookup(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	out := py(t, `
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+c = mc.Client(sys.argv[2])
+os.mkdir(c.path("kv"))
+print("before=%s" % os.path.exists(c.path("kv/asked")))
+c.batch_put({"asked": b"1", "fresh": b"2"}, dir="kv")
+print("asked=%s" % os.path.exists(c.path("kv/asked")))
+print("fresh=%s" % os.path.exists(c.path("kv/fresh")))
+with open(c.path("kv/asked"), "rb") as f:
+    print("content=%s" % f.read().decode())
+`, pythonDir(t), d.dir)
+	got := pyResults(out)
+	if got["before"] != "False" || got["asked"] != "True" || got["fresh"] != "True" || got["content"] != "1" {
+		t.Fatalf("lookups around a batch put:\n%s", out)
+	}
+}
