@@ -81,6 +81,9 @@ func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object,
 	}
 	defer d.Close()
 	d.Place(f.st.PlacementFor(ctx, key))
+	if flags&ioctl.FlagUpdate == 0 {
+		d.Expect(buf.Size())
+	}
 	if _, err := d.WriteFrom(ctx, buf, objOff); err != nil {
 		return nil, err
 	}
@@ -309,6 +312,7 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 		src := n.fs.st.NewDraft(ino, nil, true)
 		defer src.Close()
 		src.Place(n.fs.st.PlacementFor(ctx, key))
+		src.Expect(buf.Size())
 		if _, err := src.WriteFrom(ctx, buf, 0); err != nil {
 			return nil, err
 		}
@@ -342,8 +346,13 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		return err
 	}
 	uid, gid := caller(ctx)
+	var fast []int // puts that run as one transfer
 	for i := range int(a.Count) {
 		e := &a.Entries[i]
+		if put && e.Flags == 0 {
+			fast = append(fast, i)
+			continue
+		}
 		ver, err := n.batchOne(ctx, dh, p, dir, put, &a, i, uid, gid)
 		if err != nil {
 			e.Result = -int64(toErrno(err))
@@ -352,37 +361,156 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		}
 		e.Result, e.Version = int64(e.Len), ver
 	}
+	if len(fast) > 0 {
+		n.batchPut(ctx, dh, p, dir, &a, fast, uid, gid)
+	}
 	copy(out, a.Marshal())
+	return nil
+}
+
+// batchPut runs the plain puts (no flags) of a batch as one transfer:
+// every key is checked and gets its draft first, then all their bytes
+// move in one engine batch (one process_vm_readv per run of keys of the
+// caller's memory), then each key commits on its own; a key whose check,
+// copy or commit fails gets its own error and leaves nothing, and never
+// keeps the others from committing. A key that changed between its check
+// and its commit goes the one-key way again (batchOne), which checks it
+// anew.
+func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int, uid, gid uint32) {
+	type pending struct {
+		i        int
+		key, rel string
+		cur      *store.Object
+		tmpl     *store.Object
+		d        *store.Draft
+	}
+	fail := func(i int, err error) {
+		a.Entries[i].Result, a.Entries[i].Version = -int64(toErrno(err)), 0
+	}
+	var ps []pending
+	var writes []store.DraftWrite
+	for _, i := range idx {
+		key, rel, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
+		if err != nil {
+			fail(i, err)
+			continue
+		}
+		defer done()
+		cur, err := n.fs.st.Stat(ctx, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			fail(i, err)
+			continue
+		}
+		if err := n.mayPut(ctx, p, key, cur); err != nil {
+			fail(i, err)
+			continue
+		}
+		ino := store.NewIno()
+		if cur != nil {
+			ino = cur.Ino
+		}
+		tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: ino}
+		d := n.fs.st.NewDraft(ino, nil, true)
+		defer d.Close()
+		d.Place(n.fs.st.PlacementFor(ctx, key))
+		d.Expect(buf.Size())
+		ps = append(ps, pending{i: i, key: key, rel: rel, cur: cur, tmpl: tmpl, d: d})
+		writes = append(writes, store.DraftWrite{Draft: d, Buf: buf})
+	}
+	errs := n.fs.st.WriteMany(ctx, writes)
+	var created []string
+	defer func() {
+		if len(created) > 0 {
+			go func() {
+				for _, rel := range created {
+					n.invalidateKey(rel)
+				}
+			}()
+		}
+	}()
+	for j, pp := range ps {
+		if errs != nil && errs[j] != nil {
+			fail(pp.i, errs[j])
+			continue
+		}
+		opts := store.CommitOptions{Key: pp.key, Template: pp.tmpl, Exclusive: pp.cur == nil}
+		if pp.cur != nil {
+			opts.IfVersion = pp.cur.Version
+		}
+		o, err := pp.d.Commit(ctx, opts)
+		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) {
+			// Changed since checked: check it again, one key.
+			pp.d.Close()
+			var ver uint64
+			if ver, err = n.batchOne(ctx, dh, p, dir, true, a, pp.i, uid, gid); err == nil {
+				a.Entries[pp.i].Result, a.Entries[pp.i].Version = int64(a.Entries[pp.i].Len), ver
+			} else {
+				fail(pp.i, err)
+			}
+			continue
+		}
+		if err != nil {
+			fail(pp.i, err)
+			continue
+		}
+		a.Entries[pp.i].Result, a.Entries[pp.i].Version = int64(a.Entries[pp.i].Len), o.Version
+		created = append(created, pp.rel)
+	}
+}
+
+// batchTarget checks entry i's key and names its buffer (held until done).
+func (n *node) batchTarget(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, i int) (key, rel string, buf transfer.Buffer, done func(), err error) {
+	e := &a.Entries[i]
+	if rel, err = a.Key(i); err != nil {
+		return
+	}
+	if err = store.ValidateKey(rel); err != nil {
+		return
+	}
+	key = store.Join(dir, rel)
+	if len(key) > store.MaxKeyLen {
+		err = store.ErrNameTooLong
+		return
+	}
+	if err = n.fs.checkPath(ctx, p, dir, key); err != nil {
+		return
+	}
+	done = func() {}
+	if a.Source == ioctl.BatchBuf {
+		buf, done, err = regBuffer(&dh.regs, a.ID, e.Addr, e.Len)
+		return
+	}
+	buf = transfer.VMBuffer(p.tid, e.Addr, e.Len)
+	return
+}
+
+// mayPut checks that the caller may write key (its current version cur,
+// nil when there is none: then its parent directory).
+func (n *node) mayPut(ctx context.Context, p *callerProc, key string, cur *store.Object) error {
+	switch {
+	case cur != nil && cur.Kind == store.KindDir:
+		return store.ErrIsDir
+	case cur != nil && !allowed(p, cur, mayWrite):
+		return syscall.EACCES
+	case cur == nil:
+		parent, err := n.fs.st.Stat(ctx, store.Parent(key))
+		if err != nil {
+			return err
+		}
+		if !allowed(p, parent, mayWrite|mayExec) {
+			return syscall.EACCES
+		}
+	}
 	return nil
 }
 
 func (n *node) batchOne(ctx context.Context, dh *dirHandle, p *callerProc, dir string, put bool, a *ioctl.BatchArg, i int, uid, gid uint32) (uint64, error) {
 	e := &a.Entries[i]
-	rel, err := a.Key(i)
+	key, rel, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
 	if err != nil {
 		return 0, err
 	}
-	if err := store.ValidateKey(rel); err != nil {
-		return 0, err
-	}
-	key := store.Join(dir, rel)
-	if len(key) > store.MaxKeyLen {
-		return 0, store.ErrNameTooLong
-	}
-	if err := n.fs.checkPath(ctx, p, dir, key); err != nil {
-		return 0, err
-	}
-	var buf transfer.Buffer
-	if a.Source == ioctl.BatchBuf {
-		b, done, err := regBuffer(&dh.regs, a.ID, e.Addr, e.Len)
-		if err != nil {
-			return 0, err
-		}
-		defer done()
-		buf = b
-	} else {
-		buf = transfer.VMBuffer(p.tid, e.Addr, e.Len)
-	}
+	defer done()
 	if !put {
 		// Checked on the version it reads: the reader holds it.
 		r, err := n.fs.st.OpenReader(ctx, key)
@@ -405,19 +533,8 @@ func (n *node) batchOne(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return 0, err
 		}
-		switch {
-		case cur != nil && cur.Kind == store.KindDir:
-			return 0, store.ErrIsDir
-		case cur != nil && !allowed(p, cur, mayWrite):
-			return 0, syscall.EACCES
-		case cur == nil:
-			parent, err := n.fs.st.Stat(ctx, store.Parent(key))
-			if err != nil {
-				return 0, err
-			}
-			if !allowed(p, parent, mayWrite|mayExec) {
-				return 0, syscall.EACCES
-			}
+		if err := n.mayPut(ctx, p, key, cur); err != nil {
+			return 0, err
 		}
 		tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: store.NewIno()}
 		o, err = n.fs.putObject(ctx, key, cur, tmpl, buf, e.ObjOff, e.Flags)

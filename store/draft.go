@@ -49,6 +49,7 @@ type Draft struct {
 		starts   []uint64
 		capacity uint64
 		zeroed   uint64 // bytes [0,zeroed) are defined: written or zero-filled
+		expect   uint64 // the size the writer announced (Expect); 0: unknown
 		closed   bool
 		// Placement (placement.go): where ext lives. node is "" until the
 		// first reservation decides it; extResv[i] is the reservation id
@@ -121,6 +122,14 @@ func (s *Store) OpenDraft(ctx context.Context, key string, ino uint64, trunc boo
 	return s.NewDraft(ino, r, trunc), nil
 }
 
+// Expect announces the size the draft's writes will reach: its next
+// reservation takes that much, instead of growing speculatively.
+func (d *Draft) Expect(size uint64) {
+	d.mu.Lock()
+	d.mu.expect = size
+	d.mu.Unlock()
+}
+
 // Size returns the draft's current size.
 func (d *Draft) Size() uint64 {
 	return d.size.Load()
@@ -157,6 +166,11 @@ func (d *Draft) reserveLocked(ctx context.Context, need uint64, excl bool) error
 	}
 	grow := need - d.mu.capacity
 	want := max(grow, min(max(d.mu.capacity, minGrow), maxGrow))
+	if d.mu.expect >= need {
+		// The writer said how large it gets: reserve that, no more (a
+		// small value would otherwise take minGrow and give it back).
+		want = d.mu.expect - d.mu.capacity
+	}
 	if d.mu.capacity == 0 {
 		node, err := d.s.primaryNode(d.placement(), need)
 		if err != nil {
@@ -411,17 +425,30 @@ func (d *Draft) Err() error {
 }
 
 func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
+	reqs, finish, err := d.prepareWrite(ctx, buf, off)
+	if err != nil || finish == nil {
+		return 0, err
+	}
+	return finish(d.s.eng.Submit(ctx, reqs))
+}
+
+// prepareWrite reserves room for buf at off and returns the requests that
+// copy it; finish, called once with the outcome of those requests,
+// records it (and, for a copy that failed, zeroes its range) and returns
+// what the write returns. The draft is held shared from prepareWrite to
+// finish. A nil finish with a nil error is an empty write.
+func (d *Draft) prepareWrite(ctx context.Context, buf transfer.Buffer, off uint64) ([]transfer.Request, func(error) (uint64, error), error) {
 	n := buf.Size()
 	if n == 0 {
-		return 0, nil
+		return nil, nil, nil
 	}
 	end := off + n
 	if end < off {
-		return 0, fmt.Errorf("store: write %d B at %d: %w", n, off, ErrTooLarge)
+		return nil, nil, fmt.Errorf("store: write %d B at %d: %w", n, off, ErrTooLarge)
 	}
 	for {
 		if err := d.ensureOwn(ctx, ^uint64(0)); err != nil {
-			return 0, err
+			return nil, nil, err
 		}
 		d.rw.RLock()
 		d.mu.Lock()
@@ -436,7 +463,7 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	if d.mu.closed {
 		d.mu.Unlock()
 		d.rw.RUnlock()
-		return 0, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	err := d.reserveLocked(ctx, end, false)
 	if errors.Is(err, errSpill) {
@@ -454,20 +481,17 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		d.mu.Unlock()
 		d.rw.Unlock()
 		if err != nil {
-			return 0, err
+			return nil, nil, err
 		}
-		return d.writeFrom(ctx, buf, off)
+		return d.prepareWrite(ctx, buf, off)
 	}
-	defer d.rw.RUnlock()
+	if err == nil && off > d.mu.zeroed {
+		err = d.zeroLocked(ctx, d.mu.zeroed, off)
+	}
 	if err != nil {
 		d.mu.Unlock()
-		return 0, err
-	}
-	if off > d.mu.zeroed {
-		if err := d.zeroLocked(ctx, d.mu.zeroed, off); err != nil {
-			d.mu.Unlock()
-			return 0, err
-		}
+		d.rw.RUnlock()
+		return nil, nil, err
 	}
 	d.mu.zeroed = max(d.mu.zeroed, end)
 	ext, starts, node, epoch, resv := d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch, d.mu.extResv
@@ -478,22 +502,79 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node, Epoch: epoch, Resv: resv[i]})
 		return true
 	})
-	if err := d.s.eng.Submit(ctx, reqs); err != nil {
-		d.mu.Lock()
-		if zerr := d.zeroLocked(ctx, off, end); zerr != nil {
-			// Neither the bytes nor zeros reached the range: committing
-			// would publish whatever the remote memory holds.
-			d.fail(fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", n, off, errors.Join(err, zerr)))
+	finish := func(err error) (uint64, error) {
+		defer d.rw.RUnlock()
+		if err != nil {
+			d.mu.Lock()
+			if zerr := d.zeroLocked(ctx, off, end); zerr != nil {
+				// Neither the bytes nor zeros reached the range: committing
+				// would publish whatever the remote memory holds.
+				d.fail(fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", n, off, errors.Join(err, zerr)))
+			}
+			d.mu.Unlock()
+			return 0, err
 		}
+		d.mu.Lock()
+		d.size.Store(max(d.size.Load(), end))
+		d.dirty.Store(true)
 		d.mu.Unlock()
-		return 0, err
+		d.setMtime(0)
+		return n, nil
 	}
-	d.mu.Lock()
-	d.size.Store(max(d.size.Load(), end))
-	d.dirty.Store(true)
-	d.mu.Unlock()
-	d.setMtime(0)
-	return n, nil
+	return reqs, finish, nil
+}
+
+// DraftWrite is one write of a WriteMany: buf into Draft at Off.
+type DraftWrite struct {
+	Draft *Draft
+	Buf   transfer.Buffer
+	Off   uint64
+}
+
+// WriteMany runs several writes (into distinct drafts, or disjoint ranges
+// of one) as one transfer: one engine batch, so a process's memory is read
+// with as few process_vm_readv calls as the kernel allows and GPU copies
+// are synchronized once. It returns each write's error, nil for all when
+// all succeeded; each write fails its own draft only, as WriteFrom would.
+func (s *Store) WriteMany(ctx context.Context, ws []DraftWrite) []error {
+	errs := make([]error, len(ws))
+	finish := make([]func(error) (uint64, error), len(ws))
+	span := make([][2]int, len(ws)) // each write's requests in all
+	var all []transfer.Request
+	failed := false
+	for i, w := range ws {
+		if err := w.Draft.Err(); err != nil {
+			errs[i], failed = err, true
+			continue
+		}
+		reqs, fin, err := w.Draft.prepareWrite(ctx, w.Buf, w.Off)
+		if err != nil {
+			w.Draft.fail(err)
+			errs[i], failed = err, true
+			continue
+		}
+		finish[i] = fin
+		span[i] = [2]int{len(all), len(all) + len(reqs)}
+		all = append(all, reqs...)
+	}
+	each := s.eng.SubmitEach(ctx, all)
+	for i, fin := range finish {
+		if fin == nil {
+			continue
+		}
+		var err error
+		if each != nil {
+			err = errors.Join(each[span[i][0]:span[i][1]]...)
+		}
+		if _, err = fin(err); err != nil {
+			ws[i].Draft.fail(err)
+			errs[i], failed = err, true
+		}
+	}
+	if !failed {
+		return nil
+	}
+	return errs
 }
 
 // ReadAt copies draft bytes at off into p and returns the count, short at

@@ -132,13 +132,54 @@ func (e *Engine) Close() {
 // not return before every copy it started has finished, so the caller may
 // reuse its buffers as soon as it returns.
 func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
+	return errors.Join(e.submit(ctx, reqs)...)
+}
+
+// SubmitEach is Submit that reports each request's own outcome: nil when
+// every request succeeded, else one error per request (nil for those
+// that succeeded). A failure that is no one request's (the context, a
+// GPU stream's synchronize) is every request's of its kind.
+func (e *Engine) SubmitEach(ctx context.Context, reqs []Request) []error {
+	errs := e.submit(ctx, reqs)
+	if len(errs) == 0 {
+		return nil
+	}
+	out := make([]error, len(reqs))
+	var all []error
+	for _, err := range errs {
+		if re, ok := errors.AsType[*RequestError](err); ok && re.Index >= 0 && re.Index < len(reqs) {
+			out[re.Index] = errors.Join(out[re.Index], err)
+		} else {
+			all = append(all, err)
+		}
+	}
+	if len(all) > 0 {
+		for i := range out {
+			out[i] = errors.Join(append([]error{out[i]}, all...)...)
+		}
+	}
+	return out
+}
+
+// RequestError is the failure of one request of a batch.
+type RequestError struct {
+	Index int // in the batch
+	Err   error
+}
+
+func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.Index, e.Err) }
+func (e *RequestError) Unwrap() error { return e.Err }
+
+func reqError(i int, err error) error { return &RequestError{Index: i, Err: err} }
+
+func (e *Engine) submit(ctx context.Context, reqs []Request) []error {
 	if err := ctx.Err(); err != nil {
-		return err
+		return []error{err}
 	}
 	e.closeMu.RLock()
 	defer e.closeMu.RUnlock()
 	if e.closed {
-		return ErrClosed
+		return []error{ErrClosed}
 	}
 	start := time.Now()
 	var errs []error
@@ -149,12 +190,12 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 	var memBytes, vmBytes, gpuBytes, _ uint64
 	for i, r := range reqs {
 		if err := r.validate(); err != nil {
-			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+			errs = append(errs, reqError(i, err))
 			continue
 		}
 		if r.Node != "" && r.Node != e.opts.Self {
 			if e.opts.Remote == nil {
-				errs = append(errs, fmt.Errorf("request %d: extent on node %q and no transport: %w", i, r.Node, ErrNoStrategy))
+				errs = append(errs, reqError(i, fmt.Errorf("extent on node %q and no transport: %w", r.Node, ErrNoStrategy)))
 				continue
 			}
 			remote = append(remote, remotePiece{idx: i, req: r})
@@ -162,7 +203,7 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 		}
 		seg, err := e.opts.Local.Bytes(r.Extent)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("request %d: %v: %w", i, r.Extent, errors.Join(err, ErrNoStrategy)))
+			errs = append(errs, reqError(i, fmt.Errorf("%v: %w", r.Extent, errors.Join(err, ErrNoStrategy))))
 			continue
 		}
 		switch r.Buf.Kind {
@@ -184,7 +225,7 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 			gpu = append(gpu, gpuPiece{idx: i, op: r.Op, ctx: r.Buf.Ctx, dev: r.Buf.Dev + cuda.DevicePtr(r.BufOff), host: seg})
 			gpuBytes += r.Extent.Len
 		default:
-			errs = append(errs, fmt.Errorf("request %d: buffer kind %v: %w", i, r.Buf.Kind, ErrNoStrategy))
+			errs = append(errs, reqError(i, fmt.Errorf("buffer kind %v: %w", r.Buf.Kind, ErrNoStrategy)))
 		}
 	}
 	if len(mem) > 0 {
@@ -206,7 +247,7 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 		errs = append(errs, e.copyRemote(ctx, remote)...)
 		e.accountRemote(remote, time.Since(rstart))
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 type memPair struct {
@@ -221,7 +262,7 @@ func (p memPair) copy(dst, src []byte) error {
 		return nil
 	}
 	if err := guardedCopy(dst, src); err != nil {
-		return fmt.Errorf("request %d: %w", p.idx, err)
+		return reqError(p.idx, err)
 	}
 	return nil
 }

@@ -77,7 +77,7 @@ func (e *Engine) copyGPU(pieces []gpuPiece) []error {
 		if !ok {
 			var err error
 			if s, err = e.streams.get(p.ctx); err != nil {
-				errs = append(errs, fmt.Errorf("request %d: stream: %w", p.idx, err))
+				errs = append(errs, reqError(p.idx, fmt.Errorf("stream: %w", err)))
 				continue
 			}
 			used[p.ctx] = s
@@ -91,7 +91,7 @@ func (e *Engine) copyGPU(pieces []gpuPiece) []error {
 				err = cuda.CopyHtoDAsync(p.dev+cuda.DevicePtr(off), p.host[off:end], s)
 			}
 			if err != nil {
-				errs = append(errs, fmt.Errorf("request %d: %w", p.idx, err))
+				errs = append(errs, reqError(p.idx, err))
 				break
 			}
 		}

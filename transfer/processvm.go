@@ -68,7 +68,18 @@ func vmGroups(ps []vmPiece) []error {
 			n++
 		}
 		if err := vmCall(ps[:n]); err != nil {
-			errs = append(errs, err)
+			if n == 1 {
+				errs = append(errs, err)
+			} else {
+				// One call for many requests failed: run them one by one,
+				// so each failure is its own request's and the others
+				// are done.
+				for _, p := range ps[:n] {
+					if err := vmCall([]vmPiece{p}); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
 		}
 		ps = ps[n:]
 	}
@@ -95,10 +106,10 @@ func vmCall(ps []vmPiece) error {
 		n, err = unix.ProcessVMWritev(ps[0].pid, local, remote, 0)
 	}
 	if err != nil {
-		return fmt.Errorf("request %d: process %d at %#x: %w", ps[0].idx, ps[0].pid, ps[0].addr, vmErr(err))
+		return reqError(ps[0].idx, fmt.Errorf("process %d at %#x: %w", ps[0].pid, ps[0].addr, vmErr(err)))
 	}
 	if n != want {
-		return fmt.Errorf("request %d: process %d at %#x: %d of %d B: %w", ps[0].idx, ps[0].pid, ps[0].addr, n, want, ErrFault)
+		return reqError(ps[0].idx, fmt.Errorf("process %d at %#x: %d of %d B: %w", ps[0].pid, ps[0].addr, n, want, ErrFault))
 	}
 	return nil
 }

@@ -50,7 +50,7 @@ func (e *Engine) copyRemote(ctx context.Context, pieces []remotePiece) []error {
 				mu.Lock()
 				if !failed[p.idx] {
 					failed[p.idx] = true
-					errs = append(errs, fmt.Errorf("request %d: node %q %v: %w", p.idx, p.req.Node, p.req.Extent, err))
+					errs = append(errs, reqError(p.idx, fmt.Errorf("node %q %v: %w", p.req.Node, p.req.Extent, err)))
 				}
 				mu.Unlock()
 			}
