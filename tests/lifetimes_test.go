@@ -260,3 +260,62 @@ with open(c.path("kv/asked"), "rb") as f:
 		t.Fatalf("lookups around a batch put:\n%s", out)
 	}
 }
+
+// TestBatchPutMixedKeys: one batch of new, existing, forbidden, faulting
+// and too-large keys, from an unprivileged caller: every good key commits
+// whole, every failed one gets its own errno and leaves nothing.
+func TestBatchPutMixedKeys(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python, "setpriv")
+	d := startDaemon(t, "--size", "16MiB")
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
+	run(t, "mkdir", "-m", "0755", filepath.Join(pub, "locked"))
+	if err := os.WriteFile(filepath.Join(pub, "old"), []byte("old content"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "chmod", "0666", filepath.Join(pub, "old"))
+	script := pyErrnoPrelude + `
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+from mooncake_fs import _abi
+from mooncake_fs._buffer import pinned
+c = mc.Client(sys.argv[2])
+vals = {"new1": b"a" * 4096, "old": b"replaced", "locked/x": b"no", "big1": bytes(10 << 20),
+        "big2": bytes(10 << 20), "new2": b"b" * 100}
+with c.opendir("pub") as d, pinned(vals["new1"]) as p1, pinned(vals["old"]) as p2, \
+        pinned(vals["locked/x"]) as p3, pinned(vals["big1"]) as p4, pinned(vals["big2"]) as p5, \
+        pinned(vals["new2"]) as p6:
+    entries = [mc.Entry("new1", *p1), mc.Entry("old", *p2), mc.Entry("locked/x", *p3),
+               mc.Entry("fault", 8, 4096), mc.Entry("big1", *p4), mc.Entry("big2", *p5), mc.Entry("new2", *p6)]
+    res = d.batch(_abi.BATCH_PUT, _abi.BATCH_VM, entries)
+for e, (r, v) in zip(entries, res):
+    print(f"{e.key}={errname(-r) if r < 0 else r}")
+`
+	out, err := asNobody(`exec "$1" -c "$2" "$3" "$4"`, python, script, publicPythonDir(t), d.dir)
+	if err != nil {
+		t.Fatalf("nobody's batch: %v\n%s", err, out)
+	}
+	got := pyResults(out)
+	want := map[string]string{"new1": "4096", "old": "8", "locked/x": "EACCES", "fault": "EFAULT",
+		"big1": fmt.Sprint(10 << 20), "big2": "ENOSPC", "new2": "100"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q\n%s", k, got[k], v, out)
+		}
+	}
+	for k, v := range map[string]string{"new1": strings.Repeat("a", 4096), "old": "replaced", "new2": strings.Repeat("b", 100)} {
+		if b, err := os.ReadFile(filepath.Join(pub, k)); err != nil || string(b) != v {
+			t.Errorf("%s after the batch: %q, %v", k, b, err)
+		}
+	}
+	if st, err := os.Stat(filepath.Join(pub, "big1")); err != nil || st.Size() != 10<<20 {
+		t.Errorf("big1 after the batch: %v, %v", st, err)
+	}
+	for _, k := range []string{"locked/x", "fault", "big2"} {
+		if _, err := os.Stat(filepath.Join(pub, k)); err == nil {
+			t.Errorf("failed key %s exists", k)
+		}
+	}
+	d.checkAlive(t)
+}
