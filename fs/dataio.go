@@ -346,14 +346,14 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		return err
 	}
 	uid, gid := caller(ctx)
-	var fast []int // puts that run as one transfer
+	var fast []int // entries that run as one transfer (puts without flags, gets)
 	for i := range int(a.Count) {
 		e := &a.Entries[i]
-		if put && e.Flags == 0 {
+		if !put || e.Flags == 0 {
 			fast = append(fast, i)
 			continue
 		}
-		ver, err := n.batchOne(ctx, dh, p, dir, put, &a, i, uid, gid)
+		ver, err := n.putOne(ctx, dh, p, dir, &a, i, uid, gid)
 		if err != nil {
 			e.Result = -int64(toErrno(err))
 			e.Version = 0
@@ -361,8 +361,11 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		}
 		e.Result, e.Version = int64(e.Len), ver
 	}
-	if len(fast) > 0 {
+	switch {
+	case len(fast) > 0 && put:
 		n.batchPut(ctx, dh, p, dir, &a, fast, uid, gid)
+	case len(fast) > 0:
+		n.batchGet(ctx, dh, p, dir, &a, fast)
 	}
 	copy(out, a.Marshal())
 	return nil
@@ -374,7 +377,7 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 // caller's memory), then each key commits on its own; a key whose check,
 // copy or commit fails gets its own error and leaves nothing, and never
 // keeps the others from committing. A key that changed between its check
-// and its commit goes the one-key way again (batchOne), which checks it
+// and its commit goes the one-key way again (putOne), which checks it
 // anew.
 func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int, uid, gid uint32) {
 	type pending struct {
@@ -442,7 +445,7 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 			// Changed since checked: check it again, one key.
 			pp.d.Close()
 			var ver uint64
-			if ver, err = n.batchOne(ctx, dh, p, dir, true, a, pp.i, uid, gid); err == nil {
+			if ver, err = n.putOne(ctx, dh, p, dir, a, pp.i, uid, gid); err == nil {
 				a.Entries[pp.i].Result, a.Entries[pp.i].Version = int64(a.Entries[pp.i].Len), ver
 			} else {
 				fail(pp.i, err)
@@ -455,6 +458,46 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		}
 		a.Entries[pp.i].Result, a.Entries[pp.i].Version = int64(a.Entries[pp.i].Len), o.Version
 		created = append(created, pp.rel)
+	}
+}
+
+// batchGet runs the gets of a batch as one transfer: each key's version
+// is opened and its mode checked on it first, then every copy runs in
+// one engine batch (ReadMany); each key gets its own result.
+func (n *node) batchGet(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int) {
+	fail := func(i int, err error) {
+		a.Entries[i].Result, a.Entries[i].Version = -int64(toErrno(err)), 0
+	}
+	var at []int
+	var reads []store.ReaderRead
+	for _, i := range idx {
+		key, _, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
+		if err != nil {
+			fail(i, err)
+			continue
+		}
+		defer done()
+		r, err := n.fs.st.OpenReader(ctx, key)
+		if err != nil {
+			fail(i, err)
+			continue
+		}
+		defer r.Close()
+		if !allowed(p, r.Object(), mayRead) {
+			fail(i, syscall.EACCES)
+			continue
+		}
+		at = append(at, i)
+		reads = append(reads, store.ReaderRead{Reader: r, Buf: buf, Off: a.Entries[i].ObjOff})
+	}
+	counts, errs := n.fs.st.ReadMany(ctx, reads)
+	for j, i := range at {
+		if errs != nil && errs[j] != nil {
+			fail(i, errs[j])
+			continue
+		}
+		a.Entries[i].Len = counts[j]
+		a.Entries[i].Result, a.Entries[i].Version = int64(counts[j]), reads[j].Reader.Object().Version
 	}
 }
 
@@ -504,27 +547,15 @@ func (n *node) mayPut(ctx context.Context, p *callerProc, key string, cur *store
 	return nil
 }
 
-func (n *node) batchOne(ctx context.Context, dh *dirHandle, p *callerProc, dir string, put bool, a *ioctl.BatchArg, i int, uid, gid uint32) (uint64, error) {
+// putOne runs one put of a batch on its own: a put with flags, or one
+// whose key changed between batchPut's check and its commit.
+func (n *node) putOne(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, i int, uid, gid uint32) (uint64, error) {
 	e := &a.Entries[i]
 	key, rel, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
 	if err != nil {
 		return 0, err
 	}
 	defer done()
-	if !put {
-		// Checked on the version it reads: the reader holds it.
-		r, err := n.fs.st.OpenReader(ctx, key)
-		if err != nil {
-			return 0, err
-		}
-		defer r.Close()
-		if !allowed(p, r.Object(), mayRead) {
-			return 0, syscall.EACCES
-		}
-		got, ver, err := n.fs.getObject(ctx, key, r, buf, e.ObjOff)
-		e.Len = got
-		return ver, err
-	}
 	// Checked on a version, acted on only if the key still holds it: a
 	// change in between (a rename over the key) is looked at again.
 	var o *store.Object

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -262,4 +263,60 @@ func (r *Reader) Close() {
 	if r.remote != nil && r.s.opts.Follow {
 		r.s.closeRemoteReader(r)
 	}
+}
+
+// ReaderRead is one read of a ReadMany: Reader's bytes at Off into Buf.
+type ReaderRead struct {
+	Reader *Reader
+	Buf    transfer.Buffer
+	Off    uint64
+}
+
+// ReadMany runs several reads as one transfer, as WriteMany does writes:
+// the reads of local bodies go to the engine in one batch; those of
+// bodies on other nodes run one by one. It returns each read's count and
+// error (errs nil when all succeeded).
+func (s *Store) ReadMany(ctx context.Context, rs []ReaderRead) (counts []uint64, errs []error) {
+	counts = make([]uint64, len(rs))
+	out := make([]error, len(rs))
+	failed := false
+	set := func(i int, err error) {
+		if err != nil {
+			out[i], failed = err, true
+		}
+	}
+	span := make([][2]int, len(rs))
+	var all []transfer.Request
+	for i, rd := range rs {
+		r := rd.Reader
+		switch {
+		case rd.Off > r.obj.Size:
+			set(i, fmt.Errorf("read at %d of %d B: %w", rd.Off, r.obj.Size, ErrRange))
+		case r.remote != nil:
+			var err error
+			counts[i], err = r.ReadTo(ctx, rd.Buf, rd.Off)
+			set(i, err)
+		case r.b == nil || rd.Off == r.obj.Size:
+		default:
+			n := min(rd.Buf.Size(), r.obj.Size-rd.Off)
+			reqs := r.requests(transfer.Read, rd.Buf, rd.Off, n)
+			span[i] = [2]int{len(all), len(all) + len(reqs)}
+			all = append(all, reqs...)
+			counts[i] = n
+		}
+	}
+	if each := s.eng.SubmitEach(ctx, all); each != nil {
+		for i := range rs {
+			if sp := span[i]; sp[1] > sp[0] {
+				if err := errors.Join(each[sp[0]:sp[1]]...); err != nil {
+					counts[i] = 0
+					set(i, err)
+				}
+			}
+		}
+	}
+	if !failed {
+		return counts, nil
+	}
+	return counts, out
 }
