@@ -355,8 +355,7 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		}
 		ver, err := n.putOne(ctx, dh, p, dir, &a, i, uid, gid)
 		if err != nil {
-			e.Result = -int64(toErrno(err))
-			e.Version = 0
+			failEntry(&a, i, err)
 			continue
 		}
 		e.Result, e.Version = int64(e.Len), ver
@@ -387,9 +386,7 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		tmpl     *store.Object
 		d        *store.Draft
 	}
-	fail := func(i int, err error) {
-		a.Entries[i].Result, a.Entries[i].Version = -int64(toErrno(err)), 0
-	}
+	fail := func(i int, err error) { failEntry(a, i, err) }
 	var ps []pending
 	var writes []store.DraftWrite
 	for _, i := range idx {
@@ -465,9 +462,7 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 // is opened and its mode checked on it first, then every copy runs in
 // one engine batch (ReadMany); each key gets its own result.
 func (n *node) batchGet(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int) {
-	fail := func(i int, err error) {
-		a.Entries[i].Result, a.Entries[i].Version = -int64(toErrno(err)), 0
-	}
+	fail := func(i int, err error) { failEntry(a, i, err) }
 	var at []int
 	var reads []store.ReaderRead
 	for _, i := range idx {
@@ -499,6 +494,11 @@ func (n *node) batchGet(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		a.Entries[i].Len = counts[j]
 		a.Entries[i].Result, a.Entries[i].Version = int64(counts[j]), reads[j].Reader.Object().Version
 	}
+}
+
+// failEntry records err as entry i's result.
+func failEntry(a *ioctl.BatchArg, i int, err error) {
+	a.Entries[i].Result, a.Entries[i].Version = -int64(toErrno(err)), 0
 }
 
 // batchTarget checks entry i's key and names its buffer (held until done).

@@ -48,6 +48,31 @@ func (c *clock) add(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// renameRig is a store over an index of 8 swaps a transaction, on a
+// settable clock, and makes movers over the same index that die.
+type renameRig struct {
+	idx   store.Index
+	calls *atomic.Int64
+	clk   *clock
+	s     *testStore
+}
+
+func newRenameRig(t *testing.T) *renameRig {
+	idx := store.NewEmbedded()
+	t.Cleanup(func() { _ = idx.Close() })
+	r := &renameRig{idx: idx, calls: new(atomic.Int64), clk: &clock{now: time.Unix(1_000_000, 0)}}
+	r.s = newTestStore(t, 4<<20, withIndex(limitedIndex{Index: idx, max: 8, calls: r.calls}),
+		withOptions(func(o *store.Options) { o.Now = r.clk.Now }))
+	return r
+}
+
+// mover returns a store on the same index whose compare-and-swap number
+// step from now fails, as if its daemon died there.
+func (r *renameRig) mover(t *testing.T, step int64) *testStore {
+	failing := limitedIndex{Index: r.idx, max: 8, calls: r.calls, failAt: r.calls.Load() + step}
+	return newTestStore(t, 1<<20, withIndex(failing), withOptions(func(o *store.Options) { o.Now = r.clk.Now }))
+}
+
 // fillTree makes dir with files f0..f(n-1) and a subdirectory sub with
 // three more, and returns their contents by key below dir.
 func fillTree(t *testing.T, s *testStore, dir string, n int) map[string][]byte {
@@ -120,17 +145,11 @@ func TestRenameLargeTreeInSteps(t *testing.T) {
 // Reconcile finishes the rename.
 func TestRenameInStepsFinishedAfterMoverDies(t *testing.T) {
 	ctx := context.Background()
-	idx := store.NewEmbedded()
-	t.Cleanup(func() { _ = idx.Close() })
-	calls := new(atomic.Int64)
-	clk := &clock{now: time.Unix(1_000_000, 0)}
-	s := newTestStore(t, 4<<20, withIndex(limitedIndex{Index: idx, max: 8, calls: calls}),
-		withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	r := newRenameRig(t)
+	s, clk := r.s, r.clk
 	want := fillTree(t, s, "d", 40)
 	other := fillTree(t, s, "x", 20)
-	// Die at the fourth step of the rename.
-	failing := limitedIndex{Index: idx, max: 8, calls: calls, failAt: calls.Load() + 4}
-	mover := newTestStore(t, 1<<20, withIndex(failing), withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	mover := r.mover(t, 4) // dies at the fourth step of the rename
 	if err := mover.Rename(ctx, "d", "e", 0); err == nil {
 		t.Fatal("the dying mover's rename succeeded")
 	}
@@ -198,15 +217,10 @@ func TestRenameInStepsFinishedAfterMoverDies(t *testing.T) {
 // the move finishes and ends its intent.
 func TestRenameInStepsLeavesTooLongNames(t *testing.T) {
 	ctx := context.Background()
-	idx := store.NewEmbedded()
-	t.Cleanup(func() { _ = idx.Close() })
-	calls := new(atomic.Int64)
-	clk := &clock{now: time.Unix(1_000_000, 0)}
-	s := newTestStore(t, 4<<20, withIndex(limitedIndex{Index: idx, max: 8, calls: calls}),
-		withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	r := newRenameRig(t)
+	s, clk := r.s, r.clk
 	want := fillTree(t, s, "d", 20)
-	failing := limitedIndex{Index: idx, max: 8, calls: calls, failAt: calls.Load() + 2}
-	mover := newTestStore(t, 1<<20, withIndex(failing), withOptions(func(o *store.Options) { o.Now = clk.Now }))
+	mover := r.mover(t, 2)
 	if err := mover.Rename(ctx, "d", "dd", 0); err == nil {
 		t.Fatal("the dying mover's rename succeeded")
 	}
