@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hanwen/go-fuse/v2/fuse"
-	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -345,6 +347,11 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 	if err != nil {
 		return err
 	}
+	start := time.Now()
+	defer func() {
+		n.fs.batches.keys.Add(uint64(a.Count))
+		n.fs.batches.handlerNs.Add(uint64(time.Since(start)))
+	}()
 	uid, gid := caller(ctx)
 	var fast []int // entries that run as one transfer (puts without flags, gets)
 	for i := range int(a.Count) {
@@ -417,7 +424,9 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		ps = append(ps, pending{i: i, key: key, rel: rel, cur: cur, tmpl: tmpl, d: d})
 		writes = append(writes, store.DraftWrite{Draft: d, Buf: buf})
 	}
+	t0 := time.Now()
 	errs := n.fs.st.WriteMany(ctx, writes)
+	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
 	var created []string
 	defer func() {
 		if len(created) > 0 {
@@ -485,7 +494,9 @@ func (n *node) batchGet(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		at = append(at, i)
 		reads = append(reads, store.ReaderRead{Reader: r, Buf: buf, Off: a.Entries[i].ObjOff})
 	}
+	t0 := time.Now()
 	counts, errs := n.fs.st.ReadMany(ctx, reads)
+	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
 	for j, i := range at {
 		if errs != nil && errs[j] != nil {
 			fail(i, errs[j])

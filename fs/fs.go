@@ -110,6 +110,28 @@ type FS struct {
 	gpus    gpus
 	ipc     ipcTable
 	neg     negatives // names answered ENOENT (negative.go)
+	batches batchStats
+}
+
+// batchStats count the keys of batch ioctls and where their time went:
+// the whole handler, and the one transfer of each batch (WriteMany,
+// ReadMany: reservation and copies). Their difference per key is the
+// daemon's own work per key.
+type batchStats struct {
+	keys, handlerNs, transferNs atomic.Uint64
+}
+
+// BatchStats are the mount's batch figures since it started.
+type BatchStats struct {
+	Keys       uint64 `json:"keys"`
+	HandlerNs  uint64 `json:"handler_ns"`
+	TransferNs uint64 `json:"transfer_ns"`
+}
+
+// Batches returns the mount's batch figures.
+func (m *Mount) Batches() BatchStats {
+	b := &m.fs.batches
+	return BatchStats{Keys: b.keys.Load(), HandlerNs: b.handlerNs.Load(), TransferNs: b.transferNs.Load()}
 }
 
 func newFS(o Options) (*FS, error) {

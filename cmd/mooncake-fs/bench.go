@@ -294,6 +294,9 @@ type benchResult struct {
 	CeilingOpsPerS float64 `json:"ceiling_ops_per_s,omitempty"`
 	CeilingP50us   float64 `json:"ceiling_p50_us,omitempty"`
 	CeilingP99us   float64 `json:"ceiling_p99_us,omitempty"`
+	// KeyWorkUs is the daemon's own work per key of batch calls (handler
+	// time minus the copies), kv cases.
+	KeyWorkUs float64 `json:"key_work_us,omitempty"`
 	// DaemonCPU is the daemon's CPU time per wall second while the
 	// reported mooncake repetition ran (1 = one core busy).
 	DaemonCPU float64 `json:"daemon_cpu,omitempty"`
@@ -319,6 +322,7 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.CeilingOpsPerS = round(ceil.opsPerS(), 0)
 		res.CeilingP50us, res.CeilingP99us = round(float64(ceil.P50ns)/1e3, 1), round(float64(ceil.P99ns)/1e3, 1)
 		res.Ratio = round(ratio(m.opsPerS(), ceil.opsPerS()), 3)
+		res.KeyWorkUs = round(float64(m.KeyWorkNs)/1e3, 2)
 	} else {
 		res.Ratio = round(ratio(m.gbps(), ceil.gbps()), 3)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	mfs "github.com/mooncake-fs/mooncake-fs/fs"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
@@ -162,22 +164,50 @@ func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (bench
 			}
 			return time.Since(t0), nil
 		}
+		before, err := batchFigures(dir)
+		if err != nil {
+			return benchSample{}, err
+		}
 		elapsed, err := pass(true)
 		if err == nil && !put {
 			want := bytes.Clone(src.mem)
 			clear(src.mem)
-			if elapsed, err = pass(false); err == nil && !bytes.Equal(src.mem, want) {
-				err = fmt.Errorf("get: the values read back differ")
+			if before, err = batchFigures(dir); err == nil {
+				if elapsed, err = pass(false); err == nil && !bytes.Equal(src.mem, want) {
+					err = fmt.Errorf("get: the values read back differ")
+				}
 			}
 		}
+		if err != nil {
+			return benchSample{}, err
+		}
+		after, err := batchFigures(dir)
 		if err != nil {
 			return benchSample{}, err
 		}
 		if err := removeSmall(sub, keys); err != nil {
 			return benchSample{}, err
 		}
-		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files}, nil
+		s := benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files}
+		if keys := after.Keys - before.Keys; keys > 0 {
+			work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
+			s.KeyWorkNs = max(work, 0) / int64(keys)
+		}
+		return s, nil
 	}
+}
+
+// batchFigures reads the daemon's batch figures from its status.
+func batchFigures(mnt string) (mfs.BatchStats, error) {
+	b, err := readStatus(mnt)
+	if err != nil {
+		return mfs.BatchStats{}, err
+	}
+	var st Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return mfs.BatchStats{}, fmt.Errorf("status of %s: %w", mnt, err)
+	}
+	return st.Batches, nil
 }
 
 // kvTmpfsRun is the ceiling: the values as files, create-write-close each

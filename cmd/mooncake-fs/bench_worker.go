@@ -47,6 +47,9 @@ type benchSample struct {
 	Ops   int    `json:"ops"`              // operations in the timed loop
 	P50ns int64  `json:"p50_ns,omitempty"` // per-operation latency, when timed one by one
 	P99ns int64  `json:"p99_ns,omitempty"`
+	// KeyWorkNs is the daemon's own work per key of batch calls: handler
+	// time minus the batches' transfers, from its status (kv cases).
+	KeyWorkNs int64 `json:"key_work_ns,omitempty"`
 	// Ceiling is the same work done by plain memory copies in the same
 	// process, right after (cases with target withCopy).
 	Ceiling *benchSample `json:"ceiling,omitempty"`

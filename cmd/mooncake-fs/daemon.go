@@ -386,6 +386,7 @@ type Status struct {
 	Objects       int             `json:"objects"`
 	OpenObjects   int             `json:"open_objects"`
 	OpenFiles     LimitStatus     `json:"open_files"`
+	Batches       mfs.BatchStats  `json:"batches"`
 	Metadata      LimitStatus     `json:"metadata_bytes"`
 	Evict         EvictStatus     `json:"evict"`
 	Commits       uint64          `json:"commits"`
@@ -474,6 +475,7 @@ func (d *daemon) status() Status {
 	}
 	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
 	s.OpenFiles.Used, s.OpenFiles.Limit = d.mnt.OpenFiles()
+	s.Batches = d.mnt.Batches()
 	s.GPUs = d.gpus
 	if d.cl != nil {
 		s.Cluster = d.cl.status()
