@@ -396,6 +396,13 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 	fail := func(i int, err error) { failEntry(a, i, err) }
 	var ps []pending
 	var writes []store.DraftWrite
+	// New keys of one directory share its placement and its permission
+	// check: looked up once per batch.
+	type dirInfo struct {
+		place store.Placement
+		err   error
+	}
+	dirs := map[string]dirInfo{}
 	for _, i := range idx {
 		key, rel, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
 		if err != nil {
@@ -408,7 +415,23 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 			fail(i, err)
 			continue
 		}
-		if err := n.mayPut(ctx, p, key, cur); err != nil {
+		var place store.Placement
+		if cur == nil {
+			parent := store.Parent(key)
+			di, ok := dirs[parent]
+			if !ok {
+				di = dirInfo{err: n.mayPut(ctx, p, key, nil)}
+				if di.err == nil {
+					// A key with no object is placed as its directory.
+					di.place = n.fs.st.PlacementFor(ctx, parent)
+				}
+				dirs[parent] = di
+			}
+			err, place = di.err, di.place
+		} else if err = n.mayPut(ctx, p, key, cur); err == nil {
+			place = n.fs.st.PlacementFor(ctx, key)
+		}
+		if err != nil {
 			fail(i, err)
 			continue
 		}
@@ -419,7 +442,7 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: ino}
 		d := n.fs.st.NewDraft(ino, nil, true)
 		defer d.Close()
-		d.Place(n.fs.st.PlacementFor(ctx, key))
+		d.Place(place)
 		d.Expect(buf.Size())
 		ps = append(ps, pending{i: i, key: key, rel: rel, cur: cur, tmpl: tmpl, d: d})
 		writes = append(writes, store.DraftWrite{Draft: d, Buf: buf})
