@@ -531,8 +531,8 @@ type DraftWrite struct {
 	Off   uint64
 }
 
-// WriteMany runs several writes (into distinct drafts, or disjoint ranges
-// of one) as one transfer: one engine batch, so a process's memory is read
+// WriteMany runs several writes, each into a draft of its own (a draft
+// is held from its write's reservation to its end), as one transfer: one engine batch, so a process's memory is read
 // with as few process_vm_readv calls as the kernel allows and GPU copies
 // are synchronized once. It returns each write's error, nil for all when
 // all succeeded; each write fails its own draft only, as WriteFrom would.
