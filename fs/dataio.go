@@ -112,8 +112,8 @@ func (f *FS) getObject(ctx context.Context, key string, r *store.Reader, buf tra
 }
 
 // invalidateKey makes the kernel forget what it cached about dir/rel
-// after a batch put: the inode's attributes if it is known, else the
-// (negative) dentry in its parent.
+// after a batch put: the inode's attributes if it is known, else a
+// negative dentry in its parent if the daemon answered one (negative.go).
 func (n *node) invalidateKey(rel string) {
 	parent := &n.Inode
 	parts := strings.Split(rel, "/")
@@ -353,12 +353,27 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		n.fs.batches.handlerNs.Add(uint64(time.Since(start)))
 	}()
 	uid, gid := caller(ctx)
-	var fast []int // entries that run as one transfer (puts without flags, gets)
+	if !put {
+		all := make([]int, a.Count)
+		for i := range all {
+			all[i] = i
+		}
+		n.batchGet(ctx, dh, p, dir, &a, all)
+		copy(out, a.Marshal())
+		return nil
+	}
+	// Entries take effect in order: each run of plain puts (no flags, at
+	// offset 0) is one transfer, done before the next entry with flags.
+	var run []int
 	for i := range int(a.Count) {
 		e := &a.Entries[i]
-		if !put || e.Flags == 0 {
-			fast = append(fast, i)
+		if e.Flags == 0 && e.ObjOff == 0 {
+			run = append(run, i)
 			continue
+		}
+		if len(run) > 0 {
+			n.batchPut(ctx, dh, p, dir, &a, run, uid, gid)
+			run = run[:0]
 		}
 		ver, err := n.putOne(ctx, dh, p, dir, &a, i, uid, gid)
 		if err != nil {
@@ -367,24 +382,21 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		}
 		e.Result, e.Version = int64(e.Len), ver
 	}
-	switch {
-	case len(fast) > 0 && put:
-		n.batchPut(ctx, dh, p, dir, &a, fast, uid, gid)
-	case len(fast) > 0:
-		n.batchGet(ctx, dh, p, dir, &a, fast)
+	if len(run) > 0 {
+		n.batchPut(ctx, dh, p, dir, &a, run, uid, gid)
 	}
 	copy(out, a.Marshal())
 	return nil
 }
 
-// batchPut runs the plain puts (no flags) of a batch as one transfer:
+// batchPut runs a run of plain puts (no flags, offset 0) as one transfer:
 // every key is checked and gets its draft first, then all their bytes
 // move in one engine batch (one process_vm_readv per run of keys of the
 // caller's memory), then each key commits on its own; a key whose check,
 // copy or commit fails gets its own error and leaves nothing, and never
 // keeps the others from committing. A key that changed between its check
 // and its commit goes the one-key way again (putOne), which checks it
-// anew.
+// anew; so does one that found no room while the others held theirs.
 func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int, uid, gid uint32) {
 	type pending struct {
 		i        int
@@ -444,6 +456,10 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		defer d.Close()
 		d.Place(place)
 		d.Expect(buf.Size())
+		// Reserved before any key of the batch commits, so before the
+		// versions they replace are freed: no eviction for that; a key
+		// that finds no room goes again on its own after the commits.
+		d.NoEvict()
 		ps = append(ps, pending{i: i, key: key, rel: rel, cur: cur, tmpl: tmpl, d: d})
 		writes = append(writes, store.DraftWrite{Draft: d, Buf: buf})
 	}
@@ -460,8 +476,14 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 			}()
 		}
 	}()
+	var again []int
 	for j, pp := range ps {
 		if errs != nil && errs[j] != nil {
+			if errors.Is(errs[j], store.ErrNoSpace) {
+				pp.d.Close()
+				again = append(again, pp.i)
+				continue
+			}
 			fail(pp.i, errs[j])
 			continue
 		}
@@ -470,6 +492,7 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 			opts.IfVersion = pp.cur.Version
 		}
 		o, err := pp.d.Commit(ctx, opts)
+		pp.d.Close() // the replaced version's space comes back now
 		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) {
 			// Changed since checked: check it again, one key.
 			pp.d.Close()
@@ -488,13 +511,25 @@ func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir s
 		a.Entries[pp.i].Result, a.Entries[pp.i].Version = int64(a.Entries[pp.i].Len), o.Version
 		created = append(created, pp.rel)
 	}
+	for _, i := range again {
+		// No room while the batch's other keys held theirs: now that the
+		// versions they replaced are freed (or with eviction), alone.
+		if ver, err := n.putOne(ctx, dh, p, dir, a, i, uid, gid); err == nil {
+			a.Entries[i].Result, a.Entries[i].Version = int64(a.Entries[i].Len), ver
+		} else {
+			fail(i, err)
+		}
+	}
 }
 
 // batchGet runs the gets of a batch as one transfer: each key's version
 // is opened and its mode checked on it first, then every copy runs in
 // one engine batch (ReadMany); each key gets its own result.
 func (n *node) batchGet(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int) {
-	fail := func(i int, err error) { failEntry(a, i, err) }
+	fail := func(i int, err error) {
+		failEntry(a, i, err)
+		a.Entries[i].Len = 0
+	}
 	var at []int
 	var reads []store.ReaderRead
 	for _, i := range idx {

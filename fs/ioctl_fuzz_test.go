@@ -32,7 +32,7 @@ func newFuzzFixture(t testing.TB) *fuzzFixture {
 	if err := tab.Add(segment.NewSegment(0, make([]byte, 8<<20))); err != nil {
 		t.Fatal(err)
 	}
-	eng, err := transfer.New(transfer.Options{Local: tab})
+	eng, err := transfer.New(transfer.Options{Local: tab, Self: "local"})
 	if err != nil {
 		t.Fatal(err)
 	}

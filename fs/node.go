@@ -222,16 +222,17 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch 
 	if key, err = n.childKey(name); err != nil {
 		return nil, toErrno(err)
 	}
+	n.fs.neg.looking(n.StableAttr().Ino, name, n.fs.opts.NegativeTimeout)
 	o, err := n.fs.st.Stat(ctx, key)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			out.SetEntryTimeout(n.fs.opts.NegativeTimeout)
-			n.fs.neg.answered(n.StableAttr().Ino, name, n.fs.opts.NegativeTimeout)
 			err = nil
 			return nil, syscall.ENOENT
 		}
 		return nil, toErrno(err)
 	}
+	n.fs.neg.found(n.StableAttr().Ino, name)
 	ch = n.newChild(ctx, o)
 	n.fs.entryOut(o, ch.Operations().(*node).sizeOf(o), out)
 	return ch, 0

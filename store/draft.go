@@ -50,6 +50,7 @@ type Draft struct {
 		capacity uint64
 		zeroed   uint64 // bytes [0,zeroed) are defined: written or zero-filled
 		expect   uint64 // the size the writer announced (Expect); 0: unknown
+		noEvict  bool   // reserve without evicting (NoEvict)
 		closed   bool
 		// Placement (placement.go): where ext lives. node is "" until the
 		// first reservation decides it; extResv[i] is the reservation id
@@ -130,6 +131,15 @@ func (d *Draft) Expect(size uint64) {
 	d.mu.Unlock()
 }
 
+// NoEvict makes the draft's reservations fail with ErrNoSpace rather than
+// evict other files (for a batch that reserves many drafts before any
+// frees the versions they replace; it retries those that fail).
+func (d *Draft) NoEvict() {
+	d.mu.Lock()
+	d.mu.noEvict = true
+	d.mu.Unlock()
+}
+
 // Size returns the draft's current size.
 func (d *Draft) Size() uint64 {
 	return d.size.Load()
@@ -199,10 +209,13 @@ func (d *Draft) reserveLocked(ctx context.Context, need uint64, excl bool) error
 			return d.spillLocked(ctx, node, need, need+want-grow)
 		}
 	}
-	if err != nil {
+	if err != nil && !d.mu.noEvict {
 		ext, err = d.s.alloc(grow)
 	}
 	if err != nil {
+		if errors.Is(err, segment.ErrNoSpace) {
+			err = fmt.Errorf("store: reserve %d B without evicting: %w", grow, errors.Join(ErrNoSpace, err))
+		}
 		return err
 	}
 	d.addExtLocked(ext, 0)

@@ -263,11 +263,13 @@ with open(c.path("kv/asked"), "rb") as f:
 
 // TestBatchPutMixedKeys: one batch of new, existing, forbidden, faulting
 // and too-large keys, from an unprivileged caller: every good key commits
-// whole, every failed one gets its own errno and leaves nothing.
+// whole, every failed one gets its own errno and leaves nothing. (With
+// eviction off: with it, the too-large key evicts the others, as it
+// would one key at a time.)
 func TestBatchPutMixedKeys(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
-	d := startDaemon(t, "--size", "16MiB")
+	d := startDaemon(t, "--size", "16MiB", "--evict", "off")
 	pub := d.path("pub")
 	run(t, "mkdir", "-m", "0777", pub)
 	run(t, "mkdir", "-m", "0755", filepath.Join(pub, "locked"))

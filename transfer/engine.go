@@ -138,7 +138,7 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 // SubmitEach is Submit that reports each request's own outcome: nil when
 // every request succeeded, else one error per request (nil for those
 // that succeeded). A failure that is no one request's (the context, a
-// GPU stream's synchronize) is every request's of its kind.
+// GPU stream's synchronize) is every request's.
 func (e *Engine) SubmitEach(ctx context.Context, reqs []Request) []error {
 	errs := e.submit(ctx, reqs)
 	if len(errs) == 0 {

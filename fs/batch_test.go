@@ -1,0 +1,129 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+// batchCall runs one BATCH_PUT (or GET) of entries from this process's
+// memory on the fixture's root and returns each entry's result.
+func batchCall(t *testing.T, fx *fuzzFixture, put bool, entries []batchEntry) []int64 {
+	t.Helper()
+	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: 0, Gid: 0}, Pid: uint32(os.Getpid())})
+	a := ioctl.BatchArg{Source: ioctl.BatchVM}
+	for _, e := range entries {
+		be := ioctl.BatchEntry{Len: uint64(len(e.data)), ObjOff: e.off, Flags: e.flags}
+		if len(e.data) > 0 {
+			be.Addr = uint64(uintptr(unsafe.Pointer(&e.data[0])))
+		}
+		if _, err := a.AddKey(e.key, be); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := ioctl.CmdBatchGet
+	if put {
+		cmd = ioctl.CmdBatchPut
+	}
+	out := make([]byte, ioctl.Size(cmd))
+	if _, errno := fx.root.Ioctl(ctx, fx.dh, cmd, 0, a.Marshal(), out); errno != 0 {
+		t.Fatalf("batch: %v", errno)
+	}
+	if err := a.Unmarshal(out); err != nil {
+		t.Fatal(err)
+	}
+	res := make([]int64, len(entries))
+	for i := range res {
+		res[i] = a.Entries[i].Result
+	}
+	runtime.KeepAlive(entries)
+	return res
+}
+
+type batchEntry struct {
+	key   string
+	data  []byte
+	off   uint64
+	flags uint32
+}
+
+func readKey(t *testing.T, fx *fuzzFixture, key string) []byte {
+	t.Helper()
+	r, err := fx.st.OpenReader(context.Background(), key)
+	if err != nil {
+		t.Fatalf("open %s: %v", key, err)
+	}
+	defer r.Close()
+	b := make([]byte, r.Size())
+	if _, err := r.ReadAt(context.Background(), b, 0); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestBatchEntriesInOrder: entries take effect in order, flags or not,
+// and an offset without FlagUpdate is refused, not dropped.
+func TestBatchEntriesInOrder(t *testing.T) {
+	fx := newFuzzFixture(t)
+	res := batchCall(t, fx, true, []batchEntry{
+		{key: "j", data: []byte("AAAA")},
+		{key: "j", data: []byte("x"), off: 1, flags: ioctl.FlagUpdate},
+		{key: "k", data: []byte("first")},
+		{key: "k", data: []byte("second"), flags: ioctl.FlagExcl},
+		{key: "o", data: []byte("hello"), off: 3},
+	})
+	want := []int64{4, 1, 5, -int64(syscall.EEXIST), -int64(syscall.EINVAL)}
+	for i := range want {
+		if res[i] != want[i] {
+			t.Fatalf("results %v, want %v", res, want)
+		}
+	}
+	if got := readKey(t, fx, "j"); string(got) != "AxAA" {
+		t.Fatalf("j = %q, want the update applied after the put", got)
+	}
+	if got := readKey(t, fx, "k"); string(got) != "first" {
+		t.Fatalf("k = %q", got)
+	}
+	if _, err := fx.st.Stat(context.Background(), "o"); err == nil {
+		t.Fatal("the refused put made o")
+	}
+}
+
+// TestBatchOverwriteNeedsNoDoubleSpace: a batch that rewrites keys using
+// most of the store succeeds without room for both versions of them all.
+func TestBatchOverwriteNeedsNoDoubleSpace(t *testing.T) {
+	fx := newFuzzFixture(t) // 8 MiB, no eviction
+	const n, size = 60, 96 << 10
+	mk := func(seed byte) []batchEntry {
+		es := make([]batchEntry, n)
+		for i := range es {
+			es[i] = batchEntry{key: fmt.Sprintf("v%02d", i), data: bytes.Repeat([]byte{seed + byte(i)}, size)}
+		}
+		return es
+	}
+	for round, seed := range []byte{1, 100} {
+		es := mk(seed)
+		for i, r := range batchCall(t, fx, true, es) {
+			if r != size {
+				t.Fatalf("round %d: key %d: %d", round, i, r)
+			}
+		}
+		for _, e := range es {
+			if !bytes.Equal(readKey(t, fx, e.key), e.data) {
+				t.Fatalf("round %d: %s differs", round, e.key)
+			}
+		}
+	}
+	if st := fx.st.Stats(); st.Segments.Used > n*size+1<<20 || st.Reservations != 0 {
+		t.Fatalf("after the rewrite: %+v", st)
+	}
+}
