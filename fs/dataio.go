@@ -41,6 +41,18 @@ func regBuffer(t *regTable, id, off, n uint64) (transfer.Buffer, func(), error) 
 	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, r.inflight.Done, nil
 }
 
+// checkPut refuses put flags the ABI does not know and an object offset
+// without FlagUpdate.
+func checkPut(flags uint32, objOff uint64) error {
+	if err := ioctl.ValidatePut(flags); err != nil {
+		return err
+	}
+	if flags&ioctl.FlagUpdate == 0 && objOff != 0 {
+		return fmt.Errorf("put at object offset %d without FlagUpdate: %w", objOff, store.ErrInvalid)
+	}
+	return nil
+}
+
 // putObject writes buf as key's new content (or, with FlagUpdate, into a
 // copy of its content at objOff) and commits it: the whole put is one
 // atomic version change. It acts on the version cur the caller checked
@@ -48,11 +60,8 @@ func regBuffer(t *regTable, id, off, n uint64) (transfer.Buffer, func(), error) 
 // meanwhile (a rename over it, say) fails with ErrConflict and is not
 // touched. tmpl gives a new file's owner, mode and inode.
 func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object, buf transfer.Buffer, objOff uint64, flags uint32) (*store.Object, error) {
-	if err := ioctl.ValidatePut(flags); err != nil {
+	if err := checkPut(flags, objOff); err != nil {
 		return nil, err
-	}
-	if flags&ioctl.FlagUpdate == 0 && objOff != 0 {
-		return nil, fmt.Errorf("put at object offset %d without FlagUpdate: %w", objOff, store.ErrInvalid)
 	}
 	if flags&ioctl.FlagExcl != 0 && cur != nil {
 		return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
@@ -277,11 +286,8 @@ func (n *node) moveData(ctx context.Context, h *handle, key string, put bool, bu
 // A put without FlagUpdate that fails changes nothing; a failed update
 // fails the draft, as a failed write does.
 func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transfer.Buffer, objOff uint64, flags uint32) (*store.Object, error) {
-	if err := ioctl.ValidatePut(flags); err != nil {
+	if err := checkPut(flags, objOff); err != nil {
 		return nil, err
-	}
-	if flags&ioctl.FlagUpdate == 0 && objOff != 0 {
-		return nil, fmt.Errorf("put at object offset %d without FlagUpdate: %w", objOff, store.ErrInvalid)
 	}
 	d := h.draft()
 	if d == nil {

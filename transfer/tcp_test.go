@@ -516,17 +516,26 @@ func TestTCPTransportClose(t *testing.T) {
 	}
 }
 
-// TestTCPStaleEpoch: extents of one incarnation of a node are never read
-// from or written to the next one (same address, new memory).
-func TestTCPStaleEpoch(t *testing.T) {
-	n1 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 11})
-	n2 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 22})
-	tr, addr := restartingPeer(t, n1)
-	e := segment.Extent{Segment: 0, Off: 3, Len: 1000}
-	dst := make([]byte, e.Len)
+// twoIncarnations returns node "n" at epoch 11 (n1), its next
+// incarnation at epoch 22 (n2, not yet at the name), a client that read
+// from n1 (so it pools a connection to it), and the extent it read.
+func twoIncarnations(t *testing.T) (n1, n2 *tcpNode, tr *TCPTransport, addr *atomic.Value, e segment.Extent, dst []byte) {
+	t.Helper()
+	n1 = newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 11})
+	n2 = newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 22})
+	tr, addr = restartingPeer(t, n1)
+	e = segment.Extent{Segment: 0, Off: 3, Len: 1000}
+	dst = make([]byte, e.Len)
 	if err := tr.ReadAt(context.Background(), "n", 11, e, dst); err != nil {
 		t.Fatal(err)
 	}
+	return n1, n2, tr, addr, e, dst
+}
+
+// TestTCPStaleEpoch: extents of one incarnation of a node are never read
+// from or written to the next one (same address, new memory).
+func TestTCPStaleEpoch(t *testing.T) {
+	n1, n2, tr, addr, e, dst := twoIncarnations(t)
 	n1.srv.Close()
 	addr.Store(n2.addr)
 	before := bytes.Clone(n2.mem(t, e))
@@ -550,14 +559,7 @@ func TestTCPStaleEpoch(t *testing.T) {
 // again) and a fresh one reaches the new daemon. A pooled connection its
 // peer closed is noticed before a request goes out on it.
 func TestTCPRestartedPeerIsRedialed(t *testing.T) {
-	n1 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 11})
-	n2 := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Epoch: 22})
-	tr, addr := restartingPeer(t, n1)
-	e := segment.Extent{Segment: 0, Off: 3, Len: 1000}
-	dst := make([]byte, e.Len)
-	if err := tr.ReadAt(context.Background(), "n", 11, e, dst); err != nil {
-		t.Fatal(err)
-	}
+	_, n2, tr, addr, e, dst := twoIncarnations(t)
 	addr.Store(n2.addr) // n1's connection stays open: only its epoch is old
 	for i := range 3 {
 		if err := tr.ReadAt(context.Background(), "n", 22, e, dst); err != nil {
