@@ -15,9 +15,9 @@ import (
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
-// batchCall runs one BATCH_PUT (or GET) of entries from this process's
+// runBatch runs one BATCH_PUT (or GET) of entries from this process's
 // memory on the fixture's root and returns each entry's result.
-func batchCall(t *testing.T, fx *fuzzFixture, put bool, entries []batchEntry) []int64 {
+func runBatch(t *testing.T, fx *fuzzFixture, put bool, entries []batchEntry) []int64 {
 	t.Helper()
 	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: 0, Gid: 0}, Pid: uint32(os.Getpid())})
 	a := ioctl.BatchArg{Source: ioctl.BatchVM}
@@ -74,7 +74,7 @@ func readKey(t *testing.T, fx *fuzzFixture, key string) []byte {
 // and an offset without FlagUpdate is refused, not dropped.
 func TestBatchEntriesInOrder(t *testing.T) {
 	fx := newFuzzFixture(t)
-	res := batchCall(t, fx, true, []batchEntry{
+	res := runBatch(t, fx, true, []batchEntry{
 		{key: "j", data: []byte("AAAA")},
 		{key: "j", data: []byte("x"), off: 1, flags: ioctl.FlagUpdate},
 		{key: "k", data: []byte("first")},
@@ -112,7 +112,7 @@ func TestBatchOverwriteNeedsNoDoubleSpace(t *testing.T) {
 	}
 	for round, seed := range []byte{1, 100} {
 		es := mk(seed)
-		for i, r := range batchCall(t, fx, true, es) {
+		for i, r := range runBatch(t, fx, true, es) {
 			if r != size {
 				t.Fatalf("round %d: key %d: %d", round, i, r)
 			}

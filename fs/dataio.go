@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -24,9 +23,9 @@ var (
 	errBadBatch    = errors.New("fs: malformed batch")
 )
 
-// regBuffer returns [off, off+n) of registration id as a transfer buffer,
-// held until done is called.
-func regBuffer(t *regTable, id, off, n uint64) (transfer.Buffer, func(), error) {
+// regBuffer returns [off, off+n) of registration id as a transfer buffer
+// for a request of thread tid, held until done is called.
+func regBuffer(t *regTable, tid int, id, off, n uint64) (transfer.Buffer, func(), error) {
 	r, err := t.get(id)
 	if err != nil {
 		return transfer.Buffer{}, nil, err
@@ -34,6 +33,16 @@ func regBuffer(t *regTable, id, off, n uint64) (transfer.Buffer, func(), error) 
 	if size := r.size(); off > size || n > size-off {
 		r.inflight.Done()
 		return transfer.Buffer{}, nil, fmt.Errorf("%d B at %d of a %d B buffer: %w", n, off, size, errBufRange)
+	}
+	if r.vmTgid != 0 {
+		// Memory of the process that registered it, reached through the
+		// caller's thread: only its own threads may use it, and while one
+		// is blocked in this request the process and its memory stay.
+		if !inGroup(r.vmTgid, tid) {
+			r.inflight.Done()
+			return transfer.Buffer{}, nil, fmt.Errorf("buffer of process %d used by thread %d: %w", r.vmTgid, tid, errNotOwner)
+		}
+		return transfer.VMBuffer(tid, r.vmAddr+off, n), r.inflight.Done, nil
 	}
 	if r.gpu != nil {
 		return transfer.CUDABuffer(r.gpu.ctx, r.gpu.base+cuda.DevicePtr(r.gpuOff+off), n), r.inflight.Done, nil
@@ -59,14 +68,14 @@ func checkPut(flags uint32, objOff uint64) error {
 // (its permissions, FlagExcl), nil when it found no file: a key changed
 // meanwhile (a rename over it, say) fails with ErrConflict and is not
 // touched. tmpl gives a new file's owner, mode and inode.
-func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object, buf transfer.Buffer, objOff uint64, flags uint32) (*store.Object, error) {
+func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object, bufs []transfer.Buffer, objOff uint64, flags uint32, xattrs map[string][]byte) (*store.Object, error) {
 	if err := checkPut(flags, objOff); err != nil {
 		return nil, err
 	}
 	if flags&ioctl.FlagExcl != 0 && cur != nil {
 		return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
 	}
-	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil}
+	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil, SetXattrs: xattrs}
 	var d *store.Draft
 	switch {
 	case cur != nil && flags&ioctl.FlagUpdate == 0:
@@ -93,10 +102,14 @@ func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object,
 	defer d.Close()
 	d.Place(f.st.PlacementFor(ctx, key))
 	if flags&ioctl.FlagUpdate == 0 {
-		d.Expect(buf.Size())
+		var n uint64
+		for _, b := range bufs {
+			n += b.Size()
+		}
+		d.Expect(n)
 	}
-	if _, err := d.WriteFrom(ctx, buf, objOff); err != nil {
-		return nil, err
+	if errs := f.st.WriteMany(ctx, []store.DraftWrite{{Draft: d, Bufs: bufs, Off: objOff}}); errs != nil {
+		return nil, errs[0]
 	}
 	o, err := d.Commit(ctx, opts)
 	if errors.Is(err, store.ErrExists) && flags&ioctl.FlagExcl == 0 {
@@ -185,6 +198,16 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 			return errNotDirFd
 		}
 		return n.batch(ctx, dh, key, cmd == ioctl.CmdBatchPut, in, out)
+	case ioctl.CmdBatchPutV, ioctl.CmdBatchGetV:
+		if dh == nil {
+			return errNotDirFd
+		}
+		return n.vbatch(ctx, dh, key, cmd == ioctl.CmdBatchPutV, in, out)
+	case ioctl.CmdPutKey, ioctl.CmdGetKey:
+		if dh == nil {
+			return errNotDirFd
+		}
+		return n.keyCmd(ctx, dh, key, cmd == ioctl.CmdPutKey, in, out)
 	}
 	if h == nil {
 		return store.ErrIsDir
@@ -195,7 +218,11 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		if err := a.Unmarshal(in); err != nil {
 			return err
 		}
-		buf, done, err := regBuffer(regs, a.ID, a.BufOff, a.Len)
+		c, ok := fuse.FromContext(ctx)
+		if !ok || c.Pid == 0 {
+			return errNotOwner
+		}
+		buf, done, err := regBuffer(regs, int(c.Pid), a.ID, a.BufOff, a.Len)
 		if err != nil {
 			return err
 		}
@@ -339,269 +366,6 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 	return o, err
 }
 
-// batch serves BATCH_PUT and BATCH_GET on directory dir. Each key gets its
-// own result; only a malformed batch fails the whole call.
-func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
-	var a ioctl.BatchArg
-	if err := a.Unmarshal(in); err != nil {
-		return err
-	}
-	if a.Count > ioctl.MaxBatch || (a.Source != ioctl.BatchBuf && a.Source != ioctl.BatchVM) || a.Flags != 0 {
-		return fmt.Errorf("count %d, source %d, flags %#x: %w", a.Count, a.Source, a.Flags, errBadBatch)
-	}
-	p, err := procOf(ctx)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	defer func() {
-		n.fs.batches.keys.Add(uint64(a.Count))
-		n.fs.batches.handlerNs.Add(uint64(time.Since(start)))
-	}()
-	uid, gid := caller(ctx)
-	if !put {
-		all := make([]int, a.Count)
-		for i := range all {
-			all[i] = i
-		}
-		n.batchGet(ctx, dh, p, dir, &a, all)
-		copy(out, a.Marshal())
-		return nil
-	}
-	// Entries take effect in order: each run of plain puts (no flags, at
-	// offset 0) is one transfer, done before the next entry with flags.
-	var run []int
-	for i := range int(a.Count) {
-		e := &a.Entries[i]
-		if e.Flags == 0 && e.ObjOff == 0 {
-			run = append(run, i)
-			continue
-		}
-		if len(run) > 0 {
-			n.batchPut(ctx, dh, p, dir, &a, run, uid, gid)
-			run = run[:0]
-		}
-		ver, err := n.putOne(ctx, dh, p, dir, &a, i, uid, gid)
-		if err != nil {
-			failEntry(&a, i, err)
-			continue
-		}
-		e.Result, e.Version = int64(e.Len), ver
-	}
-	if len(run) > 0 {
-		n.batchPut(ctx, dh, p, dir, &a, run, uid, gid)
-	}
-	copy(out, a.Marshal())
-	return nil
-}
-
-// batchPut runs a run of plain puts (no flags, offset 0) as one transfer:
-// every key is checked and gets its draft first, then all their bytes
-// move in one engine batch (one process_vm_readv per run of keys of the
-// caller's memory), then each key commits on its own; a key whose check,
-// copy or commit fails gets its own error and leaves nothing, and never
-// keeps the others from committing. A key that changed between its check
-// and its commit goes the one-key way again (putOne), which checks it
-// anew; so does one that found no room while the others held theirs.
-func (n *node) batchPut(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int, uid, gid uint32) {
-	type pending struct {
-		i        int
-		key, rel string
-		cur      *store.Object
-		tmpl     *store.Object
-		d        *store.Draft
-	}
-	fail := func(i int, err error) { failEntry(a, i, err) }
-	var ps []pending
-	var writes []store.DraftWrite
-	// New keys of one directory share its placement and its permission
-	// check: looked up once per batch.
-	type dirInfo struct {
-		place store.Placement
-		err   error
-	}
-	dirs := map[string]dirInfo{}
-	for _, i := range idx {
-		key, rel, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
-		if err != nil {
-			fail(i, err)
-			continue
-		}
-		defer done()
-		cur, err := n.fs.st.Stat(ctx, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			fail(i, err)
-			continue
-		}
-		var place store.Placement
-		if cur == nil {
-			parent := store.Parent(key)
-			di, ok := dirs[parent]
-			if !ok {
-				di = dirInfo{err: n.mayPut(ctx, p, key, nil)}
-				if di.err == nil {
-					// A key with no object is placed as its directory.
-					di.place = n.fs.st.PlacementFor(ctx, parent)
-				}
-				dirs[parent] = di
-			}
-			err, place = di.err, di.place
-		} else if err = n.mayPut(ctx, p, key, cur); err == nil {
-			place = n.fs.st.PlacementFor(ctx, key)
-		}
-		if err != nil {
-			fail(i, err)
-			continue
-		}
-		ino := store.NewIno()
-		if cur != nil {
-			ino = cur.Ino
-		}
-		tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: ino}
-		d := n.fs.st.NewDraft(ino, nil, true)
-		defer d.Close()
-		d.Place(place)
-		d.Expect(buf.Size())
-		// Reserved before any key of the batch commits, so before the
-		// versions they replace are freed: no eviction for that; a key
-		// that finds no room goes again on its own after the commits.
-		d.NoEvict()
-		ps = append(ps, pending{i: i, key: key, rel: rel, cur: cur, tmpl: tmpl, d: d})
-		writes = append(writes, store.DraftWrite{Draft: d, Buf: buf})
-	}
-	t0 := time.Now()
-	errs := n.fs.st.WriteMany(ctx, writes)
-	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	var created []string
-	defer func() {
-		if len(created) > 0 {
-			go func() {
-				for _, rel := range created {
-					n.invalidateKey(rel)
-				}
-			}()
-		}
-	}()
-	var again []int
-	for j, pp := range ps {
-		if errs != nil && errs[j] != nil {
-			if errors.Is(errs[j], store.ErrNoSpace) {
-				pp.d.Close()
-				again = append(again, pp.i)
-				continue
-			}
-			fail(pp.i, errs[j])
-			continue
-		}
-		opts := store.CommitOptions{Key: pp.key, Template: pp.tmpl, Exclusive: pp.cur == nil}
-		if pp.cur != nil {
-			opts.IfVersion = pp.cur.Version
-		}
-		o, err := pp.d.Commit(ctx, opts)
-		pp.d.Close() // the replaced version's space comes back now
-		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) {
-			// Changed since checked: check it again, one key.
-			pp.d.Close()
-			var ver uint64
-			if ver, err = n.putOne(ctx, dh, p, dir, a, pp.i, uid, gid); err == nil {
-				a.Entries[pp.i].Result, a.Entries[pp.i].Version = int64(a.Entries[pp.i].Len), ver
-			} else {
-				fail(pp.i, err)
-			}
-			continue
-		}
-		if err != nil {
-			fail(pp.i, err)
-			continue
-		}
-		a.Entries[pp.i].Result, a.Entries[pp.i].Version = int64(a.Entries[pp.i].Len), o.Version
-		created = append(created, pp.rel)
-	}
-	for _, i := range again {
-		// No room while the batch's other keys held theirs: now that the
-		// versions they replaced are freed (or with eviction), alone.
-		if ver, err := n.putOne(ctx, dh, p, dir, a, i, uid, gid); err == nil {
-			a.Entries[i].Result, a.Entries[i].Version = int64(a.Entries[i].Len), ver
-		} else {
-			fail(i, err)
-		}
-	}
-}
-
-// batchGet runs the gets of a batch as one transfer: each key's version
-// is opened and its mode checked on it first, then every copy runs in
-// one engine batch (ReadMany); each key gets its own result.
-func (n *node) batchGet(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, idx []int) {
-	fail := func(i int, err error) {
-		failEntry(a, i, err)
-		a.Entries[i].Len = 0
-	}
-	var at []int
-	var reads []store.ReaderRead
-	for _, i := range idx {
-		key, _, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
-		if err != nil {
-			fail(i, err)
-			continue
-		}
-		defer done()
-		r, err := n.fs.st.OpenReader(ctx, key)
-		if err != nil {
-			fail(i, err)
-			continue
-		}
-		defer r.Close()
-		if !allowed(p, r.Object(), mayRead) {
-			fail(i, syscall.EACCES)
-			continue
-		}
-		at = append(at, i)
-		reads = append(reads, store.ReaderRead{Reader: r, Buf: buf, Off: a.Entries[i].ObjOff})
-	}
-	t0 := time.Now()
-	counts, errs := n.fs.st.ReadMany(ctx, reads)
-	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	for j, i := range at {
-		if errs != nil && errs[j] != nil {
-			fail(i, errs[j])
-			continue
-		}
-		a.Entries[i].Len = counts[j]
-		a.Entries[i].Result, a.Entries[i].Version = int64(counts[j]), reads[j].Reader.Object().Version
-	}
-}
-
-// failEntry records err as entry i's result.
-func failEntry(a *ioctl.BatchArg, i int, err error) {
-	a.Entries[i].Result, a.Entries[i].Version = -int64(toErrno(err)), 0
-}
-
-// batchTarget checks entry i's key and names its buffer (held until done).
-func (n *node) batchTarget(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, i int) (key, rel string, buf transfer.Buffer, done func(), err error) {
-	e := &a.Entries[i]
-	if rel, err = a.Key(i); err != nil {
-		return
-	}
-	if err = store.ValidateKey(rel); err != nil {
-		return
-	}
-	key = store.Join(dir, rel)
-	if len(key) > store.MaxKeyLen {
-		err = store.ErrNameTooLong
-		return
-	}
-	if err = n.fs.checkPath(ctx, p, dir, key); err != nil {
-		return
-	}
-	done = func() {}
-	if a.Source == ioctl.BatchBuf {
-		buf, done, err = regBuffer(&dh.regs, a.ID, e.Addr, e.Len)
-		return
-	}
-	buf = transfer.VMBuffer(p.tid, e.Addr, e.Len)
-	return
-}
-
 // mayPut checks that the caller may write key (its current version cur,
 // nil when there is none: then its parent directory).
 func (n *node) mayPut(ctx context.Context, p *callerProc, key string, cur *store.Object) error {
@@ -620,38 +384,4 @@ func (n *node) mayPut(ctx context.Context, p *callerProc, key string, cur *store
 		}
 	}
 	return nil
-}
-
-// putOne runs one put of a batch on its own: a put with flags, or one
-// whose key changed between batchPut's check and its commit.
-func (n *node) putOne(ctx context.Context, dh *dirHandle, p *callerProc, dir string, a *ioctl.BatchArg, i int, uid, gid uint32) (uint64, error) {
-	e := &a.Entries[i]
-	key, rel, buf, done, err := n.batchTarget(ctx, dh, p, dir, a, i)
-	if err != nil {
-		return 0, err
-	}
-	defer done()
-	// Checked on a version, acted on only if the key still holds it: a
-	// change in between (a rename over the key) is looked at again.
-	var o *store.Object
-	for attempt := 0; ; attempt++ {
-		cur, err := n.fs.st.Stat(ctx, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return 0, err
-		}
-		if err := n.mayPut(ctx, p, key, cur); err != nil {
-			return 0, err
-		}
-		tmpl := &store.Object{Mode: 0o644, Uid: uid, Gid: gid, Ino: store.NewIno()}
-		o, err = n.fs.putObject(ctx, key, cur, tmpl, buf, e.ObjOff, e.Flags)
-		if errors.Is(err, store.ErrConflict) && attempt < maxPutRetries && e.Flags&ioctl.FlagExcl == 0 {
-			continue
-		}
-		if err != nil {
-			return 0, err
-		}
-		break
-	}
-	go n.invalidateKey(rel)
-	return o.Version, nil
 }

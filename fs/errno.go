@@ -55,6 +55,7 @@ var errnoTable = []struct {
 	{errNotDirFd, syscall.ENOTDIR},
 	{errBadBatch, syscall.EINVAL},
 	{errNoGPU, syscall.ENODEV},
+	{errMetaMismatch, syscall.EBADMSG},
 	{errDevRange, syscall.EFAULT},
 	{cuda.ErrUnavailable, syscall.ENODEV},
 	{cuda.ErrInvalid, syscall.EINVAL},

@@ -109,6 +109,7 @@ type FS struct {
 	handles atomic.Int64 // open file handles
 	gpus    gpus
 	ipc     ipcTable
+	procs   procTable // client processes (proc.go)
 	neg     negatives // names answered ENOENT (negative.go)
 	batches batchStats
 }

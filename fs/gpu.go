@@ -142,29 +142,45 @@ func (t *ipcTable) release(m *ipcMapping) error {
 	return m.ctx.IpcClose(m.base)
 }
 
-// maxIPC bounds the IPC handles one open file keeps.
+// maxIPC bounds the IPC handles kept open for one client process.
 const maxIPC = 64
 
-// ipcCache keeps the IPC handles one open file used: opening one costs far
-// more than a copy, so a client that moves many tensors of one allocation
-// pays once. Its references are dropped when the file is released.
-type ipcCache struct {
-	mu    sync.Mutex
-	m     map[ipcKey]*ipcMapping // by context and handle, as ipcTable
-	order []ipcKey
+// ref takes one more reference on m.
+func (t *ipcTable) ref(m *ipcMapping) {
+	t.mu.Lock()
+	m.refs++
+	t.mu.Unlock()
 }
 
+// ipcCache keeps the IPC handles one client process used (proc.go):
+// opening one costs far more than a copy, so a process that moves many
+// tensors of one allocation, through any number of files, pays once. The
+// cache holds one reference on each mapping; the oldest goes past maxIPC,
+// and all of them when the process exits.
+type ipcCache struct {
+	mu     sync.Mutex
+	m      map[ipcKey]*ipcMapping // by context and handle, as ipcTable
+	order  []ipcKey
+	closed bool // the process is gone: nothing more is kept
+}
+
+// ipcOpen returns the mapping of handle h, opened once per process, with a
+// reference of the caller's own, which it drops with f.ipc.release when
+// its copies are done: a mapping that the cache lets go meanwhile stays
+// open for them.
 func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
 	k := ipcKey{ctx, h}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if m, ok := c.m[k]; ok {
+		f.ipc.ref(m)
 		return m, nil
 	}
 	m, err := f.ipc.acquire(ctx, h)
-	if err != nil {
-		return nil, err
+	if err != nil || c.closed {
+		return m, err
 	}
+	f.ipc.ref(m) // the cache's
 	if c.m == nil {
 		c.m = map[ipcKey]*ipcMapping{}
 	}
@@ -183,6 +199,7 @@ func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, e
 	return m, nil
 }
 
+// ipcCloseAll drops the cache's references; it keeps nothing after.
 func (f *FS) ipcCloseAll(c *ipcCache) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -191,23 +208,34 @@ func (f *FS) ipcCloseAll(c *ipcCache) {
 			f.log.WithError(err).Warn("close CUDA IPC handle")
 		}
 	}
-	c.m, c.order = nil, nil
+	c.m, c.order, c.closed = nil, nil, true
 }
 
-// cudaBuffer resolves [off, off+n) of the allocation behind handle h.
-func (f *FS) cudaBuffer(cache *ipcCache, dev [16]byte, h [64]byte, off, n uint64) (transfer.Buffer, error) {
-	ctx, err := f.gpuContext(dev)
+// cudaBuffer resolves [off, off+n) of the allocation behind handle h, for
+// the process p; done drops the mapping's reference taken for the copy.
+func (f *FS) cudaBuffer(p *callerProc, ref ioctl.GPURef, off, n uint64) (transfer.Buffer, func(), error) {
+	ctx, err := f.gpuContext(ref.Device)
 	if err != nil {
-		return transfer.Buffer{}, err
+		return transfer.Buffer{}, nil, err
 	}
-	m, err := f.ipcOpen(cache, ctx, h)
+	cp, err := f.proc(p)
 	if err != nil {
-		return transfer.Buffer{}, err
+		return transfer.Buffer{}, nil, err
+	}
+	m, err := f.ipcOpen(&cp.ipc, ctx, ref.Handle)
+	if err != nil {
+		return transfer.Buffer{}, nil, err
+	}
+	done := func() {
+		if err := f.ipc.release(m); err != nil {
+			f.log.WithError(err).Warn("close CUDA IPC handle")
+		}
 	}
 	if off > m.size || n > m.size-off {
-		return transfer.Buffer{}, fmt.Errorf("%d B at %d of a %d B allocation: %w", n, off, m.size, errDevRange)
+		done()
+		return transfer.Buffer{}, nil, fmt.Errorf("%d B at %d of a %d B allocation: %w", n, off, m.size, errDevRange)
 	}
-	return transfer.CUDABuffer(ctx, m.base+cuda.DevicePtr(off), n), nil
+	return transfer.CUDABuffer(ctx, m.base+cuda.DevicePtr(off), n), done, nil
 }
 
 // ioctlCUDA serves PUT_CUDA and GET_CUDA on a file handle.
@@ -216,10 +244,15 @@ func (n *node) ioctlCUDA(ctx context.Context, h *handle, key string, put bool, i
 	if err := a.Unmarshal(in); err != nil {
 		return err
 	}
-	buf, err := n.fs.cudaBuffer(&h.ipc, a.Device, a.Handle, a.DevOff, a.Len)
+	p, err := procOf(ctx)
 	if err != nil {
 		return err
 	}
+	buf, done, err := n.fs.cudaBuffer(p, ioctl.GPURef{Handle: a.Handle, Device: a.Device}, a.DevOff, a.Len)
+	if err != nil {
+		return err
+	}
+	defer done()
 	a.Result, a.Version, err = n.moveData(ctx, h, key, put, buf, a.ObjOff, a.Flags)
 	if err != nil {
 		return err

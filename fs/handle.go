@@ -40,7 +40,6 @@ type handle struct {
 	abandoned atomic.Bool
 	obj       *store.Object // the object at open time
 	regs      regTable      // buffers registered on this open file
-	ipc       ipcCache      // CUDA IPC handles opened for this open file
 	mu        sync.Mutex
 	released  bool
 }
@@ -452,7 +451,6 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	}
 	defer n.fs.handles.Add(-1)
 	h.regs.closeAll()
-	n.fs.ipcCloseAll(&h.ipc)
 	if h.reader != nil {
 		h.reader.Close()
 		return 0

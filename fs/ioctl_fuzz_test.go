@@ -86,6 +86,7 @@ var fuzzCmds = []uint32{
 	ioctl.CmdGetMagic, ioctl.CmdGetABIVersion, ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer,
 	ioctl.CmdPutBuf, ioctl.CmdGetBuf, ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat,
 	ioctl.CmdBatchPut, ioctl.CmdBatchGet, ioctl.CmdPutCUDA, ioctl.CmdGetCUDA,
+	ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV,
 }
 
 // allowedErrnos are the answers bad input may get.
@@ -94,7 +95,7 @@ var allowedErrnos = map[syscall.Errno]bool{
 	syscall.EPERM: true, syscall.ERANGE: true, syscall.ENOENT: true, syscall.EEXIST: true,
 	syscall.ENOSPC: true, syscall.ENOTDIR: true, syscall.EISDIR: true, syscall.ESRCH: true,
 	syscall.ENAMETOOLONG: true, syscall.EACCES: true, syscall.EFBIG: true,
-	syscall.ENODEV: true, syscall.ENOMEM: true,
+	syscall.ENODEV: true, syscall.ENOMEM: true, syscall.EBADMSG: true,
 }
 
 // FuzzIoctl drives the ioctl dispatch with arbitrary commands and bytes:
@@ -107,6 +108,8 @@ func FuzzIoctl(f *testing.F) {
 	f.Add(uint8(8), uint32(0), false, (&ioctl.StatArg{}).Marshal())
 	f.Add(uint8(9), uint32(0), true, (&ioctl.BatchArg{Count: 1}).Marshal())
 	f.Add(uint8(200), uint32(0xdeadbeef), false, []byte{1, 2, 3})
+	f.Add(uint8(13), uint32(0), true, (&ioctl.KeyArg{KeyLen: 1, Len: 8}).Marshal())
+	f.Add(uint8(15), uint32(0), true, (&ioctl.VBatchArg{Count: 1}).Marshal())
 	fx := newFuzzFixture(f)
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, pick uint8, raw uint32, dir bool, in []byte) {

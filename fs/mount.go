@@ -123,6 +123,7 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 	if m.stopFollow != nil {
 		m.stopFollow()
 	}
+	m.fs.stopProcs()
 	m.fs.closeGPUs()
 	return nil
 }

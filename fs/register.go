@@ -37,6 +37,9 @@ const maxRegister = 1 << 40
 type registration struct {
 	sh       *pinned.Shared // host registrations
 	mem      []byte
+	vmTgid   int    // KindVM: the registering process
+	vmAddr   uint64 // and the range's address in it
+	vmLen    uint64
 	gpu      *ipcMapping // CUDA registrations: the opened allocation
 	gpuOff   uint64      // and the registered range in it
 	gpuLen   uint64
@@ -45,10 +48,22 @@ type registration struct {
 
 // size returns the registered length.
 func (r *registration) size() uint64 {
-	if r.gpu != nil {
+	switch {
+	case r.gpu != nil:
 		return r.gpuLen
+	case r.vmTgid != 0:
+		return r.vmLen
 	}
 	return uint64(len(r.mem))
+}
+
+// mapped returns the bytes the registration maps into the daemon: what
+// counts against MaxRegisteredBytes (a KindVM range maps nothing).
+func (r *registration) mapped() uint64 {
+	if r.vmTgid != 0 {
+		return 0
+	}
+	return r.size()
 }
 
 // regTable holds the registrations of one open file description: they die
@@ -81,14 +96,14 @@ func (t *regTable) add(r *registration) (uint64, error) {
 	if live := t.fs.regs.live.Load(); live >= int64(o.MaxRegistrationsTotal) {
 		return 0, fmt.Errorf("fs: %d buffers registered on the mount: %w", live, errTooManyRegs)
 	}
-	if b := uint64(t.fs.regs.bytes.Load()); b+r.size() > o.MaxRegisteredBytes {
-		return 0, fmt.Errorf("fs: %d B registered on the mount, %d B more would pass %d B: %w", b, r.size(), o.MaxRegisteredBytes, errTooManyRegs)
+	if b := uint64(t.fs.regs.bytes.Load()); b+r.mapped() > o.MaxRegisteredBytes {
+		return 0, fmt.Errorf("fs: %d B registered on the mount, %d B more would pass %d B: %w", b, r.mapped(), o.MaxRegisteredBytes, errTooManyRegs)
 	}
 	t.mu.next++
 	t.mu.m[t.mu.next] = r
 	t.fs.regs.live.Add(1)
 	t.fs.regs.total.Add(1)
-	t.fs.regs.bytes.Add(int64(r.size()))
+	t.fs.regs.bytes.Add(int64(r.mapped()))
 	return t.mu.next, nil
 }
 
@@ -118,15 +133,18 @@ func (t *regTable) remove(id uint64) error {
 
 func (t *regTable) release(r *registration) {
 	r.inflight.Wait()
-	if r.gpu != nil {
+	switch {
+	case r.gpu != nil:
 		if err := t.fs.ipc.release(r.gpu); err != nil {
 			t.fs.log.WithError(err).Warn("close registered CUDA allocation")
 		}
-	} else if err := r.sh.Close(); err != nil {
-		t.fs.log.WithError(err).Warn("unmap registered buffer")
+	case r.sh != nil:
+		if err := r.sh.Close(); err != nil {
+			t.fs.log.WithError(err).Warn("unmap registered buffer")
+		}
 	}
 	t.fs.regs.live.Add(-1)
-	t.fs.regs.bytes.Add(-int64(r.size()))
+	t.fs.regs.bytes.Add(-int64(r.mapped()))
 }
 
 // closeAll releases every registration (the file was released).
@@ -213,8 +231,11 @@ func (p *callerProc) inGroup(gid uint32) bool {
 
 // register maps the caller's memfd or shm file into the daemon.
 func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) error {
-	if a.Kind == ioctl.KindCUDA {
+	switch a.Kind {
+	case ioctl.KindCUDA:
 		return f.registerCUDA(t, a)
+	case ioctl.KindVM:
+		return f.registerVM(ctx, t, a)
 	}
 	if a.Kind != ioctl.KindHost {
 		return fmt.Errorf("kind %d: %w", a.Kind, errBadRegister)
@@ -252,6 +273,24 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 		return err
 	}
 	return nil
+}
+
+// registerVM registers an address range of the caller's own memory: the
+// daemon maps nothing, and copies reach the range through the thread of
+// each request, which must belong to the registering process.
+func (f *FS) registerVM(ctx context.Context, t *regTable, a *ioctl.RegisterArg) error {
+	if a.Flags != 0 || a.Fd != -1 || a.Len == 0 || a.Len > maxRegister || a.Offset == 0 || a.Offset+a.Len < a.Offset {
+		return fmt.Errorf("address registration flags %#x, fd %d, %d B at %#x: %w", a.Flags, a.Fd, a.Len, a.Offset, errBadRegister)
+	}
+	p, err := procOf(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.load(); err != nil {
+		return err
+	}
+	a.ID, err = t.add(&registration{vmTgid: p.tgid, vmAddr: a.Offset, vmLen: a.Len})
+	return err
 }
 
 // Registrations returns the live registrations, how many were ever made,

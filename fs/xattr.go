@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/store"
 )
 
@@ -33,7 +34,11 @@ const (
 // storedMooncake are the user.mooncake.* names stored with the object like
 // any user attribute: the tensor metadata of the Python helpers.
 var storedMooncake = map[string]bool{"mooncake.dtype": true, "mooncake.shape": true,
-	store.XattrReplicas: true, store.XattrPlacement: true}
+	xattrMeta: true, store.XattrReplicas: true, store.XattrPlacement: true}
+
+// xattrMeta (user.mooncake.meta) is the meta of PUT_KEY and vector
+// batches: at most ioctl.MaxMeta bytes.
+const xattrMeta = "mooncake.meta"
 
 // checkStored validates the stored user.mooncake.* values that mean
 // something to the daemon: the placement choice.
@@ -45,6 +50,10 @@ func checkStored(name string, v []byte) error {
 	case store.XattrPlacement:
 		_, _, err := store.ParsePlacement(string(v))
 		return err
+	case xattrMeta:
+		if len(v) > ioctl.MaxMeta {
+			return fmt.Errorf("meta of %d B, at most %d: %w", len(v), ioctl.MaxMeta, syscall.E2BIG)
+		}
 	}
 	return nil
 }

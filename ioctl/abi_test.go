@@ -78,6 +78,10 @@ func TestDataCommandNumbers(t *testing.T) {
 		{"BATCH_GET", CmdBatchGet, 0xfff84d18},
 		{"PUT_CUDA", CmdPutCUDA, 0xc0804d19},
 		{"GET_CUDA", CmdGetCUDA, 0xc0804d1a},
+		{"PUT_KEY", CmdPutKey, 0xc4004d1b},
+		{"GET_KEY", CmdGetKey, 0xc4004d1c},
+		{"BATCH_PUTV", CmdBatchPutV, 0xfff84d1d},
+		{"BATCH_GETV", CmdBatchGetV, 0xfff84d1e},
 	} {
 		if c.cmd != c.want {
 			t.Errorf("%s = %#x, want %#x", c.name, c.cmd, c.want)
@@ -141,5 +145,88 @@ func TestFieldOffsets(t *testing.T) {
 	}
 	if k, err := back.Key(1); err != nil || k != "key2" || back.Entries[0].Result != -4 {
 		t.Errorf("batch round trip: %q %v %+v", k, err, back.Entries[0])
+	}
+}
+
+// TestKeyAndVBatchLayout encodes the 1.3 structs with distinct values,
+// finds them at the C header's offsets, and decodes them back.
+func TestKeyAndVBatchLayout(t *testing.T) {
+	u64 := func(b []byte, off uint64) uint64 { return le.Uint64(b[off:]) }
+	k := KeyArg{Source: SrcCUDA, MetaLen: 3, ID: 1, Addr: 2, Len: 3, ObjOff: 4, Result: 5, Version: 6, ObjSize: 7}
+	k.Header.Size = SizeKeyArg
+	k.GPU.Handle[0], k.GPU.Device[15] = 0xaa, 0xbb
+	copy(k.Meta[:], "f32")
+	k.KeyLen = uint16(copy(k.Key[:], "a/b"))
+	kb := k.Marshal()
+	for i, f := range []string{"id", "addr", "len", "obj_off", "result", "version", "size"} {
+		if u64(kb, fieldOffsets["mc_key."+f]) != uint64(i+1) {
+			t.Errorf("KeyArg.%s offset", f)
+		}
+	}
+	if kb[fieldOffsets["mc_key.gpu"]] != 0xaa || kb[fieldOffsets["mc_key.gpu"]+79] != 0xbb ||
+		string(kb[fieldOffsets["mc_key.meta"]:][:3]) != "f32" || string(kb[fieldOffsets["mc_key.key"]:][:3]) != "a/b" ||
+		le.Uint16(kb[fieldOffsets["mc_key.key_len"]:]) != 3 || le.Uint32(kb[fieldOffsets["mc_key.source"]:]) != SrcCUDA {
+		t.Error("KeyArg offsets")
+	}
+	var kk KeyArg
+	if err := kk.Unmarshal(kb); err != nil || kk != k {
+		t.Fatalf("KeyArg round trip: %v", err)
+	}
+	if key, err := kk.KeyString(); err != nil || key != "a/b" {
+		t.Errorf("key %q %v", key, err)
+	}
+	kk.KeyLen = KeyArgKeyBytes + 1
+	if _, err := kk.KeyString(); !errors.Is(err, ErrShortArg) {
+		t.Errorf("long key: %v", err)
+	}
+	kk.MetaLen = MaxMeta + 1
+	if _, err := kk.MetaBytes(); !errors.Is(err, ErrShortArg) {
+		t.Errorf("long meta: %v", err)
+	}
+
+	var v VBatchArg
+	v.NGPU = 1
+	v.GPUs[0].Handle[1] = 0xcc
+	p := vbatchPacker{a: &v}
+	segs := []Seg{{ID: SegVM, Off: 0x1000, Len: 10}, {ID: SegGPU | 0, Off: 5, Len: 6}}
+	if !p.add("key1", []byte("m"), segs, VBatchEntry{Flags: FlagExcl, ObjOff: 9}) || !p.add("k2", nil, segs[:1], VBatchEntry{}) {
+		t.Fatal("add")
+	}
+	vb := v.Marshal()
+	e0 := fieldOffsets["mc_vbatch.entries"]
+	if le.Uint32(vb[fieldOffsets["mc_vbatch.count"]:]) != 2 || le.Uint32(vb[fieldOffsets["mc_vbatch.ngpu"]:]) != 1 ||
+		vb[fieldOffsets["mc_vbatch.gpus"]+1] != 0xcc || le.Uint32(vb[e0+fieldOffsets["mc_vbatch_entry.flags"]:]) != FlagExcl ||
+		u64(vb, e0+fieldOffsets["mc_vbatch_entry.obj_off"]) != 9 {
+		t.Error("VBatchArg offsets")
+	}
+	var back VBatchArg
+	if err := back.Unmarshal(vb); err != nil {
+		t.Fatal(err)
+	}
+	if back.Entries[1].SegOff%8 != 0 {
+		t.Errorf("segment list at %d, not 8-aligned", back.Entries[1].SegOff)
+	}
+	got, err := back.Segs(nil, 0)
+	key, kerr := back.Key(0)
+	meta, merr := back.Meta(0)
+	if err != nil || kerr != nil || merr != nil || len(got) != 2 || got[1] != segs[1] || key != "key1" || string(meta) != "m" {
+		t.Errorf("entry 0: %+v %q %q %v %v %v", got, key, meta, err, kerr, merr)
+	}
+	// Out of the area, misaligned, too many or no segments: refused.
+	for _, e := range []VBatchEntry{
+		{NSeg: 1, SegOff: VBatchAreaBytes}, {NSeg: 1, SegOff: 4}, {NSeg: MaxSegs + 1}, {NSeg: 0},
+		{NSeg: 1, SegOff: VBatchAreaBytes - SizeSeg + 8},
+	} {
+		back.Entries[0] = e
+		if _, err := back.Segs(nil, 0); !errors.Is(err, ErrShortArg) {
+			t.Errorf("segments %+v: %v", e, err)
+		}
+	}
+	back.Entries[0] = VBatchEntry{KeyOff: 0xffff, KeyLen: 0xffff, MetaOff: 1 << 31, MetaLen: 8}
+	if _, err := back.Key(0); !errors.Is(err, ErrShortArg) {
+		t.Errorf("key outside: %v", err)
+	}
+	if _, err := back.Meta(0); !errors.Is(err, ErrShortArg) {
+		t.Errorf("meta outside: %v", err)
 	}
 }

@@ -390,3 +390,14 @@ func (f *File) PutCUDA(m CUDAMem, n, objOff uint64, flags uint32) (uint64, uint6
 func (f *File) GetCUDA(m CUDAMem, n, objOff uint64) (uint64, uint64, error) {
 	return f.cudaCall("get_cuda", CmdGetCUDA, m, n, objOff, 0)
 }
+
+// Ping makes one GET_MAGIC call on f: a bare round trip through the
+// mount, the floor under every other command.
+func (f *File) Ping() error {
+	var b [SizeMagicArg]byte
+	putHeader(b[:], Header{Size: SizeMagicArg})
+	if err := call(f.f, CmdGetMagic, b[:]); err != nil {
+		return f.err("get_magic", err, "")
+	}
+	return nil
+}

@@ -15,6 +15,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(make([]byte, 7))
 	f.Add((&BufArg{ID: 1, Len: 4096}).Marshal())
 	f.Add((&BatchArg{Count: 1}).Marshal())
+	f.Add((&KeyArg{KeyLen: 3, MetaLen: 2}).Marshal())
+	f.Add((&VBatchArg{Count: 2, NGPU: 1}).Marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		decodeAll(t, b)
 		var m MagicArg
@@ -54,6 +56,33 @@ func decodeAll(t *testing.T, b []byte) {
 	ok(v.Unmarshal(b))
 	var s StatArg
 	ok(s.Unmarshal(b))
+	var ka KeyArg
+	if err := ka.Unmarshal(b); err == nil {
+		if k, err := ka.KeyString(); err == nil && len(k) > KeyArgKeyBytes {
+			t.Fatalf("key longer than the key area")
+		}
+		if m, err := ka.MetaBytes(); err == nil && len(m) > MaxMeta {
+			t.Fatalf("meta longer than MaxMeta")
+		}
+	} else {
+		ok(err)
+	}
+	var vb VBatchArg
+	if err := vb.Unmarshal(b); err == nil {
+		for i := range min(int(vb.Count), MaxBatch) {
+			_, kerr := vb.Key(i)
+			_, merr := vb.Meta(i)
+			segs, serr := vb.Segs(nil, i)
+			for _, err := range []error{kerr, merr, serr} {
+				ok(err)
+			}
+			if len(segs) > MaxSegs {
+				t.Fatalf("entry %d: %d segments", i, len(segs))
+			}
+		}
+	} else {
+		ok(err)
+	}
 	var bt BatchArg
 	if err := bt.Unmarshal(b); err == nil {
 		for i := range min(int(bt.Count), MaxBatch) {

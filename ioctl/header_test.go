@@ -24,7 +24,7 @@ func TestCHeader(t *testing.T) {
 #define O(t, f) printf("offsetof %s.%s %zu\n", #t, #f, offsetof(struct t, f));
 #define C(c) printf("cmd %s %lu\n", #c, (unsigned long)(c));
 int main(void) {
-	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch) S(mc_cuda)
+	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch) S(mc_cuda) S(mc_key) S(mc_gpu_ref) S(mc_seg) S(mc_vbatch_entry) S(mc_vbatch)
 	O(mc_register, fd) O(mc_register, kind) O(mc_register, len) O(mc_register, offset) O(mc_register, id) O(mc_register, handle)
 	O(mc_buf, id) O(mc_buf, buf_off) O(mc_buf, len) O(mc_buf, obj_off) O(mc_buf, result) O(mc_buf, version)
 	O(mc_vm, addr) O(mc_vm, len) O(mc_vm, obj_off) O(mc_vm, result) O(mc_vm, version)
@@ -32,8 +32,13 @@ int main(void) {
 	O(mc_batch_entry, key_off) O(mc_batch_entry, key_len) O(mc_batch_entry, flags) O(mc_batch_entry, addr) O(mc_batch_entry, len) O(mc_batch_entry, obj_off) O(mc_batch_entry, result) O(mc_batch_entry, version)
 	O(mc_cuda, handle) O(mc_cuda, dev_off) O(mc_cuda, len) O(mc_cuda, obj_off) O(mc_cuda, result) O(mc_cuda, version) O(mc_cuda, device)
 	O(mc_batch, count) O(mc_batch, source) O(mc_batch, id) O(mc_batch, entries) O(mc_batch, keys)
+	O(mc_key, source) O(mc_key, key_len) O(mc_key, meta_len) O(mc_key, id) O(mc_key, addr) O(mc_key, len) O(mc_key, obj_off) O(mc_key, result) O(mc_key, version) O(mc_key, size) O(mc_key, gpu) O(mc_key, meta) O(mc_key, key)
+	O(mc_gpu_ref, handle) O(mc_gpu_ref, device) O(mc_seg, id) O(mc_seg, off) O(mc_seg, len)
+	O(mc_vbatch_entry, key_off) O(mc_vbatch_entry, key_len) O(mc_vbatch_entry, flags) O(mc_vbatch_entry, seg_off) O(mc_vbatch_entry, nseg) O(mc_vbatch_entry, meta_off) O(mc_vbatch_entry, meta_len) O(mc_vbatch_entry, obj_off) O(mc_vbatch_entry, result) O(mc_vbatch_entry, version)
+	O(mc_vbatch, count) O(mc_vbatch, ngpu) O(mc_vbatch, entries) O(mc_vbatch, gpus) O(mc_vbatch, area)
 	C(MC_IOC_GET_MAGIC) C(MC_IOC_GET_ABI_VERSION) C(MC_IOC_REGISTER_BUFFER) C(MC_IOC_UNREGISTER_BUFFER)
-	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA)
+	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA) C(MC_IOC_PUT_KEY) C(MC_IOC_GET_KEY) C(MC_IOC_BATCH_PUTV) C(MC_IOC_BATCH_GETV)
+	printf("const MC_MAX_META %d\nconst MC_MAX_GPU_REFS %d\nconst MC_MAX_SEGS %d\nconst MC_KIND_VM %u\nconst MC_SRC_CUDA %u\nconst MC_SEG_GPU %llu\n", MC_MAX_META, MC_MAX_GPU_REFS, MC_MAX_SEGS, MC_KIND_VM, MC_SRC_CUDA, MC_SEG_GPU);
 	printf("const MC_MAX_BATCH %d\nconst MC_ABI_MINOR %d\nconst MC_ABI_MAJOR %d\n", MC_MAX_BATCH, MC_ABI_MINOR, MC_ABI_MAJOR);
 	printf("const MC_MAGIC %llu\n", (unsigned long long)MC_MAGIC);
 	return 0;
@@ -56,6 +61,12 @@ int main(void) {
 		"sizeof mc_register": SizeRegisterArg, "sizeof mc_unregister": SizeUnregisterArg,
 		"sizeof mc_buf": SizeBufArg, "sizeof mc_vm": SizeVMArg, "sizeof mc_stat": SizeStatArg,
 		"sizeof mc_batch_entry": SizeBatchEntry, "sizeof mc_batch": SizeBatchArg, "sizeof mc_cuda": SizeCUDAArg,
+		"sizeof mc_key": SizeKeyArg, "sizeof mc_gpu_ref": SizeGPURef, "sizeof mc_seg": SizeSeg,
+		"sizeof mc_vbatch_entry": SizeVBatchEntry, "sizeof mc_vbatch": SizeVBatchArg,
+		"cmd MC_IOC_PUT_KEY": uint64(CmdPutKey), "cmd MC_IOC_GET_KEY": uint64(CmdGetKey),
+		"cmd MC_IOC_BATCH_PUTV": uint64(CmdBatchPutV), "cmd MC_IOC_BATCH_GETV": uint64(CmdBatchGetV),
+		"const MC_MAX_META": MaxMeta, "const MC_MAX_GPU_REFS": MaxGPURefs, "const MC_MAX_SEGS": MaxSegs,
+		"const MC_KIND_VM": uint64(KindVM), "const MC_SRC_CUDA": uint64(SrcCUDA), "const MC_SEG_GPU": SegGPU,
 		"cmd MC_IOC_PUT_CUDA": uint64(CmdPutCUDA), "cmd MC_IOC_GET_CUDA": uint64(CmdGetCUDA),
 		"cmd MC_IOC_GET_MAGIC": uint64(CmdGetMagic), "cmd MC_IOC_GET_ABI_VERSION": uint64(CmdGetABIVersion),
 		"cmd MC_IOC_REGISTER_BUFFER": uint64(CmdRegisterBuffer), "cmd MC_IOC_UNREGISTER_BUFFER": uint64(CmdUnregisterBuffer),
@@ -104,5 +115,14 @@ var fieldOffsets = map[string]uint64{
 	"mc_batch_entry.len": 16, "mc_batch_entry.obj_off": 24, "mc_batch_entry.result": 32, "mc_batch_entry.version": 40,
 	"mc_cuda.handle": 8, "mc_cuda.dev_off": 72, "mc_cuda.len": 80, "mc_cuda.obj_off": 88, "mc_cuda.result": 96,
 	"mc_cuda.version": 104, "mc_cuda.device": 112,
+	"mc_key.source": 8, "mc_key.key_len": 12, "mc_key.meta_len": 14, "mc_key.id": 16, "mc_key.addr": 24, "mc_key.len": 32,
+	"mc_key.obj_off": 40, "mc_key.result": 48, "mc_key.version": 56, "mc_key.size": 64, "mc_key.gpu": 72, "mc_key.meta": 152,
+	"mc_key.key":        keyArgKeyOff,
+	"mc_gpu_ref.handle": 0, "mc_gpu_ref.device": 64, "mc_seg.id": 0, "mc_seg.off": 8, "mc_seg.len": 16,
+	"mc_vbatch_entry.key_off": 0, "mc_vbatch_entry.key_len": 2, "mc_vbatch_entry.flags": 4, "mc_vbatch_entry.seg_off": 8,
+	"mc_vbatch_entry.nseg": 12, "mc_vbatch_entry.meta_off": 16, "mc_vbatch_entry.meta_len": 20, "mc_vbatch_entry.obj_off": 24,
+	"mc_vbatch_entry.result": 32, "mc_vbatch_entry.version": 40,
+	"mc_vbatch.count": 8, "mc_vbatch.ngpu": 12, "mc_vbatch.entries": 16, "mc_vbatch.gpus": 16 + MaxBatch*SizeVBatchEntry,
+	"mc_vbatch.area": vbatchAreaOff,
 	"mc_batch.count": 8, "mc_batch.source": 12, "mc_batch.id": 16, "mc_batch.entries": 24, "mc_batch.keys": batchKeysOff,
 }

@@ -8,7 +8,8 @@
  * ENOTTY (unknown command), EINVAL (bad size, flags or arguments), EFAULT
  * (memory outside a registered buffer or the caller's address space),
  * ERANGE (offset outside the object), ENOENT, EEXIST (MC_FLAG_EXCL),
- * ENOSPC. This header must agree with package ioctl; a Go test checks it.
+ * ENOSPC, EBADMSG (meta mismatch), EPERM (another process's MC_KIND_VM
+ * registration). This header must agree with package ioctl; a Go test checks it.
  */
 #ifndef MOONCAKE_FS_H
 #define MOONCAKE_FS_H
@@ -19,7 +20,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 2
+#define MC_ABI_MINOR 3
 
 struct mc_header {
 	uint32_t size;
@@ -39,6 +40,7 @@ struct mc_abi_version {
 
 #define MC_KIND_HOST 1u
 #define MC_KIND_CUDA 2u /* handle = cuIpcGetMemHandle, offset = offset in it */
+#define MC_KIND_VM 3u   /* fd = -1, offset = address of the caller's own memory (1.3) */
 
 struct mc_register {
 	struct mc_header h;
@@ -126,6 +128,80 @@ struct mc_cuda {
 	uint8_t device[16]; /* GPU UUID; all zero: the first GPU */
 };
 
+/*
+ * ABI 1.3: one key by name on a directory fd, in one small call. A put
+ * stores meta (<= MC_MAX_META bytes, the xattr user.mooncake.meta) with
+ * the value; a get returns the value's size and meta, and fails with
+ * EBADMSG, moving nothing, if it carries a meta the value does not have.
+ * A get of len 0 is a lookup. Longer keys go by batch.
+ */
+#define MC_SRC_BUF 0u  /* addr = offset in registration id */
+#define MC_SRC_VM 1u   /* addr = address of the caller */
+#define MC_SRC_CUDA 2u /* addr = offset in the allocation gpu names */
+#define MC_MAX_META 128
+
+struct mc_gpu_ref {
+	uint8_t handle[64]; /* cuIpcGetMemHandle of the allocation */
+	uint8_t device[16]; /* GPU UUID; all zero: the first GPU */
+};
+
+struct mc_key {
+	struct mc_header h;
+	uint32_t source;
+	uint16_t key_len;
+	uint16_t meta_len; /* in; out (get) */
+	uint64_t id;
+	uint64_t addr;
+	uint64_t len;
+	uint64_t obj_off;
+	uint64_t result;  /* out: bytes moved */
+	uint64_t version; /* out */
+	uint64_t size;    /* out (get): the value's size */
+	struct mc_gpu_ref gpu;
+	char meta[MC_MAX_META];
+	char key[1024 - 280];
+};
+
+/*
+ * Vector batches: each key's value is the concatenation of its segments.
+ * A segment is caller memory (id MC_SEG_VM, off = address), a registration
+ * made on the directory fd (id, off in it), or an allocation of the
+ * batch's GPU table (id MC_SEG_GPU | index, off in it). Keys, segment
+ * lists (8-aligned) and metas lie in area.
+ */
+#define MC_MAX_GPU_REFS 16
+#define MC_MAX_SEGS 256
+#define MC_SEG_VM 0ull
+#define MC_SEG_GPU (1ull << 63)
+
+struct mc_seg {
+	uint64_t id;
+	uint64_t off;
+	uint64_t len;
+};
+
+struct mc_vbatch_entry {
+	uint16_t key_off;
+	uint16_t key_len;
+	uint32_t flags;
+	uint32_t seg_off;
+	uint32_t nseg;
+	uint32_t meta_off;
+	uint32_t meta_len;
+	uint64_t obj_off;
+	int64_t result; /* out: bytes, or -errno for this key */
+	uint64_t version;
+};
+
+struct mc_vbatch {
+	struct mc_header h;
+	uint32_t count;
+	uint32_t ngpu;
+	struct mc_vbatch_entry entries[MC_MAX_BATCH];
+	struct mc_gpu_ref gpus[MC_MAX_GPU_REFS];
+	uint8_t area[16376 - 16 - MC_MAX_BATCH * 48 - MC_MAX_GPU_REFS * 80];
+};
+
 #define MC_IOC_GET_MAGIC _IOR(MC_IOC_TYPE, 0x01, struct mc_magic)
 #define MC_IOC_GET_ABI_VERSION _IOR(MC_IOC_TYPE, 0x02, struct mc_abi_version)
 #define MC_IOC_REGISTER_BUFFER _IOWR(MC_IOC_TYPE, 0x10, struct mc_register)
@@ -139,5 +215,9 @@ struct mc_cuda {
 #define MC_IOC_BATCH_GET _IOWR(MC_IOC_TYPE, 0x18, struct mc_batch)
 #define MC_IOC_PUT_CUDA _IOWR(MC_IOC_TYPE, 0x19, struct mc_cuda)
 #define MC_IOC_GET_CUDA _IOWR(MC_IOC_TYPE, 0x1a, struct mc_cuda)
+#define MC_IOC_PUT_KEY _IOWR(MC_IOC_TYPE, 0x1b, struct mc_key)
+#define MC_IOC_GET_KEY _IOWR(MC_IOC_TYPE, 0x1c, struct mc_key)
+#define MC_IOC_BATCH_PUTV _IOWR(MC_IOC_TYPE, 0x1d, struct mc_vbatch)
+#define MC_IOC_BATCH_GETV _IOWR(MC_IOC_TYPE, 0x1e, struct mc_vbatch)
 
 #endif /* MOONCAKE_FS_H */

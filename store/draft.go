@@ -438,20 +438,26 @@ func (d *Draft) Err() error {
 }
 
 func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
-	reqs, finish, err := d.prepareWrite(ctx, buf, off)
+	reqs, finish, err := d.prepareWrite(ctx, []transfer.Buffer{buf}, off)
 	if err != nil || finish == nil {
 		return 0, err
 	}
 	return finish(d.s.eng.Submit(ctx, reqs))
 }
 
-// prepareWrite reserves room for buf at off and returns the requests that
-// copy it; finish, called once with the outcome of those requests,
+// prepareWrite reserves room for bufs, one after the other, at off and
+// returns the requests that copy them; finish, called once with the outcome of those requests,
 // records it (and, for a copy that failed, zeroes its range) and returns
 // what the write returns. The draft is held shared from prepareWrite to
 // finish. A nil finish with a nil error is an empty write.
-func (d *Draft) prepareWrite(ctx context.Context, buf transfer.Buffer, off uint64) ([]transfer.Request, func(error) (uint64, error), error) {
-	n := buf.Size()
+func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off uint64) ([]transfer.Request, func(error) (uint64, error), error) {
+	var n uint64
+	for _, b := range bufs {
+		if n+b.Size() < n {
+			return nil, nil, fmt.Errorf("store: write of %d pieces at %d: %w", len(bufs), off, ErrTooLarge)
+		}
+		n += b.Size()
+	}
 	if n == 0 {
 		return nil, nil, nil
 	}
@@ -496,7 +502,7 @@ func (d *Draft) prepareWrite(ctx context.Context, buf transfer.Buffer, off uint6
 		if err != nil {
 			return nil, nil, err
 		}
-		return d.prepareWrite(ctx, buf, off)
+		return d.prepareWrite(ctx, bufs, off)
 	}
 	if err == nil && off > d.mu.zeroed {
 		err = d.zeroLocked(ctx, d.mu.zeroed, off)
@@ -511,10 +517,14 @@ func (d *Draft) prepareWrite(ctx context.Context, buf transfer.Buffer, off uint6
 	d.mu.Unlock()
 
 	var reqs []transfer.Request
-	spanIdx(ext, starts, off, n, func(i int, e segment.Extent, rel uint64) bool {
-		reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node, Epoch: epoch, Resv: resv[i]})
-		return true
-	})
+	at := off
+	for _, buf := range bufs {
+		spanIdx(ext, starts, at, buf.Size(), func(i int, e segment.Extent, rel uint64) bool {
+			reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node, Epoch: epoch, Resv: resv[i]})
+			return true
+		})
+		at += buf.Size()
+	}
 	finish := func(err error) (uint64, error) {
 		defer d.rw.RUnlock()
 		if err != nil {
@@ -537,10 +547,11 @@ func (d *Draft) prepareWrite(ctx context.Context, buf transfer.Buffer, off uint6
 	return reqs, finish, nil
 }
 
-// DraftWrite is one write of a WriteMany: buf into Draft at Off.
+// DraftWrite is one write of a WriteMany: Bufs, one after the other, into
+// Draft at Off.
 type DraftWrite struct {
 	Draft *Draft
-	Buf   transfer.Buffer
+	Bufs  []transfer.Buffer
 	Off   uint64
 }
 
@@ -560,7 +571,7 @@ func (s *Store) WriteMany(ctx context.Context, ws []DraftWrite) []error {
 			errs[i], failed = err, true
 			continue
 		}
-		reqs, fin, err := w.Draft.prepareWrite(ctx, w.Buf, w.Off)
+		reqs, fin, err := w.Draft.prepareWrite(ctx, w.Bufs, w.Off)
 		if err != nil {
 			w.Draft.fail(err)
 			errs[i], failed = err, true
@@ -710,6 +721,10 @@ type CommitOptions struct {
 	// Template gives Mode, Uid, Gid, Ino and Xattrs for a key that does
 	// not exist yet. Nil means mode 0644, owner 0, a new inode number.
 	Template *Object
+	// SetXattrs are set on the committed version, new or not, with its
+	// content (a nil value removes the name): attributes that describe
+	// the bytes change with them, atomically.
+	SetXattrs map[string][]byte
 }
 
 // Commit makes the draft's content the current version of o.Key (phase
@@ -804,6 +819,17 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			d.s.inherit(ctx, next)
 			if err := d.s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
 				return nil, err
+			}
+		}
+		for k, v := range o.SetXattrs {
+			switch {
+			case v != nil:
+				if next.Xattrs == nil {
+					next.Xattrs = map[string][]byte{}
+				}
+				next.Xattrs[k] = slices.Clone(v)
+			case next.Xattrs != nil:
+				delete(next.Xattrs, k)
 			}
 		}
 		next.Size = size

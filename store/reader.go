@@ -265,10 +265,11 @@ func (r *Reader) Close() {
 	}
 }
 
-// ReaderRead is one read of a ReadMany: Reader's bytes at Off into Buf.
+// ReaderRead is one read of a ReadMany: Reader's bytes at Off into Bufs,
+// one after the other (the first filled first).
 type ReaderRead struct {
 	Reader *Reader
-	Buf    transfer.Buffer
+	Bufs   []transfer.Buffer
 	Off    uint64
 }
 
@@ -293,16 +294,32 @@ func (s *Store) ReadMany(ctx context.Context, rs []ReaderRead) (counts []uint64,
 		case rd.Off > r.obj.Size:
 			set(i, fmt.Errorf("read at %d of %d B: %w", rd.Off, r.obj.Size, ErrRange))
 		case r.remote != nil:
-			var err error
-			counts[i], err = r.ReadTo(ctx, rd.Buf, rd.Off)
-			set(i, err)
+			at := rd.Off
+			for _, buf := range rd.Bufs {
+				n, err := r.ReadTo(ctx, buf, at)
+				if err != nil {
+					counts[i] = 0
+					set(i, err)
+					break
+				}
+				counts[i] += n
+				if at += n; n < buf.Size() {
+					break
+				}
+			}
 		case r.b == nil || rd.Off == r.obj.Size:
 		default:
-			n := min(rd.Buf.Size(), r.obj.Size-rd.Off)
-			reqs := r.requests(transfer.Read, rd.Buf, rd.Off, n)
-			span[i] = [2]int{len(all), len(all) + len(reqs)}
-			all = append(all, reqs...)
-			counts[i] = n
+			first := len(all)
+			at := rd.Off
+			for _, buf := range rd.Bufs {
+				n := min(buf.Size(), r.obj.Size-at)
+				all = append(all, r.requests(transfer.Read, buf, at, n)...)
+				if at += n; at == r.obj.Size {
+					break
+				}
+			}
+			span[i] = [2]int{first, len(all)}
+			counts[i] = at - rd.Off
 		}
 	}
 	if each := s.eng.SubmitEach(ctx, all); each != nil {

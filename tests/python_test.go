@@ -94,6 +94,7 @@ type pyLayout struct {
 	Flags map[string]uint32 `json:"flags"`
 	Batch map[string]int    `json:"batch"`
 	Kinds map[string]uint32 `json:"kinds"`
+	Key   map[string]uint64 `json:"key"`
 }
 
 // TestPythonABI checks the Python mirror of the ABI against package ioctl:
@@ -115,6 +116,8 @@ func TestPythonABI(t *testing.T) {
 		"MC_IOC_PUT_VM": ioctl.CmdPutVM, "MC_IOC_GET_VM": ioctl.CmdGetVM, "MC_IOC_STAT": ioctl.CmdStat,
 		"MC_IOC_BATCH_PUT": ioctl.CmdBatchPut, "MC_IOC_BATCH_GET": ioctl.CmdBatchGet,
 		"MC_IOC_PUT_CUDA": ioctl.CmdPutCUDA, "MC_IOC_GET_CUDA": ioctl.CmdGetCUDA,
+		"MC_IOC_PUT_KEY": ioctl.CmdPutKey, "MC_IOC_GET_KEY": ioctl.CmdGetKey,
+		"MC_IOC_BATCH_PUTV": ioctl.CmdBatchPutV, "MC_IOC_BATCH_GETV": ioctl.CmdBatchGetV,
 	}
 	if len(l.Commands) != len(cmds) {
 		t.Errorf("python has %d commands, Go %d", len(l.Commands), len(cmds))
@@ -133,6 +136,13 @@ func TestPythonABI(t *testing.T) {
 		"key_bytes":      {uint64(l.Batch["key_bytes"]), ioctl.BatchKeyBytes},
 		"MC_KIND_HOST":   {uint64(l.Kinds["MC_KIND_HOST"]), uint64(ioctl.KindHost)},
 		"MC_KIND_CUDA":   {uint64(l.Kinds["MC_KIND_CUDA"]), uint64(ioctl.KindCUDA)},
+		"MC_KIND_VM":     {uint64(l.Kinds["MC_KIND_VM"]), uint64(ioctl.KindVM)},
+		"MC_SRC_CUDA":    {l.Key["MC_SRC_CUDA"], uint64(ioctl.SrcCUDA)},
+		"MC_SRC_VM":      {l.Key["MC_SRC_VM"], uint64(ioctl.SrcVM)},
+		"MC_MAX_META":    {l.Key["MC_MAX_META"], ioctl.MaxMeta},
+		"MC_MAX_GPU":     {l.Key["MC_MAX_GPU_REFS"], ioctl.MaxGPURefs},
+		"MC_MAX_SEGS":    {l.Key["MC_MAX_SEGS"], ioctl.MaxSegs},
+		"MC_SEG_GPU":     {l.Key["MC_SEG_GPU"], ioctl.SegGPU},
 	}
 	for name, v := range consts {
 		if v[0] != v[1] {
@@ -149,6 +159,13 @@ func TestPythonABI(t *testing.T) {
 	if _, err := batch.AddKey("key", ioctl.BatchEntry{Flags: 5, Addr: 11, Len: 12, ObjOff: 13, Result: -2, Version: 15}); err != nil {
 		t.Fatal(err)
 	}
+	key := ioctl.KeyArg{Header: ioctl.Header{Flags: 2}, Source: 1, KeyLen: 3, MetaLen: 4, ID: 5, Addr: 6, Len: 7, ObjOff: 8,
+		Result: 9, Version: 10, ObjSize: 11}
+	key.GPU.Handle[0], key.Meta[0], key.Key[0] = 0xAA, 'm', 'k'
+	var vb ioctl.VBatchArg
+	vb.Count, vb.NGPU = 2, 3
+	vb.GPUs[0].Handle[0] = 0xDD
+	vb.Area[0] = 'a'
 	type fv struct {
 		field string
 		want  uint64 // the value (little-endian, field-size bytes); for arrays, the first byte
@@ -176,6 +193,11 @@ func TestPythonABI(t *testing.T) {
 			[]fv{{"h.size", ioctl.SizeCUDAArg}, {"h.flags", 3}, {"handle", 0xAA}, {"dev_off", 1}, {"len", 2}, {"obj_off", 3}, {"result", 4}, {"version", 5}, {"device", 0xCC}}},
 		{"mc_batch", batch.Marshal(), ioctl.SizeBatchArg,
 			[]fv{{"count", 1}, {"source", 1}, {"id", 0x77}, {"keys", 'k'}}},
+		{"mc_key", key.Marshal(), ioctl.SizeKeyArg,
+			[]fv{{"h.flags", 2}, {"source", 1}, {"key_len", 3}, {"meta_len", 4}, {"id", 5}, {"addr", 6}, {"len", 7}, {"obj_off", 8},
+				{"result", 9}, {"version", 10}, {"size", 11}, {"gpu", 0xAA}, {"meta", 'm'}, {"key", 'k'}}},
+		{"mc_vbatch", vb.Marshal(), ioctl.SizeVBatchArg,
+			[]fv{{"count", 2}, {"ngpu", 3}, {"gpus", 0xDD}, {"area", 'a'}}},
 	}
 	for _, c := range cases {
 		s, ok := l.Structs[c.name]

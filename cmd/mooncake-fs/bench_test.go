@@ -161,7 +161,7 @@ func TestBenchCaseTable(t *testing.T) {
 			t.Errorf("case %s: a cluster case needs etcd and must say so", c.name)
 		}
 		if c.target == withCopy && c.ceiling != "copy" && !strings.HasPrefix(c.name, "cuda-") && !strings.HasPrefix(c.name, "safetensors-") &&
-			!(c.cluster != "" && c.ceiling == "tcp-stream") {
+			!(c.cluster != "" && c.ceiling == "tcp-stream") && !(strings.HasPrefix(c.name, "op-") && c.ceiling == "ioctl-roundtrip") {
 			t.Errorf("case %s: the in-process ceiling is labelled %q, want copy", c.name, c.ceiling)
 		}
 	}

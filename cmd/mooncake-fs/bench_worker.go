@@ -132,6 +132,7 @@ func benchCases() []benchCase {
 			run: benchIoctlSmall, ceilingRun: benchTmpfsSmallPutGet},
 	}
 	cases = append(cases, kvHostCases()...)
+	cases = append(cases, opCases()...)
 	cases = append(cases, clusterBenchCases()...)
 	return append(cases, cudaBenchCases()...)
 }

@@ -396,6 +396,7 @@ type Status struct {
 	Transfer      transfer.Stats  `json:"transfer"`
 	Fuse          map[string]any  `json:"fuse"`
 	Registrations RegStatus       `json:"registrations"`
+	Clients       mfs.ProcStats   `json:"clients"`
 	GPUs          []cuda.GPU      `json:"gpus,omitempty"`
 	Cluster       *ClusterStatus  `json:"cluster,omitempty"`
 	CPUs          int             `json:"cpus"`
@@ -476,6 +477,7 @@ func (d *daemon) status() Status {
 	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
 	s.OpenFiles.Used, s.OpenFiles.Limit = d.mnt.OpenFiles()
 	s.Batches = d.mnt.Batches()
+	s.Clients = d.mnt.Procs()
 	s.GPUs = d.gpus
 	if d.cl != nil {
 		s.Cluster = d.cl.status()

@@ -84,6 +84,7 @@ func printStatus(s *Status) {
 		{"commits", fmt.Sprintf("%d (%d revoked)", s.Commits, s.Revokes)},
 		{"transfer", fmt.Sprintf("%s in, %s out, %.2f copies per byte", formatSize(s.Transfer.BytesWritten), formatSize(s.Transfer.BytesRead), copiesPerByte(s))},
 		{"registered", fmt.Sprintf("%d buffers, %s (%d since start)", s.Registrations.Live, formatSize(uint64(s.Registrations.Bytes)), s.Registrations.Total)},
+		{"clients", fmt.Sprintf("%d processes with state, %d CUDA IPC handles open for them", s.Clients.Procs, s.Clients.IPC)},
 	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "%s\t%s\n", r[0], r[1])

@@ -19,6 +19,7 @@ from .client import (
     Directory,
     Entry,
     File,
+    KeyInfo,
     NotMooncakeError,
     Stat,
 )
@@ -36,7 +37,7 @@ from .tensor import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "abi", "BatchError", "BufferPool", "Client", "Directory", "Entry", "File", "Lease",
+    "abi", "BatchError", "BufferPool", "Client", "Directory", "Entry", "File", "KeyInfo", "Lease",
     "NotMooncakeError", "ObjectTooLarge", "PoolClosed", "PoolExhausted", "Stat",
     "put", "get", "get_into", "get_array", "stat", "batch_put", "batch_get", "batch_get_into",
     "tensor", "TensorFormatError", "put_tensor", "get_tensor", "get_tensor_range", "save_state_dict",

@@ -1,4 +1,4 @@
-"""The mooncake-fs ioctl ABI (1.2), mirrored from ioctl/mooncake_fs.h.
+"""The mooncake-fs ioctl ABI (1.3), mirrored from ioctl/mooncake_fs.h.
 
 Every argument is a fixed-size, 8-byte-aligned, little-endian struct that
 starts with {size, flags}; ``size`` must be ``sizeof(struct)``. The classes
@@ -33,10 +33,11 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
 KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
+KIND_VM = 3    # REGISTER_BUFFER of an address range of this process (fd -1, offset = address; 1.3)
 
 FLAG_EXCL = 1 << 0    # put: EEXIST if the key exists (first writer wins)
 FLAG_UPDATE = 1 << 1  # put: write at obj_off into a copy of the current version
@@ -164,6 +165,74 @@ class CUDA(_Arg):
     ]
 
 
+# ABI 1.3: one key by name (PUT_KEY/GET_KEY) and vector batches.
+SRC_BUF, SRC_VM, SRC_CUDA = 0, 1, 2
+MAX_META = 128
+KEY_SIZE = 1024
+KEY_KEY_BYTES = KEY_SIZE - 280
+MAX_GPU_REFS = 16
+MAX_SEGS = 256
+SEG_VM = 0
+SEG_GPU = 1 << 63
+VBATCH_HEAD = 16 + MAX_BATCH * 48 + MAX_GPU_REFS * 80
+VBATCH_AREA_BYTES = BATCH_SIZE - VBATCH_HEAD
+
+
+class GPURef(_S):
+    _fields_ = [("handle", ctypes.c_uint8 * 64), ("device", ctypes.c_uint8 * 16)]
+
+
+class Key(_Arg):
+    """PUT_KEY / GET_KEY on a directory: one key, one buffer, its meta."""
+
+    _fields_ = [
+        ("h", Header),
+        ("source", ctypes.c_uint32),
+        ("key_len", ctypes.c_uint16),
+        ("meta_len", ctypes.c_uint16),
+        ("id", ctypes.c_uint64),
+        ("addr", ctypes.c_uint64),
+        ("len", ctypes.c_uint64),
+        ("obj_off", ctypes.c_uint64),
+        ("result", ctypes.c_uint64),   # out: bytes moved
+        ("version", ctypes.c_uint64),  # out
+        ("size", ctypes.c_uint64),     # out (get): the value's size
+        ("gpu", GPURef),
+        ("meta", ctypes.c_uint8 * MAX_META),
+        ("key", ctypes.c_uint8 * KEY_KEY_BYTES),
+    ]
+
+
+class Seg(_S):
+    _fields_ = [("id", ctypes.c_uint64), ("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class VBatchEntry(_S):
+    _fields_ = [
+        ("key_off", ctypes.c_uint16),
+        ("key_len", ctypes.c_uint16),
+        ("flags", ctypes.c_uint32),
+        ("seg_off", ctypes.c_uint32),
+        ("nseg", ctypes.c_uint32),
+        ("meta_off", ctypes.c_uint32),
+        ("meta_len", ctypes.c_uint32),
+        ("obj_off", ctypes.c_uint64),
+        ("result", ctypes.c_int64),
+        ("version", ctypes.c_uint64),
+    ]
+
+
+class VBatch(_Arg):
+    _fields_ = [
+        ("h", Header),
+        ("count", ctypes.c_uint32),
+        ("ngpu", ctypes.c_uint32),
+        ("entries", VBatchEntry * MAX_BATCH),
+        ("gpus", GPURef * MAX_GPU_REFS),
+        ("area", ctypes.c_uint8 * VBATCH_AREA_BYTES),
+    ]
+
+
 SIZES = {
     "mc_header": (Header, 8),
     "mc_magic": (Magic, 16),
@@ -176,6 +245,11 @@ SIZES = {
     "mc_batch_entry": (BatchEntry, 48),
     "mc_batch": (Batch, BATCH_SIZE),
     "mc_cuda": (CUDA, 128),
+    "mc_gpu_ref": (GPURef, 80),
+    "mc_key": (Key, KEY_SIZE),
+    "mc_seg": (Seg, 24),
+    "mc_vbatch_entry": (VBatchEntry, 48),
+    "mc_vbatch": (VBatch, BATCH_SIZE),
 }
 for _name, (_cls, _size) in SIZES.items():
     if ctypes.sizeof(_cls) != _size or _size % 8:
@@ -196,6 +270,10 @@ BATCH_PUT = _IOC(_RW, 0x17, ctypes.sizeof(Batch))
 BATCH_GET = _IOC(_RW, 0x18, ctypes.sizeof(Batch))
 PUT_CUDA = _IOC(_RW, 0x19, ctypes.sizeof(CUDA))  # 0xc0804d19
 GET_CUDA = _IOC(_RW, 0x1A, ctypes.sizeof(CUDA))  # 0xc0804d1a
+PUT_KEY = _IOC(_RW, 0x1B, ctypes.sizeof(Key))
+GET_KEY = _IOC(_RW, 0x1C, ctypes.sizeof(Key))
+BATCH_PUTV = _IOC(_RW, 0x1D, ctypes.sizeof(VBatch))
+BATCH_GETV = _IOC(_RW, 0x1E, ctypes.sizeof(VBatch))
 
 COMMANDS = {
     "MC_IOC_GET_MAGIC": GET_MAGIC,
@@ -211,6 +289,10 @@ COMMANDS = {
     "MC_IOC_BATCH_GET": BATCH_GET,
     "MC_IOC_PUT_CUDA": PUT_CUDA,
     "MC_IOC_GET_CUDA": GET_CUDA,
+    "MC_IOC_PUT_KEY": PUT_KEY,
+    "MC_IOC_GET_KEY": GET_KEY,
+    "MC_IOC_BATCH_PUTV": BATCH_PUTV,
+    "MC_IOC_BATCH_GETV": BATCH_GETV,
 }
 
 # C struct name -> (class, {C field path: python attribute path}) for the
@@ -227,6 +309,13 @@ STRUCTS = {
     "mc_batch_entry": (BatchEntry, ["key_off", "key_len", "flags", "addr", "len", "obj_off", "result", "version"]),
     "mc_batch": (Batch, ["h", "count", "source", "id", "entries", "keys"]),
     "mc_cuda": (CUDA, ["h", "h.size", "h.flags", "handle", "dev_off", "len", "obj_off", "result", "version", "device"]),
+    "mc_gpu_ref": (GPURef, ["handle", "device"]),
+    "mc_key": (Key, ["h", "h.flags", "source", "key_len", "meta_len", "id", "addr", "len", "obj_off", "result", "version", "size",
+                     "gpu", "meta", "key"]),
+    "mc_seg": (Seg, ["id", "off", "len"]),
+    "mc_vbatch_entry": (VBatchEntry, ["key_off", "key_len", "flags", "seg_off", "nseg", "meta_off", "meta_len", "obj_off",
+                                      "result", "version"]),
+    "mc_vbatch": (VBatch, ["h", "count", "ngpu", "entries", "gpus", "area"]),
 }
 
 
@@ -261,7 +350,9 @@ def layout():
         },
         "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE},
         "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
-        "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA},
+        "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM},
+        "key": {"MC_SRC_BUF": SRC_BUF, "MC_SRC_VM": SRC_VM, "MC_SRC_CUDA": SRC_CUDA, "MC_MAX_META": MAX_META,
+                "MC_MAX_GPU_REFS": MAX_GPU_REFS, "MC_MAX_SEGS": MAX_SEGS, "MC_SEG_GPU": SEG_GPU},
     }
 
 

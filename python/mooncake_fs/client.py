@@ -13,6 +13,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import threading
 import weakref
 from contextlib import ExitStack
 from typing import NamedTuple
@@ -35,6 +36,14 @@ class BatchError(OSError):
         names = ", ".join(f"{k!r}: {errno.errorcode.get(-r, -r)}" for k, r in list(failed.items())[:8])
         super().__init__(-first, f"{what}: {len(failed)} of {len(results)} keys failed ({names})")
         self.results = results
+
+
+class KeyInfo(NamedTuple):
+    """What a lookup by name (GET_KEY of length 0) reports."""
+
+    size: int
+    version: int
+    meta: bytes
 
 
 class Stat(NamedTuple):
@@ -390,11 +399,166 @@ def _contiguous(data):
     return data
 
 
+def _meta_bytes(meta):
+    m = meta.encode() if isinstance(meta, str) else bytes(meta)
+    if len(m) > _abi.MAX_META:
+        raise ValueError(f"meta of {len(m)} bytes, at most {_abi.MAX_META}")
+    return m
+
+
+def key_fits(key):
+    """Whether key (relative to a directory) fits one PUT_KEY/GET_KEY."""
+    return 0 < len(os.fsencode(key)) <= _abi.KEY_KEY_BYTES
+
+
 class Directory(_Handle):
-    """An open directory: batch puts and gets of keys relative to it."""
+    """An open directory: keys relative to it, one per call (put_key,
+    get_key_into, lookup: ABI 1.3) or in batches."""
 
     def __init__(self, path):
         super().__init__(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    # --- one key by name, one call (ABI 1.3) ---
+
+    def key_call(self, put, key, a, meta=None):
+        """Run PUT_KEY (put) or GET_KEY with the Key struct a for key;
+        meta: stored by a put; for a get, the meta the value must have
+        (OSError EBADMSG, nothing moved, otherwise). Returns a."""
+        k = os.fsencode(key)
+        if not k or len(k) > _abi.KEY_KEY_BYTES:
+            raise ValueError(f"key {key!r}: {len(k)} bytes, want 1..{_abi.KEY_KEY_BYTES} (longer keys: batches)")
+        ctypes.memmove(a.key, k, len(k))
+        a.key_len = len(k)
+        if meta is not None:
+            m = _meta_bytes(meta)
+            ctypes.memmove(a.meta, m, len(m))
+            a.meta_len = len(m)
+        try:
+            fcntl.ioctl(self.fileno(), _abi.PUT_KEY if put else _abi.GET_KEY, a, True)
+        except OSError as e:
+            raise OSError(e.errno, os.strerror(e.errno), os.path.join(self.name, os.fsdecode(k))) from None
+        return a
+
+    def put_key(self, key, data, *, meta=None, exclusive=False, update=False, offset=0):
+        """Store data (a C-contiguous buffer) as key's value in one call,
+        with meta (str or bytes, at most MAX_META; none removes it);
+        return the version. Parents must exist (FileNotFoundError)."""
+        data = _contiguous(data)
+        with pinned(data) as (addr, n):
+            a = _abi.Key(source=_abi.SRC_VM, addr=addr, len=n, obj_off=offset)
+            a.h.flags = _put_flags(exclusive, update)
+            self.key_call(True, key, a, meta)
+        return a.version
+
+    def get_key_into(self, key, out, *, offset=0, meta=None):
+        """Read up to len(out) bytes of key at offset into out in one call;
+        return (count, the value's size, version)."""
+        with pinned(out, writable=True) as (addr, n):
+            a = self.key_call(False, key, _abi.Key(source=_abi.SRC_VM, addr=addr, len=n, obj_off=offset), meta)
+        return a.result, a.size, a.version
+
+    def lookup(self, key):
+        """KeyInfo(size, version, meta) of key, in one call."""
+        a = self.key_call(False, key, _abi.Key())
+        return KeyInfo(a.size, a.version, bytes(a.meta[: a.meta_len]))
+
+    def register_vm(self, addr, length):
+        """Register length bytes at address addr of this process's own
+        memory (MC_KIND_VM: a pinned torch tensor, a numpy array, any
+        mapping) on this directory; return the id for segments and buffer
+        sources. Only this process may use it; memory unmapped later fails
+        with EFAULT."""
+        a = _abi.Register(kind=_abi.KIND_VM, len=length, offset=addr)
+        a.fd = -1
+        return self._ioctl(_abi.REGISTER_BUFFER, a).id
+
+    # --- vector batches: keys of several segments (ABI 1.3) ---
+
+    def batchv(self, put, items, gpus=()):
+        """Run BATCH_PUTV (put) or BATCH_GETV over items, each (key, segs,
+        meta, flags, obj_off) with segs a list of (id, off, len): id SEG_VM
+        (off an address), a registration id, or SEG_GPU | i (gpus[i], a
+        (handle, device) pair). Returns [(result, version)] in order."""
+        if len(gpus) > _abi.MAX_GPU_REFS:
+            raise ValueError(f"{len(gpus)} GPU allocations in one batch, at most {_abi.MAX_GPU_REFS}")
+        out = []
+        cmd = _abi.BATCH_PUTV if put else _abi.BATCH_GETV
+        todo = list(items)
+        while todo:
+            b = _abi.VBatch(ngpu=len(gpus))
+            for i, (handle, device) in enumerate(gpus):
+                _set_bytes(b.gpus[i].handle, handle, "IPC handle")
+                if device is not None:
+                    _set_bytes(b.gpus[i].device, device, "device UUID")
+            area = ctypes.addressof(b.area)
+            used, n = 0, 0
+            for key, segs, meta, flags, obj_off in todo:
+                k = os.fsencode(key)
+                m = _meta_bytes(meta) if meta is not None else b""
+                if not segs or len(segs) > _abi.MAX_SEGS:
+                    raise ValueError(f"key {key!r}: {len(segs)} segments, want 1..{_abi.MAX_SEGS}")
+                seg_off = (used + 7) & ~7
+                end = seg_off + 24 * len(segs) + len(k) + len(m)
+                if n == _abi.MAX_BATCH or end > _abi.VBATCH_AREA_BYTES:
+                    if n == 0:
+                        raise ValueError(f"key {key!r}: too large for one batch")
+                    break
+                arr = (_abi.Seg * len(segs)).from_address(area + seg_off)
+                for j, (sid, soff, slen) in enumerate(segs):
+                    arr[j].id, arr[j].off, arr[j].len = sid, soff, slen
+                key_off = seg_off + 24 * len(segs)
+                ctypes.memmove(area + key_off, k, len(k))
+                ctypes.memmove(area + key_off + len(k), m, len(m))
+                e = b.entries[n]
+                e.seg_off, e.nseg, e.key_off, e.key_len = seg_off, len(segs), key_off, len(k)
+                e.meta_off, e.meta_len, e.flags, e.obj_off = key_off + len(k), len(m), flags, obj_off
+                used, n = end, n + 1
+            b.count = n
+            self._ioctl(cmd, b)
+            out.extend((b.entries[i].result, b.entries[i].version) for i in range(n))
+            todo = todo[n:]
+        return out
+
+    def batch_putv(self, items, *, meta=None, exclusive=False, check=True):
+        """Put keys whose values are gathered from several buffers: items
+        maps key -> list of buffers (bytes-like), stored concatenated, in
+        one call per batch. meta: key -> meta. Returns key -> bytes written
+        or -errno; with check, BatchError if any key failed."""
+        items = {k: [_contiguous(b) for b in v] for k, v in dict(items).items()}
+        meta = meta or {}
+        flags = _put_flags(exclusive, False)
+        with ExitStack() as stack:
+            entries = []
+            for k, bufs in items.items():
+                segs = []
+                for b in bufs:
+                    addr, n = stack.enter_context(pinned(b))
+                    segs.append((_abi.SEG_VM, addr, n))
+                entries.append((k, segs, meta.get(k), flags, 0))
+            res = self.batchv(True, entries)
+        results = {k: r for k, (r, _) in zip(items, res)}
+        if check and any(r < 0 for r in results.values()):
+            raise BatchError(results, f"{self.name}: batch putv")
+        return results
+
+    def batch_getv(self, items, *, offset=0, check=True):
+        """Read keys scattered into several buffers each: items maps key ->
+        list of writable buffers, filled in order from offset. Returns key
+        -> bytes read or -errno; with check, BatchError if any key failed."""
+        items = dict(items)
+        with ExitStack() as stack:
+            entries = []
+            for k, bufs in items.items():
+                segs = []
+                for b in bufs:
+                    addr, n = stack.enter_context(pinned(b, writable=True))
+                    segs.append((_abi.SEG_VM, addr, n))
+                entries.append((k, segs, None, 0, offset))
+            res = self.batchv(False, entries)
+        results = {k: r for k, (r, _) in zip(items, res)}
+        if check and any(r < 0 for r in results.values()):
+            raise BatchError(results, f"{self.name}: batch getv")
+        return results
 
     def batch(self, cmd, source, entries, buf_id=0):
         """Run BATCH_PUT or BATCH_GET (cmd) over entries (Entry tuples), in
@@ -531,11 +695,48 @@ class Client:
     def __init__(self, mount=None, *, probe=True):
         self.mount = os.path.abspath(os.fspath(mount)) if mount is not None else None
         self.abi = None
+        self._root = None  # the mount's root, kept open for one-call puts and gets
+        self._root_lock = threading.Lock()
+        self._local = threading.local()
         if probe and self.mount is not None:
             with Directory(self.mount) as d:
                 self.abi = d.probe()
             if self.abi[0] != _abi.ABI_MAJOR:
                 raise NotMooncakeError(errno.EPROTO, f"daemon ABI {self.abi[0]}.{self.abi[1]}, client {_abi.ABI_MAJOR}.x", self.mount)
+
+    def close(self):
+        """Close the directory handle the client keeps."""
+        with self._root_lock:
+            if self._root is not None:
+                self._root.close()
+                self._root = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _by_name(self, key):
+        """(root directory, key relative to it) when key can go in one
+        PUT_KEY/GET_KEY call, else (None, None): no mount, a key too long,
+        or a daemon older than ABI 1.3."""
+        if self.mount is None or (self.abi is not None and self.abi < (1, 3)):
+            return None, None
+        rel = os.fsdecode(os.fspath(key)).lstrip("/")
+        if not rel or not key_fits(rel):
+            return None, None
+        with self._root_lock:
+            if self._root is None:
+                self._root = Directory(self.mount)
+            return self._root, rel
+
+    def _scratch(self):
+        """A per-thread buffer for gets of unknown size."""
+        b = getattr(self._local, "buf", None)
+        if b is None:
+            b = self._local.buf = bytearray(64 << 10)
+        return b
 
     def path(self, key=""):
         key = os.fspath(key)
@@ -555,6 +756,16 @@ class Client:
         """Store data (bytes-like or numpy array) under key, replacing it
         atomically; return the version. exclusive: EEXIST if the key exists
         with content. makedirs creates missing parent directories."""
+        d, rel = self._by_name(key)
+        if d is not None:
+            try:
+                return d.put_key(rel, data, exclusive=exclusive)
+            except FileNotFoundError:
+                parent = os.path.dirname(rel)
+                if not makedirs or not parent:
+                    raise
+                os.makedirs(self.path(parent), exist_ok=True)
+                return d.put_key(rel, data, exclusive=exclusive)
         path = self.path(key)
         try:
             f = File(path, "w")
@@ -573,14 +784,45 @@ class Client:
             return f.put(data, offset=offset, update=True)
 
     def get(self, key, offset=0, length=None):
-        """The object's bytes from offset (to the end, or length bytes)."""
-        with File(self.path(key)) as f:
-            return f.get(length, offset)
+        """The object's bytes from offset (to the end, or length bytes), in
+        one call for values up to 64 KiB (two for larger ones)."""
+        d, rel = self._by_name(key)
+        if d is None:
+            with File(self.path(key)) as f:
+                return f.get(length, offset)
+        if length is not None:
+            b, addr = new_bytes(length)
+            if not length:
+                d.lookup(rel)  # ENOENT for a missing key
+                return b
+            a = d.key_call(False, rel, _abi.Key(source=_abi.SRC_VM, addr=addr, len=length, obj_off=offset))
+            return b if a.result == length else b[: a.result]
+        scratch = self._scratch()
+        count, size, _ = d.get_key_into(rel, scratch, offset=offset)
+        while offset + count < size:
+            # Larger than the scratch: read it whole into its own bytes,
+            # again if it grew meanwhile.
+            b, addr = new_bytes(size - offset)
+            a = d.key_call(False, rel, _abi.Key(source=_abi.SRC_VM, addr=addr, len=size - offset, obj_off=offset))
+            if offset + a.result >= a.size:
+                return b if a.result == len(b) else b[: a.result]
+            size = a.size
+        return bytes(scratch[:count])
 
     def get_into(self, key, out, offset=0):
         """Read up to len(out) bytes at offset into out; return the count."""
+        d, rel = self._by_name(key)
+        if d is not None:
+            return d.get_key_into(rel, out, offset=offset)[0]
         with File(self.path(key)) as f:
             return f.get_into(out, offset)
+
+    def lookup(self, key):
+        """KeyInfo(size, version, meta) of key, in one call."""
+        d, rel = self._by_name(key)
+        if d is None:
+            raise ValueError(f"key {key!r}: lookups need a mount of ABI 1.3 and a key of at most {_abi.KEY_KEY_BYTES} bytes")
+        return d.lookup(rel)
 
     def get_array(self, key, dtype="uint8", shape=None, offset=0):
         """Read key into a new numpy array (see File.get_array)."""

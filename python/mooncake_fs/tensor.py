@@ -8,17 +8,24 @@
     mt.save_state_dict("/mnt/mooncake/ckpt", model.state_dict())
     sd = mt.load_state_dict("/mnt/mooncake/ckpt", device="cuda")
 
+    mt.batch_put_tensor(["/mnt/mooncake/kv/b0", ...], [t0, ...])  # one call per 64
+    mt.batch_get_tensor(["/mnt/mooncake/kv/b0", ...], out=[o0, ...])
+
 The object holds the tensor's bytes in C order; its dtype and shape are
-extended attributes of the key, ``user.mooncake.dtype`` ("float32",
-"bfloat16", ...) and ``user.mooncake.shape`` ("2,3,4"; "" for a 0-d
-tensor), set after the put (``getfattr -d`` shows them). CUDA tensors move
-with PUT_CUDA/GET_CUDA: the daemon opens a CUDA IPC handle of the caching
-allocator's block that holds the tensor and copies between it and the
-store on its own stream (see ``mooncake_fs.cudadrv``). Before each CUDA
-ioctl the tensor's current stream is synchronized, so kernels queued on it
-that write (put) or still use (get) the tensor are done; work on other
-streams is the caller's to finish. After a get returns, the data is in
-place.
+its meta, the xattr ``user.mooncake.meta`` ("dtype=float32 shape=2,3,4";
+"shape=" for a 0-d tensor), stored with the bytes in the same call
+(PUT_KEY, ABI 1.3) so no reader sees one without the other
+(``getfattr -d`` shows it). Objects written by older clients carry
+``user.mooncake.dtype`` and ``user.mooncake.shape`` instead; the readers
+take either. A put or get is one call through the directory handle this
+module keeps open per directory; a get with out= checks the meta in the
+daemon, in that same call. CUDA tensors name their memory by the CUDA
+IPC handle of the caching allocator's block that holds them: the daemon
+opens it once per process and copies between it and the store on its own
+stream (see ``mooncake_fs.cudadrv``). Before each call the tensor's current
+stream is synchronized, so kernels queued on it that write (put) or still
+use (get) the tensor are done; work on other streams is the caller's to
+finish. After a get returns, the data is in place.
 
 torch is imported on first use; the rest of the package does not need it.
 The functions without "tensor" in their name (dtype_name, format_shape,
@@ -29,11 +36,15 @@ import errno
 import operator
 import os
 import re
+import threading
+from collections import OrderedDict
 
-from .client import File
+from . import _abi
+from .client import BatchError, Directory, File, key_fits
 
 DTYPE_XATTR = "user.mooncake.dtype"
 SHAPE_XATTR = "user.mooncake.shape"
+META_XATTR = "user.mooncake.meta"
 
 # Canonical dtype names (as torch prints them, less "torch.") and their
 # sizes in bytes. Names torch knows but this table does not are accepted
@@ -163,6 +174,25 @@ def mismatch(want_dtype, want_shape, dtype, shape, contiguous, nbytes, want_nbyt
     if nbytes != want_nbytes:
         problems.append(f"{nbytes} bytes, object has {want_nbytes}")
     return "; ".join(problems) or None
+
+
+def format_meta(dtype, shape):
+    """The meta of a tensor: "dtype=float32 shape=2,3,4"."""
+    return f"dtype={dtype_name(dtype)} shape={format_shape(shape)}".encode()
+
+
+def parse_meta(value):
+    """(dtype name, shape) from a meta; TensorFormatError if it is not one
+    format_meta makes."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise TensorFormatError(f"meta {bytes(value)!r}: not ASCII") from None
+    parts = dict(p.partition("=")[::2] for p in value.split(" ") if p)
+    if set(parts) != {"dtype", "shape"} or len(value.split(" ")) != 2:
+        raise TensorFormatError(f"meta {value!r}: not a tensor's (want 'dtype=NAME shape=D0,D1,...')")
+    return parse_dtype(parts["dtype"]), parse_shape(parts["shape"])
 
 
 def escape_key(name):
@@ -341,23 +371,118 @@ def _set_xattrs(f, attrs):
             raise
 
 
+# Directory handles kept open, per directory, for one-call puts and gets.
+_MAX_DIRS = 64
+_dirs = OrderedDict()
+_dirs_lock = threading.Lock()
+_dirs_pid = os.getpid()
+
+
+def _dir_of(path):
+    """(Directory, name) for path's parent, kept open (bounded, most
+    recently used kept), or (None, None) when path cannot go by name: a
+    name too long for one call, a parent that is not there, or a daemon
+    older than ABI 1.3. A kept handle serves only while the path still
+    names its directory (a stat, which the kernel answers from its cache):
+    after a rename or a new directory in its place, the path's directory
+    is opened anew."""
+    global _dirs_pid
+    path = os.path.abspath(os.fspath(path))
+    parent, name = os.path.split(path)
+    if not name or not key_fits(name):
+        return None, None
+    try:
+        st = os.stat(parent)
+    except OSError:
+        return None, None
+    ident = (st.st_dev, st.st_ino)
+    with _dirs_lock:
+        if _dirs_pid != os.getpid():
+            _dirs.clear()  # a forked child opens its own
+            _dirs_pid = os.getpid()
+        kept = _dirs.get(parent)
+        if kept is not None and kept[0] == ident:
+            _dirs.move_to_end(parent)
+            return (kept[1], name) if kept[1] else (None, None)
+    try:
+        d = Directory(parent)
+        dst = os.fstat(d.fileno())
+        abi = d.probe()
+    except OSError:
+        return None, None  # not a mount: the file path says why
+    if (dst.st_dev, dst.st_ino) != ident or abi < (1, 3):
+        d.close()
+        d = False
+    with _dirs_lock:
+        old = _dirs.pop(parent, None)
+        _dirs[parent] = (ident, d)
+        while len(_dirs) > _MAX_DIRS:
+            _, (_, gone) = _dirs.popitem(last=False)
+            if gone:
+                gone.close()
+    if old and old[1]:
+        old[1].close()
+    return (d, name) if d else (None, None)
+
+
+def _key_arg(t, nbytes, offset=0):
+    """A Key argument naming contiguous tensor t's memory (CPU: by address;
+    CUDA: by IPC handle, inside _OnDevice)."""
+    return _abi.Key(source=_abi.SRC_VM, addr=t.data_ptr() if nbytes else 0, len=nbytes, obj_off=offset)
+
+
+def _key_call(d, put, name, t, nbytes, meta, flags=0, offset=0):
+    """PUT_KEY/GET_KEY of tensor t's memory; returns the Key reply."""
+    if nbytes and _device_kind(t) == "cuda":
+        with _OnDevice(t, nbytes) as loc:
+            a = _abi.Key(source=_abi.SRC_CUDA, addr=loc.dev_off, len=nbytes, obj_off=offset)
+            a.h.flags = flags
+            _set_gpu(a.gpu, loc)
+            return _cuda_errors(d, loc, lambda: d.key_call(put, name, a, meta))
+    a = _key_arg(t, nbytes, offset)
+    a.h.flags = flags
+    return d.key_call(put, name, a, meta)
+
+
+def _set_gpu(ref, loc):
+    import ctypes
+
+    ctypes.memmove(ref.handle, loc.handle, 64)
+    ctypes.memmove(ref.device, loc.device, 16)
+
+
 def put_tensor(path, tensor, *, exclusive=False, makedirs=True):
     """Store a CPU or CUDA tensor at path (a key on a mount), replacing the
-    object atomically; return the version that has the bytes and both
-    attributes (each setxattr makes a version after the put's).
+    object atomically, its dtype and shape with it (the meta); return the
+    version.
 
-    The bytes go in one copy: PUT_VM from CPU memory, PUT_CUDA from GPU
-    memory (the tensor's current stream is synchronized first). A
+    One call, one copy: from CPU memory by address, from GPU memory by IPC
+    handle (the tensor's current stream is synchronized first). A
     non-contiguous tensor (a transpose, a strided slice, an expanded view)
     is first copied to a contiguous one on its device - that copy costs
-    time and memory; pass .contiguous() tensors to avoid it. dtype and
-    shape are then set as the xattrs user.mooncake.dtype/.shape: a reader
-    racing a put of the same key can see the new bytes with the old
-    attributes (get_tensor then fails on the size check, or reads a
-    same-size tensor). exclusive: FileExistsError if the key exists with
-    content. makedirs: create missing parent directories."""
+    time and memory; pass .contiguous() tensors to avoid it. exclusive:
+    FileExistsError if the key exists. makedirs: create missing parent
+    directories."""
     t = _source(tensor)
     nbytes = _nbytes(t)
+    meta = format_meta(t.dtype, tuple(t.shape))
+    d, name = _dir_of(path)
+    if d is None or len(meta) > _abi.MAX_META:
+        return _put_tensor_file(path, t, nbytes, exclusive, makedirs)
+    flags = _abi.FLAG_EXCL if exclusive else 0
+    try:
+        return _key_call(d, True, name, t, nbytes, meta, flags).version
+    except FileNotFoundError:
+        if not makedirs:
+            raise
+    os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
+    return _key_call(d, True, name, t, nbytes, meta, flags).version
+
+
+def _put_tensor_file(path, t, nbytes, exclusive, makedirs):
+    """put_tensor through an open file, with the dtype/shape xattrs: for a
+    daemon older than ABI 1.3, a name too long for one call, or a shape
+    whose meta passes MAX_META."""
     attrs = xattrs_for(t.dtype, tuple(t.shape))
     with _open_for_put(path, makedirs) as f:
         moved, _ = _put(f, t, nbytes, exclusive)
@@ -368,12 +493,18 @@ def put_tensor(path, tensor, *, exclusive=False, makedirs=True):
 
 
 def tensor_info(path):
-    """(dtype name, shape) of a tensor stored at path, from its xattrs."""
+    """(dtype name, shape) of a tensor stored at path, from its meta (or
+    the dtype/shape xattrs of older clients)."""
     return _info(os.fspath(path))
 
 
 def _info(target, name=None):
     """(dtype name, shape) from the xattrs of target (a path or an fd)."""
+    try:
+        return parse_meta(os.getxattr(target, META_XATTR))
+    except OSError as e:
+        if e.errno != errno.ENODATA:
+            raise OSError(e.errno, os.strerror(e.errno), name or target) from None
     vals = {}
     for attr in (DTYPE_XATTR, SHAPE_XATTR):
         try:
@@ -409,11 +540,51 @@ def get_tensor(path, out=None, device=None):
 
     Without out, a new tensor of the stored dtype and shape is made on
     device (None: torch's default device; "cuda", "cuda:1", 0, "cpu",
-    torch.device, ...). With out, it must be a contiguous tensor of that
-    dtype and shape (on device, if given); it is filled and returned. The
-    data moves in one copy (GET_VM or GET_CUDA) and is in place on return.
-    TensorFormatError when the attributes are missing or do not match the
-    object's size."""
+    torch.device, ...): two calls, a lookup and the get. With out, it must
+    be a contiguous tensor of that dtype and shape (on device, if given);
+    it is filled and returned, in one call that the daemon refuses, moving
+    nothing, unless the stored meta matches. The data moves in one copy and
+    is in place on return. TensorFormatError when the object carries no
+    tensor meta or it does not match the object's size."""
+    if out is not None:
+        _check_target(out)
+        if device is not None and not _same_device(device, out.device):
+            raise ValueError(f"out is on {out.device}, device={device!r} asked")
+    d, name = _dir_of(path)
+    if d is None:
+        return _get_tensor_file(path, out, device)
+    torch = _torch()
+    for _ in range(8):
+        if out is not None:
+            want, meta, target = _nbytes(out), format_meta(out.dtype, tuple(out.shape)), out
+        else:
+            info = d.lookup(name)
+            if not info.meta:
+                return _get_tensor_file(path, out, device)  # an older client's xattrs, or none
+            dname, shape = parse_meta(info.meta)
+            dtype = torch_dtype(dname)
+            want = numel(shape) * torch.empty(0, dtype=dtype).element_size()
+            if info.size != want:
+                raise TensorFormatError(f"{path}: object has {info.size} bytes, but {dname} {shape} is {want}")
+            meta, target = info.meta, _empty(shape, dtype, device)
+        try:
+            a = _key_call(d, False, name, target, want, meta)
+        except OSError as e:
+            if e.errno != errno.EBADMSG:
+                raise
+            if out is not None:
+                return _get_tensor_file(path, out, device)  # says what does not fit
+            continue  # replaced since the lookup
+        if a.size != want:
+            raise TensorFormatError(f"{path}: object has {a.size} bytes, but its meta says {want}")
+        if a.result != want:
+            raise OSError(errno.EIO, f"short get: {a.result} of {want} bytes", path)
+        return target
+    raise OSError(errno.EAGAIN, "the tensor kept being replaced during the get", path)
+
+
+def _get_tensor_file(path, out, device):
+    """get_tensor through an open file and its xattrs."""
     torch = _torch()
     with File(path) as f:
         dname, shape = _info(f.fileno(), f.name)
@@ -426,9 +597,6 @@ def get_tensor(path, out=None, device=None):
         if out is None:
             out = _empty(shape, dtype, device)
         else:
-            _check_target(out)
-            if device is not None and not _same_device(device, out.device):
-                raise ValueError(f"out is on {out.device}, device={device!r} asked")
             why = mismatch(dname, shape, out.dtype, tuple(out.shape), out.is_contiguous(), _nbytes(out), want)
             if why:
                 raise ValueError(f"{f.name}: out does not fit: {why}")
@@ -436,6 +604,149 @@ def get_tensor(path, out=None, device=None):
         if got != want:
             raise OSError(errno.EIO, f"short get: {got} of {want} bytes", f.name)
     return out
+
+
+def _batch_groups(paths):
+    """Indexes of paths grouped by directory handle: [(Directory, [(i,
+    name)])]; paths that cannot go by name come back under None."""
+    groups = {}
+    for i, p in enumerate(paths):
+        d, name = _dir_of(p)
+        groups.setdefault(id(d) if d else None, (d, []))[1].append((i, name))
+    return list(groups.values())
+
+
+class _GPUTable:
+    """The GPU allocations of one vector batch call, at most MAX_GPU_REFS."""
+
+    def __init__(self):
+        self.refs, self.index = [], {}
+
+    def seg(self, t, nbytes):
+        """The segment of tensor t, or None when the table is full."""
+        from . import cudadrv
+
+        loc = cudadrv.ipc_location(t.data_ptr(), nbytes, t.device.index)
+        k = (loc.handle, loc.device)
+        i = self.index.get(k)
+        if i is None:
+            if len(self.refs) == _abi.MAX_GPU_REFS:
+                return None
+            i = self.index[k] = len(self.refs)
+            self.refs.append(k)
+        return (_abi.SEG_GPU | i, loc.dev_off, nbytes)
+
+
+def _run_tensor_batch(d, put, items):
+    """items: [(i, name, tensor, nbytes, meta, flags)]; runs them in calls
+    of at most MAX_BATCH keys and MAX_GPU_REFS allocations, after
+    synchronizing the current stream of every device they use. Returns
+    {i: (result, version)}."""
+    torch = _torch()
+    devices = {t.device for _, _, t, n, _, _ in items if n and t.device.type == "cuda"}
+    for dev in devices:
+        torch.cuda.current_stream(dev).synchronize()
+    out = {}
+    pos = 0
+    while pos < len(items):
+        table, entries, idx = _GPUTable(), [], []
+        while pos < len(items) and len(entries) < _abi.MAX_BATCH:
+            i, name, t, n, meta, flags = items[pos]
+            if n and t.device.type == "cuda":
+                seg = table.seg(t, n)
+                if seg is None:
+                    break
+            else:
+                seg = (_abi.SEG_VM, t.data_ptr() if n else 0, n)
+            entries.append((name, [seg], meta, flags, 0))
+            idx.append(i)
+            pos += 1
+        for i, r in zip(idx, d.batchv(put, entries, table.refs)):
+            out[i] = r
+    return out
+
+
+def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=True):
+    """Store many CPU or CUDA tensors, each at its path (put_tensor's rules),
+    in one call per 64 keys of one directory: their copies are issued
+    together and synchronized once. Returns the list of versions, or with
+    check=False the results (bytes written, or -errno) in order; with
+    check, BatchError if any failed."""
+    paths, ts = list(paths), [_source(t) for t in tensors]
+    if len(paths) != len(ts):
+        raise ValueError(f"{len(paths)} paths for {len(ts)} tensors")
+    flags = _abi.FLAG_EXCL if exclusive else 0
+    if makedirs:
+        for parent in {os.path.dirname(os.path.abspath(os.fspath(p))) for p in paths}:
+            os.makedirs(parent, exist_ok=True)
+    results = [None] * len(paths)
+    for d, members in _batch_groups(paths):
+        if d is None:
+            for i, _ in members:
+                results[i] = (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive, makedirs=makedirs))
+            continue
+        items = [(i, name, ts[i], _nbytes(ts[i]), format_meta(ts[i].dtype, tuple(ts[i].shape)), flags)
+                 for i, name in members]
+        got = _run_tensor_batch(d, True, items)
+        for i, r in got.items():
+            results[i] = r
+    return _batch_outcome(paths, results, check, "batch put_tensor")
+
+
+def _batch_outcome(paths, results, check, what):
+    if check and any(r[0] < 0 for r in results):
+        raise BatchError({p: r[0] for p, r in zip(paths, results)}, what)
+    return [r[1] for r in results] if check else [r[0] for r in results]
+
+
+def batch_get_tensor(paths, out=None, device=None, *, check=True):
+    """Read many tensors stored by put_tensor. With out (a list of
+    contiguous tensors, one per path, of the stored dtypes and shapes),
+    one call per 64 keys of one directory fills them, each refused alone
+    (EBADMSG) unless its meta matches; returns out. Without out, each key
+    is looked up first, then new tensors on device are filled in one call.
+    With check=False, the list holds a negative errno for each key that
+    failed."""
+    paths = list(paths)
+    torch = _torch()
+    if out is None:
+        out = []
+        for p in paths:
+            d, name = _dir_of(p)
+            info = d.lookup(name) if d is not None else None
+            if info is None or not info.meta:
+                out.append(get_tensor(p, device=device))
+                continue
+            dname, shape = parse_meta(info.meta)
+            out.append(_empty(shape, torch_dtype(dname), device))
+    else:
+        out = list(out)
+        if len(out) != len(paths):
+            raise ValueError(f"{len(paths)} paths for {len(out)} out tensors")
+        for o in out:
+            _check_target(o)
+    results = [None] * len(paths)
+    for d, members in _batch_groups(paths):
+        if d is None:
+            for i, _ in members:
+                get_tensor(paths[i], out=out[i])
+                results[i] = (_nbytes(out[i]), 0)
+            continue
+        items = [(i, name, out[i], _nbytes(out[i]), format_meta(out[i].dtype, tuple(out[i].shape)), 0)
+                 for i, name in members]
+        for i, r in _run_tensor_batch(d, False, items).items():
+            results[i] = r
+            if r[0] >= 0 and r[0] != _nbytes(out[i]):
+                results[i] = (-errno.EIO, 0)  # the object is shorter than its meta says
+            elif r[0] == -errno.EBADMSG:
+                try:  # an older client's xattrs, or a tensor that does not fit
+                    get_tensor(paths[i], out=out[i])
+                    results[i] = (_nbytes(out[i]), 0)
+                except (OSError, ValueError):
+                    pass
+    if check and any(r[0] < 0 for r in results):
+        raise BatchError({p: r[0] for p, r in zip(paths, results)}, "batch get_tensor")
+    return out if check else [o if r[0] >= 0 else r[0] for o, r in zip(out, results)]
 
 
 def get_tensor_range(path, out, offset=0):
@@ -496,12 +807,20 @@ def save_state_dict(dir, state_dict, *, exclusive=False, prune=False):
         for e in os.scandir(dir):
             if e.name in names or not e.is_file(follow_symlinks=False):
                 continue
-            try:
-                os.getxattr(e.path, DTYPE_XATTR)
-            except OSError:
+            if not _has_tensor_attrs(e.path):
                 continue
             os.unlink(e.path)
     return versions
+
+
+def _has_tensor_attrs(path):
+    for attr in (META_XATTR, DTYPE_XATTR):
+        try:
+            os.getxattr(path, attr)
+            return True
+        except OSError:
+            pass
+    return False
 
 
 def state_dict_keys(dir):
@@ -526,8 +845,8 @@ def load_state_dict(dir, device=None):
 
 
 __all__ = [
-    "DTYPE_XATTR", "SHAPE_XATTR", "TensorFormatError",
-    "put_tensor", "get_tensor", "get_tensor_range", "tensor_info", "register_tensor",
+    "DTYPE_XATTR", "SHAPE_XATTR", "META_XATTR", "TensorFormatError",
+    "put_tensor", "get_tensor", "batch_put_tensor", "batch_get_tensor", "format_meta", "parse_meta", "get_tensor_range", "tensor_info", "register_tensor",
     "save_state_dict", "load_state_dict", "state_dict_keys",
     "dtype_name", "torch_dtype", "format_shape", "parse_shape", "parse_dtype", "escape_key", "unescape_key",
     "xattrs_for", "expected_nbytes", "mismatch",

@@ -33,6 +33,15 @@ CONSTANTS = {
     "MC_MAX_BATCH": _abi.MAX_BATCH,
     "MC_BATCH_BUF": _abi.BATCH_BUF,
     "MC_BATCH_VM": _abi.BATCH_VM,
+    "MC_KIND_VM": _abi.KIND_VM,
+    "MC_SRC_BUF": _abi.SRC_BUF,
+    "MC_SRC_VM": _abi.SRC_VM,
+    "MC_SRC_CUDA": _abi.SRC_CUDA,
+    "MC_MAX_META": _abi.MAX_META,
+    "MC_MAX_GPU_REFS": _abi.MAX_GPU_REFS,
+    "MC_MAX_SEGS": _abi.MAX_SEGS,
+    "MC_SEG_VM": _abi.SEG_VM,
+    "MC_SEG_GPU": _abi.SEG_GPU,
 }
 
 

@@ -245,32 +245,90 @@ class RoundTrips:
         mc.put(p, b"12345678")
         with self.assertRaisesRegex(mt.TensorFormatError, "no user.mooncake.dtype"):
             mt.get_tensor(p)
+        # An older client's attributes are read too.
         os.setxattr(p, mt.DTYPE_XATTR, b"float32")
         os.setxattr(p, mt.SHAPE_XATTR, b"3")
         with self.assertRaisesRegex(mt.TensorFormatError, "8 bytes, but float32 \\(3,\\) is 12"):
             mt.get_tensor(p)
         os.setxattr(p, mt.SHAPE_XATTR, b"2")
         self.assertEqual(mt.get_tensor(p).tolist(), torch.frombuffer(bytearray(b"12345678"), dtype=torch.float32).tolist())
+        self.assertEqual(mt.get_tensor(p, out=torch.empty(2)).tolist(), mt.get_tensor(p).tolist())
         os.setxattr(p, mt.SHAPE_XATTR, b"two")
         with self.assertRaises(mt.TensorFormatError):
             mt.get_tensor(p)
+        # A meta that does not describe the bytes.
+        os.setxattr(p, mt.META_XATTR, b"dtype=float32 shape=3")
+        with self.assertRaisesRegex(mt.TensorFormatError, "8 bytes, but float32 \\(3,\\) is 12"):
+            mt.get_tensor(p)
+        os.setxattr(p, mt.META_XATTR, b"garbage")
+        with self.assertRaises(mt.TensorFormatError):
+            mt.get_tensor(p)
+        with self.assertRaises(OSError):
+            os.setxattr(p, mt.META_XATTR, b"x" * 129)  # longer than a meta may be
         with self.assertRaises(FileNotFoundError):
             mt.get_tensor(self.path("missing"))
 
-    def test_xattrs_visible_to_getfattr(self):
+    def test_meta_visible_to_getfattr(self):
         if not shutil.which("getfattr"):
             self.skipTest("no getfattr")
         p = self.path("fattr")
         mt.put_tensor(p, random_tensor("bfloat16", (2, 3, 4), self.device))
         one = lambda name: subprocess.run(["getfattr", "--only-values", "-n", name, p], check=True,  # noqa: E731
                                           capture_output=True, text=True).stdout
-        self.assertEqual(one("user.mooncake.dtype"), "bfloat16")
-        self.assertEqual(one("user.mooncake.shape"), "2,3,4")
+        self.assertEqual(one("user.mooncake.meta"), "dtype=bfloat16 shape=2,3,4")
         dump = subprocess.run(["getfattr", "-d", p], check=True, capture_output=True, text=True).stdout
-        self.assertIn('user.mooncake.dtype="bfloat16"', dump)
-        self.assertIn('user.mooncake.shape="2,3,4"', dump)
+        self.assertIn('user.mooncake.meta="dtype=bfloat16 shape=2,3,4"', dump)
         mt.put_tensor(p, random_tensor("float32", (), self.device))
-        self.assertEqual(one("user.mooncake.shape"), "")
+        self.assertEqual(one("user.mooncake.meta"), "dtype=float32 shape=")
+        self.assertEqual(mt.tensor_info(p), ("float32", ()))
+
+    def test_out_of_another_shape_moves_nothing(self):
+        p = self.path("shape")
+        mt.put_tensor(p, random_tensor("float32", (4, 2), self.device))
+        out = torch.full((2, 4), 7.0, device=self.device)
+        with self.assertRaisesRegex(ValueError, "does not fit"):
+            mt.get_tensor(p, out=out)
+        self.assertTrue(bool((out == 7.0).all()), "a refused get wrote into out")
+
+    def test_batches(self):
+        ts = [random_tensor(DTYPES[i % len(DTYPES)], SHAPES[i % len(SHAPES)], self.device, seed=i) for i in range(150)]
+        paths = [self.path(f"batch/{i}") for i in range(len(ts))]
+        versions = mt.batch_put_tensor(paths, ts)
+        self.assertEqual(len(versions), len(ts))
+        self.assertTrue(all(v > 0 for v in versions))
+        for p, t in zip(paths, ts):
+            self.assertBitsEqual(mt.get_tensor(p, device=self.device), t, p)
+        got = mt.batch_get_tensor(paths, device=self.device)
+        for g, t in zip(got, ts):
+            self.assertBitsEqual(g, t)
+        outs = [torch.empty_like(t) for t in ts]
+        self.assertIs(mt.batch_get_tensor(paths, out=outs)[3], outs[3])
+        self.sync()
+        for o, t in zip(outs, ts):
+            self.assertBitsEqual(o, t)
+        # Per-key failures: a missing key and an out of another dtype fail
+        # alone; the others are read.
+        outs = [torch.empty_like(t) for t in ts[:4]]
+        outs[1] = torch.empty(ts[1].shape, dtype=torch.float64 if ts[1].dtype != torch.float64 else torch.float32,
+                              device=self.device)
+        res = mt.batch_get_tensor(paths[:3] + [self.path("batch/none")], out=outs, check=False)
+        self.assertEqual(res[1], -errno.EBADMSG)
+        self.assertEqual(res[3], -errno.ENOENT)
+        self.assertBitsEqual(res[0], ts[0])
+        self.assertBitsEqual(res[2], ts[2])
+        with self.assertRaises(mc.BatchError):
+            mt.batch_put_tensor([self.path("batch/0")], [ts[0]], exclusive=True)
+
+    def test_renamed_directory_is_not_written(self):
+        a, b = self.path("dir-a"), self.path("dir-b")
+        os.makedirs(a)
+        t = random_tensor("int32", (5,), self.device)
+        mt.put_tensor(os.path.join(a, "x"), t)
+        os.rename(a, b)
+        os.makedirs(a)
+        mt.put_tensor(os.path.join(a, "y"), t)
+        self.assertEqual(sorted(os.listdir(a)), ["y"])
+        self.assertEqual(sorted(os.listdir(b)), ["x"])
 
     def test_state_dict(self):
         nn = torch.nn

@@ -99,6 +99,16 @@ class TestShapes(unittest.TestCase):
                          {"user.mooncake.dtype": b"float32", "user.mooncake.shape": b"2,3"})
         self.assertEqual(mt.xattrs_for("bfloat16", ()), {mt.DTYPE_XATTR: b"bfloat16", mt.SHAPE_XATTR: b""})
 
+    def test_meta(self):
+        self.assertEqual(mt.format_meta("torch.float32", (2, 3)), b"dtype=float32 shape=2,3")
+        self.assertEqual(mt.format_meta("bfloat16", ()), b"dtype=bfloat16 shape=")
+        for dt, shape in [("float32", (2, 3)), ("int8", ()), ("bool", (0,)), ("float64", (1, 2, 3, 4, 5))]:
+            self.assertEqual(mt.parse_meta(mt.format_meta(dt, shape)), (dt, shape))
+        for bad in [b"", b"dtype=float32", b"shape=2", b"dtype=float32 shape=2 x=1", b"dtype=qint8 shape=2",
+                    b"dtype=float32 shape=two", b"dtype=float32  shape=2", b"\xff"]:
+            with self.assertRaises(mt.TensorFormatError, msg=bad):
+                mt.parse_meta(bad)
+
     def test_numel(self):
         self.assertEqual(mt.numel(()), 1)
         self.assertEqual(mt.numel((2, 0, 3)), 0)
@@ -169,7 +179,7 @@ class TestCudaABI(unittest.TestCase):
         self.assertEqual(_abi.GET_CUDA, 0xC0804D1A)
         self.assertEqual(_abi.COMMANDS["MC_IOC_PUT_CUDA"], _abi.PUT_CUDA)
         self.assertEqual(_abi.KIND_CUDA, 2)
-        self.assertEqual(_abi.layout()["kinds"], {"MC_KIND_HOST": 1, "MC_KIND_CUDA": 2})
+        self.assertEqual(_abi.layout()["kinds"], {"MC_KIND_HOST": 1, "MC_KIND_CUDA": 2, "MC_KIND_VM": 3})
 
     def test_cuda_arg(self):
         from mooncake_fs.client import _cuda_arg

@@ -1,0 +1,595 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// Keys by name on a directory handle: BATCH_PUT/GET, their vector forms
+// and the one-key PUT_KEY/GET_KEY all decode into keyOps and run through
+// the same code (batchPut, batchGet, putOne), so every form checks,
+// places, copies and commits a key the same way.
+
+var errMetaMismatch = errors.New("fs: the value's meta is not the one asked for")
+
+// segKind says where a segment's bytes are.
+type segKind uint8
+
+const (
+	segVM  segKind = iota // the caller's memory, by address
+	segReg                // a registration of the directory handle
+	segGPU                // an allocation of the call's GPU table
+)
+
+// seg is one range of a key's value, in order.
+type seg struct {
+	kind segKind
+	id   uint64 // segReg: the registration
+	gpu  int    // segGPU: index in batchCall.gpus
+	off  uint64
+	n    uint64
+}
+
+// keyOp is one key of a call and its outcome.
+type keyOp struct {
+	rel    string
+	flags  uint32
+	objOff uint64
+	segs   []seg
+	// setMeta: the put stores meta as user.mooncake.meta (nil: removes
+	// it). For a get, a non-nil meta is the one the value must have.
+	setMeta bool
+	meta    []byte
+
+	err     error  // out: this key's failure (or a decoding error, in)
+	n       uint64 // out: bytes moved
+	version uint64 // out
+	size    uint64 // out (get): the value's size
+	gotMeta []byte // out (get): the value's meta
+}
+
+func (op *keyOp) fail(err error) {
+	op.err, op.n, op.version = err, 0, 0
+}
+
+// batchCall is what every key of one call shares.
+type batchCall struct {
+	dh       *dirHandle
+	p        *callerProc
+	dir      string
+	uid, gid uint32
+	gpus     []ioctl.GPURef
+}
+
+func (n *node) newBatchCall(ctx context.Context, dh *dirHandle, dir string, gpus []ioctl.GPURef) (*batchCall, error) {
+	p, err := procOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	uid, gid := caller(ctx)
+	return &batchCall{dh: dh, p: p, dir: dir, uid: uid, gid: gid, gpus: gpus}, nil
+}
+
+// countBatch adds a call of keys keys that started at start to the batch
+// figures.
+func (n *node) countBatch(keys int, start time.Time) {
+	n.fs.batches.keys.Add(uint64(keys))
+	n.fs.batches.handlerNs.Add(uint64(time.Since(start)))
+}
+
+// runPuts runs the puts of a call in order: each run of plain puts (no
+// flags, at offset 0) is one transfer (batchPut), done before the next
+// put with flags, which goes alone (putOne).
+func (n *node) runPuts(ctx context.Context, bc *batchCall, ops []*keyOp) {
+	var run []*keyOp
+	for _, op := range ops {
+		if op.err != nil {
+			continue
+		}
+		if op.flags == 0 && op.objOff == 0 {
+			run = append(run, op)
+			continue
+		}
+		if len(run) > 0 {
+			n.batchPut(ctx, bc, run)
+			run = run[:0]
+		}
+		n.putAlone(ctx, bc, op)
+	}
+	if len(run) > 0 {
+		n.batchPut(ctx, bc, run)
+	}
+}
+
+// putAlone runs op through putOne and records its outcome.
+func (n *node) putAlone(ctx context.Context, bc *batchCall, op *keyOp) {
+	size, ver, err := n.putOne(ctx, bc, op)
+	if err != nil {
+		op.fail(err)
+		return
+	}
+	op.n, op.version = size, ver
+}
+
+// target checks op's key and resolves its segments into buffers, held
+// until done is called (also on error: done is then nil).
+func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string, bufs []transfer.Buffer, size uint64, done func(), err error) {
+	if err = store.ValidateKey(op.rel); err != nil {
+		return
+	}
+	key = store.Join(bc.dir, op.rel)
+	if len(key) > store.MaxKeyLen {
+		err = store.ErrNameTooLong
+		return
+	}
+	if err = n.fs.checkPath(ctx, bc.p, bc.dir, key); err != nil {
+		return
+	}
+	var dones []func()
+	release := func() {
+		for _, d := range dones {
+			d()
+		}
+	}
+	bufs = make([]transfer.Buffer, 0, len(op.segs))
+	for _, s := range op.segs {
+		if s.n == 0 {
+			continue // no bytes: nothing to resolve (a lookup by name)
+		}
+		var b transfer.Buffer
+		var d func()
+		switch s.kind {
+		case segVM:
+			b = transfer.VMBuffer(bc.p.tid, s.off, s.n)
+		case segReg:
+			b, d, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n)
+		case segGPU:
+			if s.gpu >= len(bc.gpus) {
+				err = fmt.Errorf("GPU %d of %d: %w", s.gpu, len(bc.gpus), errBadBatch)
+				break
+			}
+			b, d, err = n.fs.cudaBuffer(bc.p, bc.gpus[s.gpu], s.off, s.n)
+		}
+		if err != nil {
+			release()
+			return "", nil, 0, nil, err
+		}
+		if d != nil {
+			dones = append(dones, d)
+		}
+		if size+b.Size() < size {
+			release()
+			return "", nil, 0, nil, fmt.Errorf("segments of %s: %w", op.rel, store.ErrTooLarge)
+		}
+		size += b.Size()
+		bufs = append(bufs, b)
+	}
+	return key, bufs, size, release, nil
+}
+
+// metaXattrs is what a put of op sets with its commit.
+func metaXattrs(op *keyOp) map[string][]byte {
+	if !op.setMeta {
+		return nil
+	}
+	var v []byte
+	if len(op.meta) > 0 {
+		v = op.meta
+	}
+	return map[string][]byte{xattrMeta: v}
+}
+
+// batchPut runs a run of plain puts (no flags, offset 0) as one transfer:
+// every key is checked and gets its draft first, then all their bytes
+// move in one engine batch (one process_vm_readv per run of keys of the
+// caller's memory, GPU copies synchronized once), then each key commits
+// on its own; a key whose check, copy or commit fails gets its own error
+// and leaves nothing, and never keeps the others from committing. A key
+// that changed between its check and its commit goes the one-key way
+// again (putOne), which checks it anew; so does one that found no room
+// while the others held theirs.
+func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
+	type pending struct {
+		op   *keyOp
+		key  string
+		size uint64
+		cur  *store.Object
+		tmpl *store.Object
+		d    *store.Draft
+	}
+	var ps []pending
+	var writes []store.DraftWrite
+	// New keys of one directory share its placement and its permission
+	// check: looked up once per call.
+	type dirInfo struct {
+		place store.Placement
+		err   error
+	}
+	dirs := map[string]dirInfo{}
+	for _, op := range ops {
+		key, bufs, size, done, err := n.target(ctx, bc, op)
+		if err != nil {
+			op.fail(err)
+			continue
+		}
+		defer done()
+		cur, err := n.fs.st.Stat(ctx, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			op.fail(err)
+			continue
+		}
+		var place store.Placement
+		if cur == nil {
+			parent := store.Parent(key)
+			di, ok := dirs[parent]
+			if !ok {
+				di = dirInfo{err: n.mayPut(ctx, bc.p, key, nil)}
+				if di.err == nil {
+					// A key with no object is placed as its directory.
+					di.place = n.fs.st.PlacementFor(ctx, parent)
+				}
+				dirs[parent] = di
+			}
+			err, place = di.err, di.place
+		} else if err = n.mayPut(ctx, bc.p, key, cur); err == nil {
+			place = n.fs.st.PlacementFor(ctx, key)
+		}
+		if err != nil {
+			op.fail(err)
+			continue
+		}
+		ino := store.NewIno()
+		if cur != nil {
+			ino = cur.Ino
+		}
+		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}
+		d := n.fs.st.NewDraft(ino, nil, true)
+		defer d.Close()
+		d.Place(place)
+		d.Expect(size)
+		// Reserved before any key of the call commits, so before the
+		// versions they replace are freed: no eviction for that; a key
+		// that finds no room goes again on its own after the commits.
+		d.NoEvict()
+		ps = append(ps, pending{op: op, key: key, size: size, cur: cur, tmpl: tmpl, d: d})
+		writes = append(writes, store.DraftWrite{Draft: d, Bufs: bufs})
+	}
+	t0 := time.Now()
+	errs := n.fs.st.WriteMany(ctx, writes)
+	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
+	var created []string
+	defer func() {
+		if len(created) > 0 {
+			go func() {
+				for _, rel := range created {
+					n.invalidateKey(rel)
+				}
+			}()
+		}
+	}()
+	var again []*keyOp
+	for j, pp := range ps {
+		if errs != nil && errs[j] != nil {
+			pp.d.Close()
+			if errors.Is(errs[j], store.ErrNoSpace) {
+				again = append(again, pp.op)
+				continue
+			}
+			pp.op.fail(errs[j])
+			continue
+		}
+		opts := store.CommitOptions{Key: pp.key, Template: pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: metaXattrs(pp.op)}
+		if pp.cur != nil {
+			opts.IfVersion = pp.cur.Version
+		}
+		o, err := pp.d.Commit(ctx, opts)
+		pp.d.Close() // the replaced version's space comes back now
+		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) {
+			// Changed since checked: check it again, one key.
+			n.putAlone(ctx, bc, pp.op)
+			continue
+		}
+		if err != nil {
+			pp.op.fail(err)
+			continue
+		}
+		pp.op.n, pp.op.version = pp.size, o.Version
+		created = append(created, pp.op.rel)
+	}
+	for _, op := range again {
+		// No room while the call's other keys held theirs: now that the
+		// versions they replaced are freed (or with eviction), alone.
+		n.putAlone(ctx, bc, op)
+	}
+}
+
+// batchGet runs the gets of a call as one transfer: each key's version
+// is opened and its mode (and meta, when asked) checked on it first, then
+// every copy runs in one engine batch (ReadMany); each key gets its own
+// result.
+func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
+	var at []*keyOp
+	var reads []store.ReaderRead
+	for _, op := range ops {
+		if op.err != nil {
+			continue
+		}
+		key, bufs, _, done, err := n.target(ctx, bc, op)
+		if err != nil {
+			op.fail(err)
+			continue
+		}
+		defer done()
+		r, err := n.fs.st.OpenReader(ctx, key)
+		if err != nil {
+			op.fail(err)
+			continue
+		}
+		defer r.Close()
+		o := r.Object()
+		if !allowed(bc.p, o, mayRead) {
+			op.fail(syscall.EACCES)
+			continue
+		}
+		op.size, op.gotMeta = o.Size, o.Xattrs[xattrMeta]
+		if op.meta != nil && !bytes.Equal(op.meta, op.gotMeta) {
+			op.fail(fmt.Errorf("%s: meta %q, asked for %q: %w", key, op.gotMeta, op.meta, errMetaMismatch))
+			continue
+		}
+		at = append(at, op)
+		reads = append(reads, store.ReaderRead{Reader: r, Bufs: bufs, Off: op.objOff})
+	}
+	t0 := time.Now()
+	counts, errs := n.fs.st.ReadMany(ctx, reads)
+	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
+	for j, op := range at {
+		if errs != nil && errs[j] != nil {
+			op.fail(errs[j])
+			continue
+		}
+		op.n, op.version = counts[j], reads[j].Reader.Object().Version
+	}
+}
+
+// putOne runs one put on its own: a put with flags, or one whose key
+// changed between batchPut's check and its commit. It returns the bytes
+// written and the version.
+func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, uint64, error) {
+	key, bufs, size, done, err := n.target(ctx, bc, op)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer done()
+	// Checked on a version, acted on only if the key still holds it: a
+	// change in between (a rename over the key) is looked at again.
+	var o *store.Object
+	for attempt := 0; ; attempt++ {
+		cur, err := n.fs.st.Stat(ctx, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return 0, 0, err
+		}
+		if err := n.mayPut(ctx, bc.p, key, cur); err != nil {
+			return 0, 0, err
+		}
+		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: store.NewIno()}
+		o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, metaXattrs(op))
+		if errors.Is(err, store.ErrConflict) && attempt < maxPutRetries && op.flags&ioctl.FlagExcl == 0 {
+			continue
+		}
+		if err != nil {
+			return 0, 0, err
+		}
+		break
+	}
+	go n.invalidateKey(op.rel)
+	return size, o.Version, nil
+}
+
+// batch serves BATCH_PUT and BATCH_GET on directory dir. Each key gets its
+// own result; only a malformed batch fails the whole call.
+func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
+	var a ioctl.BatchArg
+	if err := a.Unmarshal(in); err != nil {
+		return err
+	}
+	if a.Count > ioctl.MaxBatch || (a.Source != ioctl.BatchBuf && a.Source != ioctl.BatchVM) || a.Flags != 0 {
+		return fmt.Errorf("count %d, source %d, flags %#x: %w", a.Count, a.Source, a.Flags, errBadBatch)
+	}
+	bc, err := n.newBatchCall(ctx, dh, dir, nil)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	defer n.countBatch(int(a.Count), start)
+	ops := make([]keyOp, a.Count)
+	ptrs := make([]*keyOp, a.Count)
+	for i := range ops {
+		e := &a.Entries[i]
+		op := &ops[i]
+		ptrs[i] = op
+		op.flags, op.objOff = e.Flags, e.ObjOff
+		s := seg{kind: segVM, off: e.Addr, n: e.Len}
+		if a.Source == ioctl.BatchBuf {
+			s = seg{kind: segReg, id: a.ID, off: e.Addr, n: e.Len}
+		}
+		op.segs = []seg{s}
+		op.rel, op.err = a.Key(i)
+		if put && op.err == nil {
+			op.err = checkPut(op.flags, op.objOff)
+		}
+	}
+	if put {
+		n.runPuts(ctx, bc, ptrs)
+	} else {
+		n.batchGet(ctx, bc, ptrs)
+	}
+	for i, op := range ptrs {
+		e := &a.Entries[i]
+		if op.err != nil {
+			e.Result, e.Version = -int64(toErrno(op.err)), 0
+			if !put {
+				e.Len = 0
+			}
+			continue
+		}
+		e.Result, e.Version = int64(op.n), op.version
+		if !put {
+			e.Len = op.n
+		}
+	}
+	copy(out, a.Marshal())
+	return nil
+}
+
+// vbatch serves BATCH_PUTV and BATCH_GETV on directory dir.
+func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
+	var a ioctl.VBatchArg
+	if err := a.Unmarshal(in); err != nil {
+		return err
+	}
+	if a.Count > ioctl.MaxBatch || a.NGPU > ioctl.MaxGPURefs || a.Flags != 0 {
+		return fmt.Errorf("count %d, %d GPUs, flags %#x: %w", a.Count, a.NGPU, a.Flags, errBadBatch)
+	}
+	bc, err := n.newBatchCall(ctx, dh, dir, a.GPUs[:a.NGPU])
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	defer n.countBatch(int(a.Count), start)
+	ops := make([]keyOp, a.Count)
+	ptrs := make([]*keyOp, a.Count)
+	var wire []ioctl.Seg
+	for i := range ops {
+		op := &ops[i]
+		ptrs[i] = op
+		e := &a.Entries[i]
+		op.flags, op.objOff, op.setMeta = e.Flags, e.ObjOff, put
+		op.err = decodeVEntry(&a, i, op, &wire, put)
+	}
+	if put {
+		n.runPuts(ctx, bc, ptrs)
+	} else {
+		n.batchGet(ctx, bc, ptrs)
+	}
+	for i, op := range ptrs {
+		e := &a.Entries[i]
+		if op.err != nil {
+			e.Result, e.Version = -int64(toErrno(op.err)), 0
+			continue
+		}
+		e.Result, e.Version = int64(op.n), op.version
+	}
+	copy(out, a.Marshal())
+	return nil
+}
+
+// decodeVEntry fills op from entry i of a vector batch.
+func decodeVEntry(a *ioctl.VBatchArg, i int, op *keyOp, wire *[]ioctl.Seg, put bool) error {
+	var err error
+	if op.rel, err = a.Key(i); err != nil {
+		return err
+	}
+	meta, err := a.Meta(i)
+	if err != nil {
+		return err
+	}
+	if put {
+		if err := checkPut(op.flags, op.objOff); err != nil {
+			return err
+		}
+	} else if op.flags != 0 {
+		return fmt.Errorf("get flags %#x: %w", op.flags, ioctl.ErrFlags)
+	}
+	if len(meta) > 0 {
+		op.meta = bytes.Clone(meta)
+	}
+	if *wire, err = a.Segs((*wire)[:0], i); err != nil {
+		return err
+	}
+	op.segs = make([]seg, len(*wire))
+	for k, w := range *wire {
+		switch {
+		case w.ID == ioctl.SegVM:
+			op.segs[k] = seg{kind: segVM, off: w.Off, n: w.Len}
+		case w.ID&ioctl.SegGPU != 0:
+			g := w.ID &^ ioctl.SegGPU
+			if g >= uint64(a.NGPU) {
+				return fmt.Errorf("segment %d: GPU %d of %d: %w", k, g, a.NGPU, errBadBatch)
+			}
+			op.segs[k] = seg{kind: segGPU, gpu: int(g), off: w.Off, n: w.Len}
+		default:
+			op.segs[k] = seg{kind: segReg, id: w.ID, off: w.Off, n: w.Len}
+		}
+	}
+	return nil
+}
+
+// keyCmd serves PUT_KEY and GET_KEY on directory dir: one key, one call.
+func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
+	var a ioctl.KeyArg
+	if err := a.Unmarshal(in); err != nil {
+		return err
+	}
+	rel, err := a.KeyString()
+	if err != nil {
+		return err
+	}
+	meta, err := a.MetaBytes()
+	if err != nil {
+		return err
+	}
+	if put {
+		if err := checkPut(a.Flags, a.ObjOff); err != nil {
+			return err
+		}
+	} else if a.Flags != 0 {
+		return fmt.Errorf("get flags %#x: %w", a.Flags, ioctl.ErrFlags)
+	}
+	op := &keyOp{rel: rel, flags: a.Flags, objOff: a.ObjOff, setMeta: put}
+	if len(meta) > 0 {
+		op.meta = bytes.Clone(meta)
+	}
+	var gpus []ioctl.GPURef
+	switch a.Source {
+	case ioctl.SrcBuf:
+		op.segs = []seg{{kind: segReg, id: a.ID, off: a.Addr, n: a.Len}}
+	case ioctl.SrcVM:
+		op.segs = []seg{{kind: segVM, off: a.Addr, n: a.Len}}
+	case ioctl.SrcCUDA:
+		gpus = []ioctl.GPURef{a.GPU}
+		op.segs = []seg{{kind: segGPU, off: a.Addr, n: a.Len}}
+	default:
+		return fmt.Errorf("source %d: %w", a.Source, errBadBatch)
+	}
+	bc, err := n.newBatchCall(ctx, dh, dir, gpus)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	defer n.countBatch(1, start)
+	ops := []*keyOp{op}
+	if put {
+		n.runPuts(ctx, bc, ops)
+	} else {
+		n.batchGet(ctx, bc, ops)
+	}
+	if op.err != nil {
+		return op.err
+	}
+	a.Result, a.Version, a.ObjSize = op.n, op.version, op.size
+	if !put {
+		// A value's meta is at most MaxMeta bytes (checkStored).
+		a.MetaLen = uint16(copy(a.Meta[:], op.gotMeta))
+		clear(a.Meta[a.MetaLen:])
+	}
+	copy(out, a.Marshal())
+	return nil
+}

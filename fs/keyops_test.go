@@ -1,0 +1,375 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+// callerCtx is a request of thread tid, as root.
+func callerCtx(tid int) context.Context {
+	return fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: 0, Gid: 0}, Pid: uint32(tid)})
+}
+
+func addr(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
+
+// keyCall runs PUT_KEY or GET_KEY a for key on the fixture's root.
+func keyCall(t *testing.T, fx *fuzzFixture, put bool, key string, a *ioctl.KeyArg) syscall.Errno {
+	t.Helper()
+	a.KeyLen = uint16(copy(a.Key[:], key))
+	cmd := ioctl.CmdGetKey
+	if put {
+		cmd = ioctl.CmdPutKey
+	}
+	out := make([]byte, ioctl.SizeKeyArg)
+	_, errno := fx.root.Ioctl(callerCtx(os.Getpid()), fx.dh, cmd, 0, a.Marshal(), out)
+	if errno == 0 {
+		if err := a.Unmarshal(out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return errno
+}
+
+// TestKeyMeta: a put stores its meta with the value, a lookup returns
+// size and meta, a get that asks for another meta moves nothing, and a
+// put without meta removes it.
+func TestKeyMeta(t *testing.T) {
+	fx := newFuzzFixture(t)
+	val := []byte("0123456789")
+	put := ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(val), Len: uint64(len(val)), MetaLen: 7}
+	copy(put.Meta[:], "f32 2,5")
+	if e := keyCall(t, fx, true, "t", &put); e != 0 || put.Result != 10 || put.Version == 0 {
+		t.Fatalf("put: %v %+v", e, put)
+	}
+	var look ioctl.KeyArg
+	if e := keyCall(t, fx, false, "t", &look); e != 0 || look.ObjSize != 10 || look.Result != 0 ||
+		string(look.Meta[:look.MetaLen]) != "f32 2,5" || look.Version != put.Version {
+		t.Fatalf("lookup: %v size %d meta %q", e, look.ObjSize, look.Meta[:look.MetaLen])
+	}
+	dst := make([]byte, 10)
+	get := ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(dst), Len: 10, MetaLen: 7}
+	copy(get.Meta[:], "f16 2,5")
+	if e := keyCall(t, fx, false, "t", &get); e != syscall.EBADMSG || dst[0] != 0 {
+		t.Fatalf("get with another meta: %v, %q", e, dst)
+	}
+	copy(get.Meta[:], "f32 2,5")
+	if e := keyCall(t, fx, false, "t", &get); e != 0 || !bytes.Equal(dst, val) {
+		t.Fatalf("get: %v %q", e, dst)
+	}
+	plain := ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(val), Len: 4}
+	if e := keyCall(t, fx, true, "t", &plain); e != 0 {
+		t.Fatal(e)
+	}
+	look = ioctl.KeyArg{}
+	if e := keyCall(t, fx, false, "t", &look); e != 0 || look.MetaLen != 0 || look.ObjSize != 4 {
+		t.Fatalf("after a put without meta: %v meta %d B, size %d", e, look.MetaLen, look.ObjSize)
+	}
+	runtime.KeepAlive(val)
+	runtime.KeepAlive(dst)
+	for _, c := range []struct {
+		name string
+		a    ioctl.KeyArg
+		want syscall.Errno
+	}{
+		{"bad source", ioctl.KeyArg{Source: 9}, syscall.EINVAL},
+		{"meta too long", ioctl.KeyArg{MetaLen: ioctl.MaxMeta + 1}, syscall.EINVAL},
+		{"get flags", ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagExcl}}, syscall.EINVAL},
+		{"missing", ioctl.KeyArg{}, syscall.ENOENT},
+	} {
+		key := "t"
+		if c.name == "missing" {
+			key = "nope"
+		}
+		a := c.a
+		if e := keyCall(t, fx, false, key, &a); e != c.want {
+			t.Errorf("%s: %v, want %v", c.name, e, c.want)
+		}
+	}
+}
+
+// TestVBatchModel puts keys gathered from random splits of caller memory
+// and a registered memfd, gets them scattered into other random splits,
+// and checks every byte against the model; entries with a bad segment
+// fail alone and leave nothing.
+func TestVBatchModel(t *testing.T) {
+	fx := newFuzzFixture(t)
+	rng := rand.New(rand.NewPCG(7, 11))
+	// A memfd registered on the directory handle: registration 1.
+	reg := newMemfdReg(t, fx, 1<<20)
+	vm := make([]byte, 1<<20)
+	for i := range vm {
+		vm[i] = byte(rng.Uint32())
+	}
+	for i := range reg {
+		reg[i] = byte(rng.Uint32())
+	}
+	split := func(total int) []int {
+		var parts []int
+		for total > 0 {
+			n := min(total, 1+rng.IntN(5000))
+			parts = append(parts, n)
+			total -= n
+		}
+		return parts
+	}
+	model := map[string][]byte{}
+	for round := range 4 {
+		var a ioctl.VBatchArg
+		p := vbatchPackerFor(&a)
+		var keys []string
+		bad := map[int]syscall.Errno{}
+		for k := range 12 {
+			key := fmt.Sprintf("r%d-k%d", round, k)
+			total := rng.IntN(20000)
+			var segs []ioctl.Seg
+			var want []byte
+			for _, n := range split(total) {
+				if rng.IntN(2) == 0 {
+					off := rng.IntN(len(vm) - n)
+					segs = append(segs, ioctl.Seg{ID: ioctl.SegVM, Off: addr(vm) + uint64(off), Len: uint64(n)})
+					want = append(want, vm[off:off+n]...)
+				} else {
+					off := rng.IntN(len(reg) - n)
+					segs = append(segs, ioctl.Seg{ID: 1, Off: uint64(off), Len: uint64(n)})
+					want = append(want, reg[off:off+n]...)
+				}
+			}
+			if len(segs) == 0 {
+				segs = []ioctl.Seg{{ID: ioctl.SegVM, Off: addr(vm), Len: 0}}
+			}
+			switch k {
+			case 3:
+				segs = append(segs, ioctl.Seg{ID: 99, Len: 1}) // no such registration
+				bad[k] = syscall.EINVAL
+			case 6:
+				segs = append(segs, ioctl.Seg{ID: ioctl.SegGPU | 0, Len: 1}) // no GPU table
+				bad[k] = syscall.EINVAL
+			case 9:
+				segs = append(segs, ioctl.Seg{ID: 1, Off: 1 << 20, Len: 1}) // past the registration
+				bad[k] = syscall.EFAULT
+			default:
+				model[key] = want
+			}
+			if !p(key, segs) {
+				t.Fatal("batch full")
+			}
+			keys = append(keys, key)
+		}
+		res := vbatchCall(t, fx, true, &a)
+		for k, key := range keys {
+			if e, isBad := bad[k]; isBad {
+				if res[k] != -int64(e) {
+					t.Fatalf("%s: %d, want -%v", key, res[k], e)
+				}
+				if _, err := fx.st.Stat(context.Background(), key); err == nil {
+					t.Fatalf("%s failed but exists", key)
+				}
+				continue
+			}
+			if res[k] != int64(len(model[key])) {
+				t.Fatalf("%s: put %d, want %d", key, res[k], len(model[key]))
+			}
+		}
+	}
+	runtime.KeepAlive(vm)
+	// Read every key back, scattered into random splits of a fresh
+	// buffer, from a random offset.
+	dst := make([]byte, 1<<20)
+	for key, want := range model {
+		var a ioctl.VBatchArg
+		p := vbatchPackerFor(&a)
+		off := 0
+		if len(want) > 0 {
+			off = rng.IntN(len(want))
+		}
+		var segs []ioctl.Seg
+		at := 0
+		for _, n := range split(len(want) - off + 100) {
+			segs = append(segs, ioctl.Seg{ID: ioctl.SegVM, Off: addr(dst) + uint64(at), Len: uint64(n)})
+			at += n
+		}
+		if len(segs) == 0 {
+			segs = []ioctl.Seg{{ID: ioctl.SegVM, Off: addr(dst), Len: 0}}
+		}
+		clear(dst)
+		if !p(key, segs) {
+			t.Fatal("batch full")
+		}
+		a.Entries[0].ObjOff = uint64(off)
+		res := vbatchCall(t, fx, false, &a)
+		if res[0] != int64(len(want)-off) || !bytes.Equal(dst[:len(want)-off], want[off:]) {
+			t.Fatalf("%s from %d: %d B, want %d, equal %v", key, off, res[0], len(want)-off, bytes.Equal(dst[:len(want)-off], want[off:]))
+		}
+		if got := readKey(t, fx, key); !bytes.Equal(got, want) {
+			t.Fatalf("%s stored differs", key)
+		}
+	}
+	runtime.KeepAlive(dst)
+}
+
+// vbatchPackerFor returns a function adding one key to a, as the client
+// packs it.
+func vbatchPackerFor(a *ioctl.VBatchArg) func(key string, segs []ioctl.Seg) bool {
+	used := 0
+	return func(key string, segs []ioctl.Seg) bool {
+		i := int(a.Count)
+		off := (used + 7) &^ 7
+		for k, s := range segs {
+			o := a.Area[off+k*ioctl.SizeSeg:]
+			*(*[3]uint64)(unsafe.Pointer(&o[0])) = [3]uint64{s.ID, s.Off, s.Len}
+		}
+		koff := off + len(segs)*ioctl.SizeSeg
+		if koff+len(key) > len(a.Area) || i == ioctl.MaxBatch {
+			return false
+		}
+		copy(a.Area[koff:], key)
+		a.Entries[i] = ioctl.VBatchEntry{SegOff: uint32(off), NSeg: uint32(len(segs)), KeyOff: uint16(koff), KeyLen: uint16(len(key))}
+		used = koff + len(key)
+		a.Count++
+		return true
+	}
+}
+
+func vbatchCall(t *testing.T, fx *fuzzFixture, put bool, a *ioctl.VBatchArg) []int64 {
+	t.Helper()
+	cmd := ioctl.CmdBatchGetV
+	if put {
+		cmd = ioctl.CmdBatchPutV
+	}
+	out := make([]byte, ioctl.SizeVBatchArg)
+	if _, errno := fx.root.Ioctl(callerCtx(os.Getpid()), fx.dh, cmd, 0, a.Marshal(), out); errno != 0 {
+		t.Fatalf("vbatch: %v", errno)
+	}
+	if err := a.Unmarshal(out); err != nil {
+		t.Fatal(err)
+	}
+	res := make([]int64, a.Count)
+	for i := range res {
+		res[i] = a.Entries[i].Result
+	}
+	return res
+}
+
+// newMemfdReg registers an n-byte memfd on the fixture's directory handle
+// (the first registration: id 1) and returns its memory.
+func newMemfdReg(t *testing.T, fx *fuzzFixture, n int) []byte {
+	t.Helper()
+	fd, err := unix.MemfdCreate("keyops", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	a := ioctl.RegisterArg{Fd: int32(fd), Kind: ioctl.KindHost, Len: uint64(n)}
+	out := make([]byte, ioctl.SizeRegisterArg)
+	if _, errno := fx.root.Ioctl(callerCtx(os.Getpid()), fx.dh, ioctl.CmdRegisterBuffer, 0, a.Marshal(), out); errno != 0 {
+		t.Fatalf("register: %v", errno)
+	}
+	if err := a.Unmarshal(out); err != nil || a.ID != 1 {
+		t.Fatalf("registration %d, %v", a.ID, err)
+	}
+	t.Cleanup(func() { fx.dh.regs.closeAll() })
+	return mem
+}
+
+// TestRegisterByAddress: memory registered by address moves like any
+// registration for its own process, fails with EPERM for another, and
+// with EFAULT once unmapped; the daemon maps none of it.
+func TestRegisterByAddress(t *testing.T) {
+	fx := newFuzzFixture(t)
+	const n = 1 << 16
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range mem {
+		mem[i] = byte(i * 7)
+	}
+	me := callerCtx(os.Getpid())
+	reg := func(a ioctl.RegisterArg) (uint64, syscall.Errno) {
+		out := make([]byte, ioctl.SizeRegisterArg)
+		_, e := fx.root.Ioctl(me, fx.dh, ioctl.CmdRegisterBuffer, 0, a.Marshal(), out)
+		_ = a.Unmarshal(out)
+		return a.ID, e
+	}
+	for _, bad := range []ioctl.RegisterArg{
+		{Fd: 3, Kind: ioctl.KindVM, Offset: addr(mem), Len: n},
+		{Fd: -1, Kind: ioctl.KindVM, Offset: addr(mem), Len: 0},
+		{Fd: -1, Kind: ioctl.KindVM, Offset: 0, Len: n},
+		{Fd: -1, Kind: ioctl.KindVM, Offset: ^uint64(0) - 10, Len: n},
+	} {
+		if _, e := reg(bad); e != syscall.EINVAL {
+			t.Errorf("register %+v: %v", bad, e)
+		}
+	}
+	bytesBefore := fx.root.fs.regs.bytes.Load()
+	id, e := reg(ioctl.RegisterArg{Fd: -1, Kind: ioctl.KindVM, Offset: addr(mem), Len: n})
+	if e != 0 {
+		t.Fatal(e)
+	}
+	if b := fx.root.fs.regs.bytes.Load(); b != bytesBefore {
+		t.Errorf("mapped bytes %d -> %d for an address registration", bytesBefore, b)
+	}
+	put := ioctl.KeyArg{Source: ioctl.SrcBuf, ID: id, Addr: 100, Len: 1000}
+	if e := keyCall(t, fx, true, "v", &put); e != 0 || put.Result != 1000 {
+		t.Fatalf("put: %v %+v", e, put)
+	}
+	if got := readKey(t, fx, "v"); !bytes.Equal(got, mem[100:1100]) {
+		t.Fatal("stored bytes differ")
+	}
+	get := ioctl.KeyArg{Source: ioctl.SrcBuf, ID: id, Addr: 5000, Len: 2000}
+	if e := keyCall(t, fx, false, "v", &get); e != 0 || get.Result != 1000 || !bytes.Equal(mem[5000:6000], mem[100:1100]) {
+		t.Fatalf("get: %v %+v", e, get)
+	}
+	past := ioctl.KeyArg{Source: ioctl.SrcBuf, ID: id, Addr: n - 10, Len: 11}
+	if e := keyCall(t, fx, true, "w", &past); e != syscall.EFAULT {
+		t.Fatalf("past the range: %v", e)
+	}
+	// Another process may not use it, even holding the file.
+	other := exec.Command("sleep", "30")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { other.Process.Kill(); other.Wait() }()
+	a := ioctl.KeyArg{Source: ioctl.SrcBuf, ID: id, Len: 10}
+	a.KeyLen = uint16(copy(a.Key[:], "v"))
+	out := make([]byte, ioctl.SizeKeyArg)
+	if _, e := fx.root.Ioctl(callerCtx(other.Process.Pid), fx.dh, ioctl.CmdGetKey, 0, a.Marshal(), out); e != syscall.EPERM {
+		t.Fatalf("another process: %v", e)
+	}
+	if err := unix.Munmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	get = ioctl.KeyArg{Source: ioctl.SrcBuf, ID: id, Len: 100}
+	if e := keyCall(t, fx, false, "v", &get); e != syscall.EFAULT {
+		t.Fatalf("unmapped: %v", e)
+	}
+	before, _ := fx.st.Stat(context.Background(), "v")
+	put = ioctl.KeyArg{Source: ioctl.SrcBuf, ID: id, Len: 100}
+	if e := keyCall(t, fx, true, "v", &put); e != syscall.EFAULT {
+		t.Fatalf("put from unmapped: %v", e)
+	}
+	if after, _ := fx.st.Stat(context.Background(), "v"); after.Version != before.Version {
+		t.Fatal("a failed put changed the key")
+	}
+}

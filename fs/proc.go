@@ -1,0 +1,207 @@
+package fs
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// Client processes. What the daemon keeps for a process rather than for
+// one of its open files (the CUDA IPC handles it opened) lives in a
+// clientProc, found from a request's thread id and dropped when the
+// process exits: a pidfd of each becomes readable then, and one goroutine
+// waits for all of them in one epoll set.
+
+// maxProcs bounds the processes the daemon keeps state for; a request of
+// one more process that needs it fails with EMFILE.
+const maxProcs = 4096
+
+// maxTids bounds the thread-to-process cache; past it, it starts over.
+const maxTids = 1 << 16
+
+type clientProc struct {
+	tgid  int
+	pidfd int
+	ipc   ipcCache
+}
+
+type procTable struct {
+	once   sync.Once // starts it on first use
+	mu     sync.Mutex
+	byTgid map[int]*clientProc
+	byFd   map[int]*clientProc
+	tids   map[int]int // thread id -> its process, checked at each use
+	ep     int         // epoll set of the pidfds and of stop
+	stop   int         // eventfd: the reaper ends
+	done   chan struct{}
+	err    error // why the table could not start
+}
+
+// startProcs makes the table and its reaper (once, on first use). A failure to make the epoll
+// set leaves a table that refuses every lookup with the reason.
+func (f *FS) startProcs() {
+	t := &f.procs
+	t.byTgid, t.byFd, t.tids = map[int]*clientProc{}, map[int]*clientProc{}, map[int]int{}
+	t.done = make(chan struct{})
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		t.err = fmt.Errorf("fs: epoll for client processes: %w", err)
+		close(t.done)
+		return
+	}
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err == nil {
+		err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, stop, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(stop)})
+	}
+	if err != nil {
+		unix.Close(ep)
+		t.err = fmt.Errorf("fs: eventfd for client processes: %w", err)
+		close(t.done)
+		return
+	}
+	t.ep, t.stop = ep, stop
+	go f.reapProcs()
+}
+
+// stopProcs ends the reaper and drops every process's state.
+func (f *FS) stopProcs() {
+	t := &f.procs
+	t.once.Do(func() {}) // none started after this
+	if t.err != nil || t.ep == 0 {
+		return
+	}
+	var one [8]byte
+	one[0] = 1
+	_, _ = unix.Write(t.stop, one[:])
+	<-t.done
+	t.mu.Lock()
+	procs := t.byTgid
+	t.byTgid, t.byFd, t.tids = map[int]*clientProc{}, map[int]*clientProc{}, map[int]int{}
+	t.mu.Unlock()
+	for _, cp := range procs {
+		f.dropProc(cp)
+	}
+	unix.Close(t.ep)
+	unix.Close(t.stop)
+}
+
+func (f *FS) reapProcs() {
+	t := &f.procs
+	defer close(t.done)
+	evs := make([]unix.EpollEvent, 64)
+	for {
+		n, err := unix.EpollWait(t.ep, evs, -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			f.log.WithError(err).Error("wait for client processes; their state stays until unmount")
+			return
+		}
+		for _, ev := range evs[:n] {
+			fd := int(ev.Fd)
+			if fd == t.stop {
+				return
+			}
+			t.mu.Lock()
+			cp := t.byFd[fd]
+			if cp != nil {
+				delete(t.byFd, fd)
+				delete(t.byTgid, cp.tgid)
+				for tid, g := range t.tids {
+					if g == cp.tgid {
+						delete(t.tids, tid)
+					}
+				}
+			}
+			t.mu.Unlock()
+			if cp != nil {
+				_ = unix.EpollCtl(t.ep, unix.EPOLL_CTL_DEL, fd, nil)
+				f.dropProc(cp)
+			}
+		}
+	}
+}
+
+// dropProc releases what a process held.
+func (f *FS) dropProc(cp *clientProc) {
+	f.ipcCloseAll(&cp.ipc)
+	unix.Close(cp.pidfd)
+}
+
+// inGroup reports whether thread tid belongs to process tgid now.
+func inGroup(tgid, tid int) bool {
+	return unix.Tgkill(tgid, tid, 0) == nil
+}
+
+// proc returns the state of the process behind p, made on first use.
+func (f *FS) proc(p *callerProc) (*clientProc, error) {
+	t := &f.procs
+	t.once.Do(f.startProcs)
+	if t.err != nil {
+		return nil, t.err
+	}
+	t.mu.Lock()
+	if tgid, ok := t.tids[p.tid]; ok {
+		if cp := t.byTgid[tgid]; cp != nil && inGroup(tgid, p.tid) {
+			t.mu.Unlock()
+			return cp, nil
+		}
+		delete(t.tids, p.tid)
+	}
+	t.mu.Unlock()
+	if err := p.load(); err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.tids) >= maxTids {
+		clear(t.tids)
+	}
+	if cp := t.byTgid[p.tgid]; cp != nil {
+		t.tids[p.tid] = p.tgid
+		return cp, nil
+	}
+	if len(t.byTgid) >= maxProcs {
+		return nil, fmt.Errorf("fs: state kept for %d client processes: %w", maxProcs, errTooManyOpen)
+	}
+	pidfd, err := unix.PidfdOpen(p.tgid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd_open %d: %w", p.tgid, err)
+	}
+	if err := unix.EpollCtl(t.ep, unix.EPOLL_CTL_ADD, pidfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(pidfd)}); err != nil {
+		unix.Close(pidfd)
+		return nil, fmt.Errorf("fs: watch process %d: %w", p.tgid, err)
+	}
+	cp := &clientProc{tgid: p.tgid, pidfd: pidfd}
+	t.byTgid[p.tgid], t.byFd[pidfd] = cp, cp
+	t.tids[p.tid] = p.tgid
+	return cp, nil
+}
+
+// ProcStats are the client processes the daemon keeps state for and the
+// CUDA IPC handles open for them.
+type ProcStats struct {
+	Procs int `json:"procs"`
+	IPC   int `json:"ipc_handles"`
+}
+
+// Procs returns the mount's client-process figures.
+func (m *Mount) Procs() ProcStats {
+	t := &m.fs.procs
+	t.mu.Lock()
+	procs := make([]*clientProc, 0, len(t.byTgid))
+	for _, cp := range t.byTgid {
+		procs = append(procs, cp)
+	}
+	t.mu.Unlock()
+	s := ProcStats{Procs: len(procs)}
+	for _, cp := range procs {
+		cp.ipc.mu.Lock()
+		s.IPC += len(cp.ipc.m)
+		cp.ipc.mu.Unlock()
+	}
+	return s
+}

@@ -1,0 +1,203 @@
+package ioctl
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// keyArgs recycles KEY arguments and their wire buffers.
+var keyArgs = sync.Pool{New: func() any { return new(keyScratch) }}
+
+type keyScratch struct {
+	arg KeyArg
+	raw [SizeKeyArg]byte
+}
+
+// KeyCall runs PUT_KEY (put) or GET_KEY with a on directory f, setting
+// a.Key and a.KeyLen from key, and leaves the daemon's answer in a. A key
+// longer than KeyArgKeyBytes fails with ErrBadKey (use a batch).
+func (f *File) KeyCall(put bool, key string, a *KeyArg) error {
+	op, cmd := "get_key", CmdGetKey
+	if put {
+		op, cmd = "put_key", CmdPutKey
+	}
+	if len(key) == 0 || len(key) > KeyArgKeyBytes {
+		return f.err(op, ErrBadKey, "key of %d B (1 to %d)", len(key), KeyArgKeyBytes)
+	}
+	if int(a.MetaLen) > MaxMeta {
+		return f.err(op, ErrBadItem, "meta of %d B (at most %d)", a.MetaLen, MaxMeta)
+	}
+	sc := keyArgs.Get().(*keyScratch)
+	defer keyArgs.Put(sc)
+	a.KeyLen = uint16(len(key))
+	copy(a.Key[:], key)
+	clear(a.Key[len(key):])
+	a.encode(sc.raw[:])
+	if err := call(f.f, cmd, sc.raw[:]); err != nil {
+		return fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, key, err)
+	}
+	return a.Unmarshal(sc.raw[:])
+}
+
+// PutKey stores data as the value of key (relative to directory f, its
+// parent existing) in one call, and returns the version written. Keys
+// too long for one KEY call go as a batch of one.
+func (f *File) PutKey(key string, data []byte, flags uint32) (uint64, error) {
+	if len(key) > KeyArgKeyBytes {
+		res, err := f.BatchPut([]BatchItem{{Key: key, Data: data, Flags: flags}})
+		if err != nil {
+			return 0, err
+		}
+		return res[0].Version, res[0].Err
+	}
+	keepOnHeap(data)
+	sc := keyArgs.Get().(*keyScratch)
+	defer keyArgs.Put(sc)
+	a := &sc.arg
+	*a = KeyArg{Header: Header{Flags: flags}, Source: SrcVM, Addr: addrOf(data), Len: uint64(len(data))}
+	err := f.KeyCall(true, key, a)
+	runtime.KeepAlive(data)
+	return a.Version, err
+}
+
+// GetKey reads key (relative to directory f) from objOff into dst in one
+// call and returns the count read and the version.
+func (f *File) GetKey(key string, dst []byte, objOff uint64) (uint64, uint64, error) {
+	if len(key) > KeyArgKeyBytes {
+		res, err := f.BatchGet([]BatchItem{{Key: key, Data: dst, ObjOff: objOff}})
+		if err != nil {
+			return 0, 0, err
+		}
+		return res[0].N, res[0].Version, res[0].Err
+	}
+	keepOnHeap(dst)
+	sc := keyArgs.Get().(*keyScratch)
+	defer keyArgs.Put(sc)
+	a := &sc.arg
+	*a = KeyArg{Source: SrcVM, Addr: addrOf(dst), Len: uint64(len(dst)), ObjOff: objOff}
+	err := f.KeyCall(false, key, a)
+	runtime.KeepAlive(dst)
+	return a.Result, a.Version, err
+}
+
+// KeyInfo is what a lookup by name returns.
+type KeyInfo struct {
+	Size, Version uint64
+	Meta          []byte
+}
+
+// LookupKey returns key's size, version and meta in one call.
+func (f *File) LookupKey(key string) (KeyInfo, error) {
+	var a KeyArg
+	if err := f.KeyCall(false, key, &a); err != nil {
+		return KeyInfo{}, err
+	}
+	m, err := a.MetaBytes()
+	if err != nil {
+		return KeyInfo{}, f.err("get_key", err, "reply")
+	}
+	return KeyInfo{Size: a.ObjSize, Version: a.Version, Meta: append([]byte(nil), m...)}, nil
+}
+
+// VItem is one key of a vector batch (BatchPutV, BatchGetV): its value
+// is the concatenation of its segments, in order. Data pieces are memory
+// of this process; Segs name registrations made on f or GPU tables
+// entries (SegGPU|i) instead. An item has Data or Segs, not both.
+type VItem struct {
+	Key    string
+	Flags  uint32 // puts: FlagExcl, FlagUpdate
+	ObjOff uint64
+	Meta   []byte // put: stored with the value; get: the meta it must have
+	Data   [][]byte
+	Segs   []Seg
+}
+
+// BatchPutV stores each item's segments, gathered, as its key's value, in
+// calls of up to MaxBatch keys (fewer when their segments, keys and metas
+// fill the area); gpus is the table SegGPU ids index (at most
+// MaxGPURefs). Each key succeeds or fails alone.
+func (f *File) BatchPutV(gpus []GPURef, items []VItem) ([]BatchResult, error) {
+	return f.vbatch("batch_putv", CmdBatchPutV, gpus, items)
+}
+
+// BatchGetV reads each item's key from ObjOff, scattered into its
+// segments in order; N is the count read.
+func (f *File) BatchGetV(gpus []GPURef, items []VItem) ([]BatchResult, error) {
+	return f.vbatch("batch_getv", CmdBatchGetV, gpus, items)
+}
+
+type vbatchScratch struct {
+	arg VBatchArg
+	raw [SizeVBatchArg]byte
+}
+
+var vbatchArgs = sync.Pool{New: func() any { return new(vbatchScratch) }}
+
+func (f *File) vbatch(op string, cmd uint32, gpus []GPURef, items []VItem) ([]BatchResult, error) {
+	if len(gpus) > MaxGPURefs {
+		return nil, f.err(op, ErrBadItem, "%d GPU allocations (at most %d)", len(gpus), MaxGPURefs)
+	}
+	segs := make([][]Seg, len(items))
+	for i, it := range items {
+		n := len(it.Data) + len(it.Segs)
+		switch {
+		case len(it.Key) == 0 || len(it.Key) > VBatchAreaBytes:
+			return nil, f.err(op, ErrBadKey, "item %d: key of %d B", i, len(it.Key))
+		case len(it.Meta) > MaxMeta:
+			return nil, f.err(op, ErrBadItem, "item %d (%s): meta of %d B (at most %d)", i, it.Key, len(it.Meta), MaxMeta)
+		case len(it.Data) > 0 && len(it.Segs) > 0:
+			return nil, f.err(op, ErrBadItem, "item %d (%s): both Data and Segs", i, it.Key)
+		case n == 0 || n > MaxSegs:
+			return nil, f.err(op, ErrBadItem, "item %d (%s): %d segments (1 to %d)", i, it.Key, n, MaxSegs)
+		case n*SizeSeg+len(it.Key)+len(it.Meta)+7 > VBatchAreaBytes:
+			return nil, f.err(op, ErrBadItem, "item %d (%s): too large for one batch", i, it.Key)
+		}
+		if len(it.Data) > 0 {
+			s := make([]Seg, len(it.Data))
+			for k, d := range it.Data {
+				keepOnHeap(d)
+				s[k] = Seg{ID: SegVM, Off: addrOf(d), Len: uint64(len(d))}
+			}
+			segs[i] = s
+		} else {
+			segs[i] = it.Segs
+		}
+	}
+	res := make([]BatchResult, len(items))
+	sc := vbatchArgs.Get().(*vbatchScratch)
+	defer vbatchArgs.Put(sc)
+	for start := 0; start < len(items); {
+		sc.arg = VBatchArg{NGPU: uint32(len(gpus))}
+		copy(sc.arg.GPUs[:], gpus)
+		p := vbatchPacker{a: &sc.arg}
+		end := start
+		for end < len(items) && p.add(items[end].Key, items[end].Meta, segs[end],
+			VBatchEntry{Flags: items[end].Flags, ObjOff: items[end].ObjOff}) {
+			end++
+		}
+		sc.arg.encode(sc.raw[:])
+		if err := call(f.f, cmd, sc.raw[:]); err != nil {
+			err = f.err(op, err, "items %d..%d of %d (%q...)", start, len(items)-1, len(items), items[start].Key)
+			for i := start; i < len(items); i++ {
+				res[i].Err = err
+			}
+			return res, err
+		}
+		for j := range end - start {
+			o := sc.raw[16+j*SizeVBatchEntry:]
+			r, v := int64(le.Uint64(o[32:])), le.Uint64(o[40:])
+			i := start + j
+			if r < 0 {
+				res[i] = BatchResult{Err: fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, items[i].Key, unix.Errno(-r))}
+			} else {
+				res[i] = BatchResult{N: uint64(r), Version: v}
+			}
+		}
+		start = end
+	}
+	runtime.KeepAlive(items)
+	return res, nil
+}

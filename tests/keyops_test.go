@@ -1,0 +1,286 @@
+package tests
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The one-key and vector-batch commands (ABI 1.3) from child processes.
+
+// keysPrelude imports the client from argv[1] and opens the mount argv[2].
+const keysPrelude = `
+import ctypes, errno, mmap, os, random, sys
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+from mooncake_fs import abi
+c = mc.Client(sys.argv[2])
+mnt = sys.argv[2]
+def addr(b):
+    return ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b))
+def res(label, f, *a, **kw):
+    try:
+        r = f(*a, **kw)
+        print(f"{label}={r}")
+        return r
+    except OSError as e:
+        print(f"{label}={errno.errorcode.get(e.errno, e.errno)}")
+`
+
+// TestVectorBatchModel: keys gathered from random splits of several
+// buffers (caller memory and a registration by address) and scattered
+// into other random splits come back bit-exact against a model, from
+// random offsets; puts and gets of one key by name agree with them.
+func TestVectorBatchModel(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB")
+	out := py(t, keysPrelude+`
+rng = random.Random(5)
+os.makedirs(mnt + "/vm", exist_ok=True)
+d = mc.Directory(mnt + "/vm")
+pool = mmap.mmap(-1, 4 << 20)
+pool.write(rng.randbytes(4 << 20))
+pid = d.register_vm(addr(pool), len(pool))
+model = {}
+def split(n):
+    parts = []
+    while n > 0:
+        k = min(n, rng.randint(1, 70000))
+        parts.append(k)
+        n -= k
+    return parts
+for rnd in range(6):
+    entries = []
+    for k in range(40):
+        key = f"r{rnd}/k{k}" if k % 3 else f"k{k}"
+        os.makedirs(mnt + "/vm/" + os.path.dirname(key), exist_ok=True) if "/" in key else None
+        total = rng.randint(0, 300000)
+        segs, want, keep = [], b"", []
+        for n in split(total):
+            if rng.random() < 0.5:
+                b = bytearray(rng.randbytes(n))
+                keep.append(b)
+                segs.append((abi.SEG_VM, addr(b), n))
+                want += bytes(b)
+            else:
+                off = rng.randint(0, len(pool) - n)
+                segs.append((pid, off, n))
+                want += pool[off:off + n]
+        if not segs:
+            segs = [(abi.SEG_VM, 0, 0)]
+        entries.append((key, segs, None, 0, 0, keep))
+        model[key] = want
+    res_ = d.batchv(True, [e[:5] for e in entries])
+    bad = [(e[0], r) for e, (r, _) in zip(entries, res_) if r != len(model[e[0]])]
+    assert not bad, bad
+checked = 0
+for key, want in model.items():
+    off = rng.randint(0, len(want)) if want else 0
+    bufs = [bytearray(n) for n in split(len(want) - off + rng.randint(0, 5000))] or [bytearray(1)]
+    r = d.batch_getv({key: bufs}, offset=off)[key]
+    got = b"".join(bytes(b) for b in bufs)[:r]
+    assert r == len(want) - off and got == want[off:], (key, off, r, len(want))
+    assert c.get("vm/" + key) == want, key
+    checked += 1
+# One key by name, then gathered: the same bytes either way.
+c.put("vm/one", b"abc" * 1000)
+o1, o2 = bytearray(1000), bytearray(3000)
+assert d.batch_getv({"one": [o1, o2]})["one"] == 3000 and bytes(o1 + o2)[:3000] == b"abc" * 1000
+print(f"checked={checked}")
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"checked": "170"}) // 6 rounds of 26 keys, and 14 replaced each round
+	d.checkAlive(t)
+}
+
+// TestVectorBatchFailuresStayAlone: in one vector batch, new, replaced and
+// missing keys, a segment past its registration, an unknown registration,
+// a GPU index without a table and a key nobody may write each get their
+// own result; every failed key leaves nothing, every other one commits
+// whole.
+func TestVectorBatchFailuresStayAlone(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python, "setpriv")
+	d := startDaemon(t, "--size", "64MiB")
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
+	run(t, "mkdir", "-m", "0755", d.path("pub", "rootdir"))
+	run(t, "sh", "-c", `printf old > "$1/existing" && chmod 666 "$1/existing" && printf secret > "$1/secret" && chmod 600 "$1/secret"`, "sh", pub)
+	script := keysPrelude + `
+dd = mc.Directory(mnt + "/pub")
+small = mmap.mmap(-1, 4096)
+rid = dd.register_vm(addr(small), 4096)
+data = bytearray(b"N" * 5000)
+a = addr(data)
+items = [
+    ("new", [(abi.SEG_VM, a, 5000)]),
+    ("existing", [(abi.SEG_VM, a, 10), (rid, 0, 6)]),
+    ("pastreg", [(rid, 4000, 200)]),
+    ("noreg", [(987, 0, 1)]),
+    ("nogpu", [(abi.SEG_GPU | 3, 0, 1)]),
+    ("rootdir/x", [(abi.SEG_VM, a, 3)]),
+    ("secret", [(abi.SEG_VM, a, 3)]),
+    ("badaddr", [(abi.SEG_VM, 8, 100)]),
+]
+r = dd.batchv(True, [(k, s, "m" if k == "new" else None, 0, 0) for k, s in items])
+for (k, _), (v, _) in zip(items, r):
+    print(f"put_{k}={errno.errorcode.get(-v, v) if v < 0 else v}")
+got = {k: bytearray(6000) for k in ["new", "existing", "missing", "secret"]}
+r = dd.batch_getv({k: [b] for k, b in got.items()}, check=False)
+for k, v in r.items():
+    print(f"get_{k}={errno.errorcode.get(-v, v) if v < 0 else v}")
+print("new_ok=" + str(bytes(got["new"][:5000]) == b"N" * 5000))
+print("existing_ok=" + str(bytes(got["existing"][:16]) == b"N" * 10 + b"\0" * 6))
+res("meta_new", lambda: c.lookup("pub/new").meta)
+`
+	out, err := asNobody(`exec "$1" -c "$2" "$3" "$4"`, python, script, publicPythonDir(t), d.dir)
+	if err != nil {
+		t.Fatalf("nobody's script: %v\n%s", err, out)
+	}
+	checkResults(t, out, map[string]string{
+		"put_new": "5000", "put_existing": "16", "put_pastreg": "EFAULT", "put_noreg": "EINVAL", "put_nogpu": "EINVAL",
+		"put_rootdir/x": "EACCES", "put_secret": "EACCES", "put_badaddr": "EFAULT",
+		"get_new": "5000", "get_existing": "16", "get_missing": "ENOENT", "get_secret": "EACCES",
+		"new_ok": "True", "existing_ok": "True", "meta_new": "b'm'",
+	})
+	for _, gone := range []string{"pastreg", "noreg", "nogpu", "badaddr", "rootdir/x"} {
+		if _, err := os.Stat(d.path("pub", gone)); err == nil {
+			t.Errorf("failed key %s exists", gone)
+		}
+	}
+	if b := run(t, "cat", d.path("pub", "secret")); b != "secret" {
+		t.Errorf("refused put changed secret: %q", b)
+	}
+	d.checkAlive(t)
+}
+
+// TestVectorBatchNoSpace: a batch larger than the store, without
+// eviction: the keys that found room commit whole, the others fail with
+// ENOSPC alone and leave nothing, and no reservation is left behind.
+func TestVectorBatchNoSpace(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "16MiB", "--evict", "off")
+	out := py(t, keysPrelude+`
+d = mc.Directory(mnt)
+bufs = {f"b{i}": [bytearray(bytes([i]) * (1 << 20)), bytearray(bytes([i + 100]) * 12345)] for i in range(24)}
+r = d.batch_putv(bufs, check=False)
+ok = [k for k, v in r.items() if v > 0]
+full = [k for k, v in r.items() if v == -errno.ENOSPC]
+assert len(ok) + len(full) == len(r), r
+for k in ok:
+    want = bytes(bufs[k][0]) + bytes(bufs[k][1])
+    assert c.get(k) == want, k
+for k in full:
+    assert not os.path.exists(mnt + "/" + k), k
+print(f"some_ok={len(ok) > 0}")
+print(f"some_full={len(full) > 0}")
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"some_ok": "True", "some_full": "True"})
+	d.checkAlive(t)
+}
+
+// TestAddressRegistration: memory registered by address serves its
+// process; unmapped, it gives EFAULT and the daemon lives; a forked child
+// holding the same file may not use it (EPERM).
+func TestAddressRegistration(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	out := py(t, keysPrelude+`
+d = mc.Directory(mnt)
+m = mmap.mmap(-1, 1 << 20)
+m.write(b"z" * (1 << 20))
+rid = d.register_vm(addr(m), 1 << 20)
+print("put=%d" % d.batchv(True, [("k", [(rid, 100, 5000)], None, 0, 0)])[0][0])
+print("same=" + str(c.get("k") == b"z" * 5000))
+r = os.fork()
+if r == 0:
+    v = d.batchv(False, [("k", [(rid, 0, 10)], None, 0, 0)])[0][0]
+    os._exit(-v if v < 0 else 0)
+_, st = os.waitpid(r, 0)
+print("child=" + errno.errorcode.get(os.waitstatus_to_exitcode(st), "ok"))
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"put": "5000", "same": "True", "child": "EPERM"})
+	out = py(t, keysPrelude+`
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+n = 1 << 20
+p = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|WRITE, MAP_PRIVATE|ANON
+ctypes.memset(p, 0x5a, n)
+d = mc.Directory(mnt)
+rid = d.register_vm(p, n)
+print("put=%d" % d.batchv(True, [("u", [(rid, 0, 4096)], None, 0, 0)])[0][0])
+assert libc.munmap(p, n) == 0
+v = d.batchv(False, [("u", [(rid, 0, 4096)], None, 0, 0)])[0][0]
+print("get_unmapped=" + errno.errorcode.get(-v, str(v)))
+v = d.batchv(True, [("u", [(rid, 0, 4096)], None, 0, 0)])[0][0]
+print("put_unmapped=" + errno.errorcode.get(-v, str(v)))
+print("kept=" + str(c.get("u") == bytes([0x5a]) * 4096))
+a = abi.Key(source=abi.SRC_BUF, id=rid, len=10)
+res("key_unmapped", lambda: d.key_call(False, "u", a).result)
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"put": "4096", "get_unmapped": "EFAULT", "put_unmapped": "EFAULT",
+		"kept": "True", "key_unmapped": "EFAULT"})
+	d.checkAlive(t)
+}
+
+// TestKilledBatchClientLeaksNothing: a client killed with SIGKILL in the
+// middle of vector batches, with a memfd and an address range registered,
+// leaves no registration, no client state and, once its keys are removed,
+// no byte of the store in use.
+func TestKilledBatchClientLeaksNothing(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "128MiB")
+	run(t, "mkdir", d.path("kill"))
+	b := background(t, python, "-c", keysPrelude+`
+d = mc.Directory(mnt + "/kill")
+fd = os.memfd_create("kv")
+os.ftruncate(fd, 8 << 20)
+mid = d.register(fd, 8 << 20)
+m = mmap.mmap(-1, 8 << 20)
+vid = d.register_vm(addr(m), 8 << 20)
+i = 0
+while True:
+    items = [(f"k{(i + j) % 500}", [(mid, j * 65536, 65536), (vid, j * 65536, 1000)], None, 0, 0) for j in range(64)]
+    d.batchv(True, items)
+    d.batchv(False, items)
+    if i == 0:
+        print("ready", flush=True)
+    i += 1
+`, publicPythonDir(t), d.dir)
+	b.waitOutput(t, "ready")
+	time.Sleep(200 * time.Millisecond)
+	if err := b.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	b.wait()
+	type clients struct {
+		Registrations regStatus `json:"registrations"`
+		Clients       struct {
+			Procs int `json:"procs"`
+			IPC   int `json:"ipc_handles"`
+		} `json:"clients"`
+		Used uint64 `json:"used"`
+	}
+	get := func() (clients, string) {
+		out := run(t, daemonBin(), "status", "--json", d.dir)
+		var c clients
+		if err := json.Unmarshal([]byte(out), &c); err != nil {
+			t.Fatalf("status: %v\n%s", err, out)
+		}
+		return c, fmt.Sprintf("%+v", c)
+	}
+	waitFor(t, "the killed client's registrations and state gone", func() (bool, string) {
+		c, s := get()
+		return c.Registrations.Live == 0 && c.Clients.Procs == 0 && c.Clients.IPC == 0, s
+	})
+	run(t, "rm", "-r", d.path("kill"))
+	waitFor(t, "no byte in use", func() (bool, string) {
+		c, s := get()
+		return c.Used == 0, s
+	})
+	d.checkAlive(t)
+}
