@@ -38,7 +38,7 @@ func regBuffer(t *regTable, tid int, id, off, n uint64) (transfer.Buffer, func()
 		// Memory of the process that registered it, reached through the
 		// caller's thread: only its own threads may use it, and while one
 		// is blocked in this request the process and its memory stay.
-		if !inGroup(r.vmTgid, tid) {
+		if tid == 0 || !inGroup(r.vmTgid, tid) {
 			r.inflight.Done()
 			return transfer.Buffer{}, nil, fmt.Errorf("buffer of process %d used by thread %d: %w", r.vmTgid, tid, errNotOwner)
 		}
@@ -218,11 +218,12 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		if err := a.Unmarshal(in); err != nil {
 			return err
 		}
-		c, ok := fuse.FromContext(ctx)
-		if !ok || c.Pid == 0 {
-			return errNotOwner
+		// The caller's thread: only registrations by address need it.
+		tid := 0
+		if c, ok := fuse.FromContext(ctx); ok {
+			tid = int(c.Pid)
 		}
-		buf, done, err := regBuffer(regs, int(c.Pid), a.ID, a.BufOff, a.Len)
+		buf, done, err := regBuffer(regs, tid, a.ID, a.BufOff, a.Len)
 		if err != nil {
 			return err
 		}
@@ -324,6 +325,10 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 	defer n.putMu.Unlock()
 	ino := n.StableAttr().Ino
 	opts := store.CommitOptions{Key: key, IfIno: ino}
+	if putMeta(flags, nil) {
+		// New bytes: the meta of the old ones no longer describes them.
+		opts.SetXattrs = map[string][]byte{xattrMeta: nil}
+	}
 	if flags&ioctl.FlagExcl != 0 {
 		// Only into the empty file at the version seen at open.
 		cur, err := n.fs.st.Stat(ctx, key)

@@ -63,13 +63,16 @@
 // # Ioctls
 //
 // ioctl.go dispatches the ABI of package ioctl; dataio.go runs the data
-// path (puts commit a new version through a store.Draft, gets read through
-// a store.Reader, both moving bytes with one transfer.Engine request), with
-// registered client buffers (register.go: pidfd_getfd + MAP_SHARED, owned by
-// the open file), process memory (process_vm_*), and GPU memory (gpu.go:
-// CUDA IPC handles opened once per daemon and context, ref-counted across
-// open files). Batches on directories check mode bits themselves
-// (access.go), since the kernel never looked those keys up.
+// path of open files (puts commit a new version through a store.Draft,
+// gets read through a store.Reader, both moving bytes with one
+// transfer.Engine request), with registered client buffers (register.go:
+// pidfd_getfd + MAP_SHARED, or an address range of the registering
+// process, owned by the open file), process memory (process_vm_*), and GPU
+// memory (gpu.go: CUDA IPC handles opened once per daemon and context,
+// ref-counted, kept per client process by proc.go until it exits). Keys by
+// name on directories (keyops.go: the batches, their vector forms and the
+// one-key commands, all as keyOps of one or more segments) check mode bits
+// themselves (access.go), since the kernel never looked those keys up.
 //
 // # Errors
 //

@@ -211,31 +211,49 @@ func (f *FS) ipcCloseAll(c *ipcCache) {
 	c.m, c.order, c.closed = nil, nil, true
 }
 
-// cudaBuffer resolves [off, off+n) of the allocation behind handle h, for
-// the process p; done drops the mapping's reference taken for the copy.
-func (f *FS) cudaBuffer(p *callerProc, ref ioctl.GPURef, off, n uint64) (transfer.Buffer, func(), error) {
+// gpuMapping returns the allocation ref names, opened once per process
+// p, with a reference for the caller (releaseMapping drops it).
+func (f *FS) gpuMapping(p *callerProc, ref ioctl.GPURef) (*ipcMapping, error) {
 	ctx, err := f.gpuContext(ref.Device)
 	if err != nil {
-		return transfer.Buffer{}, nil, err
+		return nil, err
 	}
 	cp, err := f.proc(p)
 	if err != nil {
-		return transfer.Buffer{}, nil, err
+		// No process state (its /proc is unreadable, say): open the
+		// handle for this call alone.
+		return f.ipc.acquire(ctx, ref.Handle)
 	}
-	m, err := f.ipcOpen(&cp.ipc, ctx, ref.Handle)
+	return f.ipcOpen(&cp.ipc, ctx, ref.Handle)
+}
+
+func (f *FS) releaseMapping(m *ipcMapping) {
+	if err := f.ipc.release(m); err != nil {
+		f.log.WithError(err).Warn("close CUDA IPC handle")
+	}
+}
+
+// mappedRange is [off, off+n) of mapping m.
+func mappedRange(m *ipcMapping, off, n uint64) (transfer.Buffer, error) {
+	if off > m.size || n > m.size-off {
+		return transfer.Buffer{}, fmt.Errorf("%d B at %d of a %d B allocation: %w", n, off, m.size, errDevRange)
+	}
+	return transfer.CUDABuffer(m.ctx, m.base+cuda.DevicePtr(off), n), nil
+}
+
+// cudaBuffer resolves [off, off+n) of the allocation ref names, for the
+// process p; done drops the mapping's reference taken for the copy.
+func (f *FS) cudaBuffer(p *callerProc, ref ioctl.GPURef, off, n uint64) (transfer.Buffer, func(), error) {
+	m, err := f.gpuMapping(p, ref)
 	if err != nil {
 		return transfer.Buffer{}, nil, err
 	}
-	done := func() {
-		if err := f.ipc.release(m); err != nil {
-			f.log.WithError(err).Warn("close CUDA IPC handle")
-		}
+	b, err := mappedRange(m, off, n)
+	if err != nil {
+		f.releaseMapping(m)
+		return transfer.Buffer{}, nil, err
 	}
-	if off > m.size || n > m.size-off {
-		done()
-		return transfer.Buffer{}, nil, fmt.Errorf("%d B at %d of a %d B allocation: %w", n, off, m.size, errDevRange)
-	}
-	return transfer.CUDABuffer(ctx, m.base+cuda.DevicePtr(off), n), done, nil
+	return b, func() { f.releaseMapping(m) }, nil
 }
 
 // ioctlCUDA serves PUT_CUDA and GET_CUDA on a file handle.

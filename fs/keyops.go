@@ -45,7 +45,8 @@ type keyOp struct {
 	objOff uint64
 	segs   []seg
 	// setMeta: the put stores meta as user.mooncake.meta (nil: removes
-	// it). For a get, a non-nil meta is the one the value must have.
+	// it); see putMeta. For a get, a non-nil meta is the one the value
+	// must have.
 	setMeta bool
 	meta    []byte
 
@@ -67,6 +68,36 @@ type batchCall struct {
 	dir      string
 	uid, gid uint32
 	gpus     []ioctl.GPURef
+	// mapped are the GPU table's allocations, opened on first use, each
+	// held for the whole call (release drops them).
+	mapped []*ipcMapping
+	mapErr []error
+}
+
+// gpuBuffer resolves [off, off+n) of the call's GPU allocation i.
+func (bc *batchCall) gpuBuffer(f *FS, i int, off, n uint64) (transfer.Buffer, error) {
+	if i >= len(bc.gpus) {
+		return transfer.Buffer{}, fmt.Errorf("GPU %d of %d: %w", i, len(bc.gpus), errBadBatch)
+	}
+	if bc.mapped == nil {
+		bc.mapped, bc.mapErr = make([]*ipcMapping, len(bc.gpus)), make([]error, len(bc.gpus))
+	}
+	if bc.mapped[i] == nil && bc.mapErr[i] == nil {
+		bc.mapped[i], bc.mapErr[i] = f.gpuMapping(bc.p, bc.gpus[i])
+	}
+	if err := bc.mapErr[i]; err != nil {
+		return transfer.Buffer{}, err
+	}
+	return mappedRange(bc.mapped[i], off, n)
+}
+
+// release drops what the call held.
+func (bc *batchCall) release(f *FS) {
+	for _, m := range bc.mapped {
+		if m != nil {
+			f.releaseMapping(m)
+		}
+	}
 }
 
 func (n *node) newBatchCall(ctx context.Context, dh *dirHandle, dir string, gpus []ioctl.GPURef) (*batchCall, error) {
@@ -141,7 +172,7 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 	}
 	bufs = make([]transfer.Buffer, 0, len(op.segs))
 	for _, s := range op.segs {
-		if s.n == 0 {
+		if s.n == 0 && s.kind != segReg {
 			continue // no bytes: nothing to resolve (a lookup by name)
 		}
 		var b transfer.Buffer
@@ -152,11 +183,7 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 		case segReg:
 			b, d, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n)
 		case segGPU:
-			if s.gpu >= len(bc.gpus) {
-				err = fmt.Errorf("GPU %d of %d: %w", s.gpu, len(bc.gpus), errBadBatch)
-				break
-			}
-			b, d, err = n.fs.cudaBuffer(bc.p, bc.gpus[s.gpu], s.off, s.n)
+			b, err = bc.gpuBuffer(n.fs, s.gpu, s.off, s.n)
 		}
 		if err != nil {
 			release()
@@ -175,16 +202,27 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 	return key, bufs, size, release, nil
 }
 
-// metaXattrs is what a put of op sets with its commit.
-func metaXattrs(op *keyOp) map[string][]byte {
+// putMeta says whether a put with flags and meta (nil: none) sets the
+// value's meta: the meta describes the bytes, so a put that replaces them
+// all sets it (none removes it), and an update keeps it unless it brings
+// one.
+func putMeta(flags uint32, meta []byte) bool {
+	return flags&ioctl.FlagUpdate == 0 || len(meta) > 0
+}
+
+// metaXattrs is what a put of op over version cur (nil: none) sets with
+// its commit (which acts only on cur).
+func metaXattrs(op *keyOp, cur *store.Object) map[string][]byte {
 	if !op.setMeta {
 		return nil
 	}
-	var v []byte
 	if len(op.meta) > 0 {
-		v = op.meta
+		return map[string][]byte{xattrMeta: op.meta}
 	}
-	return map[string][]byte{xattrMeta: v}
+	if cur == nil || cur.Xattrs[xattrMeta] == nil {
+		return nil // nothing to remove
+	}
+	return map[string][]byte{xattrMeta: nil}
 }
 
 // batchPut runs a run of plain puts (no flags, offset 0) as one transfer:
@@ -286,7 +324,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			pp.op.fail(errs[j])
 			continue
 		}
-		opts := store.CommitOptions{Key: pp.key, Template: pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: metaXattrs(pp.op)}
+		opts := store.CommitOptions{Key: pp.key, Template: pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: metaXattrs(pp.op, pp.cur)}
 		if pp.cur != nil {
 			opts.IfVersion = pp.cur.Version
 		}
@@ -380,7 +418,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 			return 0, 0, err
 		}
 		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: store.NewIno()}
-		o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, metaXattrs(op))
+		o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, metaXattrs(op, cur))
 		if errors.Is(err, store.ErrConflict) && attempt < maxPutRetries && op.flags&ioctl.FlagExcl == 0 {
 			continue
 		}
@@ -415,7 +453,7 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		e := &a.Entries[i]
 		op := &ops[i]
 		ptrs[i] = op
-		op.flags, op.objOff = e.Flags, e.ObjOff
+		op.flags, op.objOff, op.setMeta = e.Flags, e.ObjOff, put && putMeta(e.Flags, nil)
 		s := seg{kind: segVM, off: e.Addr, n: e.Len}
 		if a.Source == ioctl.BatchBuf {
 			s = seg{kind: segReg, id: a.ID, off: e.Addr, n: e.Len}
@@ -462,6 +500,7 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	if err != nil {
 		return err
 	}
+	defer bc.release(n.fs)
 	start := time.Now()
 	defer n.countBatch(int(a.Count), start)
 	ops := make([]keyOp, a.Count)
@@ -471,8 +510,9 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		op := &ops[i]
 		ptrs[i] = op
 		e := &a.Entries[i]
-		op.flags, op.objOff, op.setMeta = e.Flags, e.ObjOff, put
+		op.flags, op.objOff = e.Flags, e.ObjOff
 		op.err = decodeVEntry(&a, i, op, &wire, put)
+		op.setMeta = put && putMeta(op.flags, op.meta)
 	}
 	if put {
 		n.runPuts(ctx, bc, ptrs)
@@ -553,10 +593,11 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	} else if a.Flags != 0 {
 		return fmt.Errorf("get flags %#x: %w", a.Flags, ioctl.ErrFlags)
 	}
-	op := &keyOp{rel: rel, flags: a.Flags, objOff: a.ObjOff, setMeta: put}
+	op := &keyOp{rel: rel, flags: a.Flags, objOff: a.ObjOff}
 	if len(meta) > 0 {
 		op.meta = bytes.Clone(meta)
 	}
+	op.setMeta = put && putMeta(op.flags, op.meta)
 	var gpus []ioctl.GPURef
 	switch a.Source {
 	case ioctl.SrcBuf:
@@ -573,6 +614,7 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	if err != nil {
 		return err
 	}
+	defer bc.release(n.fs)
 	start := time.Now()
 	defer n.countBatch(1, start)
 	ops := []*keyOp{op}

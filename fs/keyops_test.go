@@ -3,6 +3,7 @@ package fs
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -54,7 +55,7 @@ func TestKeyMeta(t *testing.T) {
 	if e := keyCall(t, fx, true, "t", &put); e != 0 || put.Result != 10 || put.Version == 0 {
 		t.Fatalf("put: %v %+v", e, put)
 	}
-	var look ioctl.KeyArg
+	look := ioctl.KeyArg{Source: ioctl.SrcVM}
 	if e := keyCall(t, fx, false, "t", &look); e != 0 || look.ObjSize != 10 || look.Result != 0 ||
 		string(look.Meta[:look.MetaLen]) != "f32 2,5" || look.Version != put.Version {
 		t.Fatalf("lookup: %v size %d meta %q", e, look.ObjSize, look.Meta[:look.MetaLen])
@@ -73,9 +74,28 @@ func TestKeyMeta(t *testing.T) {
 	if e := keyCall(t, fx, true, "t", &plain); e != 0 {
 		t.Fatal(e)
 	}
-	look = ioctl.KeyArg{}
+	look = ioctl.KeyArg{Source: ioctl.SrcVM}
 	if e := keyCall(t, fx, false, "t", &look); e != 0 || look.MetaLen != 0 || look.ObjSize != 4 {
 		t.Fatalf("after a put without meta: %v meta %d B, size %d", e, look.MetaLen, look.ObjSize)
+	}
+	// An update keeps the meta, unless it brings one; a whole put
+	// through any other command drops it.
+	withMeta := ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(val), Len: 4, MetaLen: 2}
+	copy(withMeta.Meta[:], "m1")
+	upd := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagUpdate}, Source: ioctl.SrcVM, Addr: addr(val), Len: 2, ObjOff: 1}
+	if e := errors.Join(errnoErr(keyCall(t, fx, true, "t", &withMeta)), errnoErr(keyCall(t, fx, true, "t", &upd))); e != nil {
+		t.Fatal(e)
+	}
+	look = ioctl.KeyArg{Source: ioctl.SrcVM}
+	if e := keyCall(t, fx, false, "t", &look); e != 0 || string(look.Meta[:look.MetaLen]) != "m1" || look.ObjSize != 4 {
+		t.Fatalf("after an update: %v meta %q", e, look.Meta[:look.MetaLen])
+	}
+	if res := runBatch(t, fx, true, []batchEntry{{key: "t", data: []byte("plain")}}); res[0] != 5 {
+		t.Fatalf("batch put: %v", res)
+	}
+	look = ioctl.KeyArg{Source: ioctl.SrcVM}
+	if e := keyCall(t, fx, false, "t", &look); e != 0 || look.MetaLen != 0 {
+		t.Fatalf("after a plain batch put: %v meta %q", e, look.Meta[:look.MetaLen])
 	}
 	runtime.KeepAlive(val)
 	runtime.KeepAlive(dst)
@@ -87,7 +107,8 @@ func TestKeyMeta(t *testing.T) {
 		{"bad source", ioctl.KeyArg{Source: 9}, syscall.EINVAL},
 		{"meta too long", ioctl.KeyArg{MetaLen: ioctl.MaxMeta + 1}, syscall.EINVAL},
 		{"get flags", ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagExcl}}, syscall.EINVAL},
-		{"missing", ioctl.KeyArg{}, syscall.ENOENT},
+		{"missing", ioctl.KeyArg{Source: ioctl.SrcVM}, syscall.ENOENT},
+		{"unknown registration, no bytes", ioctl.KeyArg{Source: ioctl.SrcBuf, ID: 77}, syscall.EINVAL},
 	} {
 		key := "t"
 		if c.name == "missing" {
@@ -98,6 +119,13 @@ func TestKeyMeta(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, e, c.want)
 		}
 	}
+}
+
+func errnoErr(e syscall.Errno) error {
+	if e == 0 {
+		return nil
+	}
+	return e
 }
 
 // TestVBatchModel puts keys gathered from random splits of caller memory

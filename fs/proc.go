@@ -14,8 +14,9 @@ import (
 // process exits: a pidfd of each becomes readable then, and one goroutine
 // waits for all of them in one epoll set.
 
-// maxProcs bounds the processes the daemon keeps state for; a request of
-// one more process that needs it fails with EMFILE.
+// maxProcs bounds the processes the daemon keeps state for; one more
+// takes the place of another, whose handles are closed (it opens them
+// again when it needs them): no user can keep others from theirs.
 const maxProcs = 4096
 
 // maxTids bounds the thread-to-process cache; past it, it starts over.
@@ -79,6 +80,7 @@ func (f *FS) stopProcs() {
 	t.mu.Lock()
 	procs := t.byTgid
 	t.byTgid, t.byFd, t.tids = map[int]*clientProc{}, map[int]*clientProc{}, map[int]int{}
+	t.err = errors.New("fs: unmounted")
 	t.mu.Unlock()
 	for _, cp := range procs {
 		f.dropProc(cp)
@@ -108,21 +110,27 @@ func (f *FS) reapProcs() {
 			t.mu.Lock()
 			cp := t.byFd[fd]
 			if cp != nil {
-				delete(t.byFd, fd)
-				delete(t.byTgid, cp.tgid)
-				for tid, g := range t.tids {
-					if g == cp.tgid {
-						delete(t.tids, tid)
-					}
-				}
+				t.forgetLocked(cp)
 			}
 			t.mu.Unlock()
 			if cp != nil {
-				_ = unix.EpollCtl(t.ep, unix.EPOLL_CTL_DEL, fd, nil)
 				f.dropProc(cp)
 			}
 		}
 	}
+}
+
+// forgetLocked takes cp out of the table and its pidfd out of the epoll
+// set; dropProc then releases what it held.
+func (t *procTable) forgetLocked(cp *clientProc) {
+	delete(t.byFd, cp.pidfd)
+	delete(t.byTgid, cp.tgid)
+	for tid, g := range t.tids {
+		if g == cp.tgid {
+			delete(t.tids, tid)
+		}
+	}
+	_ = unix.EpollCtl(t.ep, unix.EPOLL_CTL_DEL, cp.pidfd, nil)
 }
 
 // dropProc releases what a process held.
@@ -131,19 +139,22 @@ func (f *FS) dropProc(cp *clientProc) {
 	unix.Close(cp.pidfd)
 }
 
-// inGroup reports whether thread tid belongs to process tgid now.
+// inGroup reports whether thread tid belongs to process tgid now (EPERM:
+// it does, and the daemon may not signal it).
 func inGroup(tgid, tid int) bool {
-	return unix.Tgkill(tgid, tid, 0) == nil
+	err := unix.Tgkill(tgid, tid, 0)
+	return err == nil || err == unix.EPERM
 }
 
 // proc returns the state of the process behind p, made on first use.
 func (f *FS) proc(p *callerProc) (*clientProc, error) {
 	t := &f.procs
 	t.once.Do(f.startProcs)
-	if t.err != nil {
-		return nil, t.err
-	}
 	t.mu.Lock()
+	if err := t.err; err != nil {
+		t.mu.Unlock()
+		return nil, err
+	}
 	if tgid, ok := t.tids[p.tid]; ok {
 		if cp := t.byTgid[tgid]; cp != nil && inGroup(tgid, p.tid) {
 			t.mu.Unlock()
@@ -157,6 +168,9 @@ func (f *FS) proc(p *callerProc) (*clientProc, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.err != nil {
+		return nil, t.err
+	}
 	if len(t.tids) >= maxTids {
 		clear(t.tids)
 	}
@@ -165,7 +179,11 @@ func (f *FS) proc(p *callerProc) (*clientProc, error) {
 		return cp, nil
 	}
 	if len(t.byTgid) >= maxProcs {
-		return nil, fmt.Errorf("fs: state kept for %d client processes: %w", maxProcs, errTooManyOpen)
+		for _, old := range t.byTgid { // any one: map order is random
+			t.forgetLocked(old)
+			go f.dropProc(old)
+			break
+		}
 	}
 	pidfd, err := unix.PidfdOpen(p.tgid, 0)
 	if err != nil {

@@ -158,15 +158,34 @@ func (f *File) Register(mem *os.File, off, n uint64) (Registration, error) {
 
 // RegisterFd is Register for a file descriptor number of this process.
 func (f *File) RegisterFd(fd int, off, n uint64) (Registration, error) {
-	a := RegisterArg{Fd: int32(fd), Kind: KindHost, Len: n, Offset: off}
+	return f.register(RegisterArg{Fd: int32(fd), Kind: KindHost, Len: n, Offset: off}, fmt.Sprintf("fd %d", fd))
+}
+
+// RegisterCUDA registers n bytes at off of the CUDA allocation whose IPC
+// handle is h (cuIpcGetMemHandle) on f: PUT_BUF, GET_BUF and batches then
+// copy between that GPU memory and the store.
+func (f *File) RegisterCUDA(h [64]byte, off, n uint64) (Registration, error) {
+	return f.register(RegisterArg{Fd: -1, Kind: KindCUDA, Len: n, Offset: off, Handle: h}, "cuda")
+}
+
+// RegisterAddr registers b, memory of this process that is not a memfd
+// (KindVM): only this process may use the registration, and b must stay
+// mapped while it does (EFAULT otherwise).
+func (f *File) RegisterAddr(b []byte) (Registration, error) {
+	keepOnHeap(b)
+	return f.register(RegisterArg{Fd: -1, Kind: KindVM, Len: uint64(len(b)), Offset: addrOf(b)}, "address")
+}
+
+func (f *File) register(a RegisterArg, what string) (Registration, error) {
 	b := a.Marshal()
 	if err := call(f.f, CmdRegisterBuffer, b); err != nil {
-		return Registration{}, f.err("register_buffer", err, "fd %d, %d B at %d", fd, n, off)
+		return Registration{}, f.err("register_buffer", err, "%s, %d B at %#x", what, a.Len, a.Offset)
 	}
+	off := a.Offset
 	if err := a.Unmarshal(b); err != nil {
 		return Registration{}, f.err("register_buffer", err, "reply")
 	}
-	return Registration{ID: a.ID, Offset: off, Len: n}, nil
+	return Registration{ID: a.ID, Offset: off, Len: a.Len}, nil
 }
 
 // Unregister releases registration id of f.

@@ -45,6 +45,18 @@
 // holds at most 1024 registrations, the mount 16384 and 8 TiB of them
 // (EMFILE past them).
 //
+// Keys by name (ABI 1.3), on a File of a directory: PutKey/GetKey (and
+// KeyCall, for any source) move one key in one small call, with a meta
+// of up to MaxMeta bytes kept as the xattr user.mooncake.meta (a whole put
+// sets it, none removing it; an update keeps it; a get that names a meta
+// fails with EBADMSG unless the value's is the same); LookupKey returns
+// size, version and meta. BatchPutV/BatchGetV take keys whose values are
+// gathered from, and scattered into, several segments each: this
+// process's memory (SegVM), registrations of the directory, or CUDA
+// allocations of the call's GPU table named by IPC handle (SegGPU|i),
+// which the daemon opens once per client process. RegisterCUDA registers
+// GPU memory once, RegisterAddr this process's own memory by address.
+//
 // PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
 // caller's pages a folio at a time: buffers backed by transparent huge
 // pages (madvise MADV_HUGEPAGE) move about twice as fast as 4 KiB pages.

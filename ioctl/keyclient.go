@@ -91,7 +91,7 @@ type KeyInfo struct {
 
 // LookupKey returns key's size, version and meta in one call.
 func (f *File) LookupKey(key string) (KeyInfo, error) {
-	var a KeyArg
+	a := KeyArg{Source: SrcVM}
 	if err := f.KeyCall(false, key, &a); err != nil {
 		return KeyInfo{}, err
 	}

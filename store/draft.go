@@ -804,6 +804,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		case cur != nil:
 			next = cur.Clone()
 			old = cur.Version
+			setXattrs(next, o.SetXattrs)
 		default:
 			if err := d.s.checkParent(ctx, o.Key); err != nil {
 				return nil, err
@@ -817,19 +818,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			}
 			next = d.s.newObject(o.Key, KindFile, o.Template)
 			d.s.inherit(ctx, next)
+			setXattrs(next, o.SetXattrs)
 			if err := d.s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
 				return nil, err
-			}
-		}
-		for k, v := range o.SetXattrs {
-			switch {
-			case v != nil:
-				if next.Xattrs == nil {
-					next.Xattrs = map[string][]byte{}
-				}
-				next.Xattrs[k] = slices.Clone(v)
-			case next.Xattrs != nil:
-				delete(next.Xattrs, k)
 			}
 		}
 		next.Size = size
@@ -897,6 +888,21 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			d.mu.own = true
 		}
 		return next, nil
+	}
+}
+
+// setXattrs applies CommitOptions.SetXattrs to o.
+func setXattrs(o *Object, set map[string][]byte) {
+	for k, v := range set {
+		switch {
+		case v != nil:
+			if o.Xattrs == nil {
+				o.Xattrs = map[string][]byte{}
+			}
+			o.Xattrs[k] = slices.Clone(v)
+		case o.Xattrs != nil:
+			delete(o.Xattrs, k)
+		}
 	}
 }
 

@@ -48,6 +48,7 @@ func cudaBenchCases() []benchCase {
 		cs = append(cs, benchCase{name: name, target: withCopy, ceiling: "tcp-stream", cluster: benchRemoteDir,
 			needs: func() error { return errors.Join(cuda.Init(), needEtcd()) }, run: benchRemoteCUDA(remoteCUDASize, put)})
 	}
+	cs = append(cs, kvGPUCases()...)
 	return append(cs, safetensorsCases()...)
 }
 
@@ -197,19 +198,22 @@ func safetensorsCases() []benchCase {
 	return cs
 }
 
-// tensorBenchScript finds python/bench/tensor_bench.py from the working
-// directory or next to the binary's directory.
-func tensorBenchScript() (string, error) {
-	cands := []string{filepath.Join("python", "bench", "tensor_bench.py")}
+// tensorBenchScript finds python/bench/tensor_bench.py.
+func tensorBenchScript() (string, error) { return benchScript("tensor_bench.py") }
+
+// benchScript finds python/bench/NAME from the working directory or next
+// to the binary's directory.
+func benchScript(name string) (string, error) {
+	cands := []string{filepath.Join("python", "bench", name)}
 	if exe, err := os.Executable(); err == nil {
-		cands = append(cands, filepath.Join(filepath.Dir(exe), "..", "python", "bench", "tensor_bench.py"))
+		cands = append(cands, filepath.Join(filepath.Dir(exe), "..", "python", "bench", name))
 	}
 	for _, c := range cands {
 		if _, err := os.Stat(c); err == nil {
 			return filepath.Abs(c)
 		}
 	}
-	return "", fmt.Errorf("python/bench/tensor_bench.py not found (run from the repository root)")
+	return "", fmt.Errorf("python/bench/%s not found (run from the repository root)", name)
 }
 
 func needTorch() error {

@@ -459,7 +459,7 @@ class Directory(_Handle):
 
     def lookup(self, key):
         """KeyInfo(size, version, meta) of key, in one call."""
-        a = self.key_call(False, key, _abi.Key())
+        a = self.key_call(False, key, _abi.Key(source=_abi.SRC_VM))
         return KeyInfo(a.size, a.version, bytes(a.meta[: a.meta_len]))
 
     def register_vm(self, addr, length):
@@ -723,9 +723,9 @@ class Client:
         or a daemon older than ABI 1.3."""
         if self.mount is None or (self.abi is not None and self.abi < (1, 3)):
             return None, None
-        rel = os.fsdecode(os.fspath(key)).lstrip("/")
-        if not rel or not key_fits(rel):
-            return None, None
+        rel = os.path.normpath(os.fsdecode(os.fspath(key)).lstrip("/"))
+        if rel in (".", "") or rel.startswith("..") or not key_fits(rel):
+            return None, None  # the kernel resolves such paths
         with self._root_lock:
             if self._root is None:
                 self._root = Directory(self.mount)
@@ -752,20 +752,31 @@ class Client:
     def opendir(self, dir=""):
         return Directory(self.path(dir))
 
+    def _old_daemon(self, e):
+        """Whether e says the daemon predates ABI 1.3 (then remember it)."""
+        if e.errno != errno.ENOTTY:
+            return False
+        self.abi = (_abi.ABI_MAJOR, 2)
+        return True
+
     def put(self, key, data, *, exclusive=False, makedirs=True):
         """Store data (bytes-like or numpy array) under key, replacing it
-        atomically; return the version. exclusive: EEXIST if the key exists
-        with content. makedirs creates missing parent directories."""
+        atomically, in one call; return the version. exclusive: EEXIST if
+        the key exists. makedirs creates missing parent directories."""
         d, rel = self._by_name(key)
         if d is not None:
             try:
-                return d.put_key(rel, data, exclusive=exclusive)
-            except FileNotFoundError:
-                parent = os.path.dirname(rel)
-                if not makedirs or not parent:
+                try:
+                    return d.put_key(rel, data, exclusive=exclusive)
+                except FileNotFoundError:
+                    parent = os.path.dirname(rel)
+                    if not makedirs or not parent:
+                        raise
+                    os.makedirs(self.path(parent), exist_ok=True)
+                    return d.put_key(rel, data, exclusive=exclusive)
+            except OSError as e:
+                if not self._old_daemon(e):
                     raise
-                os.makedirs(self.path(parent), exist_ok=True)
-                return d.put_key(rel, data, exclusive=exclusive)
         path = self.path(key)
         try:
             f = File(path, "w")
@@ -787,9 +798,16 @@ class Client:
         """The object's bytes from offset (to the end, or length bytes), in
         one call for values up to 64 KiB (two for larger ones)."""
         d, rel = self._by_name(key)
-        if d is None:
-            with File(self.path(key)) as f:
-                return f.get(length, offset)
+        if d is not None:
+            try:
+                return self._get_by_name(d, rel, offset, length)
+            except OSError as e:
+                if not self._old_daemon(e):
+                    raise
+        with File(self.path(key)) as f:
+            return f.get(length, offset)
+
+    def _get_by_name(self, d, rel, offset, length):
         if length is not None:
             b, addr = new_bytes(length)
             if not length:
@@ -799,7 +817,9 @@ class Client:
             return b if a.result == length else b[: a.result]
         scratch = self._scratch()
         count, size, _ = d.get_key_into(rel, scratch, offset=offset)
-        while offset + count < size:
+        if offset + count >= size:
+            return bytes(scratch[:count])
+        for _ in range(8):
             # Larger than the scratch: read it whole into its own bytes,
             # again if it grew meanwhile.
             b, addr = new_bytes(size - offset)
@@ -807,13 +827,17 @@ class Client:
             if offset + a.result >= a.size:
                 return b if a.result == len(b) else b[: a.result]
             size = a.size
-        return bytes(scratch[:count])
+        raise OSError(errno.EAGAIN, "the value kept growing during the get", self.path(rel))
 
     def get_into(self, key, out, offset=0):
         """Read up to len(out) bytes at offset into out; return the count."""
         d, rel = self._by_name(key)
         if d is not None:
-            return d.get_key_into(rel, out, offset=offset)[0]
+            try:
+                return d.get_key_into(rel, out, offset=offset)[0]
+            except OSError as e:
+                if not self._old_daemon(e):
+                    raise
         with File(self.path(key)) as f:
             return f.get_into(out, offset)
 

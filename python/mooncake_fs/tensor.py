@@ -380,7 +380,8 @@ _dirs_pid = os.getpid()
 
 def _dir_of(path):
     """(Directory, name) for path's parent, kept open (bounded, most
-    recently used kept), or (None, None) when path cannot go by name: a
+    recently used kept; a dropped handle closes when nothing uses it), or
+    (None, None) when path cannot go by name: a
     name too long for one call, a parent that is not there, or a daemon
     older than ABI 1.3. A kept handle serves only while the path still
     names its directory (a stat, which the kernel answers from its cache):
@@ -414,14 +415,12 @@ def _dir_of(path):
         d.close()
         d = False
     with _dirs_lock:
-        old = _dirs.pop(parent, None)
+        # Handles dropped here are not closed: a caller may still use one;
+        # each closes when the last reference to it goes.
+        _dirs.pop(parent, None)
         _dirs[parent] = (ident, d)
         while len(_dirs) > _MAX_DIRS:
-            _, (_, gone) = _dirs.popitem(last=False)
-            if gone:
-                gone.close()
-    if old and old[1]:
-        old[1].close()
+            _dirs.popitem(last=False)
     return (d, name) if d else (None, None)
 
 
@@ -551,7 +550,7 @@ def get_tensor(path, out=None, device=None):
         if device is not None and not _same_device(device, out.device):
             raise ValueError(f"out is on {out.device}, device={device!r} asked")
     d, name = _dir_of(path)
-    if d is None:
+    if d is None or (out is not None and len(format_meta(out.dtype, tuple(out.shape))) > _abi.MAX_META):
         return _get_tensor_file(path, out, device)
     torch = _torch()
     for _ in range(8):
@@ -638,7 +637,9 @@ class _GPUTable:
 
 
 def _run_tensor_batch(d, put, items):
-    """items: [(i, name, tensor, nbytes, meta, flags)]; runs them in calls
+    """items: [(i, name, tensor, nbytes, meta, extra)], extra the put flags
+    or, for a get, the address of a probe byte read after the tensor;
+    runs them in calls
     of at most MAX_BATCH keys and MAX_GPU_REFS allocations, after
     synchronizing the current stream of every device they use. Returns
     {i: (result, version)}."""
@@ -651,14 +652,15 @@ def _run_tensor_batch(d, put, items):
     while pos < len(items):
         table, entries, idx = _GPUTable(), [], []
         while pos < len(items) and len(entries) < _abi.MAX_BATCH:
-            i, name, t, n, meta, flags = items[pos]
+            i, name, t, n, meta, extra = items[pos]
             if n and t.device.type == "cuda":
                 seg = table.seg(t, n)
                 if seg is None:
                     break
             else:
                 seg = (_abi.SEG_VM, t.data_ptr() if n else 0, n)
-            entries.append((name, [seg], meta, flags, 0))
+            segs = [seg] if put else [seg, (_abi.SEG_VM, extra, 1)]
+            entries.append((name, segs, meta, extra if put else 0, 0))
             idx.append(i)
             pos += 1
         for i, r in zip(idx, d.batchv(put, entries, table.refs)):
@@ -683,14 +685,29 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
     for d, members in _batch_groups(paths):
         if d is None:
             for i, _ in members:
-                results[i] = (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive, makedirs=makedirs))
+                results[i] = _alone(lambda i=i: (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive,
+                                                                            makedirs=makedirs)))
             continue
-        items = [(i, name, ts[i], _nbytes(ts[i]), format_meta(ts[i].dtype, tuple(ts[i].shape)), flags)
-                 for i, name in members]
+        items = []
+        for i, name in members:
+            meta = format_meta(ts[i].dtype, tuple(ts[i].shape))
+            if len(meta) > _abi.MAX_META:
+                results[i] = _alone(lambda i=i: (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive,
+                                                                            makedirs=makedirs)))
+                continue
+            items.append((i, name, ts[i], _nbytes(ts[i]), meta, flags))
         got = _run_tensor_batch(d, True, items)
         for i, r in got.items():
             results[i] = r
     return _batch_outcome(paths, results, check, "batch put_tensor")
+
+
+def _alone(fn):
+    """(result, version) of a key that goes by itself: fn's, or -errno."""
+    try:
+        return fn()
+    except OSError as e:
+        return (-(e.errno or errno.EIO), 0)
 
 
 def _batch_outcome(paths, results, check, what):
@@ -704,49 +721,80 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
     contiguous tensors, one per path, of the stored dtypes and shapes),
     one call per 64 keys of one directory fills them, each refused alone
     (EBADMSG) unless its meta matches; returns out. Without out, each key
-    is looked up first, then new tensors on device are filled in one call.
-    With check=False, the list holds a negative errno for each key that
-    failed."""
+    is looked up first (one call each), then new tensors on device are
+    filled in one call. With check=False, the list holds a negative errno
+    for each key that failed; with check, BatchError if any did."""
+    import ctypes
+
     paths = list(paths)
     torch = _torch()
+    results = [None] * len(paths)
     if out is None:
-        out = []
-        for p in paths:
+        out = [None] * len(paths)
+        for i, p in enumerate(paths):
             d, name = _dir_of(p)
-            info = d.lookup(name) if d is not None else None
-            if info is None or not info.meta:
-                out.append(get_tensor(p, device=device))
-                continue
-            dname, shape = parse_meta(info.meta)
-            out.append(_empty(shape, torch_dtype(dname), device))
+            try:
+                info = d.lookup(name) if d is not None else None
+                if info is None or not info.meta:
+                    out[i] = get_tensor(p, device=device)  # an older client's xattrs: read it now
+                    results[i] = (_nbytes(out[i]), 0)
+                    continue
+                dname, shape = parse_meta(info.meta)
+                out[i] = _empty(shape, torch_dtype(dname), device)
+            except OSError as e:
+                results[i] = (-(e.errno or errno.EIO), 0)
+            except TensorFormatError:
+                results[i] = (-errno.EBADMSG, 0)
     else:
         out = list(out)
         if len(out) != len(paths):
             raise ValueError(f"{len(paths)} paths for {len(out)} out tensors")
         for o in out:
             _check_target(o)
-    results = [None] * len(paths)
-    for d, members in _batch_groups(paths):
+    todo = [i for i in range(len(paths)) if results[i] is None]
+    # One byte past each tensor: an object longer than its meta says
+    # fills it, and fails instead of being cut short.
+    probe = (ctypes.c_ubyte * max(len(paths), 1))()
+    for d, members in _batch_groups([paths[i] for i in todo]):
+        members = [(todo[j], name) for j, name in members]
         if d is None:
             for i, _ in members:
-                get_tensor(paths[i], out=out[i])
-                results[i] = (_nbytes(out[i]), 0)
+                results[i] = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0))
             continue
-        items = [(i, name, out[i], _nbytes(out[i]), format_meta(out[i].dtype, tuple(out[i].shape)), 0)
-                 for i, name in members]
+        items = []
+        for i, name in members:
+            meta = format_meta(out[i].dtype, tuple(out[i].shape))
+            if len(meta) > _abi.MAX_META:
+                results[i] = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0))
+                continue
+            items.append((i, name, out[i], _nbytes(out[i]), meta, ctypes.addressof(probe) + i))
         for i, r in _run_tensor_batch(d, False, items).items():
-            results[i] = r
-            if r[0] >= 0 and r[0] != _nbytes(out[i]):
-                results[i] = (-errno.EIO, 0)  # the object is shorter than its meta says
+            n = _nbytes(out[i])
+            if r[0] == n + 1:
+                r = (-errno.EIO, 0)  # longer than its meta says
+            elif 0 <= r[0] < n:
+                r = (-errno.EIO, 0)  # shorter
             elif r[0] == -errno.EBADMSG:
-                try:  # an older client's xattrs, or a tensor that does not fit
-                    get_tensor(paths[i], out=out[i])
-                    results[i] = (_nbytes(out[i]), 0)
-                except (OSError, ValueError):
-                    pass
+                # An older client's xattrs, or a tensor that does not fit.
+                r = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0)) if _legacy(paths[i]) else r
+            results[i] = r
     if check and any(r[0] < 0 for r in results):
         raise BatchError({p: r[0] for p, r in zip(paths, results)}, "batch get_tensor")
     return out if check else [o if r[0] >= 0 else r[0] for o, r in zip(out, results)]
+
+
+def _legacy(path):
+    """Whether path carries the dtype/shape xattrs and no meta."""
+    try:
+        os.getxattr(path, META_XATTR)
+        return False
+    except OSError:
+        pass
+    try:
+        os.getxattr(path, DTYPE_XATTR)
+        return True
+    except OSError:
+        return False
 
 
 def get_tensor_range(path, out, offset=0):

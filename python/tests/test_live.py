@@ -9,6 +9,7 @@ tests/python_test.go does both:
         /usr/bin/python3 -m unittest discover -s python/tests -p 'test_live.py' -v
 """
 
+import ctypes
 import errno
 import gc
 import json
@@ -711,3 +712,82 @@ class TestKilledClient(Live):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestKeysByName(Live):
+    """Client.put/get in one call (PUT_KEY/GET_KEY, ABI 1.3) and the vector
+    batches of Directory."""
+
+    def test_one_call_round_trips(self):
+        for i, data in enumerate([b"", b"x", pattern(65536, 1), pattern(65537, 2), pattern(3 << 20, 3)]):
+            with self.subTest(size=len(data)):
+                k = self.key(f"one{i}")
+                v = self.c.put(k, data)
+                self.assertEqual(self.c.get(k), data)
+                self.assertEqual(self.c.lookup(k), mc.KeyInfo(len(data), v, b""))
+                if data:
+                    self.assertEqual(self.c.get(k, offset=1), data[1:])
+                    self.assertEqual(self.c.get(k, 0, 1), data[:1])
+                    out = bytearray(len(data) + 5)
+                    self.assertEqual(self.c.get_into(k, out), len(data))
+                    self.assertEqual(bytes(out[: len(data)]), data)
+
+    def test_paths_and_errors(self):
+        self.c.put(self.key("deep/er/k"), b"made")  # parents made on the way
+        self.assertEqual(self.c.get(self.key("deep/./er//k")), b"made")
+        self.assertEqual(self.c.get("/" + self.key("deep/er/../er/k")), b"made")
+        self.assertErrno(errno.ENOENT, self.c.get, self.key("none"))
+        self.assertErrno(errno.ENOENT, self.c.put, self.key("nodir/k"), b"x", makedirs=False)
+        self.assertErrno(errno.EEXIST, self.c.put, self.key("deep/er/k"), b"y", exclusive=True)
+        self.assertEqual(self.c.get(self.key("deep/er/k")), b"made")
+        self.assertErrno(errno.ERANGE, self.c.get, self.key("deep/er/k"), 10)
+        long = "n" * 200 + "/" + "m" * 200 + "/" + "o" * 200 + "/" + "p" * 200
+        self.c.put(self.key(long), b"long")  # longer than one call carries
+        self.assertEqual(self.c.get(self.key(long)), b"long")
+
+    def test_meta_and_vectors(self):
+        d = self.c.opendir(self.base)
+        self.addCleanup(d.close)
+        v = d.put_key("m", b"abcdef", meta="dtype=uint8 shape=6")
+        self.assertEqual(d.lookup("m"), mc.KeyInfo(6, v, b"dtype=uint8 shape=6"))
+        out = bytearray(6)
+        self.assertErrno(errno.EBADMSG, d.get_key_into, "m", out, meta="dtype=int8 shape=6")
+        self.assertEqual(out, bytearray(6))
+        self.assertEqual(d.get_key_into("m", out, meta="dtype=uint8 shape=6")[0], 6)
+        d.put_key("m", b"XY", update=True, offset=1)  # an update keeps the meta
+        self.assertEqual(d.lookup("m").meta, b"dtype=uint8 shape=6")
+        self.c.put(self.key("m"), b"plain")  # a whole put without one drops it
+        self.assertEqual(d.lookup("m").meta, b"")
+        with self.assertRaises(ValueError):
+            d.put_key("m", b"x", meta="z" * (_abi.MAX_META + 1))
+        parts = {f"v{i}": [pattern(i * 1000 + 1, i), pattern(77, i + 50), pattern(i * 3, i + 90)] for i in range(100)}
+        r = d.batch_putv(parts, meta={"v3": "three"})
+        self.assertEqual(r, {k: sum(len(p) for p in v) for k, v in parts.items()})
+        for k, v in parts.items():
+            self.assertEqual(self.c.get(self.key(k)), b"".join(v))
+        self.assertEqual(d.lookup("v3").meta, b"three")
+        bufs = {k: [bytearray(50), bytearray(len(b"".join(v)))] for k, v in parts.items()}
+        r = d.batch_getv(bufs)
+        for k, v in parts.items():
+            whole = b"".join(v)
+            self.assertEqual(r[k], len(whole))
+            self.assertEqual(bytes(bufs[k][0] + bufs[k][1])[: len(whole)], whole)
+        r = d.batch_getv({"v5": [bytearray(10)], "nope": [bytearray(1)]}, check=False)
+        self.assertEqual(r["nope"], -errno.ENOENT)
+
+    def test_register_by_address(self):
+        import mmap
+
+        d = self.c.opendir(self.base)
+        self.addCleanup(d.close)
+        m = mmap.mmap(-1, 1 << 20)
+        m.write(pattern(1 << 20, 7))
+        view = (ctypes.c_char * len(m)).from_buffer(m)
+        rid = d.register_vm(ctypes.addressof(view), len(m))
+        r = d.batchv(True, [("reg", [(rid, 4096, 8192), (rid, 0, 10)], None, 0, 0)])
+        self.assertEqual(r[0][0], 8202)
+        self.assertEqual(self.c.get(self.key("reg")), m[4096:12288] + m[0:10])
+        r = d.batchv(True, [("reg2", [(rid, (1 << 20) - 1, 2)], None, 0, 0)])
+        self.assertEqual(r[0][0], -errno.EFAULT)  # past the registered range
+        d.unregister(rid)
+        del view

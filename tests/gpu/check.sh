@@ -2,8 +2,9 @@
 # Runs on the GPU host, from the repository root, with the binaries built
 # on the development machine in .gpu/ (mooncake-fs, gpucheck): mounts the
 # store, runs the GPU checks (Go, then Python with torch where present),
-# the cuda bench cases (also with the daemon on one CPU), and unmounts.
-# Output goes to stdout and $OUT.
+# the cuda and KV bench cases (CASES overrides them; with DAEMON_CPUS,
+# again with the daemon on those CPUs), and unmounts. Output goes to
+# stdout and $OUT.
 set -u -o pipefail
 OUT=${OUT:-/tmp}
 BIN=.gpu/mooncake-fs
@@ -22,12 +23,16 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ 
 fi
 $BIN status --json $MNT > $OUT/status.json
 kill -TERM %1; wait
-CASES=cuda-put-64MiB,cuda-get-64MiB,cuda-put-256MiB,cuda-get-256MiB,cuda-put-1GiB,cuda-get-1GiB
+KV=kv-put-gpu-16KiB,kv-get-gpu-16KiB,kv-put-gpu-64KiB,kv-get-gpu-64KiB,kv-put-gpu-256KiB,kv-get-gpu-256KiB
+KV=$KV,kv-put-gpu-1MiB,kv-get-gpu-1MiB,kv-put-tensor-256KiB,kv-get-tensor-256KiB
+KV=$KV,kv-put-host-4KiB,kv-get-host-4KiB,kv-put-host-vm-4KiB,kv-get-host-vm-4KiB,op-put-4KiB,op-get-4KiB
+CASES=${CASES:-cuda-put-256MiB,cuda-get-256MiB,$KV}
 echo "== bench"
-timeout 400 $BIN bench --json --case $CASES 2>&1 | tee $OUT/bench.json
-# The daemon on one CPU (mount --cpus): its threads stay warm between calls.
-DCPU=${DAEMON_CPUS:-$(( $(nproc) / 4 ))}
-echo "== bench, daemon on CPU $DCPU"
-timeout 400 $BIN bench --json --daemon-cpus $DCPU --case $CASES 2>&1 | tee $OUT/bench-cpus.json
+timeout ${BENCH_TIMEOUT:-400} $BIN bench --json --keep-going --case $CASES 2>&1 | tee $OUT/bench.json
+if [ -n "${DAEMON_CPUS:-}" ]; then
+	# The daemon on a few CPUs (mount --cpus): its threads stay warm between calls.
+	echo "== bench, daemon on CPUs $DAEMON_CPUS"
+	timeout ${BENCH_TIMEOUT:-400} $BIN bench --json --keep-going --daemon-cpus $DAEMON_CPUS --case $CASES 2>&1 | tee $OUT/bench-cpus.json
+fi
 tail -5 $OUT/daemon.log
 exit $rc

@@ -9,6 +9,7 @@ package main
 import (
 	"bytes"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +18,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -142,15 +145,92 @@ func main() {
 	}
 	f.Close()
 
-	// 6. A child puts from its GPU memory and exits with its handle open.
+	// 6. A child puts from its GPU memory and exits with its handle open:
+	// the daemon closes what it opened for the child once it is gone.
+	root := filepath.Dir(dir)
+	before, err := clients(root)
+	check("status before the child", errors.Join(err, errIf(before.Procs < 1 || before.IPC < 1,
+		fmt.Sprintf("this process should have state and a handle open: %+v", before))))
 	out, err := exec.Command(os.Args[0], "child", dir).CombinedOutput()
 	check("child put", errors.Join(err, errIf(!bytes.Contains(out, []byte("child ok")), string(out))))
+	var after clientStats
+	for i := 0; i < 100; i++ {
+		if after, err = clients(root); err != nil || (after.Procs == before.Procs && after.IPC == before.IPC) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	check("the exited child's IPC handles are closed", errors.Join(err, errIf(after != before,
+		fmt.Sprintf("before the child %+v, after %+v", before, after))))
 	g, err := ioctl.Open(filepath.Join(dir, "t-child"), os.O_RDONLY)
 	if err == nil {
 		n, _, err = g.GetVM(got[:4<<20], 0)
 		g.Close()
 	}
 	check("value of an exited child", errors.Join(err, count(n, 4<<20), same(got[:4<<20], pattern(4<<20, 9))))
+
+	// 7. One key by name from GPU memory (PUT_KEY, SrcCUDA) with a meta;
+	// a get asking for another meta moves nothing.
+	dd, err := ioctl.OpenDir(dir)
+	if err != nil {
+		fmt.Println("FAIL opendir:", err)
+		os.Exit(1)
+	}
+	defer dd.Close()
+	ref := ioctl.GPURef{Handle: h}
+	ka := ioctl.KeyArg{Source: ioctl.SrcCUDA, GPU: ref, Addr: 1 << 20, Len: 8 << 20, MetaLen: 3}
+	copy(ka.Meta[:], "gpu")
+	err = dd.KeyCall(true, "k1", &ka)
+	check("put_key from gpu", errors.Join(err, count(ka.Result, 8<<20)))
+	zero := make([]byte, 8<<20)
+	check("clear gpu", ctx.CopyHtoD(dev+20<<20, zero))
+	kg := ioctl.KeyArg{Source: ioctl.SrcCUDA, GPU: ref, Addr: 20 << 20, Len: 8 << 20, MetaLen: 3}
+	copy(kg.Meta[:], "cpu")
+	err = dd.KeyCall(false, "k1", &kg)
+	check("get_key with another meta is EBADMSG", errors.Join(wantErrno(err, syscall.EBADMSG),
+		ctx.CopyDtoH(back, dev+20<<20), same(back, zero)))
+	copy(kg.Meta[:], "gpu")
+	err = dd.KeyCall(false, "k1", &kg)
+	check("get_key into gpu", errors.Join(err, count(kg.Result, 8<<20), count(kg.ObjSize, 8<<20),
+		ctx.CopyDtoH(back, dev+20<<20), same(back, want)))
+
+	// 8. A vector batch gathering keys from two allocations named by
+	// their IPC handles, and scattering them back into a third place.
+	dev2, err := ctx.MemAlloc(4 << 20)
+	check("alloc 2", err)
+	if err == nil {
+		defer ctx.MemFree(dev2)
+		p2 := pattern(4<<20, 5)
+		check("fill gpu 2", ctx.CopyHtoD(dev2, p2))
+		h2, err := ctx.IpcGetHandle(dev2)
+		check("ipc handle 2", err)
+		gpus := []ioctl.GPURef{{Handle: h}, {Handle: h2}}
+		items := []ioctl.VItem{
+			{Key: "v1", Segs: []ioctl.Seg{{ID: ioctl.SegGPU | 0, Off: 1 << 20, Len: 1 << 20}, {ID: ioctl.SegGPU | 1, Off: 0, Len: 4 << 20}}},
+			{Key: "v2", Segs: []ioctl.Seg{{ID: ioctl.SegGPU | 1, Off: 1 << 20, Len: 1 << 20}}},
+			{Key: "v3", Segs: []ioctl.Seg{{ID: ioctl.SegGPU | 1, Off: 4<<20 - 10, Len: 11}}},
+		}
+		res, err := dd.BatchPutV(gpus, items)
+		if err == nil {
+			err = errors.Join(res[0].Err, count(res[0].N, 5<<20), res[1].Err, count(res[1].N, 1<<20), wantErrno(res[2].Err, syscall.EFAULT))
+		}
+		check("batch_putv from two allocations", err)
+		v := make([]byte, 5<<20)
+		r, _, err := dd.GetKey("v1", v, 0)
+		check("gathered value", errors.Join(err, count(r, 5<<20), same(v[:1<<20], want[:1<<20]), same(v[1<<20:], p2)))
+		check("clear gpu", ctx.CopyHtoD(dev+20<<20, zero))
+		back := []ioctl.VItem{{Key: "v1", Segs: []ioctl.Seg{{ID: ioctl.SegGPU | 0, Off: 20 << 20, Len: 2 << 20}, {ID: ioctl.SegGPU | 0, Off: 24 << 20, Len: 4 << 20}}}}
+		res, err = dd.BatchGetV(gpus[:1], back)
+		if err == nil {
+			err = errors.Join(res[0].Err, count(res[0].N, 5<<20))
+		}
+		g1, g2 := make([]byte, 2<<20), make([]byte, 3<<20)
+		check("batch_getv scattered into gpu", errors.Join(err, ctx.CopyDtoH(g1, dev+20<<20), ctx.CopyDtoH(g2, dev+24<<20),
+			same(g1, v[:2<<20]), same(g2, v[2<<20:])))
+		if st, err := clients(root); err == nil && st.IPC < 2 {
+			check("both allocations are open for this process", fmt.Errorf("%+v", st))
+		}
+	}
 	if failed {
 		os.Exit(1)
 	}
@@ -184,6 +264,29 @@ func child(dir string) {
 	}
 	fmt.Println("child ok")
 	os.Exit(0) // no close, no free: the kernel and the driver clean up
+}
+
+// clientStats is the "clients" part of the daemon's status.
+type clientStats struct {
+	Procs int `json:"procs"`
+	IPC   int `json:"ipc_handles"`
+}
+
+// clients reads the daemon's client figures from the mount root's status
+// attribute.
+func clients(root string) (clientStats, error) {
+	buf := make([]byte, 1<<20)
+	n, err := unix.Getxattr(root, "user.mooncake.status", buf)
+	if err != nil {
+		return clientStats{}, fmt.Errorf("status of %s: %w", root, err)
+	}
+	var s struct {
+		Clients clientStats `json:"clients"`
+	}
+	if err := json.Unmarshal(buf[:n], &s); err != nil {
+		return clientStats{}, err
+	}
+	return s.Clients, nil
 }
 
 func count(n, want uint64) error {

@@ -1,0 +1,254 @@
+package main
+
+// KV-cache cases on GPU memory. kv-{put,get}-gpu-SIZE move at least
+// kvGPUBytes of blocks of SIZE between one CUDA allocation of the worker,
+// registered once on the directory (MC_KIND_CUDA), and the store, 64 keys
+// per BATCH_PUT/BATCH_GET: the daemon issues a call's copies on one of its
+// streams and synchronizes once. The ceiling, measured right after in the
+// same process, is the same blocks copied with cuMemcpyAsync between the
+// allocation and pinned host memory of the worker, one stream, one
+// synchronize.
+//
+// kv-{put,get}-tensor-256KiB do the same with 64 separate torch tensors
+// per batch_put_tensor / batch_get_tensor (python/bench/kv_bench.py):
+// each tensor named by the IPC handle of its caching-allocator block.
+// Their ceiling is the tensors copied to pinned host memory with
+// non_blocking copies and one synchronize.
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/cuda"
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+const kvGPUBytes = 256 << 20
+
+var kvGPUSizes = []uint64{16 << 10, 64 << 10, 256 << 10, 1 << 20}
+
+func kvGPUCases() []benchCase {
+	var cs []benchCase
+	for _, size := range kvGPUSizes {
+		label := fmt.Sprintf("%dKiB", size>>10)
+		if size >= 1<<20 {
+			label = fmt.Sprintf("%dMiB", size>>20)
+		}
+		for _, put := range []bool{true, false} {
+			op := "get"
+			if put {
+				op = "put"
+			}
+			cs = append(cs, benchCase{name: "kv-" + op + "-gpu-" + label, target: withCopy, ceiling: "cuda-memcpy-async",
+				small: true, needs: cuda.Init, run: kvGPURun(size, put)})
+		}
+	}
+	for _, op := range []string{"put", "get"} {
+		cs = append(cs, benchCase{name: "kv-" + op + "-tensor-256KiB", target: withCopy, ceiling: "torch-copy-async",
+			small: true, needs: needTorchOnly, run: kvTensorRun(op)})
+	}
+	return cs
+}
+
+func kvGPURun(size uint64, put bool) func(dir string, p benchParams) (benchSample, error) {
+	return func(dir string, p benchParams) (benchSample, error) {
+		if err := cuda.Init(); err != nil {
+			return benchSample{}, err
+		}
+		ctx, err := cuda.Retain(0)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer ctx.Release()
+		keys := int(kvGPUBytes / size)
+		total := uint64(keys) * size
+		host, err := unix.Mmap(-1, 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer unix.Munmap(host)
+		for i := range host {
+			host[i] = patternByte(i)
+		}
+		if err := ctx.HostRegister(host, cuda.HostRegisterPortable); err != nil {
+			return benchSample{}, err
+		}
+		defer ctx.HostUnregister(host)
+		dev, err := ctx.MemAlloc(total)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer ctx.MemFree(dev)
+		if err := ctx.CopyHtoD(dev, host); err != nil {
+			return benchSample{}, err
+		}
+		h, err := ctx.IpcGetHandle(dev)
+		if err != nil {
+			return benchSample{}, err
+		}
+		sub, err := smallDir(dir, "kv-gpu", p.Rep)
+		if err != nil {
+			return benchSample{}, err
+		}
+		d, err := ioctl.OpenDir(sub)
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer d.Close()
+		reg, err := d.RegisterCUDA(h, 0, total)
+		if err != nil {
+			return benchSample{}, err
+		}
+		names := smallNames(keys)
+		pass := func(put bool) (time.Duration, error) {
+			items := make([]ioctl.BatchItem, 0, kvBatch)
+			t0 := time.Now()
+			for i := 0; i < keys; i += kvBatch {
+				items = items[:0]
+				for k := i; k < min(i+kvBatch, keys); k++ {
+					items = append(items, ioctl.BatchItem{Key: names[k], BufOff: uint64(k) * size, Len: size})
+				}
+				var res []ioctl.BatchResult
+				if put {
+					res, err = d.BatchPutBuf(reg.ID, items)
+				} else {
+					res, err = d.BatchGetBuf(reg.ID, items)
+				}
+				if err != nil {
+					return 0, err
+				}
+				for k, r := range res {
+					if r.Err != nil {
+						return 0, r.Err
+					}
+					if r.N != size {
+						return 0, fmt.Errorf("%s: %d B, want %d", items[k].Key, r.N, size)
+					}
+				}
+			}
+			return time.Since(t0), nil
+		}
+		before, err := batchFigures(dir)
+		if err != nil {
+			return benchSample{}, err
+		}
+		elapsed, err := pass(true)
+		if err == nil && !put {
+			// Clear the GPU copy, read it back, check it.
+			if err = ctx.CopyHtoD(dev, make([]byte, total)); err == nil {
+				if before, err = batchFigures(dir); err == nil {
+					elapsed, err = pass(false)
+				}
+			}
+		}
+		if err != nil {
+			return benchSample{}, err
+		}
+		after, err := batchFigures(dir)
+		if err != nil {
+			return benchSample{}, err
+		}
+		check := make([]byte, total)
+		if err := ctx.CopyDtoH(check, dev); err != nil {
+			return benchSample{}, err
+		}
+		if err := checkPattern("gpu blocks", check); err != nil {
+			return benchSample{}, err
+		}
+		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys}
+		if n := after.Keys - before.Keys; n > 0 {
+			work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
+			s.KeyWorkNs = max(work, 0) / int64(n)
+		}
+		// The ceiling: the same blocks, async copies on one stream, one
+		// synchronize, between the allocation and pinned host memory.
+		st, err := ctx.NewStream()
+		if err != nil {
+			return benchSample{}, err
+		}
+		defer st.Close()
+		t0 := time.Now()
+		for k := range keys {
+			blk := host[uint64(k)*size : uint64(k+1)*size]
+			src := dev + cuda.DevicePtr(uint64(k)*size)
+			if put {
+				err = cuda.CopyDtoHAsync(blk, src, st)
+			} else {
+				err = cuda.CopyHtoDAsync(src, blk, st)
+			}
+			if err != nil {
+				return benchSample{}, err
+			}
+		}
+		if err := st.Sync(); err != nil {
+			return benchSample{}, err
+		}
+		s.Ceiling = &benchSample{Bytes: total, Ns: time.Since(t0).Nanoseconds(), Ops: keys}
+		if err := d.Unregister(reg.ID); err != nil {
+			return benchSample{}, err
+		}
+		return s, removeSmall(sub, names)
+	}
+}
+
+func needTorchOnly() error {
+	if err := cuda.Init(); err != nil {
+		return err
+	}
+	if _, err := benchScript("kv_bench.py"); err != nil {
+		return err
+	}
+	out, err := exec.Command("python3", "-c", "import torch; assert torch.cuda.is_available()").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("python3 with torch and CUDA: %v: %s", err, out)
+	}
+	return nil
+}
+
+func kvTensorRun(op string) func(dir string, p benchParams) (benchSample, error) {
+	return func(dir string, p benchParams) (benchSample, error) {
+		script, err := benchScript("kv_bench.py")
+		if err != nil {
+			return benchSample{}, err
+		}
+		sub, err := smallDir(dir, "kv-tensor", p.Rep)
+		if err != nil {
+			return benchSample{}, err
+		}
+		before, err := batchFigures(dir)
+		if err != nil {
+			return benchSample{}, err
+		}
+		out, err := exec.Command("python3", script, "--dir", sub, "--op", op, "--block", fmt.Sprint(256<<10),
+			"--bytes", fmt.Sprint(kvGPUBytes)).Output()
+		if err != nil {
+			return benchSample{}, fmt.Errorf("kv_bench.py: %w", err)
+		}
+		after, err := batchFigures(dir)
+		if err != nil {
+			return benchSample{}, err
+		}
+		var r struct {
+			Bytes      uint64 `json:"bytes"`
+			Keys       int    `json:"keys"`
+			MooncakeNs int64  `json:"mooncake_ns"`
+			CeilingNs  int64  `json:"ceiling_ns"`
+		}
+		if err := json.Unmarshal(out, &r); err != nil {
+			return benchSample{}, fmt.Errorf("kv_bench.py said %q: %w", out, err)
+		}
+		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: r.Keys}
+		// Both the untimed puts of a get case and the timed calls count:
+		// the work per key is the same.
+		if n := after.Keys - before.Keys; n > 0 {
+			work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
+			s.KeyWorkNs = max(work, 0) / int64(n)
+		}
+		s.Ceiling = &benchSample{Bytes: r.Bytes, Ns: r.CeilingNs, Ops: r.Keys}
+		return s, unix.Rmdir(sub)
+	}
+}

@@ -1,0 +1,84 @@
+"""Time KV-cache blocks as separate CUDA tensors through mooncake-fs.
+
+Run by `mooncake-fs bench` (cases kv-put-tensor-256KiB / kv-get-tensor-256KiB)
+as a worker:
+    python3 kv_bench.py --dir DIR --op put|get --block BYTES --bytes TOTAL
+prints one JSON object: bytes, keys, mooncake_ns, ceiling_ns.
+put: batch_put_tensor of 64 separate tensors per call; get: batch_get_tensor
+into 64 separate tensors per call (after an untimed put). The ceiling is the
+same tensors copied to (put) or from (get) pinned host memory with
+non_blocking copies on one stream and one synchronize, in this process
+right after.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from mooncake_fs import tensor as mt  # noqa: E402
+
+BATCH = 64
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--op", choices=["put", "get"], required=True)
+    ap.add_argument("--block", type=int, default=256 << 10)
+    ap.add_argument("--bytes", type=int, default=256 << 20)
+    a = ap.parse_args()
+    n = max(a.bytes // a.block, BATCH)
+    elems = a.block // 4
+    # Separate allocations, as an engine's per-request blocks are.
+    ts = [torch.randn(elems, device="cuda") for _ in range(n)]
+    paths = [os.path.join(a.dir, f"b{i:06d}") for i in range(n)]
+    torch.cuda.synchronize()
+
+    def calls(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for i in range(0, n, BATCH):
+            fn(i, min(i + BATCH, n))
+        torch.cuda.synchronize()
+        return time.perf_counter_ns() - t0
+
+    try:
+        if a.op == "put":
+            mc_ns = calls(lambda i, j: mt.batch_put_tensor(paths[i:j], ts[i:j]))
+        else:
+            for i in range(0, n, BATCH):
+                mt.batch_put_tensor(paths[i:i + BATCH], ts[i:i + BATCH])
+            outs = [torch.empty_like(t) for t in ts]
+            mc_ns = calls(lambda i, j: mt.batch_get_tensor(paths[i:j], out=outs[i:j]))
+            for o, t in zip(outs, ts):
+                if not torch.equal(o, t):
+                    raise SystemExit("mooncake-fs returned a different tensor")
+        host = torch.empty(n * elems, dtype=torch.float32, pin_memory=True)
+        views = [host[i * elems:(i + 1) * elems] for i in range(n)]
+
+        def ceiling(i, j):
+            for k in range(i, j):
+                if a.op == "put":
+                    views[k].copy_(ts[k], non_blocking=True)
+                else:
+                    ts[k].copy_(views[k], non_blocking=True)
+
+        ceil_ns = calls(ceiling)
+    finally:
+        for p in paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+    json.dump({"bytes": n * a.block, "keys": n, "mooncake_ns": mc_ns, "ceiling_ns": ceil_ns}, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
