@@ -24,9 +24,10 @@ var (
 )
 
 // regBuffer returns [off, off+n) of registration id as a transfer buffer
-// for a request of thread tid, held until done is called.
-func regBuffer(t *regTable, tid int, id, off, n uint64) (transfer.Buffer, func(), error) {
-	r, err := t.get(id)
+// for a request of thread tid, held until the caller calls
+// r.inflight.Done.
+func regBuffer(t *regTable, tid int, id, off, n uint64) (buf transfer.Buffer, r *registration, err error) {
+	r, err = t.get(id)
 	if err != nil {
 		return transfer.Buffer{}, nil, err
 	}
@@ -42,12 +43,12 @@ func regBuffer(t *regTable, tid int, id, off, n uint64) (transfer.Buffer, func()
 			r.inflight.Done()
 			return transfer.Buffer{}, nil, fmt.Errorf("buffer of process %d used by thread %d: %w", r.vmTgid, tid, errNotOwner)
 		}
-		return transfer.VMBuffer(tid, r.vmAddr+off, n), r.inflight.Done, nil
+		return transfer.VMBuffer(tid, r.vmAddr+off, n), r, nil
 	}
 	if r.gpu != nil {
-		return transfer.CUDABuffer(r.gpu.ctx, r.gpu.base+cuda.DevicePtr(r.gpuOff+off), n), r.inflight.Done, nil
+		return transfer.CUDABuffer(r.gpu.ctx, r.gpu.base+cuda.DevicePtr(r.gpuOff+off), n), r, nil
 	}
-	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, r.inflight.Done, nil
+	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, r, nil
 }
 
 // checkPut refuses put flags the ABI does not know and an object offset
@@ -223,11 +224,11 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		if c, ok := fuse.FromContext(ctx); ok {
 			tid = int(c.Pid)
 		}
-		buf, done, err := regBuffer(regs, tid, a.ID, a.BufOff, a.Len)
+		buf, r, err := regBuffer(regs, tid, a.ID, a.BufOff, a.Len)
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer r.inflight.Done()
 		a.Result, a.Version, err = n.moveData(ctx, h, key, cmd == ioctl.CmdPutBuf, buf, a.ObjOff, a.Flags)
 		if err != nil {
 			return err

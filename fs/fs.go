@@ -109,6 +109,8 @@ type FS struct {
 	handles atomic.Int64 // open file handles
 	gpus    gpus
 	ipc     ipcTable
+	// ipcCached counts the handles client processes' caches hold.
+	ipcCached atomic.Int64
 	procs   procTable // client processes (proc.go)
 	neg     negatives // names answered ENOENT (negative.go)
 	batches batchStats

@@ -142,8 +142,14 @@ func (t *ipcTable) release(m *ipcMapping) error {
 	return m.ctx.IpcClose(m.base)
 }
 
-// maxIPC bounds the IPC handles kept open for one client process.
-const maxIPC = 64
+// maxIPC bounds the IPC handles kept open for one client process (an
+// engine's KV blocks come from hundreds of caching-allocator segments);
+// maxIPCTotal those kept for all of them: past it, a handle is opened
+// for its call alone.
+const (
+	maxIPC      = 1024
+	maxIPCTotal = 16384
+)
 
 // ref takes one more reference on m.
 func (t *ipcTable) ref(m *ipcMapping) {
@@ -177,10 +183,11 @@ func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, e
 		return m, nil
 	}
 	m, err := f.ipc.acquire(ctx, h)
-	if err != nil || c.closed {
+	if err != nil || c.closed || (len(c.order) < maxIPC && f.ipcCached.Load() >= maxIPCTotal) {
 		return m, err
 	}
 	f.ipc.ref(m) // the cache's
+	f.ipcCached.Add(1)
 	if c.m == nil {
 		c.m = map[ipcKey]*ipcMapping{}
 	}
@@ -188,6 +195,7 @@ func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, e
 		old := c.order[0]
 		c.order = c.order[1:]
 		if om := c.m[old]; om != nil {
+			f.ipcCached.Add(-1)
 			if err := f.ipc.release(om); err != nil {
 				f.log.WithError(err).Warn("close CUDA IPC handle")
 			}
@@ -204,6 +212,7 @@ func (f *FS) ipcCloseAll(c *ipcCache) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range c.m {
+		f.ipcCached.Add(-1)
 		if err := f.ipc.release(m); err != nil {
 			f.log.WithError(err).Warn("close CUDA IPC handle")
 		}

@@ -72,6 +72,8 @@ type batchCall struct {
 	// held for the whole call (release drops them).
 	mapped []*ipcMapping
 	mapErr []error
+	// held are the registrations the call's segments use.
+	held []*registration
 }
 
 // gpuBuffer resolves [off, off+n) of the call's GPU allocation i.
@@ -93,6 +95,10 @@ func (bc *batchCall) gpuBuffer(f *FS, i int, off, n uint64) (transfer.Buffer, er
 
 // release drops what the call held.
 func (bc *batchCall) release(f *FS) {
+	for _, r := range bc.held {
+		r.inflight.Done()
+	}
+	bc.held = nil
 	for _, m := range bc.mapped {
 		if m != nil {
 			f.releaseMapping(m)
@@ -151,8 +157,8 @@ func (n *node) putAlone(ctx context.Context, bc *batchCall, op *keyOp) {
 }
 
 // target checks op's key and resolves its segments into buffers, held
-// until done is called (also on error: done is then nil).
-func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string, bufs []transfer.Buffer, size uint64, done func(), err error) {
+// until the call ends (bc.release).
+func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string, bufs []transfer.Buffer, size uint64, err error) {
 	if err = store.ValidateKey(op.rel); err != nil {
 		return
 	}
@@ -164,42 +170,33 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 	if err = n.fs.checkPath(ctx, bc.p, bc.dir, key); err != nil {
 		return
 	}
-	var dones []func()
-	release := func() {
-		for _, d := range dones {
-			d()
-		}
-	}
 	bufs = make([]transfer.Buffer, 0, len(op.segs))
 	for _, s := range op.segs {
 		if s.n == 0 && s.kind != segReg {
 			continue // no bytes: nothing to resolve (a lookup by name)
 		}
 		var b transfer.Buffer
-		var d func()
 		switch s.kind {
 		case segVM:
 			b = transfer.VMBuffer(bc.p.tid, s.off, s.n)
 		case segReg:
-			b, d, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n)
+			var r *registration
+			if b, r, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n); err == nil {
+				bc.held = append(bc.held, r)
+			}
 		case segGPU:
 			b, err = bc.gpuBuffer(n.fs, s.gpu, s.off, s.n)
 		}
 		if err != nil {
-			release()
-			return "", nil, 0, nil, err
-		}
-		if d != nil {
-			dones = append(dones, d)
+			return "", nil, 0, err
 		}
 		if size+b.Size() < size {
-			release()
-			return "", nil, 0, nil, fmt.Errorf("segments of %s: %w", op.rel, store.ErrTooLarge)
+			return "", nil, 0, fmt.Errorf("segments of %s: %w", op.rel, store.ErrTooLarge)
 		}
 		size += b.Size()
 		bufs = append(bufs, b)
 	}
-	return key, bufs, size, release, nil
+	return key, bufs, size, nil
 }
 
 // putMeta says whether a put with flags and meta (nil: none) sets the
@@ -243,8 +240,13 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		tmpl *store.Object
 		d    *store.Draft
 	}
-	var ps []pending
-	var writes []store.DraftWrite
+	ps := make([]pending, 0, len(ops))
+	writes := make([]store.DraftWrite, 0, len(ops))
+	defer func() {
+		for _, pp := range ps {
+			pp.d.Close()
+		}
+	}()
 	// New keys of one directory share its placement and its permission
 	// check: looked up once per call.
 	type dirInfo struct {
@@ -253,12 +255,11 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	}
 	dirs := map[string]dirInfo{}
 	for _, op := range ops {
-		key, bufs, size, done, err := n.target(ctx, bc, op)
+		key, bufs, size, err := n.target(ctx, bc, op)
 		if err != nil {
 			op.fail(err)
 			continue
 		}
-		defer done()
 		cur, err := n.fs.st.Stat(ctx, key)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			op.fail(err)
@@ -290,7 +291,6 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}
 		d := n.fs.st.NewDraft(ino, nil, true)
-		defer d.Close()
 		d.Place(place)
 		d.Expect(size)
 		// Reserved before any key of the call commits, so before the
@@ -354,24 +354,29 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 // every copy runs in one engine batch (ReadMany); each key gets its own
 // result.
 func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
-	var at []*keyOp
-	var reads []store.ReaderRead
+	at := make([]*keyOp, 0, len(ops))
+	reads := make([]store.ReaderRead, 0, len(ops))
+	readers := make([]*store.Reader, 0, len(ops))
+	defer func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	}()
 	for _, op := range ops {
 		if op.err != nil {
 			continue
 		}
-		key, bufs, _, done, err := n.target(ctx, bc, op)
+		key, bufs, _, err := n.target(ctx, bc, op)
 		if err != nil {
 			op.fail(err)
 			continue
 		}
-		defer done()
 		r, err := n.fs.st.OpenReader(ctx, key)
 		if err != nil {
 			op.fail(err)
 			continue
 		}
-		defer r.Close()
+		readers = append(readers, r)
 		o := r.Object()
 		if !allowed(bc.p, o, mayRead) {
 			op.fail(syscall.EACCES)
@@ -401,11 +406,10 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 // changed between batchPut's check and its commit. It returns the bytes
 // written and the version.
 func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, uint64, error) {
-	key, bufs, size, done, err := n.target(ctx, bc, op)
+	key, bufs, size, err := n.target(ctx, bc, op)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer done()
 	// Checked on a version, acted on only if the key still holds it: a
 	// change in between (a rename over the key) is looked at again.
 	var o *store.Object
@@ -445,6 +449,7 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 	if err != nil {
 		return err
 	}
+	defer bc.release(n.fs)
 	start := time.Now()
 	defer n.countBatch(int(a.Count), start)
 	ops := make([]keyOp, a.Count)

@@ -564,7 +564,7 @@ func (s *Store) WriteMany(ctx context.Context, ws []DraftWrite) []error {
 	errs := make([]error, len(ws))
 	finish := make([]func(error) (uint64, error), len(ws))
 	span := make([][2]int, len(ws)) // each write's requests in all
-	var all []transfer.Request
+	all := make([]transfer.Request, 0, 2*len(ws))
 	failed := false
 	for i, w := range ws {
 		if err := w.Draft.Err(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -175,6 +176,9 @@ type daemon struct {
 	cl      *cluster // nil on one machine
 }
 
+// daemonGCPercent is the daemon's GOGC unless the environment sets one.
+const daemonGCPercent = 200
+
 func runMount(args []string) error {
 	cfg, err := parseMountFlags(args)
 	if err != nil {
@@ -182,6 +186,13 @@ func runMount(args []string) error {
 	}
 	if err := reexecForSplice(); err != nil {
 		return err
+	}
+	if os.Getenv("GOGC") == "" {
+		// The heap is the index: long-lived objects, scanned by every
+		// collection. Collecting at 3x the live heap rather than 2x
+		// halves the collector's share of a put (a third of the
+		// daemon's CPU with a million keys, at 100).
+		debug.SetGCPercent(daemonGCPercent)
 	}
 	if cfg.cpus != nil {
 		// Before the segments, CUDA and FUSE start their threads.

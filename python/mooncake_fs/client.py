@@ -13,6 +13,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import struct
 import threading
 import weakref
 from contextlib import ExitStack
@@ -406,6 +407,9 @@ def _meta_bytes(meta):
     return m
 
 
+_SEG = struct.Struct("<QQQ")
+
+
 def key_fits(key):
     """Whether key (relative to a directory) fits one PUT_KEY/GET_KEY."""
     return 0 < len(os.fsencode(key)) <= _abi.KEY_KEY_BYTES
@@ -490,7 +494,7 @@ class Directory(_Handle):
                 _set_bytes(b.gpus[i].handle, handle, "IPC handle")
                 if device is not None:
                     _set_bytes(b.gpus[i].device, device, "device UUID")
-            area = ctypes.addressof(b.area)
+            view = memoryview(b.area).cast("B")
             used, n = 0, 0
             for key, segs, meta, flags, obj_off in todo:
                 k = os.fsencode(key)
@@ -503,16 +507,16 @@ class Directory(_Handle):
                     if n == 0:
                         raise ValueError(f"key {key!r}: too large for one batch")
                     break
-                arr = (_abi.Seg * len(segs)).from_address(area + seg_off)
-                for j, (sid, soff, slen) in enumerate(segs):
-                    arr[j].id, arr[j].off, arr[j].len = sid, soff, slen
+                for j, seg in enumerate(segs):
+                    _SEG.pack_into(view, seg_off + 24 * j, *seg)
                 key_off = seg_off + 24 * len(segs)
-                ctypes.memmove(area + key_off, k, len(k))
-                ctypes.memmove(area + key_off + len(k), m, len(m))
+                view[key_off:key_off + len(k)] = k
+                view[key_off + len(k):key_off + len(k) + len(m)] = m
                 e = b.entries[n]
                 e.seg_off, e.nseg, e.key_off, e.key_len = seg_off, len(segs), key_off, len(k)
                 e.meta_off, e.meta_len, e.flags, e.obj_off = key_off + len(k), len(m), flags, obj_off
                 used, n = end, n + 1
+            view.release()
             b.count = n
             self._ioctl(cmd, b)
             out.extend((b.entries[i].result, b.entries[i].version) for i in range(n))

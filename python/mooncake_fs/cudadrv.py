@@ -318,6 +318,16 @@ class HandleCache:
             if ordinal is None:
                 raise ValueError(f"{ptr:#x} is not device memory known to CUDA in this process")
         with drv.context(ordinal):
+            buf_id = drv.try_attribute(ptr, POINTER_ATTRIBUTE_BUFFER_ID, ctypes.c_uint64)
+            if buf_id:
+                # The id is unique to one allocation for the life of the
+                # process: a block seen under it, holding ptr, is current.
+                with self._lock:
+                    blk = self._blocks.get((ordinal, buf_id))
+                    if blk is not None and blk.base <= ptr and ptr + length <= blk.base + blk.size:
+                        self.hits += 1
+                        self._blocks[(ordinal, buf_id)] = self._blocks.pop((ordinal, buf_id))
+                        return IPCLocation(blk.handle, ptr - blk.base, blk.device, blk.base, blk.size, blk.ordinal)
             mtype = drv.try_attribute(ptr, POINTER_ATTRIBUTE_MEMORY_TYPE, ctypes.c_uint)
             if mtype != MEMORYTYPE_DEVICE:
                 kind = "unknown to CUDA" if mtype is None else f"CUmemorytype {mtype}"
@@ -327,7 +337,6 @@ class HandleCache:
             dev = drv.try_attribute(ptr, POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_int)
             if dev is not None and dev != ordinal:
                 raise ValueError(f"{ptr:#x} is on CUDA device {dev}, not {ordinal}")
-            buf_id = drv.try_attribute(ptr, POINTER_ATTRIBUTE_BUFFER_ID, ctypes.c_uint64)
             base, size = drv.address_range(ptr)
             key = (ordinal, buf_id) if buf_id else (ordinal, base, size)
             with self._lock:

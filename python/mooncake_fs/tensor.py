@@ -176,9 +176,18 @@ def mismatch(want_dtype, want_shape, dtype, shape, contiguous, nbytes, want_nbyt
     return "; ".join(problems) or None
 
 
+_metas = {}
+
+
 def format_meta(dtype, shape):
     """The meta of a tensor: "dtype=float32 shape=2,3,4"."""
-    return f"dtype={dtype_name(dtype)} shape={format_shape(shape)}".encode()
+    k = (dtype, tuple(shape))
+    m = _metas.get(k)
+    if m is None:
+        m = f"dtype={dtype_name(dtype)} shape={format_shape(shape)}".encode()
+        if len(_metas) < 4096:
+            _metas[k] = m
+    return m
 
 
 def parse_meta(value):
@@ -270,6 +279,8 @@ def _source(tensor):
     if tensor.is_quantized:
         raise ValueError("quantized tensors are not supported")
     _device_kind(tensor)
+    if tensor.is_contiguous() and not (hasattr(tensor, "is_conj") and (tensor.is_conj() or tensor.is_neg())):
+        return tensor  # its memory as it is (the common case: no copy, no new tensor)
     t = tensor.detach()
     if hasattr(t, "resolve_conj"):
         t = t.resolve_conj().resolve_neg()
@@ -607,11 +618,21 @@ def _get_tensor_file(path, out, device):
 
 def _batch_groups(paths):
     """Indexes of paths grouped by directory handle: [(Directory, [(i,
-    name)])]; paths that cannot go by name come back under None."""
-    groups = {}
+    name)])], one lookup of each directory; paths that cannot go by name
+    come back under None."""
+    by_parent = {}
     for i, p in enumerate(paths):
-        d, name = _dir_of(p)
-        groups.setdefault(id(d) if d else None, (d, []))[1].append((i, name))
+        parent, name = os.path.split(os.path.abspath(os.fspath(p)))
+        by_parent.setdefault(parent, []).append((i, name))
+    groups = {}
+    for parent, members in by_parent.items():
+        d, _ = _dir_of(os.path.join(parent, members[0][1]))
+        g = groups.setdefault(id(d) if d else None, (d, []))[1]
+        for i, name in members:
+            if d is not None and not key_fits(name):
+                groups.setdefault(None, (None, []))[1].append((i, name))
+            else:
+                g.append((i, name))
     return list(groups.values())
 
 
