@@ -111,9 +111,9 @@ type FS struct {
 	ipc     ipcTable
 	// ipcCached counts the handles client processes' caches hold.
 	ipcCached atomic.Int64
-	procs   procTable // client processes (proc.go)
-	neg     negatives // names answered ENOENT (negative.go)
-	batches batchStats
+	procs     procTable // client processes (proc.go)
+	neg       negatives // names answered ENOENT (negative.go)
+	batches   batchStats
 }
 
 // batchStats count the keys of batch ioctls and where their time went:
