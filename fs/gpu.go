@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -161,14 +162,27 @@ func (t *ipcTable) ref(m *ipcMapping) {
 // ipcCache keeps the IPC handles one client process used (proc.go):
 // opening one costs far more than a copy, so a process that moves many
 // tensors of one allocation, through any number of files, pays once. The
-// cache holds one reference on each mapping; the oldest goes past maxIPC,
+// cache holds one reference on each mapping; past maxIPC the least
+// recently used goes, and so does one unused for ipcIdle (an allocation
+// the process freed would otherwise stay imported here until it exits),
 // and all of them when the process exits.
 type ipcCache struct {
 	mu     sync.Mutex
-	m      map[ipcKey]*ipcMapping // by context and handle, as ipcTable
-	order  []ipcKey
-	closed bool // the process is gone: nothing more is kept
+	m      map[ipcKey]*ipcEntry // by context and handle, as ipcTable
+	closed bool                 // the process is gone: nothing more is kept
 }
+
+type ipcEntry struct {
+	m    *ipcMapping
+	used time.Time
+}
+
+// ipcIdle is how long a cached handle stays unused before it is closed;
+// the reaper looks every ipcSweep.
+const (
+	ipcIdle  = time.Minute
+	ipcSweep = 10 * time.Second
+)
 
 // ipcOpen returns the mapping of handle h, opened once per process, with a
 // reference of the caller's own, which it drops with f.ipc.release when
@@ -178,46 +192,78 @@ func (f *FS) ipcOpen(c *ipcCache, ctx *cuda.Context, h [64]byte) (*ipcMapping, e
 	k := ipcKey{ctx, h}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if m, ok := c.m[k]; ok {
-		f.ipc.ref(m)
-		return m, nil
+	now := time.Now()
+	if e, ok := c.m[k]; ok {
+		f.ipc.ref(e.m)
+		e.used = now
+		return e.m, nil
 	}
 	m, err := f.ipc.acquire(ctx, h)
-	if err != nil || c.closed || (len(c.order) < maxIPC && f.ipcCached.Load() >= maxIPCTotal) {
+	if err != nil || c.closed || (len(c.m) < maxIPC && f.ipcCached.Load() >= maxIPCTotal) {
 		return m, err
 	}
 	f.ipc.ref(m) // the cache's
 	f.ipcCached.Add(1)
 	if c.m == nil {
-		c.m = map[ipcKey]*ipcMapping{}
+		c.m = map[ipcKey]*ipcEntry{}
 	}
-	if len(c.order) >= maxIPC {
-		old := c.order[0]
-		c.order = c.order[1:]
-		if om := c.m[old]; om != nil {
-			f.ipcCached.Add(-1)
-			if err := f.ipc.release(om); err != nil {
-				f.log.WithError(err).Warn("close CUDA IPC handle")
+	if len(c.m) >= maxIPC {
+		var oldest ipcKey
+		var at time.Time
+		for key, e := range c.m {
+			if at.IsZero() || e.used.Before(at) {
+				oldest, at = key, e.used
 			}
 		}
-		delete(c.m, old)
+		f.dropIPCLocked(c, oldest)
 	}
-	c.m[k] = m
-	c.order = append(c.order, k)
+	c.m[k] = &ipcEntry{m: m, used: now}
 	return m, nil
+}
+
+// dropIPCLocked lets go of the cache's reference on key's mapping.
+func (f *FS) dropIPCLocked(c *ipcCache, key ipcKey) {
+	e := c.m[key]
+	if e == nil {
+		return
+	}
+	delete(c.m, key)
+	f.ipcCached.Add(-1)
+	if err := f.ipc.release(e.m); err != nil {
+		f.log.WithError(err).Warn("close CUDA IPC handle")
+	}
 }
 
 // ipcCloseAll drops the cache's references; it keeps nothing after.
 func (f *FS) ipcCloseAll(c *ipcCache) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, m := range c.m {
-		f.ipcCached.Add(-1)
-		if err := f.ipc.release(m); err != nil {
-			f.log.WithError(err).Warn("close CUDA IPC handle")
-		}
+	for key := range c.m {
+		f.dropIPCLocked(c, key)
 	}
-	c.m, c.order, c.closed = nil, nil, true
+	c.m, c.closed = nil, true
+}
+
+// sweepIPC closes the cached handles of every process unused for ipcIdle.
+func (f *FS) sweepIPC() {
+	t := &f.procs
+	t.mu.Lock()
+	procs := make([]*clientProc, 0, len(t.byTgid))
+	for _, cp := range t.byTgid {
+		procs = append(procs, cp)
+	}
+	t.mu.Unlock()
+	cutoff := time.Now().Add(-ipcIdle)
+	for _, cp := range procs {
+		c := &cp.ipc
+		c.mu.Lock()
+		for key, e := range c.m {
+			if e.used.Before(cutoff) {
+				f.dropIPCLocked(c, key)
+			}
+		}
+		c.mu.Unlock()
+	}
 }
 
 // gpuMapping returns the allocation ref names, opened once per process

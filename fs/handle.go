@@ -39,6 +39,7 @@ type handle struct {
 	// it; release discards priv unless a later write took it up again.
 	abandoned atomic.Bool
 	obj       *store.Object // the object at open time
+	metaGen   uint64        // O_TRUNC handles: n.metaGen at open
 	regs      regTable      // buffers registered on this open file
 	mu        sync.Mutex
 	released  bool
@@ -98,6 +99,7 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 		}
 		d.Place(n.fs.st.PlacementFor(ctx, key))
 		h.priv = d
+		h.metaGen = n.metaGen.Load()
 		n.mu.Lock()
 		n.mu.private[h] = struct{}{}
 		n.mu.Unlock()
@@ -191,7 +193,7 @@ func (n *node) leaveShared(ctx context.Context) error {
 	closing := make(chan struct{})
 	n.mu.closing = closing
 	n.mu.Unlock()
-	err := n.publish(ctx, d)
+	err := n.publish(ctx, d, nil)
 	d.Close()
 	n.mu.Lock()
 	n.mu.draft, n.mu.closing = nil, nil
@@ -351,7 +353,11 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 // a failed write or truncation fails instead, and the previous version
 // stays. A file that was unlinked or replaced while open loses its writes,
 // as on any POSIX file system.
-func (n *node) publish(ctx context.Context, d *store.Draft) error {
+//
+// A rewrite (d is an O_TRUNC handle h's own draft, or the shared draft
+// after a truncation) drops user.mooncake.meta, which described the old
+// bytes, unless a new one was set through the file since it began.
+func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 	if err := d.Err(); err != nil {
 		return err
 	}
@@ -362,7 +368,23 @@ func (n *node) publish(ctx context.Context, d *store.Draft) error {
 	if !ok {
 		return nil
 	}
-	_, err := d.Commit(ctx, store.CommitOptions{Key: key, IfIno: n.StableAttr().Ino})
+	opts := store.CommitOptions{Key: key, IfIno: n.StableAttr().Ino}
+	gen := n.metaGen.Load()
+	var shared uint64
+	switch {
+	case h != nil && h.priv == d:
+		if h.metaGen == gen {
+			opts.SetXattrs = dropMeta
+		}
+	default:
+		if shared = n.sharedRewrite.Load(); shared == gen+1 {
+			opts.SetXattrs = dropMeta
+		}
+	}
+	_, err := d.Commit(ctx, opts)
+	if err == nil && shared != 0 {
+		n.sharedRewrite.CompareAndSwap(shared, 0)
+	}
 	if errors.Is(err, store.ErrStale) {
 		return nil
 	}
@@ -401,7 +423,7 @@ func (n *node) flush(ctx context.Context, fh gofs.FileHandle, op string) (errno 
 		h.abandoned.Store(true)
 		return 0
 	}
-	err = n.publish(ctx, d)
+	err = n.publish(ctx, d, h)
 	return toErrno(err)
 }
 
@@ -463,7 +485,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	// no publishing close saw (the last descriptor was an inherited one).
 	if d := h.priv; d != nil {
 		if !h.abandoned.Load() {
-			err = n.publish(context.Background(), d)
+			err = n.publish(context.Background(), d, h)
 		}
 		d.Close()
 		n.mu.Lock()

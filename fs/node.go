@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,6 +45,14 @@ type node struct {
 	// putMu makes each PUT ioctl through this file's drafts one version
 	// change: truncate, write and publish (dataio.go).
 	putMu sync.Mutex
+	// metaGen counts setxattr/removexattr of user.mooncake.meta through
+	// this file. A rewrite (an O_TRUNC open, a truncation) drops the meta
+	// when it publishes unless one was set since it began: the meta
+	// described the old bytes, but cp -a sets the new one mid-rewrite.
+	metaGen atomic.Uint64
+	// sharedRewrite is metaGen+1 when the shared draft was truncated (0:
+	// not): its publish then drops the meta as an O_TRUNC one does.
+	sharedRewrite atomic.Uint64
 }
 
 var (
@@ -360,6 +369,9 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64) error {
 	if h != nil && h.writable {
 		if d := h.draft(); d != nil {
+			if d != h.priv {
+				n.sharedRewrite.CompareAndSwap(0, n.metaGen.Load()+1)
+			}
 			return d.Truncate(ctx, size)
 		}
 	}
@@ -370,6 +382,7 @@ func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64)
 		// across it (it may reserve and zero-fill on another node).
 		n.mu.writers++
 		n.mu.Unlock()
+		n.sharedRewrite.CompareAndSwap(0, n.metaGen.Load()+1)
 		err := shared.Truncate(ctx, size)
 		if lerr := n.leaveShared(ctx); err == nil {
 			err = lerr
@@ -386,7 +399,7 @@ func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64)
 	if err := d.Truncate(ctx, size); err != nil {
 		return err
 	}
-	_, err = d.Commit(ctx, store.CommitOptions{Key: key, IfIno: n.StableAttr().Ino})
+	_, err = d.Commit(ctx, store.CommitOptions{Key: key, IfIno: n.StableAttr().Ino, SetXattrs: dropMeta})
 	return err
 }
 

@@ -22,9 +22,14 @@ const maxProcs = 4096
 // maxTids bounds the thread-to-process cache; past it, it starts over.
 const maxTids = 1 << 16
 
+// stopID is the epoll key of the reaper's stop eventfd (client processes
+// count from 1).
+const stopID int32 = 0
+
 type clientProc struct {
 	tgid  int
 	pidfd int
+	id    uint32 // its key in the epoll set: never reused, unlike fds
 	ipc   ipcCache
 }
 
@@ -32,7 +37,8 @@ type procTable struct {
 	once   sync.Once // starts it on first use
 	mu     sync.Mutex
 	byTgid map[int]*clientProc
-	byFd   map[int]*clientProc
+	byID   map[uint32]*clientProc
+	nextID uint32
 	tids   map[int]int // thread id -> its process, checked at each use
 	ep     int         // epoll set of the pidfds and of stop
 	stop   int         // eventfd: the reaper ends
@@ -44,7 +50,7 @@ type procTable struct {
 // set leaves a table that refuses every lookup with the reason.
 func (f *FS) startProcs() {
 	t := &f.procs
-	t.byTgid, t.byFd, t.tids = map[int]*clientProc{}, map[int]*clientProc{}, map[int]int{}
+	t.byTgid, t.byID, t.tids = map[int]*clientProc{}, map[uint32]*clientProc{}, map[int]int{}
 	t.done = make(chan struct{})
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
@@ -54,7 +60,7 @@ func (f *FS) startProcs() {
 	}
 	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if err == nil {
-		err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, stop, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(stop)})
+		err = unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, stop, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: stopID})
 	}
 	if err != nil {
 		unix.Close(ep)
@@ -79,7 +85,7 @@ func (f *FS) stopProcs() {
 	<-t.done
 	t.mu.Lock()
 	procs := t.byTgid
-	t.byTgid, t.byFd, t.tids = map[int]*clientProc{}, map[int]*clientProc{}, map[int]int{}
+	t.byTgid, t.byID, t.tids = map[int]*clientProc{}, map[uint32]*clientProc{}, map[int]int{}
 	t.err = errors.New("fs: unmounted")
 	t.mu.Unlock()
 	for _, cp := range procs {
@@ -94,7 +100,7 @@ func (f *FS) reapProcs() {
 	defer close(t.done)
 	evs := make([]unix.EpollEvent, 64)
 	for {
-		n, err := unix.EpollWait(t.ep, evs, -1)
+		n, err := unix.EpollWait(t.ep, evs, int(ipcSweep.Milliseconds()))
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -103,12 +109,12 @@ func (f *FS) reapProcs() {
 			return
 		}
 		for _, ev := range evs[:n] {
-			fd := int(ev.Fd)
-			if fd == t.stop {
+			id := uint32(ev.Fd)
+			if id == uint32(stopID) {
 				return
 			}
 			t.mu.Lock()
-			cp := t.byFd[fd]
+			cp := t.byID[id]
 			if cp != nil {
 				t.forgetLocked(cp)
 			}
@@ -117,13 +123,14 @@ func (f *FS) reapProcs() {
 				f.dropProc(cp)
 			}
 		}
+		f.sweepIPC()
 	}
 }
 
 // forgetLocked takes cp out of the table and its pidfd out of the epoll
 // set; dropProc then releases what it held.
 func (t *procTable) forgetLocked(cp *clientProc) {
-	delete(t.byFd, cp.pidfd)
+	delete(t.byID, cp.id)
 	delete(t.byTgid, cp.tgid)
 	for tid, g := range t.tids {
 		if g == cp.tgid {
@@ -189,12 +196,16 @@ func (f *FS) proc(p *callerProc) (*clientProc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open %d: %w", p.tgid, err)
 	}
-	if err := unix.EpollCtl(t.ep, unix.EPOLL_CTL_ADD, pidfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(pidfd)}); err != nil {
+	t.nextID++
+	if t.nextID == uint32(stopID) {
+		t.nextID++
+	}
+	cp := &clientProc{tgid: p.tgid, pidfd: pidfd, id: t.nextID}
+	if err := unix.EpollCtl(t.ep, unix.EPOLL_CTL_ADD, pidfd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(cp.id)}); err != nil {
 		unix.Close(pidfd)
 		return nil, fmt.Errorf("fs: watch process %d: %w", p.tgid, err)
 	}
-	cp := &clientProc{tgid: p.tgid, pidfd: pidfd}
-	t.byTgid[p.tgid], t.byFd[pidfd] = cp, cp
+	t.byTgid[p.tgid], t.byID[cp.id] = cp, cp
 	t.tids[p.tid] = p.tgid
 	return cp, nil
 }

@@ -40,6 +40,10 @@ var storedMooncake = map[string]bool{"mooncake.dtype": true, "mooncake.shape": t
 // batches: at most ioctl.MaxMeta bytes.
 const xattrMeta = "mooncake.meta"
 
+// dropMeta is the SetXattrs of a commit that replaces the bytes the meta
+// described.
+var dropMeta = map[string][]byte{xattrMeta: nil}
+
 // checkStored validates the stored user.mooncake.* values that mean
 // something to the daemon: the placement choice.
 func checkStored(name string, v []byte) error {
@@ -186,6 +190,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		}
 		return nil
 	})
+	if err == nil && name == xattrMeta {
+		n.metaGen.Add(1)
+	}
 	return toErrno(err)
 }
 
@@ -213,6 +220,9 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 		delete(o.Xattrs, name)
 		return nil
 	})
+	if err == nil && name == xattrMeta {
+		n.metaGen.Add(1)
+	}
 	return toErrno(err)
 }
 

@@ -68,7 +68,8 @@ const SizeGPURef = 80
 // without meta removes. A get reads up to Len bytes from ObjOff, reports
 // the value's Size and Meta, and, when the call carries a Meta, fails with
 // EBADMSG and moves nothing unless the value's meta is exactly it. A get
-// of Len 0 is a lookup by name: Size, Version and Meta.
+// of Len 0 from SrcVM is a lookup by name: ObjSize, Version and Meta (a
+// segment of a registration is checked even when empty).
 type KeyArg struct {
 	Header
 	Source  uint32 // in: SrcBuf, SrcVM or SrcCUDA

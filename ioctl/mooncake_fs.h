@@ -133,7 +133,7 @@ struct mc_cuda {
  * stores meta (<= MC_MAX_META bytes, the xattr user.mooncake.meta) with
  * the value; a get returns the value's size and meta, and fails with
  * EBADMSG, moving nothing, if it carries a meta the value does not have.
- * A get of len 0 is a lookup. Longer keys go by batch.
+ * A get of len 0 (source MC_SRC_VM) is a lookup. Longer keys go by batch.
  */
 #define MC_SRC_BUF 0u  /* addr = offset in registration id */
 #define MC_SRC_VM 1u   /* addr = address of the caller */

@@ -284,3 +284,47 @@ while True:
 	})
 	d.checkAlive(t)
 }
+
+// TestMetaFollowsTheBytes: the meta describes the bytes it was put with.
+// A rewrite through a file (O_TRUNC, or a truncation) drops it, unless a
+// new one is set during the rewrite (as cp -a does); in-place edits and
+// other xattrs keep theirs.
+func TestMetaFollowsTheBytes(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	out := py(t, keysPrelude+`
+d = mc.Directory(mnt)
+M = "user.mooncake.meta"
+def meta(k):
+    try:
+        return os.getxattr(mnt + "/" + k, M).decode()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+d.put_key("a", b"0123456789", meta="m1")
+os.setxattr(mnt + "/a", "user.other", b"keep")
+print("put=" + meta("a"))
+with open(mnt + "/a", "r+b") as f:    # in place, no truncation
+    f.write(b"X")
+print("inplace=" + meta("a"))
+with open(mnt + "/a", "wb") as f:     # O_TRUNC
+    f.write(b"new bytes")
+print("trunc=" + meta("a"))
+print("other=" + os.getxattr(mnt + "/a", "user.other").decode())
+d.put_key("a", b"0123456789", meta="m2")
+with open(mnt + "/a", "wb") as f:     # a copy that brings its meta
+    f.write(b"copied")
+    os.setxattr(f.fileno(), M, b"m3")
+print("copied=" + meta("a"))
+d.put_key("a", b"0123456789", meta="m4")
+os.truncate(mnt + "/a", 4)
+print("truncated=" + meta("a"))
+d.put_key("a", b"0123456789", meta="m5")
+with open(mnt + "/a", "r+b") as f:
+    f.truncate(2)
+    f.write(b"zz")
+print("ftruncated=" + meta("a"))
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"put": "m1", "inplace": "m1", "trunc": "ENODATA", "other": "keep",
+		"copied": "m3", "truncated": "ENODATA", "ftruncated": "ENODATA"})
+	d.checkAlive(t)
+}

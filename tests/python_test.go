@@ -71,15 +71,19 @@ func pyEnv(t testing.TB, env []string, args ...string) string {
 }
 
 // TestPythonUnit runs the client's tests that need no daemon: the ABI
-// against the C header (compiled with cc) and the pool's lease lifetimes.
+// against the C header (compiled with cc), the pool's lease lifetimes,
+// the tensor helpers that need no torch, and the CUDA driver wrapper
+// against a fake libcuda (compiled with cc).
 func TestPythonUnit(t *testing.T) {
 	requireNumpy(t)
 	dir := pythonDir(t)
-	out := pyEnv(t, nil, "-m", "unittest", "discover", "-v", "-s", filepath.Join(dir, "tests"), "-p", "test_[au]*.py")
-	if !strings.Contains(out, "test_abi") || !strings.Contains(out, "test_unit") {
-		t.Errorf("expected both test_abi and test_unit to run:\n%s", out)
+	for _, pat := range []string{"test_[au]*.py", "test_tensor_unit.py", "test_cudadrv_unit.py"} {
+		out := pyEnv(t, nil, "-m", "unittest", "discover", "-v", "-s", filepath.Join(dir, "tests"), "-p", pat)
+		if !strings.Contains(out, "OK") {
+			t.Errorf("%s:\n%s", pat, out)
+		}
+		t.Logf("%s: %s", pat, lastLines(out, 2))
 	}
-	t.Logf("%s", lastLines(out, 4))
 }
 
 // pyLayout is the output of "python -m mooncake_fs._abi".

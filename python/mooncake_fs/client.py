@@ -488,6 +488,19 @@ class Directory(_Handle):
         out = []
         cmd = _abi.BATCH_PUTV if put else _abi.BATCH_GETV
         todo = list(items)
+        for key, segs, meta, flags, obj_off in todo:
+            # Checked before any call: a bad item sends nothing.
+            if not segs or len(segs) > _abi.MAX_SEGS:
+                raise ValueError(f"key {key!r}: {len(segs)} segments, want 1..{_abi.MAX_SEGS}")
+            for seg in segs:
+                if len(seg) != 3 or not all(isinstance(v, int) and 0 <= v < 1 << 64 for v in seg):
+                    raise ValueError(f"key {key!r}: segment {seg!r}: want (id, off, len), each in 0..2**64-1")
+            if not (0 <= obj_off < 1 << 64 and 0 <= flags < 1 << 32):
+                raise ValueError(f"key {key!r}: obj_off {obj_off}, flags {flags} out of range")
+            k = os.fsencode(key)
+            m = _meta_bytes(meta) if meta is not None else b""
+            if not k or 7 + 24 * len(segs) + len(k) + len(m) > _abi.VBATCH_AREA_BYTES:
+                raise ValueError(f"key {key!r}: empty, or too large for one batch")
         while todo:
             b = _abi.VBatch(ngpu=len(gpus))
             for i, (handle, device) in enumerate(gpus):
@@ -499,13 +512,9 @@ class Directory(_Handle):
             for key, segs, meta, flags, obj_off in todo:
                 k = os.fsencode(key)
                 m = _meta_bytes(meta) if meta is not None else b""
-                if not segs or len(segs) > _abi.MAX_SEGS:
-                    raise ValueError(f"key {key!r}: {len(segs)} segments, want 1..{_abi.MAX_SEGS}")
                 seg_off = (used + 7) & ~7
                 end = seg_off + 24 * len(segs) + len(k) + len(m)
                 if n == _abi.MAX_BATCH or end > _abi.VBATCH_AREA_BYTES:
-                    if n == 0:
-                        raise ValueError(f"key {key!r}: too large for one batch")
                     break
                 for j, seg in enumerate(segs):
                     _SEG.pack_into(view, seg_off + 24 * j, *seg)

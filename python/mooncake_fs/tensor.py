@@ -626,7 +626,8 @@ def _batch_groups(paths):
         by_parent.setdefault(parent, []).append((i, name))
     groups = {}
     for parent, members in by_parent.items():
-        d, _ = _dir_of(os.path.join(parent, members[0][1]))
+        fit = next((name for _, name in members if key_fits(name)), members[0][1])
+        d, _ = _dir_of(os.path.join(parent, fit))
         g = groups.setdefault(id(d) if d else None, (d, []))[1]
         for i, name in members:
             if d is not None and not key_fits(name):

@@ -710,10 +710,6 @@ class TestKilledClient(Live):
         self.assertEqual(self.c.get(self.key("killed")), b"data")
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class TestKeysByName(Live):
     """Client.put/get in one call (PUT_KEY/GET_KEY, ABI 1.3) and the vector
     batches of Directory."""
@@ -791,3 +787,7 @@ class TestKeysByName(Live):
         self.assertEqual(r[0][0], -errno.EFAULT)  # past the registered range
         d.unregister(rid)
         del view
+
+
+if __name__ == "__main__":
+    unittest.main()
