@@ -61,6 +61,42 @@ func (op *keyOp) fail(err error) {
 	op.err, op.n, op.version = err, 0, 0
 }
 
+// check refuses flags the command does not take (puts: FlagExcl and
+// FlagUpdate, the latter for an offset; gets: none) and takes meta (copied)
+// as op's.
+func (op *keyOp) check(put bool, meta []byte) error {
+	if put {
+		if err := checkPut(op.flags, op.objOff); err != nil {
+			return err
+		}
+	} else if op.flags != 0 {
+		return fmt.Errorf("get flags %#x: %w", op.flags, ioctl.ErrFlags)
+	}
+	if len(meta) > 0 {
+		op.meta = bytes.Clone(meta)
+	}
+	op.setMeta = put && putMeta(op.flags, op.meta)
+	return nil
+}
+
+// result is op's outcome in the wire form: bytes or -errno, and the
+// version.
+func (op *keyOp) result() (int64, uint64) {
+	if op.err != nil {
+		return -int64(toErrno(op.err)), 0
+	}
+	return int64(op.n), op.version
+}
+
+// runOps runs the puts (put) or the gets of a call.
+func (n *node) runOps(ctx context.Context, bc *batchCall, put bool, ops []*keyOp) {
+	if put {
+		n.runPuts(ctx, bc, ops)
+	} else {
+		n.batchGet(ctx, bc, ops)
+	}
+}
+
 // batchCall is what every key of one call shares.
 type batchCall struct {
 	dh       *dirHandle
@@ -469,23 +505,15 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 			op.err = checkPut(op.flags, op.objOff)
 		}
 	}
-	if put {
-		n.runPuts(ctx, bc, ptrs)
-	} else {
-		n.batchGet(ctx, bc, ptrs)
-	}
+	n.runOps(ctx, bc, put, ptrs)
 	for i, op := range ptrs {
 		e := &a.Entries[i]
-		if op.err != nil {
-			e.Result, e.Version = -int64(toErrno(op.err)), 0
-			if !put {
-				e.Len = 0
-			}
-			continue
-		}
-		e.Result, e.Version = int64(op.n), op.version
+		e.Result, e.Version = op.result()
 		if !put {
-			e.Len = op.n
+			e.Len = 0 // a failed get reports length 0
+			if e.Result > 0 {
+				e.Len = uint64(e.Result)
+			}
 		}
 	}
 	copy(out, a.Marshal())
@@ -517,20 +545,11 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		e := &a.Entries[i]
 		op.flags, op.objOff = e.Flags, e.ObjOff
 		op.err = decodeVEntry(&a, i, op, &wire, put)
-		op.setMeta = put && putMeta(op.flags, op.meta)
 	}
-	if put {
-		n.runPuts(ctx, bc, ptrs)
-	} else {
-		n.batchGet(ctx, bc, ptrs)
-	}
+	n.runOps(ctx, bc, put, ptrs)
 	for i, op := range ptrs {
 		e := &a.Entries[i]
-		if op.err != nil {
-			e.Result, e.Version = -int64(toErrno(op.err)), 0
-			continue
-		}
-		e.Result, e.Version = int64(op.n), op.version
+		e.Result, e.Version = op.result()
 	}
 	copy(out, a.Marshal())
 	return nil
@@ -546,15 +565,8 @@ func decodeVEntry(a *ioctl.VBatchArg, i int, op *keyOp, wire *[]ioctl.Seg, put b
 	if err != nil {
 		return err
 	}
-	if put {
-		if err := checkPut(op.flags, op.objOff); err != nil {
-			return err
-		}
-	} else if op.flags != 0 {
-		return fmt.Errorf("get flags %#x: %w", op.flags, ioctl.ErrFlags)
-	}
-	if len(meta) > 0 {
-		op.meta = bytes.Clone(meta)
+	if err := op.check(put, meta); err != nil {
+		return err
 	}
 	if *wire, err = a.Segs((*wire)[:0], i); err != nil {
 		return err
@@ -591,18 +603,10 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	if err != nil {
 		return err
 	}
-	if put {
-		if err := checkPut(a.Flags, a.ObjOff); err != nil {
-			return err
-		}
-	} else if a.Flags != 0 {
-		return fmt.Errorf("get flags %#x: %w", a.Flags, ioctl.ErrFlags)
-	}
 	op := &keyOp{rel: rel, flags: a.Flags, objOff: a.ObjOff}
-	if len(meta) > 0 {
-		op.meta = bytes.Clone(meta)
+	if err := op.check(put, meta); err != nil {
+		return err
 	}
-	op.setMeta = put && putMeta(op.flags, op.meta)
 	var gpus []ioctl.GPURef
 	switch a.Source {
 	case ioctl.SrcBuf:
@@ -622,12 +626,7 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	defer bc.release(n.fs)
 	start := time.Now()
 	defer n.countBatch(1, start)
-	ops := []*keyOp{op}
-	if put {
-		n.runPuts(ctx, bc, ops)
-	} else {
-		n.batchGet(ctx, bc, ops)
-	}
+	n.runOps(ctx, bc, put, []*keyOp{op})
 	if op.err != nil {
 		return op.err
 	}

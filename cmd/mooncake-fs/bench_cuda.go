@@ -22,8 +22,6 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
@@ -87,38 +85,12 @@ func benchCUDA(size uint64, put bool) func(string, benchParams) (benchSample, er
 // memory and the pinned host buffer host, which holds the value.
 func benchCUDAWith(size uint64, put bool, ceil func(s benchSample, host []byte, memcpy func() error) (benchSample, error)) func(string, benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
-		if err := cuda.Init(); err != nil {
-			return benchSample{}, err
-		}
-		ctx, err := cuda.Retain(0)
+		g, err := newGPUBench(size)
 		if err != nil {
 			return benchSample{}, err
 		}
-		defer ctx.Release()
-		host, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-		if err != nil {
-			return benchSample{}, err
-		}
-		defer unix.Munmap(host)
-		for i := range host {
-			host[i] = patternByte(i)
-		}
-		if err := ctx.HostRegister(host, cuda.HostRegisterPortable); err != nil {
-			return benchSample{}, err
-		}
-		defer ctx.HostUnregister(host)
-		dev, err := ctx.MemAlloc(size)
-		if err != nil {
-			return benchSample{}, err
-		}
-		defer ctx.MemFree(dev)
-		if err := ctx.CopyHtoD(dev, host); err != nil {
-			return benchSample{}, err
-		}
-		h, err := ctx.IpcGetHandle(dev)
-		if err != nil {
-			return benchSample{}, err
-		}
+		defer g.close()
+		ctx, host, dev, h := g.ctx, g.host, g.dev, g.handle
 		path := filepath.Join(dir, "cuda-"+sizeLabel(size)+".dat")
 		f, err := ioctl.Open(path, os.O_RDWR|os.O_CREATE)
 		if err != nil {

@@ -316,6 +316,16 @@ func benchIoctlGetVM(dir string, p benchParams) (benchSample, error) {
 }
 
 // smallDir makes a fresh directory for one repetition of a small case.
+// openSmallDir is smallDir, opened for batch and key calls.
+func openSmallDir(dir, prefix string, rep int) (string, *ioctl.File, error) {
+	sub, err := smallDir(dir, prefix, rep)
+	if err != nil {
+		return "", nil, err
+	}
+	d, err := ioctl.OpenDir(sub)
+	return sub, d, err
+}
+
 func smallDir(dir, prefix string, rep int) (string, error) {
 	sub := filepath.Join(dir, fmt.Sprintf("%s-%d", prefix, rep))
 	if err := os.RemoveAll(sub); err != nil {

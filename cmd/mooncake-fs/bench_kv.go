@@ -139,11 +139,7 @@ func (s *kvSource) batch(d *ioctl.File, put bool, keys []string, i, j int, size 
 
 func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
-		sub, err := smallDir(dir, "kv", p.Rep)
-		if err != nil {
-			return benchSample{}, err
-		}
-		d, err := ioctl.OpenDir(sub)
+		sub, d, err := openSmallDir(dir, "kv", p.Rep)
 		if err != nil {
 			return benchSample{}, err
 		}
@@ -188,13 +184,19 @@ func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (bench
 		if err := removeSmall(sub, keys); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files}
-		if keys := after.Keys - before.Keys; keys > 0 {
-			work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
-			s.KeyWorkNs = max(work, 0) / int64(keys)
-		}
-		return s, nil
+		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files, KeyWorkNs: keyWork(before, after)}, nil
 	}
+}
+
+// keyWork is the daemon's own work per key between two readings of its
+// batch figures: handler time minus the transfers.
+func keyWork(before, after mfs.BatchStats) int64 {
+	keys := after.Keys - before.Keys
+	if keys == 0 {
+		return 0
+	}
+	work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
+	return max(work, 0) / int64(keys)
 }
 
 // batchFigures reads the daemon's batch figures from its status.

@@ -57,45 +57,15 @@ func kvGPUCases() []benchCase {
 
 func kvGPURun(size uint64, put bool) func(dir string, p benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
-		if err := cuda.Init(); err != nil {
-			return benchSample{}, err
-		}
-		ctx, err := cuda.Retain(0)
-		if err != nil {
-			return benchSample{}, err
-		}
-		defer ctx.Release()
 		keys := int(kvGPUBytes / size)
 		total := uint64(keys) * size
-		host, err := unix.Mmap(-1, 0, int(total), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		g, err := newGPUBench(total)
 		if err != nil {
 			return benchSample{}, err
 		}
-		defer unix.Munmap(host)
-		for i := range host {
-			host[i] = patternByte(i)
-		}
-		if err := ctx.HostRegister(host, cuda.HostRegisterPortable); err != nil {
-			return benchSample{}, err
-		}
-		defer ctx.HostUnregister(host)
-		dev, err := ctx.MemAlloc(total)
-		if err != nil {
-			return benchSample{}, err
-		}
-		defer ctx.MemFree(dev)
-		if err := ctx.CopyHtoD(dev, host); err != nil {
-			return benchSample{}, err
-		}
-		h, err := ctx.IpcGetHandle(dev)
-		if err != nil {
-			return benchSample{}, err
-		}
-		sub, err := smallDir(dir, "kv-gpu", p.Rep)
-		if err != nil {
-			return benchSample{}, err
-		}
-		d, err := ioctl.OpenDir(sub)
+		defer g.close()
+		ctx, host, dev, h := g.ctx, g.host, g.dev, g.handle
+		sub, d, err := openSmallDir(dir, "kv-gpu", p.Rep)
 		if err != nil {
 			return benchSample{}, err
 		}
@@ -160,11 +130,7 @@ func kvGPURun(size uint64, put bool) func(dir string, p benchParams) (benchSampl
 		if err := checkPattern("gpu blocks", check); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys}
-		if n := after.Keys - before.Keys; n > 0 {
-			work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
-			s.KeyWorkNs = max(work, 0) / int64(n)
-		}
+		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys, KeyWorkNs: keyWork(before, after)}
 		// The ceiling: the same blocks, async copies on one stream, one
 		// synchronize, between the allocation and pinned host memory.
 		st, err := ctx.NewStream()
@@ -194,6 +160,59 @@ func kvGPURun(size uint64, put bool) func(dir string, p benchParams) (benchSampl
 		}
 		return s, removeSmall(sub, names)
 	}
+}
+
+// gpuBench is what the GPU cases copy between: pinned host memory holding
+// the pattern, and a GPU allocation of the same size holding it too.
+type gpuBench struct {
+	ctx    *cuda.Context
+	host   []byte
+	dev    cuda.DevicePtr
+	handle [64]byte // the allocation's IPC handle
+	undo   []func()
+}
+
+func newGPUBench(size uint64) (g *gpuBench, err error) {
+	if err := cuda.Init(); err != nil {
+		return nil, err
+	}
+	g = &gpuBench{}
+	defer func() {
+		if err != nil {
+			g.close()
+		}
+	}()
+	if g.ctx, err = cuda.Retain(0); err != nil {
+		return nil, err
+	}
+	g.undo = append(g.undo, func() { g.ctx.Release() })
+	if g.host, err = unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
+		return nil, err
+	}
+	g.undo = append(g.undo, func() { unix.Munmap(g.host) })
+	for i := range g.host {
+		g.host[i] = patternByte(i)
+	}
+	if err = g.ctx.HostRegister(g.host, cuda.HostRegisterPortable); err != nil {
+		return nil, err
+	}
+	g.undo = append(g.undo, func() { g.ctx.HostUnregister(g.host) })
+	if g.dev, err = g.ctx.MemAlloc(size); err != nil {
+		return nil, err
+	}
+	g.undo = append(g.undo, func() { g.ctx.MemFree(g.dev) })
+	if err = g.ctx.CopyHtoD(g.dev, g.host); err != nil {
+		return nil, err
+	}
+	g.handle, err = g.ctx.IpcGetHandle(g.dev)
+	return g, err
+}
+
+func (g *gpuBench) close() {
+	for i := len(g.undo) - 1; i >= 0; i-- {
+		g.undo[i]()
+	}
+	g.undo = nil
 }
 
 func needTorchOnly() error {

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"time"
-
-	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
 // One-key cases: op-put-4KiB puts p.Files new keys of 4 KiB, op-get-4KiB
@@ -26,11 +24,7 @@ func opCases() []benchCase {
 
 func opRun(put bool) func(dir string, p benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
-		sub, err := smallDir(dir, "op", p.Rep)
-		if err != nil {
-			return benchSample{}, err
-		}
-		d, err := ioctl.OpenDir(sub)
+		sub, d, err := openSmallDir(dir, "op", p.Rep)
 		if err != nil {
 			return benchSample{}, err
 		}
