@@ -328,7 +328,7 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 	opts := store.CommitOptions{Key: key, IfIno: ino}
 	if putMeta(flags, nil) {
 		// New bytes: the meta of the old ones no longer describes them.
-		opts.SetXattrs = map[string][]byte{xattrMeta: nil}
+		opts.SetXattrs = dropMeta
 	}
 	if flags&ioctl.FlagExcl != 0 {
 		// Only into the empty file at the version seen at open.

@@ -255,7 +255,7 @@ func metaXattrs(op *keyOp, cur *store.Object) map[string][]byte {
 	if cur == nil || cur.Xattrs[xattrMeta] == nil {
 		return nil // nothing to remove
 	}
-	return map[string][]byte{xattrMeta: nil}
+	return dropMeta
 }
 
 // batchPut runs a run of plain puts (no flags, offset 0) as one transfer:

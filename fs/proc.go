@@ -129,14 +129,11 @@ func (f *FS) reapProcs() {
 
 // forgetLocked takes cp out of the table and its pidfd out of the epoll
 // set; dropProc then releases what it held.
+// Its threads stay in t.tids: every lookup checks a thread's process
+// anew, and one that has no state any more is dropped there.
 func (t *procTable) forgetLocked(cp *clientProc) {
 	delete(t.byID, cp.id)
 	delete(t.byTgid, cp.tgid)
-	for tid, g := range t.tids {
-		if g == cp.tgid {
-			delete(t.tids, tid)
-		}
-	}
 	_ = unix.EpollCtl(t.ep, unix.EPOLL_CTL_DEL, cp.pidfd, nil)
 }
 
