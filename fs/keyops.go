@@ -110,6 +110,23 @@ type batchCall struct {
 	mapErr []error
 	// held are the registrations the call's segments use.
 	held []*registration
+	// searched caches checkPath per parent directory for the call: the
+	// keys of a batch mostly share one.
+	searched map[string]error
+}
+
+// checkPath is FS.checkPath for key, once per parent directory a call.
+func (bc *batchCall) checkPath(ctx context.Context, f *FS, key string) error {
+	parent := store.Parent(key)
+	if err, ok := bc.searched[parent]; ok {
+		return err
+	}
+	err := f.checkPath(ctx, bc.p, bc.dir, key)
+	if bc.searched == nil {
+		bc.searched = map[string]error{}
+	}
+	bc.searched[parent] = err
+	return err
 }
 
 // gpuBuffer resolves [off, off+n) of the call's GPU allocation i.
@@ -203,7 +220,7 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 		err = store.ErrNameTooLong
 		return
 	}
-	if err = n.fs.checkPath(ctx, bc.p, bc.dir, key); err != nil {
+	if err = bc.checkPath(ctx, n.fs, key); err != nil {
 		return
 	}
 	bufs = make([]transfer.Buffer, 0, len(op.segs))
