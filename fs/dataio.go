@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
@@ -134,26 +135,56 @@ func (f *FS) getObject(ctx context.Context, key string, r *store.Reader, buf tra
 	return n, r.Object().Version, err
 }
 
-// invalidateKey makes the kernel forget what it cached about dir/rel
-// after a batch put: the inode's attributes if it is known, else a
-// negative dentry in its parent if the daemon answered one (negative.go).
-func (n *node) invalidateKey(rel string) {
+// invalidation is what the kernel must forget about a key after a put by
+// name: the inode's attributes if it is known, else a negative dentry in
+// its parent if the daemon answered one (negative.go).
+type invalidation struct {
+	in      *gofs.Inode
+	name    string // entry of in to forget; "" for in's content
+	content bool
+}
+
+// invalidation finds what the kernel may hold about dir/rel, without
+// telling it: a put must not notify from inside its request (the kernel
+// may wait for the inode the request still uses), so the caller applies
+// it afterwards, and only when there is one.
+func (n *node) invalidation(rel string) (invalidation, bool) {
 	parent := &n.Inode
 	parts := strings.Split(rel, "/")
 	for i, name := range parts {
 		ch := parent.GetChild(name)
 		if ch == nil {
 			if i == len(parts)-1 && n.fs.neg.cached(parent.StableAttr().Ino, name) {
-				parent.NotifyEntry(name)
+				return invalidation{in: parent, name: name}, true
 			}
-			return
+			return invalidation{}, false
 		}
 		if i == len(parts)-1 {
-			ch.NotifyContent(0, 0)
-			return
+			return invalidation{in: ch, content: true}, true
 		}
 		parent = ch
 	}
+	return invalidation{}, false
+}
+
+func (inv invalidation) apply() {
+	if inv.content {
+		inv.in.NotifyContent(0, 0)
+	} else {
+		inv.in.NotifyEntry(inv.name)
+	}
+}
+
+// notifyLater applies invs after the request that made them.
+func notifyLater(invs []invalidation) {
+	if len(invs) == 0 {
+		return
+	}
+	go func() {
+		for _, inv := range invs {
+			inv.apply()
+		}
+	}()
 }
 
 // maxPutRetries bounds how often a batch put of one key looks again at a

@@ -356,16 +356,8 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	t0 := time.Now()
 	errs := n.fs.st.WriteMany(ctx, writes)
 	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	var created []string
-	defer func() {
-		if len(created) > 0 {
-			go func() {
-				for _, rel := range created {
-					n.invalidateKey(rel)
-				}
-			}()
-		}
-	}()
+	var invs []invalidation
+	defer func() { notifyLater(invs) }()
 	var again []*keyOp
 	for j, pp := range ps {
 		if errs != nil && errs[j] != nil {
@@ -393,7 +385,9 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			continue
 		}
 		pp.op.n, pp.op.version = pp.size, o.Version
-		created = append(created, pp.op.rel)
+		if inv, ok := n.invalidation(pp.op.rel); ok {
+			invs = append(invs, inv)
+		}
 	}
 	for _, op := range again {
 		// No room while the call's other keys held theirs: now that the
@@ -484,7 +478,9 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 		}
 		break
 	}
-	go n.invalidateKey(op.rel)
+	if inv, ok := n.invalidation(op.rel); ok {
+		go inv.apply()
+	}
 	return size, o.Version, nil
 }
 
