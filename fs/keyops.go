@@ -113,6 +113,10 @@ type batchCall struct {
 	// searched caches checkPath per parent directory for the call: the
 	// keys of a batch mostly share one.
 	searched map[string]error
+	// for the batch figures: the mount, the call's keys and its start.
+	f     *FS
+	keys  int
+	start time.Time
 }
 
 // checkPath is FS.checkPath for key, once per parent directory a call.
@@ -159,20 +163,32 @@ func (bc *batchCall) release(f *FS) {
 	}
 }
 
-func (n *node) newBatchCall(ctx context.Context, dh *dirHandle, dir string, gpus []ioctl.GPURef) (*batchCall, error) {
+// newBatchCall starts a call of keys keys; the caller ends it with
+// bc.end once the keys are done.
+func (n *node) newBatchCall(ctx context.Context, dh *dirHandle, dir string, gpus []ioctl.GPURef, keys int) (*batchCall, error) {
 	p, err := procOf(ctx)
 	if err != nil {
 		return nil, err
 	}
 	uid, gid := caller(ctx)
-	return &batchCall{dh: dh, p: p, dir: dir, uid: uid, gid: gid, gpus: gpus}, nil
+	return &batchCall{dh: dh, p: p, dir: dir, uid: uid, gid: gid, gpus: gpus, f: n.fs, keys: keys, start: time.Now()}, nil
 }
 
-// countBatch adds a call of keys keys that started at start to the batch
-// figures.
-func (n *node) countBatch(keys int, start time.Time) {
-	n.fs.batches.keys.Add(uint64(keys))
-	n.fs.batches.handlerNs.Add(uint64(time.Since(start)))
+// end releases what the call held and adds it to the batch figures.
+func (bc *batchCall) end() {
+	bc.release(bc.f)
+	bc.f.batches.keys.Add(uint64(bc.keys))
+	bc.f.batches.handlerNs.Add(uint64(time.Since(bc.start)))
+}
+
+// newOps returns count zero keyOps.
+func newOps(count uint32) []*keyOp {
+	ops := make([]keyOp, count)
+	ptrs := make([]*keyOp, count)
+	for i := range ops {
+		ptrs[i] = &ops[i]
+	}
+	return ptrs
 }
 
 // runPuts runs the puts of a call in order: each run of plain puts (no
@@ -494,19 +510,14 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 	if a.Count > ioctl.MaxBatch || (a.Source != ioctl.BatchBuf && a.Source != ioctl.BatchVM) || a.Flags != 0 {
 		return fmt.Errorf("count %d, source %d, flags %#x: %w", a.Count, a.Source, a.Flags, errBadBatch)
 	}
-	bc, err := n.newBatchCall(ctx, dh, dir, nil)
+	bc, err := n.newBatchCall(ctx, dh, dir, nil, int(a.Count))
 	if err != nil {
 		return err
 	}
-	defer bc.release(n.fs)
-	start := time.Now()
-	defer n.countBatch(int(a.Count), start)
-	ops := make([]keyOp, a.Count)
-	ptrs := make([]*keyOp, a.Count)
-	for i := range ops {
+	defer bc.end()
+	ptrs := newOps(a.Count)
+	for i, op := range ptrs {
 		e := &a.Entries[i]
-		op := &ops[i]
-		ptrs[i] = op
 		op.flags, op.objOff, op.setMeta = e.Flags, e.ObjOff, put && putMeta(e.Flags, nil)
 		s := seg{kind: segVM, off: e.Addr, n: e.Len}
 		if a.Source == ioctl.BatchBuf {
@@ -542,19 +553,14 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	if a.Count > ioctl.MaxBatch || a.NGPU > ioctl.MaxGPURefs || a.Flags != 0 {
 		return fmt.Errorf("count %d, %d GPUs, flags %#x: %w", a.Count, a.NGPU, a.Flags, errBadBatch)
 	}
-	bc, err := n.newBatchCall(ctx, dh, dir, a.GPUs[:a.NGPU])
+	bc, err := n.newBatchCall(ctx, dh, dir, a.GPUs[:a.NGPU], int(a.Count))
 	if err != nil {
 		return err
 	}
-	defer bc.release(n.fs)
-	start := time.Now()
-	defer n.countBatch(int(a.Count), start)
-	ops := make([]keyOp, a.Count)
-	ptrs := make([]*keyOp, a.Count)
+	defer bc.end()
+	ptrs := newOps(a.Count)
 	var wire []ioctl.Seg
-	for i := range ops {
-		op := &ops[i]
-		ptrs[i] = op
+	for i, op := range ptrs {
 		e := &a.Entries[i]
 		op.flags, op.objOff = e.Flags, e.ObjOff
 		op.err = decodeVEntry(&a, i, op, &wire, put)
@@ -632,13 +638,11 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	default:
 		return fmt.Errorf("source %d: %w", a.Source, errBadBatch)
 	}
-	bc, err := n.newBatchCall(ctx, dh, dir, gpus)
+	bc, err := n.newBatchCall(ctx, dh, dir, gpus, 1)
 	if err != nil {
 		return err
 	}
-	defer bc.release(n.fs)
-	start := time.Now()
-	defer n.countBatch(1, start)
+	defer bc.end()
 	n.runOps(ctx, bc, put, []*keyOp{op})
 	if op.err != nil {
 		return op.err
