@@ -328,3 +328,48 @@ print("ftruncated=" + meta("a"))
 		"copied": "m3", "truncated": "ENODATA", "ftruncated": "ENODATA"})
 	d.checkAlive(t)
 }
+
+// TestTwoWritersOfOneNameByKey: two processes put the same keys at once,
+// by vector batch and by PUT_KEY, values of several segments each; every
+// key ends up whole from one writer, with that writer's meta, never a mix.
+func TestTwoWritersOfOneNameByKey(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB")
+	writer := keysPrelude + `
+import hashlib
+w = sys.argv[3]
+d = mc.Directory(mnt)
+rng = random.Random(w)
+for rnd in range(60):
+    items = {}
+    for k in range(16):
+        n = rng.randint(1, 40000)
+        body = rng.randbytes(n)
+        tag = (w + ":" + hashlib.sha256(body).hexdigest()).encode()
+        items[f"k{k}"] = (tag, [tag + b"|", body[: n // 2], body[n // 2:]])
+    if rnd % 2:
+        d.batch_putv({k: v[1] for k, v in items.items()}, meta={k: v[0][:2] for k, v in items.items()})
+    else:
+        for k, (tag, parts) in items.items():
+            d.put_key(k, b"".join(parts), meta=tag[:2])
+print("done=1")
+`
+	a := background(t, python, "-c", writer, publicPythonDir(t), d.dir, "A")
+	b := background(t, python, "-c", writer, publicPythonDir(t), d.dir, "B")
+	a.mustWait(t)
+	b.mustWait(t)
+	out := py(t, keysPrelude+`
+import hashlib
+bad = 0
+for k in range(16):
+    v = c.get(f"k{k}")
+    tag, _, body = v.partition(b"|")
+    w, _, h = tag.decode().partition(":")
+    meta = c.lookup(f"k{k}").meta
+    if hashlib.sha256(body).hexdigest() != h or meta != tag[:2]:
+        bad += 1
+print(f"bad={bad}")
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"bad": "0"})
+	d.checkAlive(t)
+}
