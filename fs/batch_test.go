@@ -13,6 +13,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"github.com/mooncake-fs/mooncake-fs/store"
 )
 
 // runBatch runs one BATCH_PUT (or GET) of entries from this process's
@@ -126,4 +127,53 @@ func TestBatchOverwriteNeedsNoDoubleSpace(t *testing.T) {
 	if st := fx.st.Stats(); st.Segments.Used > n*size+1<<20 || st.Reservations != 0 {
 		t.Fatalf("after the rewrite: %+v", st)
 	}
+}
+
+// TestChunkedBatches runs the batch model tests with every call cut into
+// pipelined chunks, as calls with GPU buffers are.
+func TestChunkedBatches(t *testing.T) {
+	chunkAlways = true
+	t.Cleanup(func() { chunkAlways = false })
+	t.Run("vbatch-model", TestVBatchModel)
+	t.Run("in-order", TestBatchEntriesInOrder)
+	t.Run("overwrite", TestBatchOverwriteNeedsNoDoubleSpace)
+	t.Run("many", func(t *testing.T) {
+		// 60 keys, some twice, some failing at their commit: every chunk
+		// boundary falls somewhere in them.
+		fx := newFuzzFixture(t)
+		model := map[string][]byte{}
+		for round := range 3 {
+			var entries []batchEntry
+			var want []int64
+			for k := range 60 {
+				key := fmt.Sprintf("k%d", (k+round*30)%90)
+				data := bytes.Repeat([]byte{byte(round), byte(k)}, 1+(k*37+round)%3000)
+				switch {
+				case k%13 == 5:
+					key = "dup" // the last one wins
+				case round == 2 && k%7 == 0 && model[key] != nil:
+					key += "/under-a-file" // its parent is a file: fails at commit
+				}
+				r := int64(len(data))
+				if model[store.Parent(key)] != nil {
+					r = -int64(syscall.ENOTDIR)
+				} else {
+					model[key] = data
+				}
+				entries = append(entries, batchEntry{key: key, data: data})
+				want = append(want, r)
+			}
+			res := runBatch(t, fx, true, entries)
+			for k, r := range res {
+				if r != want[k] {
+					t.Fatalf("round %d: %s: %d, want %d", round, entries[k].key, r, want[k])
+				}
+			}
+			for key, data := range model {
+				if got := readKey(t, fx, key); !bytes.Equal(got, data) {
+					t.Fatalf("round %d: %s holds %d B, want %d B", round, key, len(got), len(data))
+				}
+			}
+		}
+	})
 }

@@ -291,31 +291,70 @@ func metaXattrs(op *keyOp, cur *store.Object) map[string][]byte {
 	return dropMeta
 }
 
-// batchPut runs a run of plain puts (no flags, offset 0) as one transfer:
-// every key is checked and gets its draft first, then all their bytes
-// move in one engine batch (one process_vm_readv per run of keys of the
-// caller's memory, GPU copies synchronized once), then each key commits
-// on its own; a key whose check, copy or commit fails gets its own error
-// and leaves nothing, and never keeps the others from committing. A key
-// that changed between its check and its commit goes the one-key way
-// again (putOne), which checks it anew; so does one that found no room
-// while the others held theirs.
+// gpuChunkKeys is how many keys of a call with GPU buffers go to the
+// copy engines together: a call's chunks are pipelined, the next chunk's
+// copies running while the keys of the one before commit (puts) or
+// while the next chunk is looked up (gets).
+const gpuChunkKeys = 16
+
+// chunkAlways chunks calls without GPU buffers too (tests: the chunked
+// path without a GPU).
+var chunkAlways = false
+
+// putPending is a key of batchPut between its check and its commit.
+type putPending struct {
+	op   *keyOp
+	key  string
+	size uint64
+	cur  *store.Object
+	tmpl *store.Object
+	d    *store.Draft
+}
+
+// putChunk is the keys of batchPut whose bytes move as one transfer.
+type putChunk struct {
+	ps     []putPending
+	writes []store.DraftWrite
+	gpu    bool // some key's bytes come from GPU memory
+	w      *store.Writes
+}
+
+// batchPut runs a run of plain puts (no flags, offset 0) as few
+// transfers: every key is checked and gets its draft first, then the
+// bytes of all the keys move in one engine batch (one process_vm_readv
+// per run of keys of the caller's memory); from GPU memory, chunks of
+// gpuChunkKeys keys, each chunk's copies running while the chunk before
+// commits. Each key commits on its own; a key whose check, copy or commit
+// fails gets its own error and leaves nothing, and never keeps the others
+// from committing. A key that changed between its check and its commit
+// goes the one-key way again (putOne), which checks it anew; so does one
+// that found no room while the others held theirs.
 func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
-	type pending struct {
-		op   *keyOp
-		key  string
-		size uint64
-		cur  *store.Object
-		tmpl *store.Object
-		d    *store.Draft
-	}
-	ps := make([]pending, 0, len(ops))
-	writes := make([]store.DraftWrite, 0, len(ops))
+	var chunks []*putChunk
 	defer func() {
-		for _, pp := range ps {
-			pp.d.Close()
+		for _, c := range chunks {
+			if c.w != nil {
+				c.w.Wait()
+			}
+			for _, pp := range c.ps {
+				pp.d.Close()
+			}
 		}
 	}()
+	var invs []invalidation
+	defer func() { notifyLater(invs) }()
+	var again []*keyOp
+	done := 0 // chunks committed
+	start := func(c *putChunk) {
+		t0 := time.Now()
+		c.w = n.fs.st.StartWrites(ctx, c.writes)
+		n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
+	}
+	commitUpTo := func(k int) {
+		for ; done < k; done++ {
+			n.commitChunk(ctx, bc, chunks[done], &invs, &again)
+		}
+	}
 	// New keys of one directory share its placement and its permission
 	// check: looked up once per call.
 	type dirInfo struct {
@@ -323,19 +362,21 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		err   error
 	}
 	dirs := map[string]dirInfo{}
+	cur := &putChunk{}
+	chunks = append(chunks, cur)
 	for _, op := range ops {
 		key, bufs, size, err := n.target(ctx, bc, op)
 		if err != nil {
 			op.fail(err)
 			continue
 		}
-		cur, err := n.fs.st.Stat(ctx, key)
+		old, err := n.fs.st.Stat(ctx, key)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			op.fail(err)
 			continue
 		}
 		var place store.Placement
-		if cur == nil {
+		if old == nil {
 			parent := store.Parent(key)
 			di, ok := dirs[parent]
 			if !ok {
@@ -347,7 +388,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				dirs[parent] = di
 			}
 			err, place = di.err, di.place
-		} else if err = n.mayPut(ctx, bc.p, key, cur); err == nil {
+		} else if err = n.mayPut(ctx, bc.p, key, old); err == nil {
 			place = n.fs.st.PlacementFor(ctx, key)
 		}
 		if err != nil {
@@ -355,31 +396,55 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			continue
 		}
 		ino := store.NewIno()
-		if cur != nil {
-			ino = cur.Ino
+		if old != nil {
+			ino = old.Ino
 		}
 		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}
 		d := n.fs.st.NewDraft(ino, nil, true)
 		d.Place(place)
 		d.Expect(size)
-		// Reserved before any key of the call commits, so before the
-		// versions they replace are freed: no eviction for that; a key
-		// that finds no room goes again on its own after the commits.
+		// Reserved before the keys of the call before it commit, so
+		// perhaps before the versions they replace are freed: no eviction
+		// for that; a key that finds no room goes again on its own after
+		// the commits.
 		d.NoEvict()
-		ps = append(ps, pending{op: op, key: key, size: size, cur: cur, tmpl: tmpl, d: d})
-		writes = append(writes, store.DraftWrite{Draft: d, Bufs: bufs})
+		cur.ps = append(cur.ps, putPending{op: op, key: key, size: size, cur: old, tmpl: tmpl, d: d})
+		cur.writes = append(cur.writes, store.DraftWrite{Draft: d, Bufs: bufs})
+		for _, b := range bufs {
+			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
+		}
+		if (cur.gpu || chunkAlways) && len(cur.ps) >= gpuChunkKeys {
+			start(cur)
+			// The copies of cur run while the chunk before commits.
+			commitUpTo(len(chunks) - 1)
+			cur = &putChunk{}
+			chunks = append(chunks, cur)
+		}
+	}
+	if len(cur.ps) > 0 {
+		start(cur)
+	}
+	commitUpTo(len(chunks))
+	for _, op := range again {
+		// No room while the call's other keys held theirs: now that the
+		// versions they replaced are freed (or with eviction), alone.
+		n.putAlone(ctx, bc, op)
+	}
+}
+
+// commitChunk waits for c's copies and commits each of its keys.
+func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs *[]invalidation, again *[]*keyOp) {
+	if c.w == nil {
+		return // empty
 	}
 	t0 := time.Now()
-	errs := n.fs.st.WriteMany(ctx, writes)
+	errs := c.w.Wait()
 	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	var invs []invalidation
-	defer func() { notifyLater(invs) }()
-	var again []*keyOp
-	for j, pp := range ps {
+	for j, pp := range c.ps {
 		if errs != nil && errs[j] != nil {
 			pp.d.Close()
 			if errors.Is(errs[j], store.ErrNoSpace) {
-				again = append(again, pp.op)
+				*again = append(*again, pp.op)
 				continue
 			}
 			pp.op.fail(errs[j])
@@ -402,29 +467,42 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 		pp.op.n, pp.op.version = pp.size, o.Version
 		if inv, ok := n.invalidation(pp.op.rel); ok {
-			invs = append(invs, inv)
+			*invs = append(*invs, inv)
 		}
-	}
-	for _, op := range again {
-		// No room while the call's other keys held theirs: now that the
-		// versions they replaced are freed (or with eviction), alone.
-		n.putAlone(ctx, bc, op)
 	}
 }
 
 // batchGet runs the gets of a call as one transfer: each key's version
 // is opened and its mode (and meta, when asked) checked on it first, then
-// every copy runs in one engine batch (ReadMany); each key gets its own
-// result.
+// every copy runs in one engine batch (StartReads), or, into GPU memory,
+// one per chunk of gpuChunkKeys keys, started as soon as the chunk is
+// looked up; each key gets its own result.
 func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
-	at := make([]*keyOp, 0, len(ops))
-	reads := make([]store.ReaderRead, 0, len(ops))
+	type getChunk struct {
+		at    []*keyOp
+		reads []store.ReaderRead
+		gpu   bool
+		m     *store.Reads
+	}
+	var chunks []*getChunk
 	readers := make([]*store.Reader, 0, len(ops))
 	defer func() {
+		for _, c := range chunks {
+			if c.m != nil {
+				c.m.Wait()
+			}
+		}
 		for _, r := range readers {
 			r.Close()
 		}
 	}()
+	start := func(c *getChunk) {
+		t0 := time.Now()
+		c.m = n.fs.st.StartReads(ctx, c.reads)
+		n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
+	}
+	cur := &getChunk{}
+	chunks = append(chunks, cur)
 	for _, op := range ops {
 		if op.err != nil {
 			continue
@@ -450,18 +528,34 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			op.fail(fmt.Errorf("%s: meta %q, asked for %q: %w", key, op.gotMeta, op.meta, errMetaMismatch))
 			continue
 		}
-		at = append(at, op)
-		reads = append(reads, store.ReaderRead{Reader: r, Bufs: bufs, Off: op.objOff})
+		cur.at = append(cur.at, op)
+		cur.reads = append(cur.reads, store.ReaderRead{Reader: r, Bufs: bufs, Off: op.objOff})
+		for _, b := range bufs {
+			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
+		}
+		if (cur.gpu || chunkAlways) && len(cur.at) >= gpuChunkKeys {
+			start(cur)
+			cur = &getChunk{}
+			chunks = append(chunks, cur)
+		}
 	}
-	t0 := time.Now()
-	counts, errs := n.fs.st.ReadMany(ctx, reads)
-	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	for j, op := range at {
-		if errs != nil && errs[j] != nil {
-			op.fail(errs[j])
+	if len(cur.at) > 0 {
+		start(cur)
+	}
+	for _, c := range chunks {
+		if c.m == nil {
 			continue
 		}
-		op.n, op.version = counts[j], reads[j].Reader.Object().Version
+		t0 := time.Now()
+		counts, errs := c.m.Wait()
+		n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
+		for j, op := range c.at {
+			if errs != nil && errs[j] != nil {
+				op.fail(errs[j])
+				continue
+			}
+			op.n, op.version = counts[j], c.reads[j].Reader.Object().Version
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/btree"
 )
@@ -67,6 +68,8 @@ type Allocator struct {
 		free  uint64               // sum of the free ranges' lengths
 		used  uint64               // bytes handed out and not yet freed
 	}
+	// usedNow mirrors mu.used for readers that take no lock (Used).
+	usedNow atomic.Uint64
 }
 
 func lessByOff(a, b Range) bool { return a.Off < b.Off }
@@ -220,6 +223,7 @@ func (a *Allocator) takeLocked(r Range, k uint64) {
 	}
 	a.mu.free -= k
 	a.mu.used += k
+	a.usedNow.Store(a.mu.used)
 }
 
 func (a *Allocator) insertLocked(r Range) {
@@ -288,6 +292,7 @@ func (a *Allocator) Free(r Range) error {
 	a.insertLocked(merged)
 	a.mu.free += r.Len
 	a.mu.used -= r.Len
+	a.usedNow.Store(a.mu.used)
 	a.checkInvariantsLocked()
 	return nil
 }
@@ -306,6 +311,10 @@ func (a *Allocator) Stats() Stats {
 		Fragmentation: fragmentation(largest.Len, a.mu.free),
 	}
 }
+
+// Used returns the bytes handed out and not yet freed, without the lock:
+// a moment's value, for a quick look such as an eviction watermark.
+func (a *Allocator) Used() uint64 { return a.usedNow.Load() }
 
 // FreeRanges returns the free ranges in offset order. It is O(n) and meant
 // for tests and diagnostics.

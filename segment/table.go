@@ -22,6 +22,7 @@ type Table struct {
 type tableSnap struct {
 	byID map[ID]*Segment
 	list []*Segment // in Add order
+	size uint64     // the allocators' sizes, summed
 }
 
 // NewTable returns an empty table.
@@ -49,7 +50,7 @@ func (t *Table) Add(s *Segment) error {
 	if _, dup := old.byID[s.ID]; dup {
 		return fmt.Errorf("segment: add seg%d: %w", s.ID, ErrDuplicateSegment)
 	}
-	next := &tableSnap{byID: maps.Clone(old.byID), list: append(slices.Clip(old.list), s)}
+	next := &tableSnap{byID: maps.Clone(old.byID), list: append(slices.Clip(old.list), s), size: old.size + s.Alloc.Size()}
 	next.byID[s.ID] = s
 	t.snap.Store(next)
 	return nil
@@ -59,6 +60,21 @@ func (t *Table) Add(s *Segment) error {
 func (t *Table) Get(id ID) (*Segment, bool) {
 	s, ok := t.snap.Load().byID[id]
 	return s, ok
+}
+
+// Size returns the bytes the segments' allocators manage. It takes no
+// lock.
+func (t *Table) Size() uint64 { return t.snap.Load().size }
+
+// Used returns the bytes allocated in all segments, as Stats().Used
+// but cheaply and without locks: each segment's figure is a moment's,
+// so the sum may mix moments of concurrent allocations.
+func (t *Table) Used() uint64 {
+	var n uint64
+	for _, s := range t.snap.Load().list {
+		n += s.Alloc.Used()
+	}
+	return n
 }
 
 // Segments returns the segments in the order they were added. The caller

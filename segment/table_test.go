@@ -231,6 +231,23 @@ func TestTableStats(t *testing.T) {
 	if got := NewTable().Stats(); got != (Stats{}) {
 		t.Fatalf("empty table: %+v", got)
 	}
+	// The lock-free figures agree with Stats when nothing runs.
+	if tb.Size() != want.Size || tb.Used() != want.Used {
+		t.Fatalf("Size %d Used %d, want %d %d", tb.Size(), tb.Used(), want.Size, want.Used)
+	}
+	ext, err := tb.Alloc(pg(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tb.Used() != pg(10) || tb.Stats().Used != pg(10) {
+		t.Fatalf("after a split allocation: Used %d, Stats %+v", tb.Used(), tb.Stats())
+	}
+	if err := tb.Free(ext); err != nil {
+		t.Fatal(err)
+	}
+	if tb.Used() != pg(1) {
+		t.Fatalf("after the free: Used %d", tb.Used())
+	}
 }
 
 // TestTableConcurrent allocates, stamps, verifies and frees through a table

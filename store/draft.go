@@ -556,49 +556,80 @@ type DraftWrite struct {
 }
 
 // WriteMany runs several writes, each into a draft of its own (a draft
-// is held from its write's reservation to its end), as one transfer: one engine batch, so a process's memory is read
-// with as few process_vm_readv calls as the kernel allows and GPU copies
-// are synchronized once. It returns each write's error, nil for all when
-// all succeeded; each write fails its own draft only, as WriteFrom would.
+// is held from its write's reservation to its end), as one transfer: one
+// engine batch, so a process's memory is read with as few
+// process_vm_readv calls as the kernel allows and GPU copies are
+// synchronized once. It returns each write's error, nil for all when all
+// succeeded; each write fails its own draft only, as WriteFrom would.
 func (s *Store) WriteMany(ctx context.Context, ws []DraftWrite) []error {
-	errs := make([]error, len(ws))
-	finish := make([]func(error) (uint64, error), len(ws))
-	span := make([][2]int, len(ws)) // each write's requests in all
+	return s.StartWrites(ctx, ws).Wait()
+}
+
+// Writes is a WriteMany started by StartWrites.
+type Writes struct {
+	ws     []DraftWrite
+	errs   []error
+	finish []func(error) (uint64, error)
+	span   [][2]int // each write's requests in the flight
+	flight *transfer.Flight
+	failed bool
+	done   bool
+}
+
+// StartWrites is WriteMany that returns once the copies are started: GPU
+// copies may still run, so the caller can do other work (commit drafts of
+// an earlier batch) meanwhile. Each draft stays busy until Wait, which
+// the caller must call before it commits or closes them.
+func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
+	w := &Writes{ws: ws, errs: make([]error, len(ws)), finish: make([]func(error) (uint64, error), len(ws)), span: make([][2]int, len(ws))}
 	all := make([]transfer.Request, 0, 2*len(ws))
-	failed := false
-	for i, w := range ws {
-		if err := w.Draft.Err(); err != nil {
-			errs[i], failed = err, true
+	for i, dw := range ws {
+		if err := dw.Draft.Err(); err != nil {
+			w.errs[i], w.failed = err, true
 			continue
 		}
-		reqs, fin, err := w.Draft.prepareWrite(ctx, w.Bufs, w.Off)
+		reqs, fin, err := dw.Draft.prepareWrite(ctx, dw.Bufs, dw.Off)
 		if err != nil {
-			w.Draft.fail(err)
-			errs[i], failed = err, true
+			dw.Draft.fail(err)
+			w.errs[i], w.failed = err, true
 			continue
 		}
-		finish[i] = fin
-		span[i] = [2]int{len(all), len(all) + len(reqs)}
+		w.finish[i] = fin
+		w.span[i] = [2]int{len(all), len(all) + len(reqs)}
 		all = append(all, reqs...)
 	}
-	each := s.eng.SubmitEach(ctx, all)
-	for i, fin := range finish {
+	w.flight = s.eng.Start(ctx, all)
+	return w
+}
+
+// Wait waits for the copies and returns each write's error as WriteMany
+// does.
+func (w *Writes) Wait() []error {
+	if w.done {
+		if !w.failed {
+			return nil
+		}
+		return w.errs
+	}
+	w.done = true
+	each := w.flight.Wait()
+	for i, fin := range w.finish {
 		if fin == nil {
 			continue
 		}
 		var err error
 		if each != nil {
-			err = errors.Join(each[span[i][0]:span[i][1]]...)
+			err = errors.Join(each[w.span[i][0]:w.span[i][1]]...)
 		}
 		if _, err = fin(err); err != nil {
-			ws[i].Draft.fail(err)
-			errs[i], failed = err, true
+			w.ws[i].Draft.fail(err)
+			w.errs[i], w.failed = err, true
 		}
 	}
-	if !failed {
+	if !w.failed {
 		return nil
 	}
-	return errs
+	return w.errs
 }
 
 // ReadAt copies draft bytes at off into p and returns the count, short at
@@ -1008,7 +1039,7 @@ func (d *Draft) Close() {
 
 // alloc reserves n bytes of local segment space, evicting if allowed.
 func (s *Store) alloc(n uint64) ([]segment.Extent, error) {
-	if size := s.segs.Stats().Size; n > size {
+	if size := s.segs.Size(); n > size {
 		// Evicting cannot help: refuse before anything is evicted.
 		return nil, fmt.Errorf("store: reserve %d B in a store of %d B: %w", n, size, ErrNoSpace)
 	}

@@ -278,15 +278,29 @@ type ReaderRead struct {
 // bodies on other nodes run one by one. It returns each read's count and
 // error (errs nil when all succeeded).
 func (s *Store) ReadMany(ctx context.Context, rs []ReaderRead) (counts []uint64, errs []error) {
-	counts = make([]uint64, len(rs))
-	out := make([]error, len(rs))
-	failed := false
+	return s.StartReads(ctx, rs).Wait()
+}
+
+// Reads is a ReadMany started by StartReads.
+type Reads struct {
+	counts []uint64
+	errs   []error
+	span   [][2]int // each read's requests in the flight
+	flight *transfer.Flight
+	failed bool
+	done   bool
+}
+
+// StartReads is ReadMany that returns once the copies are started (reads
+// of remote bodies are done): GPU copies may still run until Wait, which
+// the caller must call before it uses the buffers or closes the readers.
+func (s *Store) StartReads(ctx context.Context, rs []ReaderRead) *Reads {
+	m := &Reads{counts: make([]uint64, len(rs)), errs: make([]error, len(rs)), span: make([][2]int, len(rs))}
 	set := func(i int, err error) {
 		if err != nil {
-			out[i], failed = err, true
+			m.errs[i], m.failed = err, true
 		}
 	}
-	span := make([][2]int, len(rs))
 	var all []transfer.Request
 	for i, rd := range rs {
 		r := rd.Reader
@@ -298,11 +312,11 @@ func (s *Store) ReadMany(ctx context.Context, rs []ReaderRead) (counts []uint64,
 			for _, buf := range rd.Bufs {
 				n, err := r.ReadTo(ctx, buf, at)
 				if err != nil {
-					counts[i] = 0
+					m.counts[i] = 0
 					set(i, err)
 					break
 				}
-				counts[i] += n
+				m.counts[i] += n
 				if at += n; n < buf.Size() {
 					break
 				}
@@ -318,22 +332,32 @@ func (s *Store) ReadMany(ctx context.Context, rs []ReaderRead) (counts []uint64,
 					break
 				}
 			}
-			span[i] = [2]int{first, len(all)}
-			counts[i] = at - rd.Off
+			m.span[i] = [2]int{first, len(all)}
+			m.counts[i] = at - rd.Off
 		}
 	}
-	if each := s.eng.SubmitEach(ctx, all); each != nil {
-		for i := range rs {
-			if sp := span[i]; sp[1] > sp[0] {
-				if err := errors.Join(each[sp[0]:sp[1]]...); err != nil {
-					counts[i] = 0
-					set(i, err)
+	m.flight = s.eng.Start(ctx, all)
+	return m
+}
+
+// Wait waits for the copies and returns each read's count and error as
+// ReadMany does.
+func (m *Reads) Wait() (counts []uint64, errs []error) {
+	if !m.done {
+		m.done = true
+		if each := m.flight.Wait(); each != nil {
+			for i := range m.counts {
+				if sp := m.span[i]; sp[1] > sp[0] {
+					if err := errors.Join(each[sp[0]:sp[1]]...); err != nil {
+						m.counts[i] = 0
+						m.errs[i], m.failed = err, true
+					}
 				}
 			}
 		}
 	}
-	if !failed {
-		return counts, nil
+	if !m.failed {
+		return m.counts, nil
 	}
-	return counts, out
+	return m.counts, m.errs
 }

@@ -460,6 +460,5 @@ func (s *Store) kickEvict() {
 
 // aboveHighWater reports whether use passed the high watermark.
 func (s *Store) aboveHighWater() bool {
-	st := s.segs.Stats()
-	return float64(st.Used) > s.opts.HighWater*float64(st.Size)
+	return float64(s.segs.Used()) > s.opts.HighWater*float64(s.segs.Size())
 }

@@ -68,6 +68,7 @@ type Engine struct {
 	wg      sync.WaitGroup
 	closeMu sync.RWMutex
 	closed  bool
+	flights sync.WaitGroup // started flights not yet waited for
 	stats   statsCounters
 	metrics *metrics
 	streams streamPool
@@ -123,6 +124,7 @@ func (e *Engine) Close() {
 	}
 	e.closeMu.Unlock()
 	e.wg.Wait()
+	e.flights.Wait()
 	e.streams.close()
 }
 
@@ -132,7 +134,9 @@ func (e *Engine) Close() {
 // not return before every copy it started has finished, so the caller may
 // reuse its buffers as soon as it returns.
 func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
-	return errors.Join(e.submit(ctx, reqs)...)
+	f := e.Start(ctx, reqs)
+	f.wait()
+	return errors.Join(f.errs...)
 }
 
 // SubmitEach is Submit that reports each request's own outcome: nil when
@@ -140,62 +144,60 @@ func (e *Engine) Submit(ctx context.Context, reqs []Request) error {
 // that succeeded). A failure that is no one request's (the context, a
 // GPU stream's synchronize) is every request's.
 func (e *Engine) SubmitEach(ctx context.Context, reqs []Request) []error {
-	errs := e.submit(ctx, reqs)
-	if len(errs) == 0 {
-		return nil
-	}
-	out := make([]error, len(reqs))
-	var all []error
-	for _, err := range errs {
-		if re, ok := errors.AsType[*RequestError](err); ok && re.Index >= 0 && re.Index < len(reqs) {
-			out[re.Index] = errors.Join(out[re.Index], err)
-		} else {
-			all = append(all, err)
-		}
-	}
-	if len(all) > 0 {
-		for i := range out {
-			out[i] = errors.Join(append([]error{out[i]}, all...)...)
-		}
-	}
-	return out
+	return e.Start(ctx, reqs).Wait()
 }
 
-// RequestError is the failure of one request of a batch.
-type RequestError struct {
-	Index int // in the batch
-	Err   error
+// Flight is a batch started by Start whose GPU copies may still be
+// running: the caller must call Wait, once the CPU work it overlaps with
+// them is done, before it touches the batch's memory or closes the engine.
+type Flight struct {
+	e      *Engine
+	reqs   []Request
+	errs   []error
+	each   []error
+	gpu    []gpuStream // streams with copies queued, synchronized by Wait
+	gpuN   int
+	gpuB   uint64
+	gstart time.Time
+	held   bool // counted in e.flights until Wait
+	waited bool
 }
 
-func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.Index, e.Err) }
-func (e *RequestError) Unwrap() error { return e.Err }
-
-func reqError(i int, err error) error { return &RequestError{Index: i, Err: err} }
-
-func (e *Engine) submit(ctx context.Context, reqs []Request) []error {
+// Start runs the batch's host, process-memory and remote requests before
+// it returns and queues its GPU copies on the devices' streams without
+// waiting for them, so that a caller can prepare (or commit) other work
+// while the copy engines run. Wait finishes it.
+func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
+	f := &Flight{e: e, reqs: reqs}
 	if err := ctx.Err(); err != nil {
-		return []error{err}
+		f.errs = []error{err}
+		return f
 	}
 	e.closeMu.RLock()
-	defer e.closeMu.RUnlock()
 	if e.closed {
-		return []error{ErrClosed}
+		e.closeMu.RUnlock()
+		f.errs = []error{ErrClosed}
+		return f
 	}
+	// Counted, not locked: the caller may submit other batches before it
+	// waits (a nested read lock would deadlock against Close).
+	e.flights.Add(1)
+	f.held = true
+	defer e.closeMu.RUnlock()
 	start := time.Now()
-	var errs []error
 	var mem []memPair
 	var vm []vmPiece
 	var gpu []gpuPiece
 	var remote []remotePiece
-	var memBytes, vmBytes, gpuBytes, _ uint64
+	var memBytes, vmBytes uint64
 	for i, r := range reqs {
 		if err := r.validate(); err != nil {
-			errs = append(errs, reqError(i, err))
+			f.errs = append(f.errs, reqError(i, err))
 			continue
 		}
 		if r.Node != "" && r.Node != e.opts.Self {
 			if e.opts.Remote == nil {
-				errs = append(errs, reqError(i, fmt.Errorf("extent on node %q and no transport: %w", r.Node, ErrNoStrategy)))
+				f.errs = append(f.errs, reqError(i, fmt.Errorf("extent on node %q and no transport: %w", r.Node, ErrNoStrategy)))
 				continue
 			}
 			remote = append(remote, remotePiece{idx: i, req: r})
@@ -203,7 +205,7 @@ func (e *Engine) submit(ctx context.Context, reqs []Request) []error {
 		}
 		seg, err := e.opts.Local.Bytes(r.Extent)
 		if err != nil {
-			errs = append(errs, reqError(i, fmt.Errorf("%v: %w", r.Extent, errors.Join(err, ErrNoStrategy))))
+			f.errs = append(f.errs, reqError(i, fmt.Errorf("%v: %w", r.Extent, errors.Join(err, ErrNoStrategy))))
 			continue
 		}
 		switch r.Buf.Kind {
@@ -223,32 +225,87 @@ func (e *Engine) submit(ctx context.Context, reqs []Request) []error {
 			vmBytes += r.Extent.Len
 		case CUDA:
 			gpu = append(gpu, gpuPiece{idx: i, op: r.Op, ctx: r.Buf.Ctx, dev: r.Buf.Dev + cuda.DevicePtr(r.BufOff), host: seg})
-			gpuBytes += r.Extent.Len
+			f.gpuB += r.Extent.Len
 		default:
-			errs = append(errs, reqError(i, fmt.Errorf("buffer kind %v: %w", r.Buf.Kind, ErrNoStrategy)))
+			f.errs = append(f.errs, reqError(i, fmt.Errorf("buffer kind %v: %w", r.Buf.Kind, ErrNoStrategy)))
 		}
 	}
+	if len(gpu) > 0 {
+		// Queued first: the copy engines run while the CPU does the rest.
+		f.gstart, f.gpuN = time.Now(), len(gpu)
+		var errs []error
+		f.gpu, errs = e.queueGPU(gpu)
+		f.errs = append(f.errs, errs...)
+	}
 	if len(mem) > 0 {
-		errs = append(errs, e.copyMem(mem, memBytes)...)
+		f.errs = append(f.errs, e.copyMem(mem, memBytes)...)
 		e.account(pathLocal, reqs, Host, memBytes, len(mem), time.Since(start))
 	}
 	if len(vm) > 0 {
 		vstart := time.Now()
-		errs = append(errs, e.copyVM(vm, vmBytes)...)
+		f.errs = append(f.errs, e.copyVM(vm, vmBytes)...)
 		e.account(pathProcessVM, reqs, ProcessVM, vmBytes, len(vm), time.Since(vstart))
-	}
-	if len(gpu) > 0 {
-		gstart := time.Now()
-		errs = append(errs, e.copyGPU(gpu)...)
-		e.account(pathCUDA, reqs, CUDA, gpuBytes, len(gpu), time.Since(gstart))
 	}
 	if len(remote) > 0 {
 		rstart := time.Now()
-		errs = append(errs, e.copyRemote(ctx, remote)...)
+		f.errs = append(f.errs, e.copyRemote(ctx, remote)...)
 		e.accountRemote(remote, time.Since(rstart))
 	}
-	return errs
+	return f
 }
+
+// Wait waits for the flight's GPU copies and returns each request's
+// outcome as SubmitEach does. It may be called again: it returns the same.
+func (f *Flight) Wait() []error {
+	if f.waited {
+		return f.each
+	}
+	f.wait()
+	if len(f.errs) == 0 {
+		return nil
+	}
+	out := make([]error, len(f.reqs))
+	var all []error
+	for _, err := range f.errs {
+		if re, ok := errors.AsType[*RequestError](err); ok && re.Index >= 0 && re.Index < len(f.reqs) {
+			out[re.Index] = errors.Join(out[re.Index], err)
+		} else {
+			all = append(all, err)
+		}
+	}
+	if len(all) > 0 {
+		for i := range out {
+			out[i] = errors.Join(append([]error{out[i]}, all...)...)
+		}
+	}
+	f.each = out
+	return out
+}
+
+func (f *Flight) wait() {
+	if f.waited {
+		return
+	}
+	f.waited = true
+	if f.gpuN > 0 {
+		f.errs = append(f.errs, f.e.syncGPU(f.gpu)...)
+		f.e.account(pathCUDA, f.reqs, CUDA, f.gpuB, f.gpuN, time.Since(f.gstart))
+	}
+	if f.held {
+		f.e.flights.Done()
+	}
+}
+
+// RequestError is the failure of one request of a batch.
+type RequestError struct {
+	Index int // in the batch
+	Err   error
+}
+
+func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.Index, e.Err) }
+func (e *RequestError) Unwrap() error { return e.Err }
+
+func reqError(i int, err error) error { return &RequestError{Index: i, Err: err} }
 
 type memPair struct {
 	dst, src []byte

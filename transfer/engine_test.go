@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -234,4 +235,57 @@ func TestRegisteredFault(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A flight holds the engine open until it is waited for, reports each
+// request's outcome like SubmitEach, and its caller may submit other
+// batches meanwhile.
+func TestFlight(t *testing.T) {
+	e, _ := newEngine(t, 1<<20, Options{})
+	src := []byte("flight bytes")
+	reqs := []Request{
+		{Op: Write, Buf: HostBuffer(src), Extent: segment.Extent{Segment: 0, Off: 0, Len: uint64(len(src))}},
+		{Op: Write, Buf: HostBuffer(src), Extent: segment.Extent{Segment: 7, Off: 0, Len: 4}},
+	}
+	f := e.Start(context.Background(), reqs)
+	// Nested while the first is in flight: no deadlock with a Close that
+	// waits (below, this one runs before Close is called).
+	dst := make([]byte, len(src))
+	if err := e.Submit(context.Background(), []Request{{Op: Read, Buf: HostBuffer(dst), Extent: reqs[0].Extent}}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, src) {
+		t.Fatalf("read %q", dst)
+	}
+	closed := make(chan struct{})
+	var waited atomic.Bool
+	go func() {
+		e.Close()
+		if !waited.Load() {
+			t.Error("Close returned before the flight was waited for")
+		}
+		close(closed)
+	}()
+	for !e.isClosed() {
+		runtime.Gosched()
+	}
+	if got := e.Start(context.Background(), reqs[:1]).Wait(); len(got) != 1 || !errors.Is(got[0], ErrClosed) {
+		t.Fatalf("Start after Close: %v", got)
+	}
+	waited.Store(true)
+	each := f.Wait()
+	<-closed
+	if len(each) != 2 || each[0] != nil || each[1] == nil {
+		t.Fatalf("per-request errors %v: want the second alone", each)
+	}
+	if again := f.Wait(); len(again) != 2 || again[1] != each[1] {
+		t.Fatalf("second Wait %v, first %v", again, each)
+	}
+}
+
+// isClosed reports whether Close was called.
+func (e *Engine) isClosed() bool {
+	e.closeMu.RLock()
+	defer e.closeMu.RUnlock()
+	return e.closed
 }

@@ -65,22 +65,33 @@ func (p *streamPool) close() {
 	p.all, p.free = nil, nil
 }
 
-// copyGPU queues every piece as chunked asynchronous copies on a stream of
-// its context and waits for them: the copy engine moves the bytes between
-// the GPU and the segment directly, at full speed when the segment is
-// pinned (cuMemHostRegister).
-func (e *Engine) copyGPU(pieces []gpuPiece) []error {
+// gpuStream is a stream of a context that a flight queued copies on.
+type gpuStream struct {
+	ctx *cuda.Context
+	s   *cuda.Stream
+}
+
+// queueGPU queues every piece as chunked asynchronous copies on a stream
+// of its context and returns the streams used, for syncGPU: the copy
+// engine moves the bytes between the GPU and the segment directly, at
+// full speed when the segment is pinned (cuMemHostRegister).
+func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 	var errs []error
-	used := map[*cuda.Context]*cuda.Stream{}
+	var used []gpuStream
 	for _, p := range pieces {
-		s, ok := used[p.ctx]
-		if !ok {
+		var s *cuda.Stream
+		for _, u := range used {
+			if u.ctx == p.ctx {
+				s = u.s
+			}
+		}
+		if s == nil {
 			var err error
 			if s, err = e.streams.get(p.ctx); err != nil {
 				errs = append(errs, reqError(p.idx, fmt.Errorf("stream: %w", err)))
 				continue
 			}
-			used[p.ctx] = s
+			used = append(used, gpuStream{p.ctx, s})
 		}
 		for off := 0; off < len(p.host); off += gpuChunk {
 			end := min(off+gpuChunk, len(p.host))
@@ -96,11 +107,23 @@ func (e *Engine) copyGPU(pieces []gpuPiece) []error {
 			}
 		}
 	}
-	for ctx, s := range used {
-		if err := s.Sync(); err != nil {
-			errs = append(errs, fmt.Errorf("gpu %d: %w", ctx.Ordinal(), err))
+	return used, errs
+}
+
+// syncGPU waits for the copies queued on used and gives the streams back.
+func (e *Engine) syncGPU(used []gpuStream) []error {
+	var errs []error
+	for _, u := range used {
+		if err := u.s.Sync(); err != nil {
+			errs = append(errs, fmt.Errorf("gpu %d: %w", u.ctx.Ordinal(), err))
 		}
-		e.streams.put(ctx, s)
+		e.streams.put(u.ctx, u.s)
 	}
 	return errs
+}
+
+// copyGPU queues pieces and waits for them.
+func (e *Engine) copyGPU(pieces []gpuPiece) []error {
+	used, errs := e.queueGPU(pieces)
+	return append(errs, e.syncGPU(used)...)
 }

@@ -46,6 +46,9 @@ type benchConfig struct {
 	keepGoing bool
 	// daemonCPUs is passed to the benchmark's daemon as --cpus.
 	daemonCPUs string
+	// daemonMetrics is passed to the benchmark's daemon as --metrics, to
+	// profile it while a case runs (/debug/pprof).
+	daemonMetrics string
 }
 
 const (
@@ -64,6 +67,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fl.IntVar(&c.reps, "reps", 3, "repetitions of each side of each case; the median is reported")
 	fl.IntVar(&c.files, "files", 5000, "files per pass of fuse-small-files")
 	fl.BoolVar(&c.keepGoing, "keep-going", false, "report a failed case and run the next instead of stopping")
+	fl.StringVar(&c.daemonMetrics, "daemon-metrics", "", "serve the benchmark's daemon's metrics and profiles (/debug/pprof) at ADDR")
 	fl.StringVar(&c.daemonCPUs, "daemon-cpus", "", "run the benchmark's daemon with --cpus LIST (the workers stay where the scheduler puts them)")
 	if err := fl.Parse(args); err != nil {
 		return nil, err
@@ -123,7 +127,7 @@ func runBench(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 
-	env := &benchEnv{self: self, daemonCPUs: cfg.daemonCPUs, clusterNodeSize: clusterNodeSize(cfg)}
+	env := &benchEnv{self: self, daemonCPUs: cfg.daemonCPUs, daemonMetrics: cfg.daemonMetrics, clusterNodeSize: clusterNodeSize(cfg)}
 	defer func() {
 		if cerr := env.close(); cerr != nil {
 			fmt.Fprintf(os.Stderr, "mooncake-fs bench: cleanup: %v\n", cerr)

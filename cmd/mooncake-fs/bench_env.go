@@ -34,8 +34,9 @@ type benchEnv struct {
 	mnt    string
 	tmpfs  string
 	failed bool // dump the daemon's log at close
-	// daemonCPUs, when set, is the daemon's --cpus.
-	daemonCPUs string
+	// daemonCPUs and daemonMetrics, when set, are its --cpus and --metrics.
+	daemonCPUs    string
+	daemonMetrics string
 	// clusterNodeSize is the capacity of each cluster daemon.
 	clusterNodeSize uint64
 
@@ -86,6 +87,9 @@ func (e *benchEnv) startDaemon(ctx context.Context, storeSize uint64) error {
 	args := []string{"mount", "--size", strconv.FormatUint(storeSize, 10), "--evict", "off"}
 	if e.daemonCPUs != "" {
 		args = append(args, "--cpus", e.daemonCPUs)
+	}
+	if e.daemonMetrics != "" {
+		args = append(args, "--metrics", e.daemonMetrics)
 	}
 	var err error
 	e.daemon, err = e.startProc(ctx, "daemon", "READY "+e.mnt, e.self, append(args, e.mnt)...)
