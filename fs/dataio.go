@@ -10,7 +10,6 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -47,7 +46,7 @@ func regBuffer(t *regTable, tid int, id, off, n uint64) (buf transfer.Buffer, r 
 		return transfer.VMBuffer(tid, r.vmAddr+off, n), r, nil
 	}
 	if r.gpu != nil {
-		return transfer.CUDABuffer(r.gpu.ctx, r.gpu.base+cuda.DevicePtr(r.gpuOff+off), n), r, nil
+		return transfer.CUDAAllocBuffer(r.gpu.ctx, r.gpu.base, r.gpuOff+off, n), r, nil
 	}
 	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, r, nil
 }

@@ -293,7 +293,7 @@ func mappedRange(m *ipcMapping, off, n uint64) (transfer.Buffer, error) {
 	if off > m.size || n > m.size-off {
 		return transfer.Buffer{}, fmt.Errorf("%d B at %d of a %d B allocation: %w", n, off, m.size, errDevRange)
 	}
-	return transfer.CUDABuffer(m.ctx, m.base+cuda.DevicePtr(off), n), nil
+	return transfer.CUDAAllocBuffer(m.ctx, m.base, off, n), nil
 }
 
 // cudaBuffer resolves [off, off+n) of the allocation ref names, for the

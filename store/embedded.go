@@ -19,11 +19,23 @@ type Embedded struct {
 		rev    uint64
 		bytes  uint64 // MetaBytes of every entry
 		closed bool
+		// probe is the search key of tree lookups, reused under mu: a
+		// lookup then allocates nothing.
+		probe Object
 	}
 	hub WatchHub
 }
 
-var _ Index = (*Embedded)(nil)
+var (
+	_ Index         = (*Embedded)(nil)
+	_ PrefixChecker = (*Embedded)(nil)
+)
+
+// probeLocked returns the reused search key for key.
+func (x *Embedded) probeLocked(key string) *Object {
+	x.mu.probe.Key = key
+	return &x.mu.probe
+}
 
 // NewEmbedded returns an empty embedded index.
 func NewEmbedded() *Embedded {
@@ -39,7 +51,7 @@ func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
 	if x.mu.closed {
 		return nil, ErrClosed
 	}
-	o, ok := x.mu.tree.Get(&Object{Key: key})
+	o, ok := x.mu.tree.Get(x.probeLocked(key))
 	if !ok {
 		return nil, &keyError{"get", key, ErrNotFound}
 	}
@@ -53,17 +65,22 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	if x.mu.closed {
 		return 0, ErrClosed
 	}
-	seen := make(map[string]bool, len(swaps))
+	var seen map[string]bool
+	if len(swaps) > 1 {
+		seen = make(map[string]bool, len(swaps))
+	}
 	for _, s := range swaps {
 		if seen[s.Key] {
 			return 0, fmt.Errorf("swap %q twice in one transaction: %w", s.Key, ErrInvalid)
 		}
-		seen[s.Key] = true
+		if seen != nil {
+			seen[s.Key] = true
+		}
 		if s.New != nil && s.New.Key != s.Key {
 			return 0, fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
 		}
 		var cur uint64
-		if o, ok := x.mu.tree.Get(&Object{Key: s.Key}); ok {
+		if o, ok := x.mu.tree.Get(x.probeLocked(s.Key)); ok {
 			cur = o.Version
 		}
 		if cur != s.Old {
@@ -72,12 +89,18 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	}
 	x.mu.rev++
 	rev := x.mu.rev
-	events := make([]Event, 0, len(swaps))
+	var events []Event
+	watched := x.hub.Watched()
+	if watched {
+		events = make([]Event, 0, len(swaps))
+	}
 	for _, s := range swaps {
 		if s.New == nil {
-			if old, ok := x.mu.tree.Delete(&Object{Key: s.Key}); ok {
+			if old, ok := x.mu.tree.Delete(x.probeLocked(s.Key)); ok {
 				x.mu.bytes -= old.MetaBytes()
-				events = append(events, Event{Type: EventDelete, Object: old, Rev: rev})
+				if watched {
+					events = append(events, Event{Type: EventDelete, Object: old, Rev: rev})
+				}
 			}
 			continue
 		}
@@ -87,7 +110,9 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			x.mu.bytes -= old.MetaBytes()
 		}
 		x.mu.bytes += o.MetaBytes()
-		events = append(events, Event{Type: EventPut, Object: o, Rev: rev})
+		if watched {
+			events = append(events, Event{Type: EventPut, Object: o, Rev: rev})
+		}
 	}
 	x.hub.Publish(events)
 	return rev, nil
@@ -111,7 +136,7 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 		from = prefix
 	}
 	var out []*Object
-	x.mu.tree.AscendGreaterOrEqual(&Object{Key: from}, func(o *Object) bool {
+	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(from), func(o *Object) bool {
 		if !strings.HasPrefix(o.Key, prefix) {
 			return false
 		}
@@ -119,6 +144,21 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 		return limit <= 0 || len(out) < limit
 	})
 	return out, nil
+}
+
+// HasPrefix implements PrefixChecker.
+func (x *Embedded) HasPrefix(_ context.Context, prefix string) (bool, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return false, ErrClosed
+	}
+	found := false
+	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(prefix), func(o *Object) bool {
+		found = strings.HasPrefix(o.Key, prefix)
+		return false
+	})
+	return found, nil
 }
 
 // Watch implements Index. Events are queued per watcher without bound, so

@@ -56,3 +56,10 @@ type Index interface {
 	// Close releases the index. Later calls fail with ErrClosed.
 	Close() error
 }
+
+// PrefixChecker is an Index that can tell whether any key starts with a
+// prefix without listing one (the store asks on every new key: is it an
+// implicit directory?). Indexes without it answer through Scan.
+type PrefixChecker interface {
+	HasPrefix(ctx context.Context, prefix string) (bool, error)
+}

@@ -39,11 +39,11 @@ func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return o, err
 	}
-	kids, err := s.idx.Scan(ctx, key+"/", "", 1)
+	has, err := s.hasChildren(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	if len(kids) == 0 {
+	if !has {
 		return nil, &keyError{"stat", key, ErrNotFound}
 	}
 	return &Object{Key: key, Kind: KindDir, Ino: implicitIno(key), Mode: 0o755}, nil
@@ -210,6 +210,9 @@ func (s *Store) Mkdir(ctx context.Context, key string, t *Object) (*Object, erro
 }
 
 func (s *Store) hasChildren(ctx context.Context, key string) (bool, error) {
+	if pc, ok := s.idx.(PrefixChecker); ok {
+		return pc.HasPrefix(ctx, key+"/")
+	}
 	kids, err := s.idx.Scan(ctx, key+"/", "", 1)
 	return len(kids) > 0, err
 }

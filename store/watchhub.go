@@ -43,6 +43,15 @@ func (h *WatchHub) Watch(ctx context.Context, prefix string) (<-chan Event, erro
 	return w.q.Out(), nil
 }
 
+// Watched reports whether any watch is registered: an index need not
+// build events for no one. Call it under the lock that Publish is
+// called under, so that a watch registered under it too is seen.
+func (h *WatchHub) Watched() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ws) > 0
+}
+
 // Publish queues events, in commit order, for every watch whose prefix
 // matches. Events of one commit share Rev and must come in one call; each
 // watch sees Last on the last event of each commit it receives.

@@ -224,7 +224,7 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 			vm = append(vm, vmPiece{idx: i, op: r.Op, pid: r.Buf.Pid, addr: r.Buf.Addr + r.BufOff, local: seg})
 			vmBytes += r.Extent.Len
 		case CUDA:
-			gpu = append(gpu, gpuPiece{idx: i, op: r.Op, ctx: r.Buf.Ctx, dev: r.Buf.Dev + cuda.DevicePtr(r.BufOff), host: seg})
+			gpu = append(gpu, gpuPiece{idx: i, op: r.Op, ctx: r.Buf.Ctx, dev: r.Buf.Dev + cuda.DevicePtr(r.BufOff), host: seg, ext: r.Extent, local: true, alloc: r.Buf.Alloc})
 			f.gpuB += r.Extent.Len
 		default:
 			f.errs = append(f.errs, reqError(i, fmt.Errorf("buffer kind %v: %w", r.Buf.Kind, ErrNoStrategy)))

@@ -289,3 +289,28 @@ func (e *Engine) isClosed() bool {
 	defer e.closeMu.RUnlock()
 	return e.closed
 }
+
+// TestGPUPiecesFollow: only pieces adjacent on the device and in one
+// segment, same direction, merge into one copy.
+func TestGPUPiecesFollow(t *testing.T) {
+	p := gpuPiece{op: Write, dev: 1 << 20, host: make([]byte, 4096), ext: segment.Extent{Segment: 1, Off: 8192, Len: 4096}, local: true, alloc: 1 << 20}
+	next := p
+	next.dev, next.ext.Off = p.dev+4096, p.ext.Off+4096
+	if !next.follows(p) {
+		t.Fatal("adjacent pieces do not follow")
+	}
+	for name, q := range map[string]func(q *gpuPiece){
+		"gap on the device":  func(q *gpuPiece) { q.dev += 1 },
+		"gap in the segment": func(q *gpuPiece) { q.ext.Off += 4096 },
+		"other segment":      func(q *gpuPiece) { q.ext.Segment = 2 },
+		"other direction":    func(q *gpuPiece) { q.op = Read },
+		"bounce buffer":      func(q *gpuPiece) { q.local = false },
+		"other allocation":   func(q *gpuPiece) { q.alloc = 2 << 20 },
+	} {
+		bad := next
+		q(&bad)
+		if bad.follows(p) {
+			t.Errorf("%s: follows", name)
+		}
+	}
+}

@@ -5,15 +5,29 @@ import (
 	"sync"
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
+	"github.com/mooncake-fs/mooncake-fs/segment"
 )
 
 // gpuPiece is one request against GPU memory.
 type gpuPiece struct {
-	idx  int
-	op   Op
-	ctx  *cuda.Context
-	dev  cuda.DevicePtr
-	host []byte // segment memory
+	idx   int
+	op    Op
+	ctx   *cuda.Context
+	dev   cuda.DevicePtr
+	host  []byte         // segment memory (or a bounce buffer)
+	ext   segment.Extent // host's extent, when local
+	local bool           // host is ext of a local segment
+	alloc cuda.DevicePtr // the allocation dev is in; 0: unknown
+}
+
+// follows reports whether q continues p in both memories: the same
+// direction, q's bytes right after p's in the same GPU allocation (one
+// copy may not span two) and in the same segment. Such pieces go as one
+// copy.
+func (q gpuPiece) follows(p gpuPiece) bool {
+	return q.local && p.local && q.op == p.op && q.ctx == p.ctx && p.alloc != 0 && q.alloc == p.alloc &&
+		q.dev == p.dev+cuda.DevicePtr(len(p.host)) &&
+		q.ext.Segment == p.ext.Segment && q.ext.Off == p.ext.Off+p.ext.Len
 }
 
 // gpuChunk bounds one asynchronous copy, so that a long request keeps
@@ -71,14 +85,39 @@ type gpuStream struct {
 	s   *cuda.Stream
 }
 
-// queueGPU queues every piece as chunked asynchronous copies on a stream
-// of its context and returns the streams used, for syncGPU: the copy
-// engine moves the bytes between the GPU and the segment directly, at
-// full speed when the segment is pinned (cuMemHostRegister).
+// queueGPU queues every piece as asynchronous copies on a stream of its
+// context and returns the streams used, for syncGPU: the copy engine
+// moves the bytes between the GPU and the segment directly, at full
+// speed when the segment is pinned (cuMemHostRegister). Consecutive
+// pieces adjacent in both memories (a batch of blocks of one tensor into
+// extents reserved one after the other) go as one copy: at KV-block
+// sizes the driver's cost per copy, not the bus, is the limit. A copy
+// that fails fails every piece it carried.
 func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 	var errs []error
 	var used []gpuStream
-	for _, p := range pieces {
+	for i := 0; i < len(pieces); {
+		p := pieces[i]
+		run := 1
+		if p.local {
+			for i+run < len(pieces) && pieces[i+run].follows(pieces[i+run-1]) && p.ext.Len+pieces[i+run].ext.Len <= gpuChunk {
+				p.ext.Len += pieces[i+run].ext.Len
+				run++
+			}
+			if run > 1 {
+				host, err := e.opts.Local.Bytes(p.ext)
+				if err != nil {
+					run = 1 // cannot happen: each part resolved; copy them apart
+				} else {
+					p.host = host
+				}
+			}
+		}
+		fail := func(err error) {
+			for _, q := range pieces[i : i+run] {
+				errs = append(errs, reqError(q.idx, err))
+			}
+		}
 		var s *cuda.Stream
 		for _, u := range used {
 			if u.ctx == p.ctx {
@@ -88,7 +127,8 @@ func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 		if s == nil {
 			var err error
 			if s, err = e.streams.get(p.ctx); err != nil {
-				errs = append(errs, reqError(p.idx, fmt.Errorf("stream: %w", err)))
+				fail(fmt.Errorf("stream: %w", err))
+				i += run
 				continue
 			}
 			used = append(used, gpuStream{p.ctx, s})
@@ -102,10 +142,11 @@ func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 				err = cuda.CopyHtoDAsync(p.dev+cuda.DevicePtr(off), p.host[off:end], s)
 			}
 			if err != nil {
-				errs = append(errs, reqError(p.idx, err))
+				fail(err)
 				break
 			}
 		}
+		i += run
 	}
 	return used, errs
 }

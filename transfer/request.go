@@ -66,9 +66,12 @@ type Buffer struct {
 	Pid  int
 	Addr uint64
 	Len  uint64
-	// CUDA: the device memory [Dev, Dev+Len) in the context of its GPU.
-	Ctx *cuda.Context
-	Dev cuda.DevicePtr
+	// CUDA: the device memory [Dev, Dev+Len) in the context of its GPU,
+	// inside the allocation (or IPC mapping) at Alloc when Alloc is not 0:
+	// copies of neighbouring ranges of one allocation may merge.
+	Ctx   *cuda.Context
+	Dev   cuda.DevicePtr
+	Alloc cuda.DevicePtr
 }
 
 // Size returns the buffer's length.
@@ -82,6 +85,12 @@ func (b Buffer) Size() uint64 {
 // CUDABuffer names n bytes of device memory at dev.
 func CUDABuffer(ctx *cuda.Context, dev cuda.DevicePtr, n uint64) Buffer {
 	return Buffer{Kind: CUDA, Ctx: ctx, Dev: dev, Len: n}
+}
+
+// CUDAAllocBuffer names n bytes at off in the allocation (or IPC
+// mapping) that starts at base.
+func CUDAAllocBuffer(ctx *cuda.Context, base cuda.DevicePtr, off, n uint64) Buffer {
+	return Buffer{Kind: CUDA, Ctx: ctx, Dev: base + cuda.DevicePtr(off), Len: n, Alloc: base}
 }
 
 // VMBuffer names Len bytes at Addr in process pid.

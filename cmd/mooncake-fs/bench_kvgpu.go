@@ -19,6 +19,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os/exec"
 	"time"
 
@@ -45,8 +46,18 @@ func kvGPUCases() []benchCase {
 				op = "put"
 			}
 			cs = append(cs, benchCase{name: "kv-" + op + "-gpu-" + label, target: withCopy, ceiling: "cuda-memcpy-async",
-				small: true, needs: cuda.Init, run: kvGPURun(size, put)})
+				small: true, needs: cuda.Init, run: kvGPURun(size, put, false)})
 		}
+	}
+	// The same with the blocks in a random order on the GPU: no two keys
+	// of a call are neighbours there, so no copies merge.
+	for _, put := range []bool{true, false} {
+		op := "get"
+		if put {
+			op = "put"
+		}
+		cs = append(cs, benchCase{name: "kv-" + op + "-gpu-scattered-16KiB", target: withCopy, ceiling: "cuda-memcpy-async",
+			small: true, needs: cuda.Init, run: kvGPURun(16<<10, put, true)})
 	}
 	for _, op := range []string{"put", "get"} {
 		cs = append(cs, benchCase{name: "kv-" + op + "-tensor-256KiB", target: withCopy, ceiling: "torch-copy-async",
@@ -55,10 +66,18 @@ func kvGPUCases() []benchCase {
 	return cs
 }
 
-func kvGPURun(size uint64, put bool) func(dir string, p benchParams) (benchSample, error) {
+func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
 		keys := int(kvGPUBytes / size)
 		total := uint64(keys) * size
+		// at[k] is key k's block on the GPU.
+		at := make([]uint64, keys)
+		for k := range at {
+			at[k] = uint64(k)
+		}
+		if scatter {
+			rand.New(rand.NewPCG(uint64(p.Rep), 1)).Shuffle(keys, func(i, j int) { at[i], at[j] = at[j], at[i] })
+		}
 		g, err := newGPUBench(total)
 		if err != nil {
 			return benchSample{}, err
@@ -81,7 +100,7 @@ func kvGPURun(size uint64, put bool) func(dir string, p benchParams) (benchSampl
 			for i := 0; i < keys; i += kvBatch {
 				items = items[:0]
 				for k := i; k < min(i+kvBatch, keys); k++ {
-					items = append(items, ioctl.BatchItem{Key: names[k], BufOff: uint64(k) * size, Len: size})
+					items = append(items, ioctl.BatchItem{Key: names[k], BufOff: at[k] * size, Len: size})
 				}
 				var res []ioctl.BatchResult
 				if put {
@@ -141,7 +160,7 @@ func kvGPURun(size uint64, put bool) func(dir string, p benchParams) (benchSampl
 		t0 := time.Now()
 		for k := range keys {
 			blk := host[uint64(k)*size : uint64(k+1)*size]
-			src := dev + cuda.DevicePtr(uint64(k)*size)
+			src := dev + cuda.DevicePtr(at[k]*size)
 			if put {
 				err = cuda.CopyDtoHAsync(blk, src, st)
 			} else {

@@ -24,7 +24,7 @@ fi
 $BIN status --json $MNT > $OUT/status.json
 kill -TERM %1; wait
 KV=kv-put-gpu-16KiB,kv-get-gpu-16KiB,kv-put-gpu-64KiB,kv-get-gpu-64KiB,kv-put-gpu-256KiB,kv-get-gpu-256KiB
-KV=$KV,kv-put-gpu-1MiB,kv-get-gpu-1MiB,kv-put-tensor-256KiB,kv-get-tensor-256KiB
+KV=$KV,kv-put-gpu-1MiB,kv-get-gpu-1MiB,kv-put-gpu-scattered-16KiB,kv-get-gpu-scattered-16KiB,kv-put-tensor-256KiB,kv-get-tensor-256KiB
 KV=$KV,kv-put-host-4KiB,kv-get-host-4KiB,kv-put-host-vm-4KiB,kv-get-host-vm-4KiB,op-put-4KiB,op-get-4KiB
 CASES=${CASES:-cuda-put-256MiB,cuda-get-256MiB,$KV}
 echo "== bench"

@@ -231,6 +231,74 @@ func main() {
 			check("both allocations are open for this process", fmt.Errorf("%+v", st))
 		}
 	}
+	// 9. Blocks adjacent in GPU memory and in the store go as merged
+	// copies: 48 keys of 16 KiB from consecutive blocks (one of them past
+	// the allocation: EFAULT alone, the run split around it), read back
+	// into consecutive blocks and in reverse order, every byte checked.
+	{
+		const blk, nk = 16 << 10, 48
+		gpus := []ioctl.GPURef{{Handle: h}}
+		var items []ioctl.VItem
+		for k := range nk {
+			off := uint64(1<<20 + k*blk)
+			if k == 20 {
+				off = big - blk/2
+			}
+			items = append(items, ioctl.VItem{Key: fmt.Sprintf("m%d", k), Segs: []ioctl.Seg{{ID: ioctl.SegGPU | 0, Off: off, Len: blk}}})
+		}
+		res, err := dd.BatchPutV(gpus, items)
+		for k := 0; err == nil && k < nk; k++ {
+			if k == 20 {
+				err = wantErrno(res[k].Err, syscall.EFAULT)
+			} else {
+				err = errors.Join(res[k].Err, count(res[k].N, blk))
+			}
+		}
+		check("merged batch put", err)
+		v := make([]byte, blk)
+		for k := 0; err == nil && k < nk; k++ {
+			if k == 20 {
+				continue
+			}
+			var r uint64
+			r, _, err = dd.GetKey(fmt.Sprintf("m%d", k), v, 0)
+			err = errors.Join(err, count(r, blk), same(v, want[k*blk:(k+1)*blk]))
+		}
+		check("merged put stored each block", err)
+		for _, reverse := range []bool{false, true} {
+			check("clear gpu", ctx.CopyHtoD(dev+20<<20, zero))
+			var back []ioctl.VItem
+			for k := range nk {
+				if k == 20 {
+					continue
+				}
+				at := k
+				if reverse {
+					at = nk - 1 - k
+				}
+				back = append(back, ioctl.VItem{Key: fmt.Sprintf("m%d", k), Segs: []ioctl.Seg{{ID: ioctl.SegGPU | 0, Off: uint64(20<<20 + at*blk), Len: blk}}})
+			}
+			res, err := dd.BatchGetV(gpus, back)
+			for k := 0; err == nil && k < len(back); k++ {
+				err = errors.Join(res[k].Err, count(res[k].N, blk))
+			}
+			out := make([]byte, nk*blk)
+			if err == nil {
+				err = ctx.CopyDtoH(out, dev+20<<20)
+			}
+			for k := 0; err == nil && k < nk; k++ {
+				if k == 20 {
+					continue
+				}
+				at := k
+				if reverse {
+					at = nk - 1 - k
+				}
+				err = same(out[at*blk:(at+1)*blk], want[k*blk:(k+1)*blk])
+			}
+			check(fmt.Sprintf("merged batch get (reverse %v)", reverse), err)
+		}
+	}
 	if failed {
 		os.Exit(1)
 	}
