@@ -76,7 +76,7 @@ func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object,
 	if flags&ioctl.FlagExcl != 0 && cur != nil {
 		return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
 	}
-	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil, SetXattrs: xattrs}
+	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil, SetXattrs: xattrs, Last: true}
 	var d *store.Draft
 	switch {
 	case cur != nil && flags&ioctl.FlagUpdate == 0:

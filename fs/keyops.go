@@ -307,7 +307,7 @@ type putPending struct {
 	key  string
 	size uint64
 	cur  *store.Object
-	tmpl *store.Object
+	tmpl store.Object // the new key's attributes
 	d    *store.Draft
 }
 
@@ -399,7 +399,6 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		if old != nil {
 			ino = old.Ino
 		}
-		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}
 		d := n.fs.st.NewDraft(ino, nil, true)
 		d.Place(place)
 		d.Expect(size)
@@ -408,7 +407,8 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		// for that; a key that finds no room goes again on its own after
 		// the commits.
 		d.NoEvict()
-		cur.ps = append(cur.ps, putPending{op: op, key: key, size: size, cur: old, tmpl: tmpl, d: d})
+		cur.ps = append(cur.ps, putPending{op: op, key: key, size: size, cur: old, d: d,
+			tmpl: store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}})
 		cur.writes = append(cur.writes, store.DraftWrite{Draft: d, Bufs: bufs})
 		for _, b := range bufs {
 			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
@@ -440,7 +440,8 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 	t0 := time.Now()
 	errs := c.w.Wait()
 	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	for j, pp := range c.ps {
+	for j := range c.ps {
+		pp := &c.ps[j]
 		if errs != nil && errs[j] != nil {
 			pp.d.Close()
 			if errors.Is(errs[j], store.ErrNoSpace) {
@@ -450,7 +451,7 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 			pp.op.fail(errs[j])
 			continue
 		}
-		opts := store.CommitOptions{Key: pp.key, Template: pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: metaXattrs(pp.op, pp.cur)}
+		opts := store.CommitOptions{Key: pp.key, Template: &pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: metaXattrs(pp.op, pp.cur), Last: true}
 		if pp.cur != nil {
 			opts.IfVersion = pp.cur.Version
 		}

@@ -756,6 +756,10 @@ type CommitOptions struct {
 	// content (a nil value removes the name): attributes that describe
 	// the bytes change with them, atomically.
 	SetXattrs map[string][]byte
+	// Last closes the draft with a successful commit: it keeps nothing of
+	// the committed version to continue from (a one-shot put saves the
+	// lease it would drop at once). A failed commit leaves it open.
+	Last bool
 }
 
 // Commit makes the draft's content the current version of o.Key (phase
@@ -890,7 +894,10 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		}
 		// The draft continues from the committed version, read like any
 		// reader's (copy on write reads it later).
-		base := d.s.readerLocked(next, d.s.remoteReplicas(next))
+		var base *Reader
+		if !o.Last {
+			base = d.s.readerLocked(next, d.s.remoteReplicas(next))
+		}
 		published = true
 		d.s.publishedBodyLocked(next)
 		d.s.mu.Unlock()
@@ -911,10 +918,13 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			d.meta.mtime = 0
 		}
 		d.meta.Unlock()
-		if size > 0 {
+		switch {
+		case o.Last:
+			d.closeCommittedLocked()
+		case size > 0:
 			d.mu.base = base
 			d.mu.own = false
-		} else {
+		default:
 			base.Close()
 			d.mu.own = true
 		}
@@ -1033,6 +1043,18 @@ func (d *Draft) Close() {
 		if d.dirty.Load() {
 			d.s.stats.revokes.Add(1)
 		}
+	}
+	d.s.closeIno(d.ino)
+}
+
+// closeCommittedLocked closes a draft whose bytes its commit just took
+// over (nothing of its own is left to free), as Close would. The caller
+// holds d.rw and d.mu.
+func (d *Draft) closeCommittedLocked() {
+	d.mu.closed = true
+	if d.mu.base != nil {
+		d.mu.base.Close()
+		d.mu.base = nil
 	}
 	d.s.closeIno(d.ino)
 }

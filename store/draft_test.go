@@ -856,3 +856,53 @@ func (x lateSwaps) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uin
 	time.Sleep(time.Duration(rand.IntN(2)) * x.delay)
 	return v, err
 }
+
+// TestCommitLast: a last commit publishes like any and closes the draft,
+// holding nothing of the new version; a replace by a last commit frees
+// the old body at once; a failed one leaves the draft open.
+func TestCommitLast(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	put := func(data []byte, o store.CommitOptions) (*store.Draft, *store.Object, error) {
+		d := s.NewDraft(o.Template.Ino, nil, true)
+		if _, err := d.WriteAt(ctx, data, 0); err != nil {
+			t.Fatal(err)
+		}
+		obj, err := d.Commit(ctx, o)
+		return d, obj, err
+	}
+	ino := store.NewIno()
+	one, two := pattern(1, 10_000), pattern(2, 20_000)
+	d, o, err := put(one, store.CommitOptions{Key: "f", Template: &store.Object{Ino: ino, Mode: 0o600}, Last: true})
+	if err != nil || o.Size != uint64(len(one)) {
+		t.Fatalf("commit: %+v, %v", o, err)
+	}
+	if _, err := d.WriteAt(ctx, []byte("x"), 0); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("write after a last commit: %v, want ErrClosed", err)
+	}
+	d.Close() // closing again is harmless
+	if s.IsOpen(ino) {
+		t.Fatal("a last commit left its inode open")
+	}
+	equalBytes(t, "committed", s.read(t, "f"), one)
+	d, _, err = put(two, store.CommitOptions{Key: "f", Template: &store.Object{Ino: ino}, IfVersion: o.Version, Last: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "replaced", s.read(t, "f"), two)
+	if got, want := s.used(), roundUp(uint64(len(two))); got != want {
+		t.Fatalf("used %d after the replace, want %d: the old body is held", got, want)
+	}
+	d, _, err = put(one, store.CommitOptions{Key: "f", Template: &store.Object{Ino: ino}, Exclusive: true, Last: true})
+	if !errors.Is(err, store.ErrExists) {
+		t.Fatalf("exclusive over an existing key: %v", err)
+	}
+	if _, err := d.WriteAt(ctx, []byte("y"), 0); err != nil {
+		t.Fatalf("a failed last commit closed the draft: %v", err)
+	}
+	d.Close()
+	if got, want := s.used(), roundUp(uint64(len(two))); got != want {
+		t.Fatalf("used %d after closing the failed draft, want %d", got, want)
+	}
+	s.checkAlloc(t)
+}
