@@ -3,11 +3,13 @@ package main
 // KV-cache cases on GPU memory. kv-{put,get}-gpu-SIZE move at least
 // kvGPUBytes of blocks of SIZE between one CUDA allocation of the worker,
 // registered once on the directory (MC_KIND_CUDA), and the store, 64 keys
-// per BATCH_PUT/BATCH_GET: the daemon issues a call's copies on one of its
-// streams and synchronizes once. The ceiling, measured right after in the
-// same process, is the same blocks copied with cuMemcpyAsync between the
-// allocation and pinned host memory of the worker, one stream, one
-// synchronize.
+// per BATCH_PUT/BATCH_GET: the daemon pipelines a call's chunks on its
+// streams and merges copies of blocks that are neighbours on both sides.
+// The ceiling, measured right after in the same process, is the same
+// blocks copied with cuMemcpyAsync between the allocation and pinned host
+// memory of the worker, one copy per block, one stream, one synchronize.
+// kv-{put,get}-gpu-scattered-16KiB lay the blocks out on the GPU in a
+// random order, so that nothing merges.
 //
 // kv-{put,get}-tensor-256KiB do the same with 64 separate torch tensors
 // per batch_put_tensor / batch_get_tensor (python/bench/kv_bench.py):
