@@ -9,21 +9,32 @@ import (
 	"github.com/google/btree"
 )
 
-// Embedded is the in-process Index for a single machine. It keeps objects
-// in a B-tree ordered by key; every successful swap bumps one revision
-// counter, which becomes the version of the objects it wrote.
+// Embedded is the in-process Index for a single machine. Every key has a
+// slot holding its current object: a hash map finds a key's slot (point
+// lookups, the common case, cost one probe), and a B-tree orders the slots
+// for scans; replacing an object changes its slot only. Every successful
+// swap bumps one revision counter, which becomes the version of the
+// objects it wrote.
 type Embedded struct {
 	mu struct {
 		sync.Mutex
-		tree   *btree.BTreeG[*Object]
+		slots  map[string]*slot
+		tree   *btree.BTreeG[*slot]
 		rev    uint64
 		bytes  uint64 // MetaBytes of every entry
 		closed bool
-		// probe is the search key of tree lookups, reused under mu: a
-		// lookup then allocates nothing.
-		probe Object
+		// probe is the search key of tree walks, reused under mu: a walk
+		// then allocates nothing.
+		probe slot
 	}
 	hub WatchHub
+}
+
+// slot is a key's place in the index: the tree orders slots by key, the
+// object in a slot changes with every version.
+type slot struct {
+	key string
+	obj *Object
 }
 
 var (
@@ -32,15 +43,16 @@ var (
 )
 
 // probeLocked returns the reused search key for key.
-func (x *Embedded) probeLocked(key string) *Object {
-	x.mu.probe.Key = key
+func (x *Embedded) probeLocked(key string) *slot {
+	x.mu.probe.key = key
 	return &x.mu.probe
 }
 
 // NewEmbedded returns an empty embedded index.
 func NewEmbedded() *Embedded {
 	x := &Embedded{}
-	x.mu.tree = btree.NewG(32, func(a, b *Object) bool { return a.Key < b.Key })
+	x.mu.slots = make(map[string]*slot)
+	x.mu.tree = btree.NewG(32, func(a, b *slot) bool { return a.key < b.key })
 	return x
 }
 
@@ -51,11 +63,11 @@ func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
 	if x.mu.closed {
 		return nil, ErrClosed
 	}
-	o, ok := x.mu.tree.Get(x.probeLocked(key))
-	if !ok {
+	sl := x.mu.slots[key]
+	if sl == nil {
 		return nil, &keyError{"get", key, ErrNotFound}
 	}
-	return o, nil
+	return sl.obj, nil
 }
 
 // CompareAndSwap implements Index.
@@ -80,8 +92,8 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			return 0, fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
 		}
 		var cur uint64
-		if o, ok := x.mu.tree.Get(x.probeLocked(s.Key)); ok {
-			cur = o.Version
+		if sl := x.mu.slots[s.Key]; sl != nil {
+			cur = sl.obj.Version
 		}
 		if cur != s.Old {
 			return 0, fmt.Errorf("swap %q: have version %d, want %d: %w", s.Key, cur, s.Old, ErrConflict)
@@ -95,19 +107,27 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 		events = make([]Event, 0, len(swaps))
 	}
 	for _, s := range swaps {
+		sl := x.mu.slots[s.Key]
 		if s.New == nil {
-			if old, ok := x.mu.tree.Delete(x.probeLocked(s.Key)); ok {
-				x.mu.bytes -= old.MetaBytes()
+			if sl != nil {
+				delete(x.mu.slots, s.Key)
+				x.mu.tree.Delete(sl)
+				x.mu.bytes -= sl.obj.MetaBytes()
 				if watched {
-					events = append(events, Event{Type: EventDelete, Object: old, Rev: rev})
+					events = append(events, Event{Type: EventDelete, Object: sl.obj, Rev: rev})
 				}
 			}
 			continue
 		}
 		s.New.Version = rev
 		o := s.New.Clone()
-		if old, ok := x.mu.tree.ReplaceOrInsert(o); ok {
-			x.mu.bytes -= old.MetaBytes()
+		if sl != nil {
+			x.mu.bytes -= sl.obj.MetaBytes()
+			sl.obj = o
+		} else {
+			sl = &slot{key: o.Key, obj: o}
+			x.mu.slots[o.Key] = sl
+			x.mu.tree.ReplaceOrInsert(sl)
 		}
 		x.mu.bytes += o.MetaBytes()
 		if watched {
@@ -136,11 +156,11 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 		from = prefix
 	}
 	var out []*Object
-	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(from), func(o *Object) bool {
-		if !strings.HasPrefix(o.Key, prefix) {
+	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(from), func(sl *slot) bool {
+		if !strings.HasPrefix(sl.key, prefix) {
 			return false
 		}
-		out = append(out, o)
+		out = append(out, sl.obj)
 		return limit <= 0 || len(out) < limit
 	})
 	return out, nil
@@ -154,8 +174,8 @@ func (x *Embedded) HasPrefix(_ context.Context, prefix string) (bool, error) {
 		return false, ErrClosed
 	}
 	found := false
-	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(prefix), func(o *Object) bool {
-		found = strings.HasPrefix(o.Key, prefix)
+	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(prefix), func(sl *slot) bool {
+		found = strings.HasPrefix(sl.key, prefix)
 		return false
 	})
 	return found, nil

@@ -125,21 +125,28 @@ func (s *Store) PlacementFor(ctx context.Context, key string) Placement {
 // inherit copies the placement attributes of o's nearest ancestors into
 // a new object that has none of its own.
 func (s *Store) inherit(ctx context.Context, o *Object) {
-	for _, name := range []string{XattrReplicas, XattrPlacement} {
-		if _, ok := o.Xattrs[name]; ok {
+	names := [...]string{XattrReplicas, XattrPlacement}
+	var found [len(names)]bool
+	left := 0
+	for i, name := range names {
+		if _, found[i] = o.Xattrs[name]; !found[i] {
+			left++
+		}
+	}
+	// One walk up for both: each takes the nearest ancestor's.
+	for k := Parent(o.Key); k != "" && left > 0; k = Parent(k) {
+		a, err := s.idx.Get(ctx, k)
+		if err != nil || len(a.Xattrs) == 0 {
 			continue
 		}
-		for k := Parent(o.Key); k != ""; k = Parent(k) {
-			a, err := s.idx.Get(ctx, k)
-			if err != nil {
-				continue
-			}
-			if v, ok := a.Xattrs[name]; ok {
+		for i, name := range names {
+			if v, ok := a.Xattrs[name]; ok && !found[i] {
 				if o.Xattrs == nil {
 					o.Xattrs = map[string][]byte{}
 				}
 				o.Xattrs[name] = slices.Clone(v)
-				break
+				found[i] = true
+				left--
 			}
 		}
 	}
