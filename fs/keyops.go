@@ -319,6 +319,11 @@ type putChunk struct {
 	w      *store.Writes
 }
 
+// newPutChunk returns an empty chunk with room for keys keys.
+func newPutChunk(keys int) *putChunk {
+	return &putChunk{ps: make([]putPending, 0, keys), writes: make([]store.DraftWrite, 0, keys)}
+}
+
 // batchPut runs a run of plain puts (no flags, offset 0) as few
 // transfers: every key is checked and gets its draft first, then the
 // bytes of all the keys move in one engine batch (one process_vm_readv
@@ -362,7 +367,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		err   error
 	}
 	dirs := map[string]dirInfo{}
-	cur := &putChunk{}
+	cur := newPutChunk(len(ops))
 	chunks = append(chunks, cur)
 	for _, op := range ops {
 		key, bufs, size, err := n.target(ctx, bc, op)
@@ -417,7 +422,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			start(cur)
 			// The copies of cur run while the chunk before commits.
 			commitUpTo(len(chunks) - 1)
-			cur = &putChunk{}
+			cur = newPutChunk(gpuChunkKeys)
 			chunks = append(chunks, cur)
 		}
 	}
@@ -502,7 +507,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		c.m = n.fs.st.StartReads(ctx, c.reads)
 		n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
 	}
-	cur := &getChunk{}
+	cur := &getChunk{at: make([]*keyOp, 0, len(ops)), reads: make([]store.ReaderRead, 0, len(ops))}
 	chunks = append(chunks, cur)
 	for _, op := range ops {
 		if op.err != nil {
@@ -536,7 +541,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 		if (cur.gpu || chunkAlways) && len(cur.at) >= gpuChunkKeys {
 			start(cur)
-			cur = &getChunk{}
+			cur = &getChunk{at: make([]*keyOp, 0, gpuChunkKeys), reads: make([]store.ReaderRead, 0, gpuChunkKeys)}
 			chunks = append(chunks, cur)
 		}
 	}

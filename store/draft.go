@@ -438,36 +438,43 @@ func (d *Draft) Err() error {
 }
 
 func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
-	reqs, finish, err := d.prepareWrite(ctx, []transfer.Buffer{buf}, off)
-	if err != nil || finish == nil {
+	reqs, w, err := d.prepareWrite(ctx, []transfer.Buffer{buf}, off, nil)
+	if err != nil || w.d == nil {
 		return 0, err
 	}
-	return finish(d.s.eng.Submit(ctx, reqs))
+	return w.finish(ctx, d.s.eng.Submit(ctx, reqs))
+}
+
+// pendingWrite is a write between prepareWrite and its finish.
+type pendingWrite struct {
+	d           *Draft // nil: an empty write, nothing to finish
+	off, end, n uint64
 }
 
 // prepareWrite reserves room for bufs, one after the other, at off and
-// returns the requests that copy them; finish, called once with the outcome of those requests,
-// records it (and, for a copy that failed, zeroes its range) and returns
-// what the write returns. The draft is held shared from prepareWrite to
-// finish. A nil finish with a nil error is an empty write.
-func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off uint64) ([]transfer.Request, func(error) (uint64, error), error) {
+// appends the requests that copy them to reqs; w.finish, called once with
+// the outcome of those requests, records it (and, for a copy that failed,
+// zeroes its range) and returns what the write returns. The draft is held
+// shared from prepareWrite to finish. A w with no draft and a nil error is
+// an empty write.
+func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off uint64, reqs []transfer.Request) (_ []transfer.Request, w pendingWrite, _ error) {
 	var n uint64
 	for _, b := range bufs {
 		if n+b.Size() < n {
-			return nil, nil, fmt.Errorf("store: write of %d pieces at %d: %w", len(bufs), off, ErrTooLarge)
+			return reqs, w, fmt.Errorf("store: write of %d pieces at %d: %w", len(bufs), off, ErrTooLarge)
 		}
 		n += b.Size()
 	}
 	if n == 0 {
-		return nil, nil, nil
+		return reqs, w, nil
 	}
 	end := off + n
 	if end < off {
-		return nil, nil, fmt.Errorf("store: write %d B at %d: %w", n, off, ErrTooLarge)
+		return reqs, w, fmt.Errorf("store: write %d B at %d: %w", n, off, ErrTooLarge)
 	}
 	for {
 		if err := d.ensureOwn(ctx, ^uint64(0)); err != nil {
-			return nil, nil, err
+			return reqs, w, err
 		}
 		d.rw.RLock()
 		d.mu.Lock()
@@ -482,7 +489,7 @@ func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off ui
 	if d.mu.closed {
 		d.mu.Unlock()
 		d.rw.RUnlock()
-		return nil, nil, ErrClosed
+		return reqs, w, ErrClosed
 	}
 	err := d.reserveLocked(ctx, end, false)
 	if errors.Is(err, errSpill) {
@@ -500,9 +507,9 @@ func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off ui
 		d.mu.Unlock()
 		d.rw.Unlock()
 		if err != nil {
-			return nil, nil, err
+			return reqs, w, err
 		}
-		return d.prepareWrite(ctx, bufs, off)
+		return d.prepareWrite(ctx, bufs, off, reqs)
 	}
 	if err == nil && off > d.mu.zeroed {
 		err = d.zeroLocked(ctx, d.mu.zeroed, off)
@@ -510,13 +517,12 @@ func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off ui
 	if err != nil {
 		d.mu.Unlock()
 		d.rw.RUnlock()
-		return nil, nil, err
+		return reqs, w, err
 	}
 	d.mu.zeroed = max(d.mu.zeroed, end)
 	ext, starts, node, epoch, resv := d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch, d.mu.extResv
 	d.mu.Unlock()
 
-	var reqs []transfer.Request
 	at := off
 	for _, buf := range bufs {
 		spanIdx(ext, starts, at, buf.Size(), func(i int, e segment.Extent, rel uint64) bool {
@@ -525,26 +531,29 @@ func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off ui
 		})
 		at += buf.Size()
 	}
-	finish := func(err error) (uint64, error) {
-		defer d.rw.RUnlock()
-		if err != nil {
-			d.mu.Lock()
-			if zerr := d.zeroLocked(ctx, off, end); zerr != nil {
-				// Neither the bytes nor zeros reached the range: committing
-				// would publish whatever the remote memory holds.
-				d.fail(fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", n, off, errors.Join(err, zerr)))
-			}
-			d.mu.Unlock()
-			return 0, err
-		}
+	return reqs, pendingWrite{d: d, off: off, end: end, n: n}, nil
+}
+
+// finish records the outcome err of the write's requests and ends it.
+func (w pendingWrite) finish(ctx context.Context, err error) (uint64, error) {
+	d := w.d
+	defer d.rw.RUnlock()
+	if err != nil {
 		d.mu.Lock()
-		d.size.Store(max(d.size.Load(), end))
-		d.dirty.Store(true)
+		if zerr := d.zeroLocked(ctx, w.off, w.end); zerr != nil {
+			// Neither the bytes nor zeros reached the range: committing
+			// would publish whatever the remote memory holds.
+			d.fail(fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", w.n, w.off, errors.Join(err, zerr)))
+		}
 		d.mu.Unlock()
-		d.setMtime(0)
-		return n, nil
+		return 0, err
 	}
-	return reqs, finish, nil
+	d.mu.Lock()
+	d.size.Store(max(d.size.Load(), w.end))
+	d.dirty.Store(true)
+	d.mu.Unlock()
+	d.setMtime(0)
+	return w.n, nil
 }
 
 // DraftWrite is one write of a WriteMany: Bufs, one after the other, into
@@ -567,13 +576,20 @@ func (s *Store) WriteMany(ctx context.Context, ws []DraftWrite) []error {
 
 // Writes is a WriteMany started by StartWrites.
 type Writes struct {
+	ctx    context.Context
 	ws     []DraftWrite
-	errs   []error
-	finish []func(error) (uint64, error)
-	span   [][2]int // each write's requests in the flight
+	each   []writeState
+	errs   []error // for Wait, when some write failed
 	flight *transfer.Flight
 	failed bool
 	done   bool
+}
+
+// writeState is one write of Writes.
+type writeState struct {
+	err  error
+	w    pendingWrite
+	span [2]int // the write's requests in the flight
 }
 
 // StartWrites is WriteMany that returns once the copies are started: GPU
@@ -581,22 +597,23 @@ type Writes struct {
 // an earlier batch) meanwhile. Each draft stays busy until Wait, which
 // the caller must call before it commits or closes them.
 func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
-	w := &Writes{ws: ws, errs: make([]error, len(ws)), finish: make([]func(error) (uint64, error), len(ws)), span: make([][2]int, len(ws))}
-	all := make([]transfer.Request, 0, 2*len(ws))
+	w := &Writes{ctx: ctx, ws: ws, each: make([]writeState, len(ws))}
+	all := make([]transfer.Request, 0, len(ws))
 	for i, dw := range ws {
+		st := &w.each[i]
 		if err := dw.Draft.Err(); err != nil {
-			w.errs[i], w.failed = err, true
+			st.err, w.failed = err, true
 			continue
 		}
-		reqs, fin, err := dw.Draft.prepareWrite(ctx, dw.Bufs, dw.Off)
+		first := len(all)
+		var err error
+		all, st.w, err = dw.Draft.prepareWrite(ctx, dw.Bufs, dw.Off, all)
 		if err != nil {
 			dw.Draft.fail(err)
-			w.errs[i], w.failed = err, true
+			st.err, w.failed = err, true
 			continue
 		}
-		w.finish[i] = fin
-		w.span[i] = [2]int{len(all), len(all) + len(reqs)}
-		all = append(all, reqs...)
+		st.span = [2]int{first, len(all)}
 	}
 	w.flight = s.eng.Start(ctx, all)
 	return w
@@ -605,29 +622,32 @@ func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 // Wait waits for the copies and returns each write's error as WriteMany
 // does.
 func (w *Writes) Wait() []error {
-	if w.done {
-		if !w.failed {
-			return nil
-		}
-		return w.errs
-	}
-	w.done = true
-	each := w.flight.Wait()
-	for i, fin := range w.finish {
-		if fin == nil {
-			continue
-		}
-		var err error
-		if each != nil {
-			err = errors.Join(each[w.span[i][0]:w.span[i][1]]...)
-		}
-		if _, err = fin(err); err != nil {
-			w.ws[i].Draft.fail(err)
-			w.errs[i], w.failed = err, true
+	if !w.done {
+		w.done = true
+		each := w.flight.Wait()
+		for i := range w.each {
+			st := &w.each[i]
+			if st.w.d == nil {
+				continue
+			}
+			var err error
+			if each != nil {
+				err = errors.Join(each[st.span[0]:st.span[1]]...)
+			}
+			if _, err = st.w.finish(w.ctx, err); err != nil {
+				w.ws[i].Draft.fail(err)
+				st.err, w.failed = err, true
+			}
 		}
 	}
 	if !w.failed {
 		return nil
+	}
+	if w.errs == nil {
+		w.errs = make([]error, len(w.each))
+		for i := range w.each {
+			w.errs[i] = w.each[i].err
+		}
 	}
 	return w.errs
 }

@@ -200,6 +200,9 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 				f.errs = append(f.errs, reqError(i, fmt.Errorf("extent on node %q and no transport: %w", r.Node, ErrNoStrategy)))
 				continue
 			}
+			if remote == nil {
+				remote = make([]remotePiece, 0, len(reqs)-i)
+			}
 			remote = append(remote, remotePiece{idx: i, req: r})
 			continue
 		}
@@ -214,6 +217,9 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 			// Memory shared with a client can shrink under us (the client
 			// truncates its file): guard those copies against the fault.
 			guard := r.Buf.Kind == Registered
+			if mem == nil {
+				mem = make([]memPair, 0, len(reqs)-i)
+			}
 			if r.Op == Read {
 				mem = append(mem, memPair{buf, seg, guard, i})
 			} else {
@@ -221,9 +227,15 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 			}
 			memBytes += r.Extent.Len
 		case ProcessVM:
+			if vm == nil {
+				vm = make([]vmPiece, 0, len(reqs)-i)
+			}
 			vm = append(vm, vmPiece{idx: i, op: r.Op, pid: r.Buf.Pid, addr: r.Buf.Addr + r.BufOff, local: seg})
 			vmBytes += r.Extent.Len
 		case CUDA:
+			if gpu == nil {
+				gpu = make([]gpuPiece, 0, len(reqs)-i)
+			}
 			gpu = append(gpu, gpuPiece{idx: i, op: r.Op, ctx: r.Buf.Ctx, dev: r.Buf.Dev + cuda.DevicePtr(r.BufOff), host: seg, ext: r.Extent, local: true, alloc: r.Buf.Alloc})
 			f.gpuB += r.Extent.Len
 		default:
