@@ -375,7 +375,9 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			op.fail(err)
 			continue
 		}
-		old, err := n.fs.st.Stat(ctx, key)
+		// The key's own object: an implicit directory there fails at the
+		// commit (or below, if the put may not go on anyway).
+		old, err := n.fs.st.Lookup(ctx, key)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			op.fail(err)
 			continue
@@ -393,6 +395,11 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				dirs[parent] = di
 			}
 			err, place = di.err, di.place
+			if err != nil {
+				if dir, _ := n.fs.st.HasChildren(ctx, key); dir {
+					err = store.ErrIsDir // as a directory there would say first
+				}
+			}
 		} else if err = n.mayPut(ctx, bc.p, key, old); err == nil {
 			place = n.fs.st.PlacementFor(ctx, key)
 		}

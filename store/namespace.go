@@ -49,6 +49,21 @@ func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 	return &Object{Key: key, Kind: KindDir, Ino: implicitIno(key), Mode: 0o755}, nil
 }
 
+// Lookup returns key's own object, or ErrNotFound: unlike Stat it does
+// not look for an implicit directory (HasChildren does).
+func (s *Store) Lookup(ctx context.Context, key string) (*Object, error) {
+	if key == "" {
+		return s.Stat(ctx, key)
+	}
+	return s.idx.Get(ctx, key)
+}
+
+// HasChildren reports whether some key lies under key: whether key is a
+// directory, implicit or not.
+func (s *Store) HasChildren(ctx context.Context, key string) (bool, error) {
+	return s.hasChildren(ctx, key)
+}
+
 // checkParent verifies that the directory that would hold key exists.
 func (s *Store) checkParent(ctx context.Context, key string) error {
 	p := Parent(key)
