@@ -209,3 +209,35 @@ func BenchmarkBatchPut(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBatchGet measures one BATCH_GET of 64 4 KiB keys into the
+// caller's memory, two directories deep (per call, as BenchmarkBatchPut).
+func BenchmarkBatchGet(b *testing.B) {
+	fx := newFuzzFixture(b)
+	ctx := context.Background()
+	for _, d := range []string{"a", "a/b"} {
+		if _, err := fx.st.Mkdir(ctx, d, &store.Object{Mode: 0o755}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	data := bytes.Repeat([]byte{7}, 4096)
+	const keys = 1024
+	for i := 0; i < keys; i += 64 {
+		entries := make([]batchEntry, 64)
+		for k := range entries {
+			entries[k] = batchEntry{key: fmt.Sprintf("a/b/k%d", i+k), data: data}
+		}
+		runBatch(b, fx, true, entries)
+	}
+	entries := make([]batchEntry, 64)
+	for k := range entries {
+		entries[k].data = make([]byte, 4096)
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		for k := range entries {
+			entries[k].key = fmt.Sprintf("a/b/k%d", (i*64+k)%keys)
+		}
+		runBatch(b, fx, false, entries)
+	}
+}

@@ -350,11 +350,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	defer func() { notifyLater(invs) }()
 	var again []*keyOp
 	done := 0 // chunks committed
-	start := func(c *putChunk) {
-		t0 := time.Now()
-		c.w = n.fs.st.StartWrites(ctx, c.writes)
-		n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	}
+	start := func(c *putChunk) { c.w = n.fs.st.StartWrites(ctx, c.writes) }
 	commitUpTo := func(k int) {
 		for ; done < k; done++ {
 			n.commitChunk(ctx, bc, chunks[done], &invs, &again)
@@ -449,9 +445,8 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 	if c.w == nil {
 		return // empty
 	}
-	t0 := time.Now()
 	errs := c.w.Wait()
-	n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
+	n.fs.batches.transferNs.Add(uint64(c.w.CopyNs()))
 	for j := range c.ps {
 		pp := &c.ps[j]
 		if errs != nil && errs[j] != nil {
@@ -509,11 +504,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			r.Close()
 		}
 	}()
-	start := func(c *getChunk) {
-		t0 := time.Now()
-		c.m = n.fs.st.StartReads(ctx, c.reads)
-		n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
-	}
+	start := func(c *getChunk) { c.m = n.fs.st.StartReads(ctx, c.reads) }
 	cur := &getChunk{at: make([]*keyOp, 0, len(ops)), reads: make([]store.ReaderRead, 0, len(ops))}
 	chunks = append(chunks, cur)
 	for _, op := range ops {
@@ -559,9 +550,8 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		if c.m == nil {
 			continue
 		}
-		t0 := time.Now()
 		counts, errs := c.m.Wait()
-		n.fs.batches.transferNs.Add(uint64(time.Since(t0)))
+		n.fs.batches.transferNs.Add(uint64(c.m.CopyNs()))
 		for j, op := range c.at {
 			if errs != nil && errs[j] != nil {
 				op.fail(errs[j])

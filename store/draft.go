@@ -581,9 +581,15 @@ type Writes struct {
 	each   []writeState
 	errs   []error // for Wait, when some write failed
 	flight *transfer.Flight
+	copyNs int64 // in the engine: starting the copies and waiting for them
 	failed bool
 	done   bool
 }
+
+// CopyNs returns the time spent in the engine so far: starting the
+// copies and, once Wait returned, waiting for them (the rest of a
+// StartWrites and Wait is the store's own work: reserving, finishing).
+func (w *Writes) CopyNs() int64 { return w.copyNs }
 
 // writeState is one write of Writes.
 type writeState struct {
@@ -615,7 +621,9 @@ func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 		}
 		st.span = [2]int{first, len(all)}
 	}
+	t0 := time.Now()
 	w.flight = s.eng.Start(ctx, all)
+	w.copyNs = int64(time.Since(t0))
 	return w
 }
 
@@ -624,7 +632,9 @@ func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 func (w *Writes) Wait() []error {
 	if !w.done {
 		w.done = true
+		t0 := time.Now()
 		each := w.flight.Wait()
+		w.copyNs += int64(time.Since(t0))
 		for i := range w.each {
 			st := &w.each[i]
 			if st.w.d == nil {

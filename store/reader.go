@@ -287,9 +287,13 @@ type Reads struct {
 	errs   []error
 	span   [][2]int // each read's requests in the flight
 	flight *transfer.Flight
+	copyNs int64 // in the engine (Writes.CopyNs)
 	failed bool
 	done   bool
 }
+
+// CopyNs returns the time spent in the engine so far, as Writes.CopyNs.
+func (m *Reads) CopyNs() int64 { return m.copyNs }
 
 // StartReads is ReadMany that returns once the copies are started (reads
 // of remote bodies are done): GPU copies may still run until Wait, which
@@ -336,7 +340,9 @@ func (s *Store) StartReads(ctx context.Context, rs []ReaderRead) *Reads {
 			m.counts[i] = at - rd.Off
 		}
 	}
+	t0 := time.Now()
 	m.flight = s.eng.Start(ctx, all)
+	m.copyNs = int64(time.Since(t0))
 	return m
 }
 
@@ -345,7 +351,10 @@ func (s *Store) StartReads(ctx context.Context, rs []ReaderRead) *Reads {
 func (m *Reads) Wait() (counts []uint64, errs []error) {
 	if !m.done {
 		m.done = true
-		if each := m.flight.Wait(); each != nil {
+		t0 := time.Now()
+		each := m.flight.Wait()
+		m.copyNs += int64(time.Since(t0))
+		if each != nil {
 			for i := range m.counts {
 				if sp := m.span[i]; sp[1] > sp[0] {
 					if err := errors.Join(each[sp[0]:sp[1]]...); err != nil {

@@ -96,6 +96,7 @@ type gpuStream struct {
 func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 	var errs []error
 	var used []gpuStream
+	var copies uint64
 	for i := 0; i < len(pieces); {
 		p := pieces[i]
 		run := 1
@@ -145,9 +146,12 @@ func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 				fail(err)
 				break
 			}
+			copies++
 		}
 		i += run
 	}
+	e.stats.gpuPieces.Add(uint64(len(pieces)))
+	e.stats.gpuCopies.Add(copies)
 	return used, errs
 }
 

@@ -25,10 +25,14 @@ type Stats struct {
 	// CopiedBytes/(BytesRead+BytesWritten) is the copies-per-byte figure.
 	CopiedBytes uint64
 	Requests    uint64
+	// GPUPieces counts requests against GPU memory, GPUCopies the copies
+	// issued for them: neighbouring pieces merge into one copy.
+	GPUPieces, GPUCopies uint64
 }
 
 type statsCounters struct {
 	read, written, copied, requests atomic.Uint64
+	gpuPieces, gpuCopies            atomic.Uint64
 }
 
 // Stats returns the counters.
@@ -38,6 +42,8 @@ func (e *Engine) Stats() Stats {
 		BytesWritten: e.stats.written.Load(),
 		CopiedBytes:  e.stats.copied.Load(),
 		Requests:     e.stats.requests.Load(),
+		GPUPieces:    e.stats.gpuPieces.Load(),
+		GPUCopies:    e.stats.gpuCopies.Load(),
 	}
 }
 

@@ -301,6 +301,10 @@ type benchResult struct {
 	// KeyWorkUs is the daemon's own work per key of batch calls (handler
 	// time minus the copies), kv cases.
 	KeyWorkUs float64 `json:"key_work_us,omitempty"`
+	// TransferUs is the batches' transfer time per key (kv cases).
+	TransferUs float64 `json:"transfer_us,omitempty"`
+	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
+	CopiesPerKey float64 `json:"copies_per_key,omitempty"`
 	// DaemonCPU is the daemon's CPU time per wall second while the
 	// reported mooncake repetition ran (1 = one core busy).
 	DaemonCPU float64 `json:"daemon_cpu,omitempty"`
@@ -327,6 +331,8 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.CeilingP50us, res.CeilingP99us = round(float64(ceil.P50ns)/1e3, 1), round(float64(ceil.P99ns)/1e3, 1)
 		res.Ratio = round(ratio(m.opsPerS(), ceil.opsPerS()), 3)
 		res.KeyWorkUs = round(float64(m.KeyWorkNs)/1e3, 2)
+		res.CopiesPerKey = round(m.CopiesPerKey, 3)
+		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
 	} else {
 		res.Ratio = round(ratio(m.gbps(), ceil.gbps()), 3)
 	}

@@ -184,7 +184,7 @@ func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (bench
 		if err := removeSmall(sub, keys); err != nil {
 			return benchSample{}, err
 		}
-		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files, KeyWorkNs: keyWork(before, after)}, nil
+		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files, KeyWorkNs: keyWork(before, after), TransferNs: transferWork(before, after)}, nil
 	}
 }
 
@@ -199,6 +199,16 @@ func keyWork(before, after mfs.BatchStats) int64 {
 	return max(work, 0) / int64(keys)
 }
 
+// transferWork is the batches' transfer time per key between two
+// readings of the figures.
+func transferWork(before, after mfs.BatchStats) int64 {
+	keys := after.Keys - before.Keys
+	if keys == 0 {
+		return 0
+	}
+	return int64(after.TransferNs-before.TransferNs) / int64(keys)
+}
+
 // batchFigures reads the daemon's batch figures from its status.
 func batchFigures(mnt string) (mfs.BatchStats, error) {
 	b, err := readStatus(mnt)
@@ -210,6 +220,19 @@ func batchFigures(mnt string) (mfs.BatchStats, error) {
 		return mfs.BatchStats{}, fmt.Errorf("status of %s: %w", mnt, err)
 	}
 	return st.Batches, nil
+}
+
+// gpuCopies reads the mount's GPU copy counters from its status.
+func gpuCopies(mnt string) (pieces, copies uint64, err error) {
+	b, err := readStatus(mnt)
+	if err != nil {
+		return 0, 0, err
+	}
+	var st Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return 0, 0, fmt.Errorf("status of %s: %w", mnt, err)
+	}
+	return st.Transfer.GPUPieces, st.Transfer.GPUCopies, nil
 }
 
 // kvTmpfsRun is the ceiling: the values as files, create-write-close each

@@ -128,11 +128,18 @@ func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (b
 		if err != nil {
 			return benchSample{}, err
 		}
+		_, copies0, err := gpuCopies(dir)
+		if err != nil {
+			return benchSample{}, err
+		}
 		elapsed, err := pass(true)
 		if err == nil && !put {
 			// Clear the GPU copy, read it back, check it.
 			if err = ctx.CopyHtoD(dev, make([]byte, total)); err == nil {
 				if before, err = batchFigures(dir); err == nil {
+					_, copies0, err = gpuCopies(dir)
+				}
+				if err == nil {
 					elapsed, err = pass(false)
 				}
 			}
@@ -144,6 +151,10 @@ func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (b
 		if err != nil {
 			return benchSample{}, err
 		}
+		_, copies1, err := gpuCopies(dir)
+		if err != nil {
+			return benchSample{}, err
+		}
 		check := make([]byte, total)
 		if err := ctx.CopyDtoH(check, dev); err != nil {
 			return benchSample{}, err
@@ -151,7 +162,8 @@ func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (b
 		if err := checkPattern("gpu blocks", check); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys, KeyWorkNs: keyWork(before, after)}
+		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys, KeyWorkNs: keyWork(before, after),
+			TransferNs: transferWork(before, after), CopiesPerKey: float64(copies1-copies0) / float64(keys)}
 		// The ceiling: the same blocks, async copies on one stream, one
 		// synchronize, between the allocation and pinned host memory.
 		st, err := ctx.NewStream()

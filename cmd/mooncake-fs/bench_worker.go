@@ -50,6 +50,12 @@ type benchSample struct {
 	// KeyWorkNs is the daemon's own work per key of batch calls: handler
 	// time minus the batches' transfers, from its status (kv cases).
 	KeyWorkNs int64 `json:"key_work_ns,omitempty"`
+	// TransferNs is the batches' transfers per key (started and waited
+	// for), the rest of the handler time.
+	TransferNs int64 `json:"transfer_ns,omitempty"`
+	// CopiesPerKey is the GPU copies the daemon issued per key (GPU kv
+	// cases): below 1, neighbouring blocks merged.
+	CopiesPerKey float64 `json:"copies_per_key,omitempty"`
 	// Ceiling is the same work done by plain memory copies in the same
 	// process, right after (cases with target withCopy).
 	Ceiling *benchSample `json:"ceiling,omitempty"`

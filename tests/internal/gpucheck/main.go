@@ -246,7 +246,15 @@ func main() {
 			}
 			items = append(items, ioctl.VItem{Key: fmt.Sprintf("m%d", k), Segs: []ioctl.Seg{{ID: ioctl.SegGPU | 0, Off: off, Len: blk}}})
 		}
+		before, serr := gpuCopies(root)
 		res, err := dd.BatchPutV(gpus, items)
+		after, aerr := gpuCopies(root)
+		check("status shows the GPU copies", errors.Join(serr, aerr))
+		if pieces, copies := after.GPUPieces-before.GPUPieces, after.GPUCopies-before.GPUCopies; pieces != nk-1 || copies*2 > pieces {
+			// 47 pieces, in chunks of 16 split by the failed key: four
+			// copies where the store's free space is in one piece.
+			check("neighbouring blocks merged", fmt.Errorf("%d pieces went as %d copies", pieces, copies))
+		}
 		for k := 0; err == nil && k < nk; k++ {
 			if k == 20 {
 				err = wantErrno(res[k].Err, syscall.EFAULT)
@@ -338,6 +346,24 @@ func child(dir string) {
 type clientStats struct {
 	Procs int `json:"procs"`
 	IPC   int `json:"ipc_handles"`
+}
+
+type copyStats struct {
+	GPUPieces, GPUCopies uint64
+}
+
+// gpuCopies reads the daemon's GPU copy counters from the status.
+func gpuCopies(root string) (copyStats, error) {
+	buf := make([]byte, 1<<20)
+	n, err := unix.Getxattr(root, "user.mooncake.status", buf)
+	if err != nil {
+		return copyStats{}, fmt.Errorf("status of %s: %w", root, err)
+	}
+	var s struct {
+		Transfer copyStats `json:"transfer"`
+	}
+	err = json.Unmarshal(buf[:n], &s)
+	return s.Transfer, err
 }
 
 // clients reads the daemon's client figures from the mount root's status
