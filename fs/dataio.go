@@ -149,21 +149,23 @@ type invalidation struct {
 // it afterwards, and only when there is one.
 func (n *node) invalidation(rel string) (invalidation, bool) {
 	parent := &n.Inode
-	parts := strings.Split(rel, "/")
-	for i, name := range parts {
+	for rest := rel; ; {
+		name, more, last := rest, "", true
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			name, more, last = rest[:i], rest[i+1:], false
+		}
 		ch := parent.GetChild(name)
 		if ch == nil {
-			if i == len(parts)-1 && n.fs.neg.cached(parent.StableAttr().Ino, name) {
+			if last && n.fs.neg.cached(parent.StableAttr().Ino, name) {
 				return invalidation{in: parent, name: name}, true
 			}
 			return invalidation{}, false
 		}
-		if i == len(parts)-1 {
+		if last {
 			return invalidation{in: ch, content: true}, true
 		}
-		parent = ch
+		parent, rest = ch, more
 	}
-	return invalidation{}, false
 }
 
 func (inv invalidation) apply() {

@@ -110,6 +110,8 @@ type batchCall struct {
 	mapErr []error
 	// held are the registrations the call's segments use.
 	held []*registration
+	// arena holds the keys' buffer lists (buffers).
+	arena []transfer.Buffer
 	// searched caches checkPath per parent directory for the call: the
 	// keys of a batch mostly share one.
 	searched map[string]error
@@ -131,6 +133,17 @@ func (bc *batchCall) checkPath(ctx context.Context, f *FS, key string) error {
 	}
 	bc.searched[parent] = err
 	return err
+}
+
+// buffers returns an empty slice with room for n buffers, cut from
+// blocks shared by the call's keys (one allocation for many keys).
+func (bc *batchCall) buffers(n int) []transfer.Buffer {
+	if cap(bc.arena)-len(bc.arena) < n {
+		bc.arena = make([]transfer.Buffer, 0, max(n, 64))
+	}
+	at := len(bc.arena)
+	bc.arena = bc.arena[:at+n]
+	return bc.arena[at:at:at+n]
 }
 
 // gpuBuffer resolves [off, off+n) of the call's GPU allocation i.
@@ -239,7 +252,7 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 	if err = bc.checkPath(ctx, n.fs, key); err != nil {
 		return
 	}
-	bufs = make([]transfer.Buffer, 0, len(op.segs))
+	bufs = bc.buffers(len(op.segs))
 	for _, s := range op.segs {
 		if s.n == 0 && s.kind != segReg {
 			continue // no bytes: nothing to resolve (a lookup by name)
@@ -311,18 +324,26 @@ type putPending struct {
 	d    *store.Draft
 }
 
-// putChunk is the keys of batchPut whose bytes move as one transfer.
+// putChunk is the keys of batchPut whose bytes move as one transfer: most
+// as one store batch (StartPuts), those it cannot place (in a cluster)
+// through drafts.
 type putChunk struct {
+	fast   []*keyOp
+	specs  []store.PutSpec
+	puts   *store.Puts
 	ps     []putPending
 	writes []store.DraftWrite
-	gpu    bool // some key's bytes come from GPU memory
 	w      *store.Writes
+	gpu    bool // some key's bytes come from GPU memory
 }
 
 // newPutChunk returns an empty chunk with room for keys keys.
 func newPutChunk(keys int) *putChunk {
-	return &putChunk{ps: make([]putPending, 0, keys), writes: make([]store.DraftWrite, 0, keys)}
+	return &putChunk{fast: make([]*keyOp, 0, keys), specs: make([]store.PutSpec, 0, keys)}
 }
+
+// keys returns how many keys c holds.
+func (c *putChunk) keys() int { return len(c.fast) + len(c.ps) }
 
 // batchPut runs a run of plain puts (no flags, offset 0) as few
 // transfers: every key is checked and gets its draft first, then the
@@ -350,7 +371,14 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	defer func() { notifyLater(invs) }()
 	var again []*keyOp
 	done := 0 // chunks committed
-	start := func(c *putChunk) { c.w = n.fs.st.StartWrites(ctx, c.writes) }
+	start := func(c *putChunk) {
+		if len(c.specs) > 0 {
+			c.puts = n.fs.st.StartPuts(ctx, c.specs)
+		}
+		if len(c.writes) > 0 {
+			c.w = n.fs.st.StartWrites(ctx, c.writes)
+		}
+	}
 	commitUpTo := func(k int) {
 		for ; done < k; done++ {
 			n.commitChunk(ctx, bc, chunks[done], &invs, &again)
@@ -407,21 +435,18 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		if old != nil {
 			ino = old.Ino
 		}
-		d := n.fs.st.NewDraft(ino, nil, true)
-		d.Place(place)
-		d.Expect(size)
-		// Reserved before the keys of the call before it commit, so
-		// perhaps before the versions they replace are freed: no eviction
-		// for that; a key that finds no room goes again on its own after
-		// the commits.
-		d.NoEvict()
-		cur.ps = append(cur.ps, putPending{op: op, key: key, size: size, cur: old, d: d,
-			tmpl: store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}})
-		cur.writes = append(cur.writes, store.DraftWrite{Draft: d, Bufs: bufs})
+		tmpl := store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}
 		for _, b := range bufs {
 			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
 		}
-		if (cur.gpu || chunkAlways) && len(cur.ps) >= gpuChunkKeys {
+		if n.fs.st.BatchPuts(place) {
+			cur.fast = append(cur.fast, op)
+			cur.specs = append(cur.specs, store.PutSpec{Key: key, Bufs: bufs, Cur: old, Template: tmpl,
+				SetXattrs: metaXattrs(op, old), Place: place})
+		} else {
+			cur.addDraft(n.fs.st, op, key, bufs, size, old, tmpl, place)
+		}
+		if (cur.gpu || chunkAlways) && cur.keys() >= gpuChunkKeys {
 			start(cur)
 			// The copies of cur run while the chunk before commits.
 			commitUpTo(len(chunks) - 1)
@@ -429,7 +454,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			chunks = append(chunks, cur)
 		}
 	}
-	if len(cur.ps) > 0 {
+	if cur.keys() > 0 {
 		start(cur)
 	}
 	commitUpTo(len(chunks))
@@ -440,10 +465,44 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	}
 }
 
+// addDraft adds a key that goes through a draft to c.
+func (c *putChunk) addDraft(st *store.Store, op *keyOp, key string, bufs []transfer.Buffer, size uint64, old *store.Object, tmpl store.Object, place store.Placement) {
+	d := st.NewDraft(tmpl.Ino, nil, true)
+	d.Place(place)
+	d.Expect(size)
+	// Reserved before the keys of the call before it commit, so perhaps
+	// before the versions they replace are freed: no eviction for that; a
+	// key that finds no room goes again on its own after the commits.
+	d.NoEvict()
+	c.ps = append(c.ps, putPending{op: op, key: key, size: size, cur: old, d: d, tmpl: tmpl})
+	c.writes = append(c.writes, store.DraftWrite{Draft: d, Bufs: bufs})
+}
+
 // commitChunk waits for c's copies and commits each of its keys.
 func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs *[]invalidation, again *[]*keyOp) {
+	if c.puts != nil {
+		objs, errs := c.puts.Commit()
+		n.fs.batches.transferNs.Add(uint64(c.puts.CopyNs()))
+		for j, op := range c.fast {
+			err := errs[j]
+			switch {
+			case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists):
+				// Changed since checked: check it again, one key.
+				n.putAlone(ctx, bc, op)
+			case errors.Is(err, store.ErrNoSpace):
+				*again = append(*again, op)
+			case err != nil:
+				op.fail(err)
+			default:
+				op.n, op.version = objs[j].Size, objs[j].Version
+				if inv, ok := n.invalidation(op.rel); ok {
+					*invs = append(*invs, inv)
+				}
+			}
+		}
+	}
 	if c.w == nil {
-		return // empty
+		return // no drafts
 	}
 	errs := c.w.Wait()
 	n.fs.batches.transferNs.Add(uint64(c.w.CopyNs()))

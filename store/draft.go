@@ -855,53 +855,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, err
 		}
-		var next *Object
-		var old uint64
-		switch {
-		case cur != nil && cur.Kind == KindDir:
-			return nil, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
-		case cur != nil && o.Exclusive:
-			return nil, fmt.Errorf("commit %q: %w", o.Key, ErrExists)
-		case o.IfIno != 0 && (cur == nil || cur.Ino != o.IfIno):
-			return nil, fmt.Errorf("commit %q (inode %d): %w", o.Key, o.IfIno, ErrStale)
-		case o.IfVersion != 0 && (cur == nil || cur.Version != o.IfVersion):
-			return nil, fmt.Errorf("commit %q: not at version %d: %w", o.Key, o.IfVersion, ErrConflict)
-		case cur != nil:
-			next = cur.Clone()
-			old = cur.Version
-			setXattrs(next, o.SetXattrs)
-		default:
-			if err := d.s.checkParent(ctx, o.Key); err != nil {
-				return nil, err
-			}
-			// No object, but maybe an implicit directory: a file there
-			// would hide its children.
-			if has, err := d.s.hasChildren(ctx, o.Key); err != nil {
-				return nil, err
-			} else if has {
-				return nil, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
-			}
-			next = d.s.newObject(o.Key, KindFile, o.Template)
-			d.s.inherit(ctx, next)
-			setXattrs(next, o.SetXattrs)
-			if err := d.s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
-				return nil, err
-			}
-		}
-		next.Size = size
-		next.Mtime = d.s.now()
-		next.Ctime = next.Mtime
-		if mtime != 0 {
-			next.Mtime = mtime
-		}
-		if want := place.Replicas; want > 1 {
-			if _, ok := next.Xattrs[XattrReplicas]; !ok {
-				// Repair restores the count the object was written with.
-				if next.Xattrs == nil {
-					next.Xattrs = map[string][]byte{}
-				}
-				next.Xattrs[XattrReplicas] = []byte(strconv.Itoa(want))
-			}
+		next, old, err := d.s.nextVersion(ctx, o, cur, size, mtime, place)
+		if err != nil {
+			return nil, err
 		}
 		next.Replicas = nil
 		if len(ext) > 0 {
@@ -960,6 +916,62 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		}
 		return next, nil
 	}
+}
+
+// nextVersion returns the object a commit of o, size bytes long, makes
+// over cur (nil: none), without replicas, and the version it replaces;
+// mtime, when not zero, is an explicit modification time, place the
+// placement the bytes were written with.
+func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, size uint64, mtime int64, place Placement) (*Object, uint64, error) {
+	var next *Object
+	var old uint64
+	switch {
+	case cur != nil && cur.Kind == KindDir:
+		return nil, 0, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
+	case cur != nil && o.Exclusive:
+		return nil, 0, fmt.Errorf("commit %q: %w", o.Key, ErrExists)
+	case o.IfIno != 0 && (cur == nil || cur.Ino != o.IfIno):
+		return nil, 0, fmt.Errorf("commit %q (inode %d): %w", o.Key, o.IfIno, ErrStale)
+	case o.IfVersion != 0 && (cur == nil || cur.Version != o.IfVersion):
+		return nil, 0, fmt.Errorf("commit %q: not at version %d: %w", o.Key, o.IfVersion, ErrConflict)
+	case cur != nil:
+		next = cur.Clone()
+		old = cur.Version
+		setXattrs(next, o.SetXattrs)
+	default:
+		if err := s.checkParent(ctx, o.Key); err != nil {
+			return nil, 0, err
+		}
+		// No object, but maybe an implicit directory: a file there would
+		// hide its children.
+		if has, err := s.hasChildren(ctx, o.Key); err != nil {
+			return nil, 0, err
+		} else if has {
+			return nil, 0, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
+		}
+		next = s.newObject(o.Key, KindFile, o.Template)
+		s.inherit(ctx, next)
+		setXattrs(next, o.SetXattrs)
+		if err := s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
+			return nil, 0, err
+		}
+	}
+	next.Size = size
+	next.Mtime = s.now()
+	next.Ctime = next.Mtime
+	if mtime != 0 {
+		next.Mtime = mtime
+	}
+	if want := place.Replicas; want > 1 {
+		if _, ok := next.Xattrs[XattrReplicas]; !ok {
+			// Repair restores the count the object was written with.
+			if next.Xattrs == nil {
+				next.Xattrs = map[string][]byte{}
+			}
+			next.Xattrs[XattrReplicas] = []byte(strconv.Itoa(want))
+		}
+	}
+	return next, old, nil
 }
 
 // setXattrs applies CommitOptions.SetXattrs to o.

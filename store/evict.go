@@ -8,12 +8,17 @@ import (
 // touch marks key as most recently used.
 func (s *Store) touch(key string) {
 	s.lru.Lock()
+	s.touchLocked(key)
+	s.lru.Unlock()
+}
+
+// touchLocked is touch for a caller holding s.lru.
+func (s *Store) touchLocked(key string) {
 	if e, ok := s.lru.elem[key]; ok {
 		s.lru.list.MoveToFront(e)
 	} else {
 		s.lru.elem[key] = s.lru.list.PushFront(key)
 	}
-	s.lru.Unlock()
 }
 
 // forget drops key from the LRU.

@@ -448,6 +448,18 @@ func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
 	s.kickEvict()
 }
 
+// committedMany is committed for files put by one batch, whose replaced
+// versions were retired already.
+func (s *Store) committedMany(put []*Object) {
+	s.lru.Lock()
+	for _, o := range put {
+		s.touchLocked(o.Key)
+	}
+	s.lru.Unlock()
+	s.stats.commits.Add(uint64(len(put)))
+	s.kickEvict()
+}
+
 // kickEvict wakes the eviction loop when use passed the high watermark.
 func (s *Store) kickEvict() {
 	if s.opts.Evict && s.aboveHighWater() {

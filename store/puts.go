@@ -1,0 +1,243 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// Batches of whole-value puts without drafts (StartPuts): a batch
+// reserves every key's extents, starts all their copies as one engine
+// batch, and commits every key whose copy succeeded in one index
+// transaction. A draft's machinery (growing reservations, copy on write,
+// readers of the base, remote placement) has nothing to do for a value
+// written once, whole, on this node: this is the KV-cache path.
+
+// PutSpec is one key of StartPuts: its whole new value, Bufs gathered in
+// order.
+type PutSpec struct {
+	Key  string
+	Bufs []transfer.Buffer
+	// Cur is the version the caller checked, nil for none: the put
+	// commits only over that version, or only while the key is absent
+	// (else ErrConflict, ErrExists), so that the caller's checks hold.
+	Cur *Object
+	// Template gives a new key's Mode, Uid, Gid and Ino, as
+	// CommitOptions.Template.
+	Template Object
+	// SetXattrs are set with the value, as CommitOptions.SetXattrs.
+	SetXattrs map[string][]byte
+	// Place is the key's placement; it must be one BatchPuts takes.
+	Place Placement
+}
+
+// BatchPuts reports whether StartPuts can put a key placed p: a store
+// that is not part of a cluster, one replica.
+func (s *Store) BatchPuts(p Placement) bool {
+	return !s.clustered() && p.Replicas <= 1
+}
+
+// Puts is a batch started by StartPuts.
+type Puts struct {
+	s      *Store
+	ctx    context.Context
+	specs  []PutSpec
+	st     []putState
+	flight *transfer.Flight
+	copyNs int64
+	done   bool
+}
+
+// putState is one key of Puts.
+type putState struct {
+	ext  []segment.Extent
+	size uint64
+	span [2]int // its requests in the flight
+	err  error
+	obj  *Object
+	cur  *Object // the version it replaces, as committed
+}
+
+// StartPuts reserves room for every spec's value on this node, without
+// evicting (a key that finds none fails with ErrNoSpace alone), and
+// starts the copies; GPU copies may still run when it returns. The
+// caller must call Commit.
+func (s *Store) StartPuts(ctx context.Context, specs []PutSpec) *Puts {
+	p := &Puts{s: s, ctx: ctx, specs: specs, st: make([]putState, len(specs))}
+	all := make([]transfer.Request, 0, len(specs))
+	for i := range specs {
+		sp, st := &specs[i], &p.st[i]
+		if err := ValidateKey(sp.Key); err != nil {
+			st.err = fmt.Errorf("put %q: %w", sp.Key, err)
+			continue
+		}
+		if !s.BatchPuts(sp.Place) {
+			st.err = fmt.Errorf("put %q: placement %+v: %w", sp.Key, sp.Place, ErrInvalid)
+			continue
+		}
+		for _, b := range sp.Bufs {
+			if st.size+b.Size() < st.size {
+				st.err = fmt.Errorf("put %q of %d pieces: %w", sp.Key, len(sp.Bufs), ErrTooLarge)
+				break
+			}
+			st.size += b.Size()
+		}
+		if st.err != nil || st.size == 0 {
+			continue
+		}
+		ext, err := s.segs.Alloc(st.size)
+		if err != nil {
+			if errors.Is(err, segment.ErrNoSpace) {
+				err = fmt.Errorf("store: reserve %d B without evicting: %w", st.size, errors.Join(ErrNoSpace, err))
+			}
+			st.err = err
+			continue
+		}
+		st.ext = ext
+		first := len(all)
+		all = appendPieces(all, ext, sp.Bufs, s.opts.Node, s.opts.Epoch)
+		st.span = [2]int{first, len(all)}
+	}
+	t0 := time.Now()
+	p.flight = s.eng.Start(ctx, all)
+	p.copyNs = int64(time.Since(t0))
+	return p
+}
+
+// appendPieces appends the requests that write bufs, one after the other,
+// into ext, which holds them.
+func appendPieces(reqs []transfer.Request, ext []segment.Extent, bufs []transfer.Buffer, node string, epoch uint64) []transfer.Request {
+	i, used := 0, uint64(0) // the extent being filled and its bytes used
+	for _, b := range bufs {
+		for off := uint64(0); off < b.Size(); {
+			e := ext[i]
+			n := min(b.Size()-off, e.Len-used)
+			reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: b, BufOff: off,
+				Extent: segment.Extent{Segment: e.Segment, Off: e.Off + used, Len: n}, Node: node, Epoch: epoch})
+			off += n
+			if used += n; used == e.Len {
+				i, used = i+1, 0
+			}
+		}
+	}
+	return reqs
+}
+
+// CopyNs returns the time spent in the engine so far, as Writes.CopyNs.
+func (p *Puts) CopyNs() int64 { return p.copyNs }
+
+// Commit waits for the copies and commits every key whose copy
+// succeeded: all in one index transaction, or, when that fails (a key
+// changed since it was checked, or a key comes twice), one by one in
+// order. It returns each key's committed object and error; a key that
+// fails leaves nothing (its room is freed). It may be called once.
+func (p *Puts) Commit() ([]*Object, []error) {
+	if p.done {
+		panic("store: Puts.Commit called twice")
+	}
+	p.done = true
+	s, ctx := p.s, p.ctx
+	t0 := time.Now()
+	each := p.flight.Wait()
+	p.copyNs += int64(time.Since(t0))
+	var swaps []Swap
+	var at []int // spec index of each swap
+	for i := range p.specs {
+		sp, st := &p.specs[i], &p.st[i]
+		if st.err != nil {
+			continue
+		}
+		if each != nil && st.span[1] > st.span[0] {
+			if err := errors.Join(each[st.span[0]:st.span[1]]...); err != nil {
+				st.err = err
+				continue
+			}
+		}
+		cur, err := s.idx.Get(ctx, sp.Key)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			st.err = err
+			continue
+		}
+		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, Exclusive: sp.Cur == nil}
+		if sp.Cur != nil {
+			o.IfVersion = sp.Cur.Version
+		}
+		next, old, err := s.nextVersion(ctx, o, cur, st.size, 0, sp.Place)
+		if err != nil {
+			st.err = err
+			continue
+		}
+		if len(st.ext) > 0 {
+			next.Replicas = []Replica{{Node: s.opts.Node, Epoch: s.opts.Epoch, Extents: st.ext}}
+		}
+		st.obj, st.cur = next, cur
+		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next})
+		at = append(at, i)
+	}
+	s.mu.Lock()
+	for _, i := range at {
+		if ext := p.st[i].ext; len(ext) > 0 {
+			s.mu.bodies[ext[0]] = newBody(ext, bodyRegistered, 0)
+		}
+	}
+	s.mu.Unlock()
+	if len(swaps) > 0 {
+		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+			// One by one: each key fails or commits alone.
+			for k, sw := range swaps {
+				_, err := s.idx.CompareAndSwap(ctx, sw)
+				if errors.Is(err, ErrConflict) && sw.Old == 0 {
+					// Absent when checked, there now: as an exclusive
+					// commit says.
+					err = errors.Join(ErrExists, err)
+				}
+				if err != nil {
+					p.st[at[k]].err = fmt.Errorf("commit %q: %w", sw.Key, err)
+				}
+			}
+		}
+	}
+	objs := make([]*Object, len(p.specs))
+	errs := make([]error, len(p.specs))
+	var put []*Object
+	s.mu.Lock()
+	for i := range p.st {
+		st := &p.st[i]
+		if st.err != nil {
+			if len(st.ext) > 0 {
+				if b := s.mu.bodies[st.ext[0]]; b != nil && b.state == bodyRegistered {
+					delete(s.mu.bodies, st.ext[0])
+				}
+			}
+			continue
+		}
+		if st.cur != nil {
+			s.retireLocked(st.cur)
+		}
+		s.publishedBodyLocked(st.obj)
+		objs[i] = st.obj
+		put = append(put, st.obj)
+	}
+	s.mu.Unlock()
+	var revoked uint64
+	for i := range p.st {
+		st := &p.st[i]
+		if st.err == nil {
+			continue
+		}
+		errs[i] = st.err
+		if len(st.ext) > 0 {
+			_ = s.segs.Free(st.ext)
+			revoked++
+		}
+	}
+	s.stats.revokes.Add(revoked)
+	if len(put) > 0 {
+		s.committedMany(put)
+	}
+	return objs, errs
+}

@@ -1,0 +1,151 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
+	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// TestPutsModel puts rounds of keys in batches (new, replaced over the
+// version checked, stale, twice in one batch, under a missing directory,
+// too large, of no bytes, from memory that faults) and checks every key
+// against a model after each round: each key commits or fails alone, a
+// failed one leaves nothing, and the store's space is that of the live
+// values only.
+func TestPutsModel(t *testing.T) {
+	s := newTestStore(t, 4<<20, withOptions(func(o *store.Options) { o.Evict = false }))
+	ctx := context.Background()
+	if _, err := s.Mkdir(ctx, "d", nil); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 5))
+	model := map[string][]byte{}
+	version := map[string]*store.Object{}
+	for round := range 12 {
+		var specs []store.PutSpec
+		type want struct {
+			err  error
+			data []byte
+		}
+		var wants []want
+		ok := map[string]bool{} // keys of this batch that commit
+		for k := range 20 {
+			key := fmt.Sprintf("d/k%d", rng.IntN(30))
+			data := pattern(byte(round*20+k), rng.IntN(40000))
+			sp := store.PutSpec{Key: key, Bufs: splitBufs(rng, data), Cur: version[key],
+				Template: store.Object{Mode: 0o640, Ino: store.NewIno()}, Place: store.DefaultPlacement(),
+				SetXattrs: map[string][]byte{"user.round": fmt.Appendf(nil, "%d", round)}}
+			w := want{data: data}
+			switch r := rng.IntN(10); {
+			case ok[key]:
+				// The second of a key in one batch: the first commits, this
+				// one finds another version than it checked.
+				w.err = store.ErrConflict
+				if version[key] == nil {
+					w.err = store.ErrExists
+				}
+			case r == 0 && version[key] != nil:
+				stale := *version[key]
+				stale.Version--
+				sp.Cur = &stale
+				w.err = store.ErrConflict
+			case r == 1:
+				sp.Key, key, sp.Cur = "missing/"+key, "missing/"+key, nil
+				w.err = store.ErrNotFound
+			case r == 2:
+				sp.Bufs = []transfer.Buffer{transfer.HostBuffer(make([]byte, 5<<20))}
+				w.err = store.ErrNoSpace
+			case r == 3:
+				sp.Bufs = append(sp.Bufs, transfer.VMBuffer(os.Getpid(), 8, 4096)) // unmapped
+				w.err = errAnyFailure
+			}
+			if w.err == nil {
+				ok[key] = true
+			}
+			specs = append(specs, sp)
+			wants = append(wants, w)
+		}
+		objs, errs := s.StartPuts(ctx, specs).Commit()
+		for i, sp := range specs {
+			w := wants[i]
+			if w.err != nil {
+				if errs[i] == nil || !errors.Is(errs[i], w.err) && w.err != errAnyFailure {
+					t.Fatalf("round %d: %s: %v, want %v", round, sp.Key, errs[i], w.err)
+				}
+				continue
+			}
+			if errs[i] != nil {
+				t.Fatalf("round %d: %s: %v", round, sp.Key, errs[i])
+			}
+			if objs[i].Size != uint64(len(w.data)) || string(objs[i].Xattrs["user.round"]) != fmt.Sprint(round) {
+				t.Fatalf("round %d: %s committed %+v", round, sp.Key, objs[i])
+			}
+			if sp.Cur == nil && objs[i].Mode != 0o640 {
+				t.Fatalf("round %d: new %s has mode %o", round, sp.Key, objs[i].Mode)
+			}
+			model[sp.Key], version[sp.Key] = w.data, objs[i]
+		}
+		var live uint64
+		for key, data := range model {
+			equalBytes(t, fmt.Sprintf("round %d: %s", round, key), s.read(t, key), data)
+			live += (uint64(len(data)) + segment.Granule - 1) / segment.Granule * segment.Granule
+		}
+		if got := s.used(); got != live {
+			t.Fatalf("round %d: %d B used, the live values take %d", round, got, live)
+		}
+		s.checkAlloc(t)
+	}
+}
+
+var errAnyFailure = errors.New("any failure")
+
+// splitBufs cuts data into up to four host buffers.
+func splitBufs(rng *rand.Rand, data []byte) []transfer.Buffer {
+	var bufs []transfer.Buffer
+	for len(data) > 0 {
+		n := min(len(data), 1+rng.IntN(len(data)))
+		if len(bufs) == 3 {
+			n = len(data)
+		}
+		bufs = append(bufs, transfer.HostBuffer(data[:n]))
+		data = data[n:]
+	}
+	return bufs
+}
+
+// TestPutsKeepReaders: a reader of the version a batch replaces reads it
+// whole until it closes; then its room comes back.
+func TestPutsKeepReaders(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	one, two := pattern(1, 100_000), pattern(2, 50_000)
+	objs, errs := s.StartPuts(ctx, []store.PutSpec{{Key: "f", Bufs: []transfer.Buffer{transfer.HostBuffer(one)}, Place: store.DefaultPlacement()}}).Commit()
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	r, err := s.OpenReader(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errs = s.StartPuts(ctx, []store.PutSpec{{Key: "f", Cur: objs[0], Bufs: []transfer.Buffer{transfer.HostBuffer(two)}, Place: store.DefaultPlacement()}}).Commit()
+	if errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	equalBytes(t, "new version", s.read(t, "f"), two)
+	got := make([]byte, len(one))
+	if _, err := r.ReadAt(ctx, got, 0); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "old version through its reader", got, one)
+	r.Close()
+	if got, want := s.used(), roundUp(uint64(len(two))); got != want {
+		t.Fatalf("used %d after the reader closed, want %d", got, want)
+	}
+}
