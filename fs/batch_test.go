@@ -178,10 +178,8 @@ func TestChunkedBatches(t *testing.T) {
 	})
 }
 
-// BenchmarkBatchPut measures the daemon's work for one BATCH_PUT of 64
-// new 4 KiB keys from the caller's memory, two directories deep, with no
-// kernel in the way (b.N calls; ns and allocations are per call).
-func BenchmarkBatchPut(b *testing.B) {
+// benchFixture is a fixture with directories a and a/b.
+func benchFixture(b *testing.B) (*fuzzFixture, context.Context) {
 	fx := newFuzzFixture(b)
 	ctx := context.Background()
 	for _, d := range []string{"a", "a/b"} {
@@ -189,6 +187,14 @@ func BenchmarkBatchPut(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	return fx, ctx
+}
+
+// BenchmarkBatchPut measures the daemon's work for one BATCH_PUT of 64
+// new 4 KiB keys from the caller's memory, two directories deep, with no
+// kernel in the way (b.N calls; ns and allocations are per call).
+func BenchmarkBatchPut(b *testing.B) {
+	fx, ctx := benchFixture(b)
 	data := bytes.Repeat([]byte{7}, 4096)
 	entries := make([]batchEntry, 64)
 	b.ReportAllocs()
@@ -213,13 +219,7 @@ func BenchmarkBatchPut(b *testing.B) {
 // BenchmarkBatchGet measures one BATCH_GET of 64 4 KiB keys into the
 // caller's memory, two directories deep (per call, as BenchmarkBatchPut).
 func BenchmarkBatchGet(b *testing.B) {
-	fx := newFuzzFixture(b)
-	ctx := context.Background()
-	for _, d := range []string{"a", "a/b"} {
-		if _, err := fx.st.Mkdir(ctx, d, &store.Object{Mode: 0o755}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	fx, _ := benchFixture(b)
 	data := bytes.Repeat([]byte{7}, 4096)
 	const keys = 1024
 	for i := 0; i < keys; i += 64 {

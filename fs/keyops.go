@@ -143,7 +143,7 @@ func (bc *batchCall) buffers(n int) []transfer.Buffer {
 	}
 	at := len(bc.arena)
 	bc.arena = bc.arena[:at+n]
-	return bc.arena[at:at:at+n]
+	return bc.arena[at : at : at+n]
 }
 
 // gpuBuffer resolves [off, off+n) of the call's GPU allocation i.
