@@ -348,39 +348,39 @@ type clientStats struct {
 	IPC   int `json:"ipc_handles"`
 }
 
+// copyStats is the daemon's GPU copy counters, in its "transfer" part.
 type copyStats struct {
 	GPUPieces, GPUCopies uint64
 }
 
-// gpuCopies reads the daemon's GPU copy counters from the status.
-func gpuCopies(root string) (copyStats, error) {
+// daemonStatus is the parts of the status the checks read.
+type daemonStatus struct {
+	Clients  clientStats `json:"clients"`
+	Transfer copyStats   `json:"transfer"`
+}
+
+// status reads the daemon's status from the mount root's attribute.
+func status(root string) (daemonStatus, error) {
 	buf := make([]byte, 1<<20)
 	n, err := unix.Getxattr(root, "user.mooncake.status", buf)
 	if err != nil {
-		return copyStats{}, fmt.Errorf("status of %s: %w", root, err)
+		return daemonStatus{}, fmt.Errorf("status of %s: %w", root, err)
 	}
-	var s struct {
-		Transfer copyStats `json:"transfer"`
-	}
+	var s daemonStatus
 	err = json.Unmarshal(buf[:n], &s)
+	return s, err
+}
+
+// gpuCopies reads the daemon's GPU copy counters.
+func gpuCopies(root string) (copyStats, error) {
+	s, err := status(root)
 	return s.Transfer, err
 }
 
-// clients reads the daemon's client figures from the mount root's status
-// attribute.
+// clients reads the daemon's client figures.
 func clients(root string) (clientStats, error) {
-	buf := make([]byte, 1<<20)
-	n, err := unix.Getxattr(root, "user.mooncake.status", buf)
-	if err != nil {
-		return clientStats{}, fmt.Errorf("status of %s: %w", root, err)
-	}
-	var s struct {
-		Clients clientStats `json:"clients"`
-	}
-	if err := json.Unmarshal(buf[:n], &s); err != nil {
-		return clientStats{}, err
-	}
-	return s.Clients, nil
+	s, err := status(root)
+	return s.Clients, err
 }
 
 func count(n, want uint64) error {
