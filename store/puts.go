@@ -36,9 +36,9 @@ type PutSpec struct {
 }
 
 // BatchPuts reports whether StartPuts can put a key placed p: a store
-// that is not part of a cluster, one replica.
+// that is not part of a cluster, one replica, no other node named.
 func (s *Store) BatchPuts(p Placement) bool {
-	return !s.clustered() && p.Replicas <= 1
+	return !s.clustered() && p.Replicas <= 1 && (p.Policy != PolicyNode || s.isLocal(p.Node))
 }
 
 // Puts is a batch started by StartPuts.

@@ -149,3 +149,26 @@ func TestPutsKeepReaders(t *testing.T) {
 		t.Fatalf("used %d after the reader closed, want %d", got, want)
 	}
 }
+
+// TestBatchPutsPlacement: keys placed on another node, or with more than
+// one replica, are not the batch path's.
+func TestBatchPutsPlacement(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	p := store.DefaultPlacement()
+	if !s.BatchPuts(p) {
+		t.Fatal("the default placement is refused")
+	}
+	for name, q := range map[string]store.Placement{
+		"other node": {Replicas: 1, Policy: store.PolicyNode, Node: "elsewhere"},
+		"replicas":   {Replicas: 2, Policy: p.Policy},
+	} {
+		if s.BatchPuts(q) {
+			t.Errorf("%s: taken", name)
+		}
+	}
+	_, errs := s.StartPuts(context.Background(), []store.PutSpec{{Key: "f", Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("x"))},
+		Place: store.Placement{Replicas: 1, Policy: store.PolicyNode, Node: "elsewhere"}}}).Commit()
+	if !errors.Is(errs[0], store.ErrInvalid) {
+		t.Fatalf("a put placed elsewhere: %v", errs[0])
+	}
+}

@@ -77,7 +77,7 @@ func pyEnv(t testing.TB, env []string, args ...string) string {
 func TestPythonUnit(t *testing.T) {
 	requireNumpy(t)
 	dir := pythonDir(t)
-	for _, pat := range []string{"test_[au]*.py", "test_tensor_unit.py", "test_cudadrv_unit.py"} {
+	for _, pat := range []string{"test_[au]*.py", "test_tensor_unit.py", "test_cudadrv_unit.py", "test_store_unit.py"} {
 		out := pyEnv(t, nil, "-m", "unittest", "discover", "-v", "-s", filepath.Join(dir, "tests"), "-p", pat)
 		if !strings.Contains(out, "OK") {
 			t.Errorf("%s:\n%s", pat, out)
@@ -303,6 +303,27 @@ func TestPythonLive(t *testing.T) {
 	d.checkAlive(t)
 }
 
+// TestPythonStore runs python/tests/test_store_live.py: Mooncake's
+// MooncakeDistributedStore on the mount, in the call patterns of SGLang
+// HiCache, vLLM and LMCache, with Mooncake's codes for what fails, keys
+// of every shape as files, a batch that outgrows the store (eviction is
+// off), and a child killed with a registration open.
+func TestPythonStore(t *testing.T) {
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "128MiB", "--evict", "off")
+	out := pyEnv(t, []string{"MOONCAKE_FS_MOUNT=" + d.dir, "MOONCAKE_BIN=" + daemonBin()},
+		"-m", "unittest", "discover", "-v", "-s", filepath.Join(pythonDir(t), "tests"), "-p", "test_store_live.py")
+	if strings.Contains(out, "skipped") || !strings.Contains(out, "OK") {
+		t.Errorf("store tests:\n%s", out)
+	}
+	t.Logf("%s", lastLines(out, 2))
+	d.quiesce(t)
+	if r := d.waitRegistrations(t, 0); r.Bytes != 0 {
+		t.Errorf("after the store clients: %+v, want nothing live", r)
+	}
+	d.checkAlive(t)
+}
+
 // killedClient makes two pools (one with a view outstanding) and a bare
 // registration, then sleeps until killed.
 const killedClient = `
@@ -368,6 +389,14 @@ func TestPythonInstall(t *testing.T) {
 		"import mooncake_fs, importlib.metadata as m; print(mooncake_fs.__file__); print(m.version('mooncake-fs'))")
 	if !strings.HasPrefix(out, filepath.Join(target, "mooncake_fs")) || !strings.Contains(out, "0.1.0") {
 		t.Errorf("installed package not imported from %s:\n%s", target, out)
+	}
+	// The mooncake.store stand-in, a package of its own.
+	run(t, "env", "PIP_DISABLE_PIP_VERSION_CHECK=1", python, "-m", "pip", "install", "--no-index", "--no-cache-dir",
+		"--target", target, filepath.Join(pythonDir(t), "compat"))
+	out = run(t, "env", "PYTHONPATH="+target, "PYTHONDONTWRITEBYTECODE=1", python, "-c",
+		"import mooncake.store as s, mooncake_fs.mooncake_store as m; print(s.__file__, s.MooncakeDistributedStore is m.MooncakeDistributedStore)")
+	if !strings.HasPrefix(out, filepath.Join(target, "mooncake", "store.py")) || !strings.Contains(out, "True") {
+		t.Errorf("mooncake.store not the installed stand-in:\n%s", out)
 	}
 }
 

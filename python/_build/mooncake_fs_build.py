@@ -13,8 +13,21 @@ import re
 import tarfile
 import zipfile
 
+# The project being built: the directory above this file's (abspath keeps
+# a symlinked copy's own place: python/compat/_build links here).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE = "mooncake_fs"
+
+
+def _package():
+    """The one top-level package the project ships: [tool.mooncake_fs_build]
+    package, else mooncake_fs."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        m = re.search(r'^\[tool\.mooncake_fs_build\][^\[]*?^package\s*=\s*"([A-Za-z_][A-Za-z0-9_]*)"', f.read().decode(),
+                      re.M | re.S)
+    return m.group(1) if m else "mooncake_fs"
+
+
+PACKAGE = _package()
 
 
 def _project():
@@ -145,7 +158,8 @@ def build_sdist(sdist_directory, config_settings=None):
     tests = os.path.join(ROOT, "tests")
     if os.path.isdir(tests):
         members += [(os.path.join(tests, n), f"tests/{n}") for n in sorted(os.listdir(tests)) if n.endswith(".py")]
-    with tarfile.open(os.path.join(sdist_directory, name), "w:gz", format=tarfile.PAX_FORMAT) as t:
+    # dereference: a symlinked backend (python/compat) goes in as the file.
+    with tarfile.open(os.path.join(sdist_directory, name), "w:gz", format=tarfile.PAX_FORMAT, dereference=True) as t:
         for full, arc in members:
             t.add(full, f"{base}/{arc}", recursive=False)
         pkg_info = _metadata().encode()

@@ -1,0 +1,1 @@
+../../_build/mooncake_fs_build.py

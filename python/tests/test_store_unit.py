@@ -1,0 +1,155 @@
+"""Tests of mooncake_fs.mooncake_store that need no daemon: key names,
+sizes, error codes, the tensor header, the config, and the calls' answers
+before setup."""
+
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from mooncake_fs import mooncake_store as ms  # noqa: E402
+
+
+class KeyNames(unittest.TestCase):
+    KEYS = ["k", "a/b", "/", "%", "%2F", ".", "..", ".hidden", "x\0y", "é" * 200, "a" * 255, "a" * 256,
+            "%" * 300, "." * 600, "é/" * 700, "\udcff raw byte", "sglang_0a1b2c_0_k", "model@1@0@abc"]
+
+    def test_round_trip(self):
+        for k in self.KEYS:
+            p = ms.key_to_path(k)
+            self.assertEqual(ms.path_to_key(p), k, p)
+            for c in p.split("/"):
+                b = os.fsencode(c)
+                self.assertTrue(0 < len(b) <= 255, c)
+                self.assertNotIn(b, (b".", b".."))
+                self.assertFalse(b.startswith(b"."), c)  # no hidden files
+                self.assertNotIn(b"\0", b)
+                if not k.startswith("\udcff"):
+                    b.decode("utf-8")  # never cut inside a character
+
+    def test_distinct(self):
+        paths = [ms.key_to_path(k) for k in self.KEYS]
+        self.assertEqual(len(set(paths)), len(paths))
+
+    def test_plain_keys_keep_their_names(self):
+        for k in ("sglang_0a1b2c_0_k", "model@1@0@abc", "layer.0.weight"):
+            self.assertEqual(ms.key_to_path(k), k)
+
+    def test_not_made_by_key_to_path(self):
+        for p in ("%2", "%zz", "a%+", "a/b", "%2e", ".x", "a%+/", "%25%", "a%+/b"):
+            self.assertIsNone(ms.path_to_key(p), p)
+
+    def test_bad_keys(self):
+        with self.assertRaises(ValueError):
+            ms.key_to_path("")
+        with self.assertRaises(TypeError):
+            ms.key_to_path(3)
+
+
+class Sizes(unittest.TestCase):
+    def test_parse(self):
+        for v, n in [(5, 5), ("1024", 1024), ("4GB", 4 << 30), ("512 MiB", 512 << 20), ("1.5k", 1536), ("2t", 2 << 40)]:
+            self.assertEqual(ms.parse_size(v), n, v)
+        for v in ("", "GB", "4 XB", "-1", "1e3"):
+            with self.assertRaises(ValueError):
+                ms.parse_size(v)
+
+
+class Codes(unittest.TestCase):
+    def test_values(self):
+        E = ms.ErrorCode
+        self.assertEqual((E.OBJECT_NOT_FOUND, E.NO_AVAILABLE_HANDLE, E.INVALID_PARAMS, E.OBJECT_ALREADY_EXISTS),
+                         (-704, -200, -600, -705))
+        self.assertEqual(ms.error_code(2), -704)    # ENOENT
+        self.assertEqual(ms.error_code(-28), -200)  # ENOSPC
+        self.assertEqual(ms.error_code(OSError(22, "x")), -600)
+        self.assertEqual(ms.error_code(9999), -1)
+        self.assertEqual((ms.SoftPinAction.PRESERVE, ms.SoftPinAction.ENABLE, ms.SoftPinAction.DISABLE), (0, 1, 2))
+
+    def test_config_defaults(self):
+        c = ms.ReplicateConfig()
+        self.assertEqual((c.replica_num, c.with_hard_pin, c.preferred_segment, c.preferred_segments,
+                          c.prefer_alloc_in_same_node, c.soft_pin_action), (1, False, "", [], False, 0))
+        self.assertIn("replica_num=1", str(c))
+
+
+class TensorHeader(unittest.TestCase):
+    def test_round_trip(self):
+        h = ms.tensor_header("bfloat16", (2, 3, 4), 48)
+        self.assertEqual(len(h), 304)
+        self.assertEqual(h[:4], (0x4D4F4F4E).to_bytes(4, "little"))
+        self.assertEqual(ms.parse_tensor_header(h + bytes(48)), ("bfloat16", (2, 3, 4), 48))
+        self.assertEqual(ms.parse_tensor_header(ms.tensor_header("float32", (), 4)), ("float32", (), 4))
+
+    def test_refused(self):
+        for bad in (b"", bytes(304), b"x" * 400):
+            with self.assertRaises(ValueError):
+                ms.parse_tensor_header(bad)
+        with self.assertRaises(ValueError):
+            ms.tensor_header("complex64", (1,), 8)
+        with self.assertRaises(ValueError):
+            ms.tensor_header("float32", (1,) * 9, 4)
+
+
+class BeforeSetup(unittest.TestCase):
+    """Every call answers with a code before setup and after close (Mooncake
+    crashes on some)."""
+
+    def test_codes(self):
+        s = ms.MooncakeDistributedStore()
+        self.assertEqual(s.health_check(), 1)
+        self.assertEqual(s.put("k", b"v"), -600)
+        self.assertEqual(s.get("k"), b"")
+        self.assertIsNone(s.get_buffer("k"))
+        self.assertEqual(s.get_size("k"), -600)
+        self.assertEqual(s.is_exist("k"), -600)
+        self.assertEqual(s.batch_is_exist(["a", "b"]), [-600, -600])
+        self.assertEqual(s.batch_put_from(["a"], [1], [1]), [-600])
+        self.assertEqual(s.batch_put_from_multi_buffers(["a"], [[1]], [[1]]), [])
+        self.assertEqual(s.batch_get_into(["a"], [1], [1]), [-600])
+        self.assertEqual(s.register_buffer(4096, 4096), -600)
+        self.assertEqual(s.remove("k"), -600)
+        self.assertEqual(s.remove_all(), -600)
+        self.assertEqual(s.close(), 0)
+
+    def test_setup_arguments(self):
+        s = ms.MooncakeDistributedStore()
+        self.assertEqual(s.setup({"metadata_server": "x"}), -600)  # no local_hostname
+        self.assertEqual(s.setup({"local_hostname": "h", "metadata_server": "x", "local_buffer_size": "lots"}), -600)
+        self.assertEqual(s.setup("", "x", 0, 0, "tcp", "", ""), -600)
+        self.assertEqual(s.setup("h", "x", 0, 0, "tcp", "", "", tenant_id="../up"), -600)
+
+
+class CompatPackage(unittest.TestCase):
+    """python/compat's mooncake.store is mooncake_fs's class, and says so
+    when it hides another mooncake package."""
+
+    def run_import(self, extra):
+        import subprocess
+        import tempfile
+
+        pkg_root = os.path.dirname(HERE)
+        path = [os.path.join(pkg_root, "compat"), pkg_root] + extra
+        code = ("import mooncake.store as s, mooncake_fs.mooncake_store as m; "
+                "assert s.MooncakeDistributedStore is m.MooncakeDistributedStore")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                              cwd=tempfile.gettempdir()).stderr
+
+    def test_alone(self):
+        self.assertNotIn("hides", self.run_import([]))
+
+    def test_hides_another(self):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as other:
+            os.mkdir(os.path.join(other, "mooncake"))
+            open(os.path.join(other, "mooncake", "__init__.py"), "w").close()
+            err = self.run_import([other])
+        self.assertIn("hides the mooncake package at " + other, err)
+
+
+if __name__ == "__main__":
+    unittest.main()
