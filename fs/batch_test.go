@@ -241,3 +241,29 @@ func BenchmarkBatchGet(b *testing.B) {
 		runBatch(b, fx, false, entries)
 	}
 }
+
+// TestExclusiveInBatch: exclusive puts batch with the plain ones; a key
+// that exists, or that an earlier entry of the batch creates, gets EEXIST
+// and keeps its value.
+func TestExclusiveInBatch(t *testing.T) {
+	fx := newFuzzFixture(t)
+	runBatch(t, fx, true, []batchEntry{{key: "e1", data: []byte("old")}})
+	excl := ioctl.FlagExcl
+	res := runBatch(t, fx, true, []batchEntry{
+		{key: "e1", data: []byte("new"), flags: excl},
+		{key: "e2", data: []byte("first"), flags: excl},
+		{key: "e2", data: []byte("second"), flags: excl},
+		{key: "e3", data: []byte("plain")},
+	})
+	want := []int64{-int64(syscall.EEXIST), 5, -int64(syscall.EEXIST), 5}
+	for i := range want {
+		if res[i] != want[i] {
+			t.Fatalf("results %v, want %v", res, want)
+		}
+	}
+	for key, v := range map[string]string{"e1": "old", "e2": "first", "e3": "plain"} {
+		if got := readKey(t, fx, key); string(got) != v {
+			t.Errorf("%s = %q, want %q", key, got, v)
+		}
+	}
+}

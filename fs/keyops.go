@@ -205,15 +205,15 @@ func newOps(count uint32) []*keyOp {
 }
 
 // runPuts runs the puts of a call in order: each run of plain puts (no
-// flags, at offset 0) is one transfer (batchPut), done before the next
-// put with flags, which goes alone (putOne).
+// flags but FlagExcl, at offset 0) is one transfer (batchPut), done before
+// the next put with other flags, which goes alone (putOne).
 func (n *node) runPuts(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	var run []*keyOp
 	for _, op := range ops {
 		if op.err != nil {
 			continue
 		}
-		if op.flags == 0 && op.objOff == 0 {
+		if op.flags&^ioctl.FlagExcl == 0 && op.objOff == 0 {
 			run = append(run, op)
 			continue
 		}
@@ -345,7 +345,7 @@ func newPutChunk(keys int) *putChunk {
 // keys returns how many keys c holds.
 func (c *putChunk) keys() int { return len(c.fast) + len(c.ps) }
 
-// batchPut runs a run of plain puts (no flags, offset 0) as few
+// batchPut runs a run of plain puts (no flags but FlagExcl, offset 0) as few
 // transfers: every key is checked and gets its draft first, then the
 // bytes of all the keys move in one engine batch (one process_vm_readv
 // per run of keys of the caller's memory); from GPU memory, chunks of
@@ -404,6 +404,10 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		old, err := n.fs.st.Lookup(ctx, key)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			op.fail(err)
+			continue
+		}
+		if old != nil && op.flags&ioctl.FlagExcl != 0 {
+			op.fail(fmt.Errorf("put %q: %w", key, store.ErrExists)) // first writer wins
 			continue
 		}
 		var place store.Placement

@@ -16,10 +16,15 @@ package main
 // each tensor named by the IPC handle of its caching-allocator block, the
 // timed pass after a first one that opened those handles.
 // Their ceiling is the tensors copied to pinned host memory with
-// non_blocking copies and one synchronize.
+// non_blocking copies and one synchronize. kv-{put,get}-mooncake-gpu-256KiB
+// run vLLM's pattern through MooncakeDistributedStore (kv_bench.py --api
+// mooncake): one GPU KV tensor registered once, 64 blocks per
+// batch_put_from_multi_buffers / batch_get_into_multi_buffers, the same
+// kind of ceiling.
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
@@ -63,7 +68,14 @@ func kvGPUCases() []benchCase {
 	}
 	for _, op := range []string{"put", "get"} {
 		cs = append(cs, benchCase{name: "kv-" + op + "-tensor-256KiB", target: withCopy, ceiling: "torch-copy-async",
-			small: true, needs: needTorchOnly, run: kvTensorRun(op)})
+			small: true, needs: needTorchOnly, run: kvTensorRun(op, "tensor")})
+	}
+	// The vLLM connector's pattern through MooncakeDistributedStore: one
+	// registered GPU KV tensor, 64 blocks a call (its target: 0.9 of the
+	// direct path, kv-*-gpu-256KiB).
+	for _, op := range []string{"put", "get"} {
+		cs = append(cs, benchCase{name: "kv-mooncake-" + op + "-gpu-256KiB", target: withCopy, ceiling: "torch-copy-async",
+			small: true, needs: needTorchOnly, run: kvTensorRun(op, "mooncake")})
 	}
 	return cs
 }
@@ -262,19 +274,22 @@ func needTorchOnly() error {
 	return nil
 }
 
-func kvTensorRun(op string) func(dir string, p benchParams) (benchSample, error) {
+func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
 		script, err := benchScript("kv_bench.py")
 		if err != nil {
 			return benchSample{}, err
 		}
-		sub, err := smallDir(dir, "kv-tensor", p.Rep)
+		sub, err := smallDir(dir, "kv-"+api, p.Rep)
 		if err != nil {
 			return benchSample{}, err
 		}
 		out, err := exec.Command("python3", script, "--dir", sub, "--op", op, "--block", fmt.Sprint(256<<10),
-			"--bytes", fmt.Sprint(kvGPUBytes), "--mount", dir).Output()
+			"--bytes", fmt.Sprint(kvGPUBytes), "--mount", dir, "--api", api).Output()
 		if err != nil {
+			if ee, ok := errors.AsType[*exec.ExitError](err); ok && len(ee.Stderr) > 0 {
+				err = fmt.Errorf("%w: %s", err, ee.Stderr[max(0, len(ee.Stderr)-600):])
+			}
 			return benchSample{}, fmt.Errorf("kv_bench.py: %w", err)
 		}
 		var r struct {

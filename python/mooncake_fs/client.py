@@ -487,20 +487,23 @@ class Directory(_Handle):
             raise ValueError(f"{len(gpus)} GPU allocations in one batch, at most {_abi.MAX_GPU_REFS}")
         out = []
         cmd = _abi.BATCH_PUTV if put else _abi.BATCH_GETV
-        todo = list(items)
-        for key, segs, meta, flags, obj_off in todo:
-            # Checked before any call: a bad item sends nothing.
+        # Checked and encoded before any call: a bad item sends nothing.
+        todo = []
+        for key, segs, meta, flags, obj_off in items:
             if not segs or len(segs) > _abi.MAX_SEGS:
                 raise ValueError(f"key {key!r}: {len(segs)} segments, want 1..{_abi.MAX_SEGS}")
-            for seg in segs:
-                if len(seg) != 3 or not all(isinstance(v, int) and 0 <= v < 1 << 64 for v in seg):
-                    raise ValueError(f"key {key!r}: segment {seg!r}: want (id, off, len), each in 0..2**64-1")
-            if not (0 <= obj_off < 1 << 64 and 0 <= flags < 1 << 32):
+            try:
+                packed = b"".join(_SEG.pack(*seg) for seg in segs)  # ints in 0..2**64-1, three each
+            except (struct.error, TypeError):
+                raise ValueError(f"key {key!r}: segments {segs!r}: want (id, off, len), each in 0..2**64-1") from None
+            if isinstance(flags, bool) or not (isinstance(obj_off, int) and isinstance(flags, int)
+                                               and 0 <= obj_off < 1 << 64 and 0 <= flags < 1 << 32):
                 raise ValueError(f"key {key!r}: obj_off {obj_off}, flags {flags} out of range")
             k = os.fsencode(key)
             m = _meta_bytes(meta) if meta is not None else b""
-            if not k or 7 + 24 * len(segs) + len(k) + len(m) > _abi.VBATCH_AREA_BYTES:
+            if not k or 7 + len(packed) + len(k) + len(m) > _abi.VBATCH_AREA_BYTES:
                 raise ValueError(f"key {key!r}: empty, or too large for one batch")
+            todo.append((packed + k + m, len(segs), len(k), len(m), flags, obj_off))
         while todo:
             b = _abi.VBatch(ngpu=len(gpus))
             for i, (handle, device) in enumerate(gpus):
@@ -509,21 +512,16 @@ class Directory(_Handle):
                     _set_bytes(b.gpus[i].device, device, "device UUID")
             view = memoryview(b.area).cast("B")
             used, n = 0, 0
-            for key, segs, meta, flags, obj_off in todo:
-                k = os.fsencode(key)
-                m = _meta_bytes(meta) if meta is not None else b""
+            for blob, nseg, klen, mlen, flags, obj_off in todo:
                 seg_off = (used + 7) & ~7
-                end = seg_off + 24 * len(segs) + len(k) + len(m)
+                end = seg_off + len(blob)
                 if n == _abi.MAX_BATCH or end > _abi.VBATCH_AREA_BYTES:
                     break
-                for j, seg in enumerate(segs):
-                    _SEG.pack_into(view, seg_off + 24 * j, *seg)
-                key_off = seg_off + 24 * len(segs)
-                view[key_off:key_off + len(k)] = k
-                view[key_off + len(k):key_off + len(k) + len(m)] = m
+                view[seg_off:end] = blob
+                key_off = seg_off + 24 * nseg
                 e = b.entries[n]
-                e.seg_off, e.nseg, e.key_off, e.key_len = seg_off, len(segs), key_off, len(k)
-                e.meta_off, e.meta_len, e.flags, e.obj_off = key_off + len(k), len(m), flags, obj_off
+                e.seg_off, e.nseg, e.key_off, e.key_len = seg_off, nseg, key_off, klen
+                e.meta_off, e.meta_len, e.flags, e.obj_off = key_off + klen, mlen, flags, obj_off
                 used, n = end, n + 1
             view.release()
             b.count = n

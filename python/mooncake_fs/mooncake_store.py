@@ -166,6 +166,9 @@ def key_to_path(key):
     characters, into directories of at most 255 bytes, each but the last
     ending in "%+" (so "a"*300 is "aaa...a%+/aaa..."). Every key has one
     path and path_to_key gives it back."""
+    if isinstance(key, str) and key and key.isascii() and len(key) <= _NAME_MAX and key[0] != "." \
+            and "%" not in key and "/" not in key and "\0" not in key:
+        return key  # the common case: the name is the key
     toks = _tokens(key)
     whole = _first(toks[0]) + b"".join(toks[1:])
     if len(whole) <= _NAME_MAX:
@@ -332,6 +335,7 @@ class MooncakeDistributedStore:
         self._root = None      # its path
         self._host = ""
         self._regs = []        # _Reg sorted by base
+        self._bases = []       # their bases, for bisect
         self._subdirs = {}     # continuation directory -> Directory
 
     # --- lifecycle ---
@@ -403,7 +407,7 @@ class MooncakeDistributedStore:
         self._subdirs.clear()
         if self._dir is not None:
             self._dir.close()  # its registrations die with it
-        self._dir, self._regs = None, []
+        self._dir, self._regs, self._bases = None, [], []
 
     def get_hostname(self):
         return self._host
@@ -463,7 +467,7 @@ class MooncakeDistributedStore:
             d = self._dir
             if d is None:
                 return int(ErrorCode.INVALID_PARAMS)
-            i = bisect.bisect_right([r.base for r in self._regs], buffer_ptr)
+            i = bisect.bisect_right(self._bases, buffer_ptr)
             if (i > 0 and self._regs[i - 1].end > buffer_ptr) or (i < len(self._regs) and self._regs[i].base < buffer_ptr + size):
                 return int(ErrorCode.INVALID_PARAMS)
             try:
@@ -477,13 +481,14 @@ class MooncakeDistributedStore:
             except ValueError:
                 return int(ErrorCode.INVALID_PARAMS)
             self._regs.insert(i, _Reg(buffer_ptr, buffer_ptr + size, rid, loc is not None))
+            self._bases.insert(i, buffer_ptr)
         return 0
 
     def unregister_buffer(self, buffer_ptr):
         with self._lock:
             for i, r in enumerate(self._regs):
                 if r.base == buffer_ptr:
-                    del self._regs[i]
+                    del self._regs[i], self._bases[i]
                     try:
                         self._dir.unregister(r.id)
                     except OSError as e:
@@ -495,7 +500,7 @@ class MooncakeDistributedStore:
         """The segment of [ptr, ptr+size): in a registration, CUDA memory by
         IPC handle (added to gpus), or this process's memory by address."""
         regs = self._regs
-        i = bisect.bisect_right([r.base for r in regs], ptr) - 1
+        i = bisect.bisect_right(self._bases, ptr) - 1
         if i >= 0 and ptr + size <= regs[i].end:
             return (regs[i].id, ptr - regs[i].base, size)
         loc = _device_location(ptr, size) if size else None

@@ -19,12 +19,13 @@ $BIN status $MNT
 rc=0
 mkdir -p $MNT/gpucheck && .gpu/gpucheck $MNT/gpucheck || rc=1
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && [ -f python/tests/test_tensor_gpu.py ]; then
-	PYTHONPATH=python MOONCAKE_MOUNT=$MNT timeout 300 python3 -m unittest -v python/tests/test_tensor_gpu.py > $OUT/py.log 2>&1 || rc=1; tail -45 $OUT/py.log
+	PYTHONPATH=python MOONCAKE_MOUNT=$MNT MOONCAKE_FS_MOUNT=$MNT timeout 300 python3 -m unittest -v python/tests/test_tensor_gpu.py python/tests/test_store_gpu.py > $OUT/py.log 2>&1 || rc=1; tail -45 $OUT/py.log
 fi
 $BIN status --json $MNT > $OUT/status.json
 kill -TERM %1; wait
 KV=kv-put-gpu-16KiB,kv-get-gpu-16KiB,kv-put-gpu-64KiB,kv-get-gpu-64KiB,kv-put-gpu-256KiB,kv-get-gpu-256KiB
 KV=$KV,kv-put-gpu-1MiB,kv-get-gpu-1MiB,kv-put-gpu-scattered-16KiB,kv-get-gpu-scattered-16KiB,kv-put-tensor-256KiB,kv-get-tensor-256KiB
+KV=$KV,kv-mooncake-put-gpu-256KiB,kv-mooncake-get-gpu-256KiB
 KV=$KV,kv-put-host-4KiB,kv-get-host-4KiB,kv-put-host-vm-4KiB,kv-get-host-vm-4KiB,op-put-4KiB,op-get-4KiB
 CASES=${CASES:-cuda-put-256MiB,cuda-get-256MiB,$KV}
 echo "== bench"
