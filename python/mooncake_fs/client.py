@@ -408,6 +408,12 @@ def _meta_bytes(meta):
 
 
 _SEG = struct.Struct("<QQQ")
+# mc_vbatch_entry (key_off key_len flags seg_off nseg meta_off meta_len
+# obj_off result version) and where the entries and the area sit.
+_VENTRY = struct.Struct("<HHIIIIIQqQ")
+_VENTRIES = _abi.VBatch.entries.offset
+_VAREA = _abi.VBatch.area.offset
+assert _VENTRY.size == ctypes.sizeof(_abi.VBatchEntry)
 
 
 def key_fits(key):
@@ -510,23 +516,26 @@ class Directory(_Handle):
                 _set_bytes(b.gpus[i].handle, handle, "IPC handle")
                 if device is not None:
                     _set_bytes(b.gpus[i].device, device, "device UUID")
-            view = memoryview(b.area).cast("B")
+            # Entries and area written as bytes: a ctypes field costs more
+            # than the key's whole share of the call.
+            raw = memoryview((ctypes.c_uint8 * ctypes.sizeof(b)).from_buffer(b)).cast("B")
             used, n = 0, 0
             for blob, nseg, klen, mlen, flags, obj_off in todo:
                 seg_off = (used + 7) & ~7
                 end = seg_off + len(blob)
                 if n == _abi.MAX_BATCH or end > _abi.VBATCH_AREA_BYTES:
                     break
-                view[seg_off:end] = blob
+                raw[_VAREA + seg_off:_VAREA + end] = blob
                 key_off = seg_off + 24 * nseg
-                e = b.entries[n]
-                e.seg_off, e.nseg, e.key_off, e.key_len = seg_off, nseg, key_off, klen
-                e.meta_off, e.meta_len, e.flags, e.obj_off = key_off + klen, mlen, flags, obj_off
+                _VENTRY.pack_into(raw, _VENTRIES + _VENTRY.size * n, key_off, klen, flags, seg_off, nseg,
+                                  key_off + klen, mlen, obj_off, 0, 0)
                 used, n = end, n + 1
-            view.release()
             b.count = n
-            self._ioctl(cmd, b)
-            out.extend((b.entries[i].result, b.entries[i].version) for i in range(n))
+            try:
+                self._ioctl(cmd, b)
+                out.extend(_VENTRY.unpack_from(raw, _VENTRIES + _VENTRY.size * i)[8:] for i in range(n))
+            finally:
+                raw.release()
             todo = todo[n:]
         return out
 

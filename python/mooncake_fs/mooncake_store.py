@@ -559,12 +559,13 @@ class MooncakeDistributedStore:
             return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
         codes = [0] * len(keys)
         items, at = [], []
+        plain = config._plain(self)
         for i, (k, segs) in enumerate(zip(keys, segs_list)):
             if not k:
                 codes[i] = int(ErrorCode.INVALID_PARAMS)
-            elif sum(s[-1] for s in segs) == 0:
+            elif not any(s[-1] for s in segs):
                 codes[i] = 0  # Mooncake stores nothing for an empty value
-            elif not config._plain(self):
+            elif not plain:
                 codes[i] = self._put_configured(k, segs, config, upsert)
             else:
                 items.append((k, segs, 0))
@@ -1002,10 +1003,15 @@ def _same_lengths(*seqs):
 
 
 def _valid_segs(segs):
-    for s in segs:
-        for ptr, size in s:
-            if not isinstance(ptr, int) or not isinstance(size, int) or size < 0 or (size and ptr <= 0):
-                return False
+    """Whether every (ptr, size) is two ints, size >= 0, ptr > 0 when
+    size is not 0."""
+    try:
+        for s in segs:
+            for ptr, size in s:
+                if size < 0 or (size and ptr <= 0) or int(ptr) != ptr or int(size) != size:
+                    return False
+    except (TypeError, ValueError):
+        return False
     return True
 
 
