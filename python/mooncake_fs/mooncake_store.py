@@ -20,6 +20,7 @@ each as one file named by key_to_path.
 """
 
 import bisect
+import ctypes
 import errno
 import logging
 import os
@@ -35,7 +36,8 @@ from ._buffer import new_bytes, pinned
 from .client import Directory, _contiguous
 
 __all__ = [
-    "MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "ObjectDataType", "ErrorCode",
+    "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicateConfig", "SoftPinAction", "ObjectDataType",
+    "ErrorCode",
     "key_to_path", "path_to_key",
 ]
 
@@ -391,6 +393,12 @@ class MooncakeDistributedStore:
                 return int(ErrorCode.RPC_FAIL) if not isinstance(e, PermissionError) else int(ErrorCode.ILLEGAL_CLIENT)
             self._dir, self._root, self._host = d, root, str(local_hostname)
         return 0
+
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
+        """Mooncake's client of a separate store process: here the mount is
+        that process."""
+        _once("server_address", server_address)
+        return self.setup("localhost", "P2PHANDSHAKE", mem_pool_size, local_buffer_size, "tcp", "", "")
 
     def init_all(self, protocol, device_name, mount_segment_size):
         return self.setup("localhost:12345", "127.0.0.1:2379", mount_segment_size, 1 << 30, protocol,
@@ -975,6 +983,47 @@ class MooncakeDistributedStore:
             except (ValueError, TypeError, KeyError):
                 out.append(None)
         return out
+
+
+class MooncakeHostMemAllocator:
+    """Mooncake's host memory allocator (SGLang allocates its host KV pool
+    with it): alloc(size) maps size bytes of anonymous memory (huge pages
+    advised) and returns its address, 0 on failure; free(ptr) unmaps it (0,
+    or INVALID_PARAMS for an address alloc did not return)."""
+
+    def __init__(self):
+        self._maps = {}
+        self._lock = threading.Lock()
+
+    def alloc(self, size):
+        import mmap
+
+        if not isinstance(size, int) or size <= 0:
+            return 0
+        try:
+            m = mmap.mmap(-1, size, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except (OSError, ValueError, OverflowError):
+            return 0
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                m.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+        anchor = ctypes.c_char.from_buffer(m)
+        addr = ctypes.addressof(anchor)
+        with self._lock:
+            self._maps[addr] = (m, anchor)
+        return addr
+
+    def free(self, ptr):
+        with self._lock:
+            got = self._maps.pop(ptr, None)
+        if got is None:
+            return int(ErrorCode.INVALID_PARAMS)
+        m = got[0]
+        del got  # the last reference to the anchor: its export ends
+        m.close()
+        return 0
 
 
 class _NotSetUp(Exception):

@@ -122,6 +122,22 @@ class BeforeSetup(unittest.TestCase):
         self.assertEqual(s.setup("h", "x", 0, 0, "tcp", "", "", tenant_id="../up"), -600)
 
 
+class HostAllocator(unittest.TestCase):
+    def test_alloc_free(self):
+        import ctypes
+
+        a = ms.MooncakeHostMemAllocator()
+        p = a.alloc(1 << 20)
+        self.assertNotEqual(p, 0)
+        ctypes.memmove(p + (1 << 20) - 5, b"hello", 5)  # the whole range is ours
+        self.assertEqual(ctypes.string_at(p + (1 << 20) - 5, 5), b"hello")
+        self.assertEqual(a.alloc(0), 0)
+        self.assertEqual(a.alloc(-1), 0)
+        self.assertEqual(a.free(p + 1), -600)
+        self.assertEqual(a.free(p), 0)
+        self.assertEqual(a.free(p), -600)
+
+
 class CompatPackage(unittest.TestCase):
     """python/compat's mooncake.store is mooncake_fs's class, and says so
     when it hides another mooncake package."""
