@@ -267,3 +267,30 @@ func TestExclusiveInBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestNoRoomKeepsOrder: an entry that finds no room goes again after the
+// others, unless a later entry of the call wrote its key: the later value
+// stays (the earlier one fails with ENOSPC).
+func TestNoRoomKeepsOrder(t *testing.T) {
+	fx := newFuzzFixture(t) // 8 MiB, eviction off
+	big := bytes.Repeat([]byte{1}, 3<<20)
+	runBatch(t, fx, true, []batchEntry{{key: "k", data: big}, {key: "a", data: big}})
+	res := runBatch(t, fx, true, []batchEntry{
+		{key: "k", data: bytes.Repeat([]byte{2}, 3<<20)}, // no room until k's old version goes
+		{key: "k", data: []byte("later")},
+	})
+	if res[0] != -int64(syscall.ENOSPC) || res[1] != 5 {
+		t.Fatalf("results %v, want [-ENOSPC 5]", res)
+	}
+	if got := readKey(t, fx, "k"); string(got) != "later" {
+		t.Fatalf("k holds %d B, want the later entry's value", len(got))
+	}
+	// Alone, the same put goes again and fits once the others committed.
+	res = runBatch(t, fx, true, []batchEntry{
+		{key: "k", data: bytes.Repeat([]byte{3}, 6<<20)}, // a's 3 MiB held: no room in the batch
+		{key: "a", data: []byte("small")},                // frees them when it commits
+	})
+	if res[0] != 6<<20 || res[1] != 5 {
+		t.Fatalf("results %v, want [%d 5]", res, 6<<20)
+	}
+}

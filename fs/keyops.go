@@ -462,9 +462,31 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		start(cur)
 	}
 	commitUpTo(len(chunks))
+	n.putAgain(ctx, bc, ops, again)
+}
+
+// putAgain puts alone, in order, the keys of ops that found no room while
+// the call's other keys held theirs (now that the versions those replaced
+// are freed, or with eviction). A key that a later entry of the call
+// wrote keeps that entry's value: going again now would put an earlier
+// value over it, so it stays failed for want of room.
+func (n *node) putAgain(ctx context.Context, bc *batchCall, ops, again []*keyOp) {
+	if len(again) == 0 {
+		return
+	}
+	pos := make(map[*keyOp]int, len(ops))
+	last := make(map[string]int, len(ops)) // the last entry that wrote each key
+	for i, op := range ops {
+		pos[op] = i
+		if op.err == nil && op.version != 0 {
+			last[op.rel] = i
+		}
+	}
 	for _, op := range again {
-		// No room while the call's other keys held theirs: now that the
-		// versions they replaced are freed (or with eviction), alone.
+		if j, ok := last[op.rel]; ok && j > pos[op] {
+			op.fail(fmt.Errorf("%s: no room, and a later entry of the call wrote it: %w", op.rel, store.ErrNoSpace))
+			continue
+		}
 		n.putAlone(ctx, bc, op)
 	}
 }

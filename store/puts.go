@@ -171,6 +171,9 @@ func (p *Puts) Commit() ([]*Object, []error) {
 			st.err = err
 			continue
 		}
+		// The new bytes only: a replaced version's replicas go with it
+		// (an empty value has none).
+		next.Replicas = nil
 		if len(st.ext) > 0 {
 			next.Replicas = []Replica{{Node: s.opts.Node, Epoch: s.opts.Epoch, Extents: st.ext}}
 		}

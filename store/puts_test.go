@@ -65,6 +65,8 @@ func TestPutsModel(t *testing.T) {
 			case r == 3:
 				sp.Bufs = append(sp.Bufs, transfer.VMBuffer(os.Getpid(), 8, 4096)) // unmapped
 				w.err = errAnyFailure
+			case r == 4:
+				sp.Bufs, w.data = nil, nil // an empty value, new or over one with bytes
 			}
 			if w.err == nil {
 				ok[key] = true
@@ -87,6 +89,9 @@ func TestPutsModel(t *testing.T) {
 			if objs[i].Size != uint64(len(w.data)) || string(objs[i].Xattrs["user.round"]) != fmt.Sprint(round) {
 				t.Fatalf("round %d: %s committed %+v", round, sp.Key, objs[i])
 			}
+			if got := segment.TotalLen(flatExtents(objs[i])); got != (uint64(len(w.data))+segment.Granule-1)/segment.Granule*segment.Granule {
+				t.Fatalf("round %d: %s: %d B of extents for %d B", round, sp.Key, got, len(w.data))
+			}
 			if sp.Cur == nil && objs[i].Mode != 0o640 {
 				t.Fatalf("round %d: new %s has mode %o", round, sp.Key, objs[i].Mode)
 			}
@@ -105,6 +110,15 @@ func TestPutsModel(t *testing.T) {
 }
 
 var errAnyFailure = errors.New("any failure")
+
+// flatExtents is every extent of o's replicas.
+func flatExtents(o *store.Object) []segment.Extent {
+	var ext []segment.Extent
+	for _, r := range o.Replicas {
+		ext = append(ext, r.Extents...)
+	}
+	return ext
+}
 
 // splitBufs cuts data into up to four host buffers.
 func splitBufs(rng *rand.Rand, data []byte) []transfer.Buffer {

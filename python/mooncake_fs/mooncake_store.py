@@ -338,7 +338,6 @@ class MooncakeDistributedStore:
         self._host = ""
         self._regs = []        # _Reg sorted by base
         self._bases = []       # their bases, for bisect
-        self._subdirs = {}     # continuation directory -> Directory
 
     # --- lifecycle ---
 
@@ -410,9 +409,6 @@ class MooncakeDistributedStore:
         return 0
 
     def _close_locked(self):
-        for d in self._subdirs.values():
-            d.close()
-        self._subdirs.clear()
         if self._dir is not None:
             self._dir.close()  # its registrations die with it
         self._dir, self._regs, self._bases = None, [], []
@@ -433,8 +429,10 @@ class MooncakeDistributedStore:
 
     # --- where a key goes ---
 
-    def _target(self, key):
-        """(Directory, name) of key's file; OSError/ValueError if none."""
+    def _target(self, key, create=False):
+        """(Directory, name) of key's file; OSError/ValueError if none. The
+        directories of a long key's name are made only with create (a put):
+        otherwise a missing one is FileNotFoundError."""
         rel = key_to_path(key)
         d = self._dir
         if d is None:
@@ -442,25 +440,37 @@ class MooncakeDistributedStore:
         if "/" not in rel:
             return d, rel
         sub, name = rel.rsplit("/", 1)
-        with self._lock:
-            sd = self._subdirs.get(sub)
-            if sd is None:
-                os.makedirs(os.path.join(self._root, sub), exist_ok=True)
-                sd = self._subdirs[sub] = Directory(os.path.join(self._root, sub))
-        return sd, name
+        path = os.path.join(self._root, sub)
+        if create:
+            try:
+                os.makedirs(path, exist_ok=True)
+            except OSError:
+                self._prune(sub)  # what it made before it failed
+                raise
+        # Opened for the call: a cached handle could outlive its directory
+        # (removed with the key's last file).
+        return Directory(path), name
 
-    def _groups(self, keys):
-        """[(Directory, [(index, name)])] of keys; failed: {index: code}."""
+    def _groups(self, keys, create=False):
+        """[(Directory, [(index, name)])] of keys; failed: {index: -errno}."""
         groups, failed = {}, {}
         for i, k in enumerate(keys):
             try:
-                d, name = self._target(k)
+                d, name = self._target(k, create)
             except _NotSetUp:
                 raise
             except (OSError, ValueError, TypeError) as e:
-                failed[i] = error_code(e) if isinstance(e, OSError) else int(ErrorCode.INVALID_PARAMS)
+                # A negative errno, as the daemon's results: callers
+                # convert once.
+                failed[i] = -(e.errno or errno.EIO) if isinstance(e, OSError) else -errno.EINVAL
                 continue
-            groups.setdefault(id(d), (d, []))[1].append((i, name))
+            g = groups.get(d.name)
+            if g is None:
+                groups[d.name] = (d, [(i, name)])
+                continue
+            if d is not g[0]:
+                d.close()  # another handle of a directory the group has
+            g[1].append((i, name))
         return list(groups.values()), failed
 
     # --- memory ---
@@ -526,7 +536,7 @@ class MooncakeDistributedStore:
         obj_off)], put or get. Returns a list of (result, version): bytes
         moved or a negative errno."""
         out = [None] * len(items)
-        groups, failed = self._groups([it[0] for it in items])
+        groups, failed = self._groups([it[0] for it in items], create=put)
         for i, code in failed.items():
             out[i] = (code, 0)
         for d, members in groups:
@@ -556,6 +566,8 @@ class MooncakeDistributedStore:
                 for i, r in zip(idx, res):
                     out[i] = r
                 todo = todo[len(idx):]
+            if d is not self._dir:
+                d.close()
         return out
 
     def _put_many(self, keys, segs_list, config, upsert):
@@ -582,16 +594,24 @@ class MooncakeDistributedStore:
         for i, (r, _) in zip(at, self._run(True, items, flags)):
             if r >= 0 or (r == -errno.EEXIST and not upsert):
                 codes[i] = 0  # an existing key keeps its value
-            else:
-                codes[i] = error_code(r)
+                continue
+            codes[i] = error_code(r)
+            try:
+                sub = os.path.dirname(key_to_path(keys[i]))
+            except (ValueError, TypeError):
+                continue
+            if sub:
+                self._prune(sub)  # the directories the failed put made
         return codes
 
     def _put_configured(self, key, segs, config, upsert):
         """A put whose file gets attributes before its bytes (placement
         decides where they go), one key at a time."""
         try:
-            d, name = self._target(key)
+            d, name = self._target(key, create=True)
             path = os.path.join(d.name, name)
+            if d is not self._dir:
+                d.close()
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
@@ -728,32 +748,53 @@ class MooncakeDistributedStore:
 
     # --- reads ---
 
+    def _read_whole(self, key, alloc):
+        """Read key's whole value into alloc(n)'s buffer: (buffer, count) or
+        None. One read is one version: a byte past the size it looked up
+        tells a value that grew meanwhile, which is read again."""
+        probe = bytearray(1)
+        for _ in range(8):
+            n = self.get_size(key)
+            if n < 0:
+                return None
+            buf, addr = alloc(n)
+            with pinned(probe, writable=True) as (paddr, _):
+                segs = ([(_abi.SEG_VM, addr, n)] if n else []) + [(_abi.SEG_VM, paddr, 1)]
+                (r, _), = self._run(False, [(key, segs, 0)])
+            if r < 0:
+                return None
+            if r <= n:
+                return buf, r
+        return None
+
     def get(self, key):
         """The value's bytes; b"" for a missing key (or any failure)."""
-        n = self.get_size(key)
-        if n <= 0:
+        got = self._read_whole(key, new_bytes)
+        if got is None:
             return b""
-        b, addr = new_bytes(n)
-        (r, _), = self._run(False, [(key, [(_abi.SEG_VM, addr, n)], 0)])
-        if r != n:
-            return b"" if r < 0 else b[:r]
-        return b
+        b, r = got
+        return b if r == len(b) else b[:r]
 
     def get_batch(self, keys):
         return [self.get(k) for k in keys]
 
     def get_buffer(self, key):
         """A BufferHandle of the value, None for a missing key."""
-        n = self.get_size(key)
-        if n < 0:
-            return None
-        buf = BufferHandle(n)
-        if n:
+        held = []
+
+        def alloc(n):
+            buf = BufferHandle(n)
+            if not n:
+                return buf, 0
+            held.append(buf)
             with pinned(buf, writable=True) as (addr, _):
-                (r, _), = self._run(False, [(key, [(_abi.SEG_VM, addr, n)], 0)])
-            if r < 0:
-                return None
-            del buf[r:]
+                return buf, addr  # stays put: a bytearray not resized
+
+        got = self._read_whole(key, alloc)
+        if got is None:
+            return None
+        buf, r = got
+        del buf[r:]
         return buf
 
     def batch_get_buffer(self, keys):
@@ -860,7 +901,11 @@ class MooncakeDistributedStore:
             return int(ErrorCode.INVALID_PARAMS)
         try:
             d, name = self._target(key)  # a name of at most 255 bytes: one call
-            return d.lookup(name).size
+            try:
+                return d.lookup(name).size
+            finally:
+                if d is not self._dir:
+                    d.close()
         except OSError as e:
             return error_code(e)
         except (ValueError, TypeError):
@@ -876,7 +921,12 @@ class MooncakeDistributedStore:
         for k in keys:
             try:
                 d, name = self._target(k)
-                os.unlink(name, dir_fd=d.fileno())
+                try:
+                    os.unlink(name, dir_fd=d.fileno())
+                finally:
+                    if d is not self._dir:
+                        d.close()
+                        self._prune(os.path.relpath(d.name, self._root))
                 out.append(0)
             except _NotSetUp:
                 out.append(int(ErrorCode.INVALID_PARAMS))
@@ -885,6 +935,19 @@ class MooncakeDistributedStore:
             except (ValueError, TypeError):
                 out.append(int(ErrorCode.INVALID_PARAMS))
         return out
+
+    def _prune(self, sub):
+        """Remove the continuation directories of sub that are empty now,
+        deepest first."""
+        while sub and sub != os.curdir:
+            try:
+                os.rmdir(os.path.join(self._root, sub))
+            except OSError as e:
+                if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    return  # another long key's
+                # Never made (or a path too long to name): its parent may
+                # have been.
+            sub = os.path.dirname(sub)
 
     def _keys(self):
         """Every key in the tenant directory."""

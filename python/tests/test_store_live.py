@@ -311,3 +311,59 @@ class Store(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(MOUNT, "MOONCAKE_FS_MOUNT not set")
+class Review(unittest.TestCase):
+    """What a review found: torn reads, codes converted twice, directories
+    made by reads."""
+
+    def setUp(self):
+        self.tenant = "r-" + uuid.uuid4().hex[:8]
+        self.s = MooncakeDistributedStore()
+        self.assertEqual(self.s.setup("localhost", "x", 0, 0, "tcp", "", "", tenant_id=self.tenant), 0)
+        self.dir = os.path.join(MOUNT, self.tenant)
+
+    def tearDown(self):
+        self.s.remove_all()
+        self.s.close()
+
+    def test_reads_are_whole_versions(self):
+        import threading
+
+        small, large = b"a" * 1000, b"b" * 100000
+        self.assertEqual(self.s.upsert("k", small), 0)
+        stop = threading.Event()
+
+        def writer():
+            while not stop.is_set():
+                self.s.upsert("k", large)
+                self.s.upsert("k", small)
+
+        w = threading.Thread(target=writer)
+        w.start()
+        try:
+            for _ in range(200):
+                self.assertIn(self.s.get("k"), (small, large))
+                b = self.s.get_buffer("k")
+                self.assertIn(bytes(b), (small, large))
+        finally:
+            stop.set()
+            w.join()
+
+    def test_codes_once(self):
+        self.assertEqual(self.s.put("\ud800", b"x"), -600)           # not encodable
+        self.assertEqual(self.s.put("x" * 5000, b"x"), -400)         # longer than a path may be
+        self.assertEqual(self.s.is_exist("x" * 5000), -400)
+        self.assertEqual(self.s.batch_get_into(["x" * 5000], [4096], [1]), [-400])
+        self.assertEqual(os.listdir(self.dir), [])  # the failed put left no directories
+
+    def test_reads_make_no_directories(self):
+        self.assertEqual(self.s.is_exist("q" * 600), 0)
+        self.assertEqual(self.s.get_size("q" * 600), -704)
+        self.assertEqual(self.s.remove("z" * 700), -704)
+        self.assertEqual(os.listdir(self.dir), [])
+        self.assertEqual(self.s.put("y" * 700, b"long"), 0)
+        self.assertEqual(self.s.get("y" * 700), b"long")
+        self.assertEqual(self.s.remove("y" * 700), 0)
+        self.assertEqual(os.listdir(self.dir), [])  # its directories went with it
