@@ -120,7 +120,10 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			continue
 		}
 		s.New.Version = rev
-		o := s.New.Clone()
+		o := s.New
+		if !s.Owned {
+			o = s.New.Clone()
+		}
 		if sl != nil {
 			x.mu.bytes -= sl.obj.MetaBytes()
 			sl.obj = o

@@ -9,6 +9,9 @@ type Swap struct {
 	Key string
 	Old uint64
 	New *Object
+	// Owned lets the index keep New itself rather than a copy: the caller
+	// never changes it once swapped (it may read it).
+	Owned bool
 }
 
 // EventType says what happened to a key.

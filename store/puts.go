@@ -178,7 +178,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 			next.Replicas = []Replica{{Node: s.opts.Node, Epoch: s.opts.Epoch, Extents: st.ext}}
 		}
 		st.obj, st.cur = next, cur
-		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next})
+		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true}) // read only from here on
 		at = append(at, i)
 	}
 	s.mu.Lock()
