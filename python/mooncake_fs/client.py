@@ -510,6 +510,14 @@ class Directory(_Handle):
             if not k or 7 + len(packed) + len(k) + len(m) > _abi.VBATCH_AREA_BYTES:
                 raise ValueError(f"key {key!r}: empty, or too large for one batch")
             todo.append((packed + k + m, len(segs), len(k), len(m), flags, obj_off))
+        return self.send_packed(put, todo, gpus)
+
+    def send_packed(self, put, todo, gpus=()):
+        """batchv of items already checked and encoded: each (segments,
+        key and meta as bytes, segment count, key length, meta length,
+        flags, obj_off)."""
+        out = []
+        cmd = _abi.BATCH_PUTV if put else _abi.BATCH_GETV
         while todo:
             b = _abi.VBatch(ngpu=len(gpus))
             for i, (handle, device) in enumerate(gpus):

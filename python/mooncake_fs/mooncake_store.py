@@ -33,7 +33,7 @@ from enum import IntEnum
 
 from . import _abi
 from ._buffer import new_bytes, pinned
-from .client import Directory, _contiguous
+from .client import _SEG, Directory, _contiguous
 
 __all__ = [
     "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicateConfig", "SoftPinAction", "ObjectDataType",
@@ -541,31 +541,38 @@ class MooncakeDistributedStore:
             out[i] = (code, 0)
         for d, members in groups:
             todo = list(members)
+            pack = _SEG.pack
             while todo:
                 gpus, entries, idx = [], [], []
                 for i, name in todo:
-                    segs = []
-                    for s in items[i][1]:
-                        segs.append(s if len(s) == 3 else self._seg(s[0], s[1], gpus))
+                    segs = items[i][1]
+                    try:
+                        blob = b"".join([pack(*s) if len(s) == 3 else pack(*self._seg(s[0], s[1], gpus)) for s in segs])
+                        k = os.fsencode(name)
+                    except (struct.error, TypeError, ValueError, OverflowError):
+                        out[i] = (-errno.EINVAL, 0)
+                        continue
                     if len(gpus) > _abi.MAX_GPU_REFS:
                         break
-                    entries.append((name, segs, None, flags, items[i][2]))
+                    if not segs or len(segs) > _abi.MAX_SEGS or 7 + len(blob) + len(k) > _abi.VBATCH_AREA_BYTES:
+                        out[i] = (-errno.EINVAL, 0)
+                        continue
+                    entries.append((blob + k, len(segs), len(k), 0, flags, items[i][2]))
                     idx.append(i)
                     if len(entries) == _abi.MAX_BATCH:
                         break
-                if not entries:  # one key names too many allocations
-                    i = todo[0][0]
-                    out[i] = (-errno.E2BIG, 0)
-                    todo = todo[1:]
+                if not entries:
+                    if todo and out[todo[0][0]] is None:  # one key names too many allocations
+                        out[todo[0][0]] = (-errno.E2BIG, 0)
+                    todo = [t for t in todo if out[t[0]] is None]
                     continue
                 try:
-                    res = d.batchv(put, entries, gpus[:_abi.MAX_GPU_REFS])
-                except (OSError, ValueError) as e:
-                    code = -(e.errno or errno.EIO) if isinstance(e, OSError) else -errno.EINVAL
-                    res = [(code, 0)] * len(entries)
+                    res = d.send_packed(put, entries, gpus[:_abi.MAX_GPU_REFS])
+                except OSError as e:
+                    res = [(-(e.errno or errno.EIO), 0)] * len(entries)
                 for i, r in zip(idx, res):
                     out[i] = r
-                todo = todo[len(idx):]
+                todo = [t for t in todo if out[t[0]] is None]
             if d is not self._dir:
                 d.close()
         return out
@@ -750,22 +757,28 @@ class MooncakeDistributedStore:
 
     def _read_whole(self, key, alloc):
         """Read key's whole value into alloc(n)'s buffer: (buffer, count) or
-        None. One read is one version: a byte past the size it looked up
-        tells a value that grew meanwhile, which is read again."""
-        probe = bytearray(1)
-        for _ in range(8):
-            n = self.get_size(key)
-            if n < 0:
-                return None
-            buf, addr = alloc(n)
-            with pinned(probe, writable=True) as (paddr, _):
-                segs = ([(_abi.SEG_VM, addr, n)] if n else []) + [(_abi.SEG_VM, paddr, 1)]
-                (r, _), = self._run(False, [(key, segs, 0)])
-            if r < 0:
-                return None
-            if r <= n:
-                return buf, r
-        return None
+        None. One GET_KEY reads one version and says its size: a value that
+        grew since the buffer was sized is read again into one of its new
+        size."""
+        try:
+            d, name = self._target(key)
+        except (_NotSetUp, OSError, ValueError, TypeError):
+            return None
+        try:
+            n = d.lookup(name).size
+            for _ in range(64):
+                buf, addr = alloc(n)
+                a = _abi.Key(source=_abi.SRC_VM, addr=addr, len=n)
+                d.key_call(False, name, a)
+                if a.size <= n:
+                    return buf, a.result
+                n = a.size  # a writer made it larger meanwhile
+            return None
+        except (OSError, ValueError):
+            return None
+        finally:
+            if d is not self._dir:
+                d.close()
 
     def get(self, key):
         """The value's bytes; b"" for a missing key (or any failure)."""
