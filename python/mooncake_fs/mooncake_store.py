@@ -689,8 +689,7 @@ class MooncakeDistributedStore:
         keys = list(keys)
         if self._dir is None:
             return []
-        if not _same_lengths(keys, all_buffer_ptrs, all_sizes) or any(
-                not _same_lengths(p, s) for p, s in zip(all_buffer_ptrs, all_sizes)):
+        if not _same_lengths(keys, all_buffer_ptrs, all_sizes) or _ragged(all_buffer_ptrs, all_sizes):
             return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
         segs = [[(p, s) for p, s in zip(ps, ss)] for ps, ss in zip(all_buffer_ptrs, all_sizes)]
         if not _valid_segs(segs):
@@ -827,8 +826,7 @@ class MooncakeDistributedStore:
 
     def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=False):
         keys = list(keys)
-        if not _same_lengths(keys, all_buffer_ptrs, all_sizes) or any(
-                not _same_lengths(p, s) for p, s in zip(all_buffer_ptrs, all_sizes)):
+        if not _same_lengths(keys, all_buffer_ptrs, all_sizes) or _ragged(all_buffer_ptrs, all_sizes):
             return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
         return self._get_many(keys, [[(p, s) for p, s in zip(ps, ss)] for ps, ss in zip(all_buffer_ptrs, all_sizes)])
 
@@ -1118,6 +1116,14 @@ def _device_location(ptr, size):
         if "not device memory" in str(e) or "unknown to CUDA" in str(e):
             return None
         raise
+
+
+def _ragged(all_ptrs, all_sizes):
+    """Whether some key's pointers and sizes differ in number."""
+    try:
+        return any(len(p) != len(s) for p, s in zip(all_ptrs, all_sizes))
+    except TypeError:
+        return True
 
 
 def _same_lengths(*seqs):
