@@ -661,10 +661,10 @@ class MooncakeDistributedStore:
         return self._put_values([key], [value], config, True)[0]
 
     def put_batch(self, keys, values, config=None):
-        return self._first(self._batch_values(keys, values, config, False))
+        return self._first_error(self._batch_values(keys, values, config, False))
 
     def upsert_batch(self, keys, values, config=None):
-        return self._first(self._batch_values(keys, values, config, True))
+        return self._first_error(self._batch_values(keys, values, config, True))
 
     def put_parts(self, key, *parts, config=None):
         return self._parts(key, parts, config, False)
@@ -700,7 +700,7 @@ class MooncakeDistributedStore:
         return self._put_many(keys, segs, cfg, False)
 
     @staticmethod
-    def _first(codes):
+    def _first_error(codes):
         return next((c for c in codes if c != 0), 0)
 
     def _put_values(self, keys, values, config, upsert):
