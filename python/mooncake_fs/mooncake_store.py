@@ -454,7 +454,15 @@ class MooncakeDistributedStore:
     def _groups(self, keys, create=False):
         """[(Directory, [(index, name)])] of keys; failed: {index: -errno}."""
         groups, failed = {}, {}
+        top = self._dir
+        if top is None:
+            raise _NotSetUp()
+        mine = []  # the tenant directory's own keys
         for i, k in enumerate(keys):
+            if k.__class__ is str and k.isascii() and 0 < len(k) <= _NAME_MAX and k[0] != "." \
+                    and "%" not in k and "/" not in k and "\0" not in k:
+                mine.append((i, k))  # key_to_path(k) is k
+                continue
             try:
                 d, name = self._target(k, create)
             except _NotSetUp:
@@ -471,6 +479,13 @@ class MooncakeDistributedStore:
             if d is not g[0]:
                 d.close()  # another handle of a directory the group has
             g[1].append((i, name))
+        if mine:
+            g = groups.get(top.name)
+            if g is None:
+                groups[top.name] = (top, mine)
+            else:
+                g[1].extend(mine)
+                g[1].sort()  # in the keys' order
         return list(groups.values()), failed
 
     # --- memory ---
@@ -548,7 +563,7 @@ class MooncakeDistributedStore:
                     segs = items[i][1]
                     try:
                         blob = b"".join([pack(*s) if len(s) == 3 else pack(*self._seg(s[0], s[1], gpus)) for s in segs])
-                        k = os.fsencode(name)
+                        k = name.encode("utf-8", "surrogateescape")
                     except (struct.error, TypeError, ValueError, OverflowError):
                         out[i] = (-errno.EINVAL, 0)
                         continue
@@ -590,7 +605,7 @@ class MooncakeDistributedStore:
         for i, (k, segs) in enumerate(zip(keys, segs_list)):
             if not k:
                 codes[i] = int(ErrorCode.INVALID_PARAMS)
-            elif not any(s[-1] for s in segs):
+            elif not (segs[0][-1] if len(segs) == 1 else any(s[-1] for s in segs)):
                 codes[i] = 0  # Mooncake stores nothing for an empty value
             elif not plain:
                 codes[i] = self._put_configured(k, segs, config, upsert)
