@@ -40,6 +40,7 @@ type slot struct {
 var (
 	_ Index         = (*Embedded)(nil)
 	_ PrefixChecker = (*Embedded)(nil)
+	_ Finder        = (*Embedded)(nil)
 )
 
 // probeLocked returns the reused search key for key.
@@ -68,6 +69,19 @@ func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
 		return nil, &keyError{"get", key, ErrNotFound}
 	}
 	return sl.obj, nil
+}
+
+// Find implements Finder.
+func (x *Embedded) Find(_ context.Context, key string) (*Object, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return nil, ErrClosed
+	}
+	if sl := x.mu.slots[key]; sl != nil {
+		return sl.obj, nil
+	}
+	return nil, nil
 }
 
 // CompareAndSwap implements Index.

@@ -60,6 +60,13 @@ type Index interface {
 	Close() error
 }
 
+// Finder is an Index that answers a miss without building an error:
+// Find returns nil, nil for a key with no object (the store asks that of
+// every new key a batch puts).
+type Finder interface {
+	Find(ctx context.Context, key string) (*Object, error)
+}
+
 // PrefixChecker is an Index that can tell whether any key starts with a
 // prefix without listing one (the store asks on every new key: is it an
 // implicit directory?). Indexes without it answer through Scan.

@@ -55,7 +55,24 @@ func (s *Store) Lookup(ctx context.Context, key string) (*Object, error) {
 	if key == "" {
 		return s.Stat(ctx, key)
 	}
-	return s.idx.Get(ctx, key)
+	o, err := s.find(ctx, key)
+	if o == nil && err == nil {
+		return nil, ErrNotFound
+	}
+	return o, err
+}
+
+// find returns key's object, nil for none, without an error for a miss
+// when the index can (Finder).
+func (s *Store) find(ctx context.Context, key string) (*Object, error) {
+	if f, ok := s.idx.(Finder); ok {
+		return f.Find(ctx, key)
+	}
+	o, err := s.idx.Get(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	return o, err
 }
 
 // HasChildren reports whether some key lies under key: whether key is a

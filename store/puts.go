@@ -157,8 +157,8 @@ func (p *Puts) Commit() ([]*Object, []error) {
 				continue
 			}
 		}
-		cur, err := s.idx.Get(ctx, sp.Key)
-		if err != nil && !errors.Is(err, ErrNotFound) {
+		cur, err := s.find(ctx, sp.Key)
+		if err != nil {
 			st.err = err
 			continue
 		}

@@ -186,3 +186,25 @@ func TestBatchPutsPlacement(t *testing.T) {
 		t.Fatalf("a put placed elsewhere: %v", errs[0])
 	}
 }
+
+// TestEmbeddedFind: Find answers a miss with nothing, a hit with the
+// object Get gives, and fails once closed.
+func TestEmbeddedFind(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	if o, err := x.Find(ctx, "k"); o != nil || err != nil {
+		t.Fatalf("miss: %v, %v", o, err)
+	}
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "k", New: &store.Object{Key: "k", Kind: store.KindFile}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := x.Find(ctx, "k")
+	want, _ := x.Get(ctx, "k")
+	if err != nil || got != want || got.Version == 0 {
+		t.Fatalf("hit: %+v, %v (Get: %+v)", got, err, want)
+	}
+	x.Close()
+	if _, err := x.Find(ctx, "k"); !errors.Is(err, store.ErrClosed) {
+		t.Fatalf("closed: %v", err)
+	}
+}
