@@ -62,6 +62,8 @@ static CUresult (*p_cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
 static CUresult (*p_cuIpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 static CUresult (*p_cuIpcCloseMemHandle)(CUdeviceptr);
 static CUresult (*p_cuPointerGetAttribute)(void *, int, CUdeviceptr);
+// Optional (CUDA 11.7+ drivers): NULL where the driver lacks it.
+static CUresult (*p_cuMemGetHandleForAddressRange)(void *, CUdeviceptr, size_t, int, unsigned long long);
 
 // mc_open dlopens path; NULL on success, else the loader's message.
 static const char *mc_open(const char *path) {
@@ -121,6 +123,7 @@ static const char *mc_resolve(void) {
 		}
 		*syms[i].dst = f;
 	}
+	p_cuMemGetHandleForAddressRange = dlsym(mc_lib, "cuMemGetHandleForAddressRange");
 	return NULL;
 }
 
@@ -212,6 +215,15 @@ static CUresult mc_ipcOpen(CUcontext c, CUdeviceptr *p, const unsigned char *in)
 	MC_IN(c, p_cuIpcOpenMemHandle(p, h, MC_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
 }
 static CUresult mc_ipcClose(CUcontext c, CUdeviceptr p) { MC_IN(c, p_cuIpcCloseMemHandle(p)); }
+
+// mc_dmabuf exports [p, p+n) as a dma-buf fd (CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
+// is 1); CUDA_ERROR_NOT_SUPPORTED (801) where the driver has no such call.
+static CUresult mc_dmabufRaw(int *fd, CUdeviceptr p, size_t n) {
+	if (p_cuMemGetHandleForAddressRange == NULL)
+		return 801;
+	return p_cuMemGetHandleForAddressRange(fd, p, n, 1, 0);
+}
+static CUresult mc_dmabuf(CUcontext c, int *fd, CUdeviceptr p, size_t n) { MC_IN(c, mc_dmabufRaw(fd, p, n)); }
 
 // mc_ptrAttrs reads the memory type of p and, for device memory, whether it
 // is managed. Both outputs are zeroed 8-byte words so either attribute width
@@ -631,6 +643,22 @@ func (c *Context) IpcClose(p DevicePtr) error {
 		return fmt.Errorf("cuda: ipc close %#x: %w", uint64(p), newResult("cuIpcCloseMemHandle", r))
 	}
 	return nil
+}
+
+// ExportDmabuf exports n bytes of device memory at p (page-aligned, in
+// one allocation or IPC mapping) as a dma-buf file descriptor, which an
+// RDMA device can register (GPUDirect RDMA); the caller closes it. Drivers
+// before CUDA 11.7, and GPUs or kernel modules without dma-buf support,
+// answer with an error (CUDA_ERROR_NOT_SUPPORTED).
+func (c *Context) ExportDmabuf(p DevicePtr, n uint64) (int, error) {
+	if err := c.check(); err != nil {
+		return -1, err
+	}
+	var fd C.int = -1
+	if r := C.mc_dmabuf(c.h, &fd, C.CUdeviceptr(p), C.size_t(n)); r != 0 {
+		return -1, fmt.Errorf("cuda: dma-buf of %#x+%d: %w", uint64(p), n, newResult("cuMemGetHandleForAddressRange", r))
+	}
+	return int(fd), nil
 }
 
 // CopyHtoD copies src to device memory at dst and returns when done. src

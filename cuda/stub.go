@@ -103,3 +103,6 @@ func CopyDtoHAsync(dst []byte, src DevicePtr, s *Stream) error { return errNoCgo
 
 // PointerIsDevice returns ErrUnavailable.
 func PointerIsDevice(addr uintptr) (bool, error) { return false, errNoCgo }
+
+// ExportDmabuf returns ErrUnavailable.
+func (c *Context) ExportDmabuf(p DevicePtr, n uint64) (int, error) { return -1, errNoCgo }

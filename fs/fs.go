@@ -54,6 +54,17 @@ type Options struct {
 	// take; past any of them REGISTER_BUFFER fails with EMFILE.
 	MaxOpen, MaxRegistrations, MaxRegistrationsTotal int
 	MaxRegisteredBytes                               uint64
+	// RegisterMemory, when set, registers a host buffer's mapping with
+	// the RDMA device at REGISTER_BUFFER (remote transfers then go NIC
+	// to NIC); release runs after the last copy, before the unmap. A
+	// failure is logged and the buffer is staged instead.
+	RegisterMemory func(mem []byte) (release func(), err error)
+	// RegisterDevice, when set, registers a client's GPU allocation with
+	// the RDMA device (GPUDirect RDMA) when the daemon opens its IPC
+	// handle, given the allocation's dma-buf fd; release runs before the
+	// handle is closed. A failure (a driver without dma-buf export) is
+	// logged once and its remote transfers are staged.
+	RegisterDevice func(fd int, dev, n uint64) (release func(), err error)
 }
 
 // DefaultOptions returns options with every tunable set; Store is left nil.
@@ -149,6 +160,10 @@ func newFS(o Options) (*FS, error) {
 		return nil, err
 	}
 	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
+	f.ipc.register = o.RegisterDevice
+	f.ipc.log = func(err error) {
+		f.log.WithError(err).Warn("GPU memory cannot be registered for RDMA (GPUDirect): remote transfers of it are staged")
+	}
 	if !f.splice {
 		f.log.Warnf("fs.pipe-max-size is below %d B: read replies use writev, about a third slower than splice", PipeSizeFor(o.MaxWrite))
 	}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -91,7 +93,8 @@ type ipcMapping struct {
 	base cuda.DevicePtr
 	size uint64
 	key  ipcKey
-	refs int // guarded by ipcTable.mu
+	refs int    // guarded by ipcTable.mu
+	rdma func() // releases its RDMA registration; nil when none
 }
 
 type ipcKey struct {
@@ -106,6 +109,11 @@ type ipcKey struct {
 type ipcTable struct {
 	mu sync.Mutex
 	m  map[ipcKey]*ipcMapping
+	// register is Options.RegisterDevice; failed is set once it failed
+	// (logged once), after which nothing more is tried.
+	register func(fd int, dev, n uint64) (func(), error)
+	failed   bool
+	log      func(err error)
 }
 
 func (t *ipcTable) acquire(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
@@ -129,8 +137,31 @@ func (t *ipcTable) acquire(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
 		t.m = map[ipcKey]*ipcMapping{}
 	}
 	m := &ipcMapping{ctx: ctx, base: base, size: size, key: k, refs: 1}
+	if t.register != nil && !t.failed {
+		m.rdma = t.registerRDMA(ctx, base, size)
+	}
 	t.m[k] = m
 	return m, nil
+}
+
+// registerRDMA registers a new mapping with the RDMA device through its
+// dma-buf; nil when that fails (the first failure is logged, and none is
+// tried after it: the driver or the device cannot do it).
+func (t *ipcTable) registerRDMA(ctx *cuda.Context, base cuda.DevicePtr, size uint64) func() {
+	fd, err := ctx.ExportDmabuf(base, size)
+	var release func()
+	if err == nil {
+		release, err = t.register(fd, uint64(base), size)
+		_ = unix.Close(fd)
+	}
+	if err != nil {
+		t.failed = true
+		if t.log != nil {
+			t.log(err)
+		}
+		return nil
+	}
+	return release
 }
 
 func (t *ipcTable) release(m *ipcMapping) error {
@@ -140,6 +171,9 @@ func (t *ipcTable) release(m *ipcMapping) error {
 		return nil
 	}
 	delete(t.m, m.key)
+	if m.rdma != nil {
+		m.rdma()
+	}
 	return m.ctx.IpcClose(m.base)
 }
 

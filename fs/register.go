@@ -43,6 +43,7 @@ type registration struct {
 	gpu      *ipcMapping // CUDA registrations: the opened allocation
 	gpuOff   uint64      // and the registered range in it
 	gpuLen   uint64
+	rdma     func() // releases the RDMA registration; nil when none
 	inflight sync.WaitGroup
 }
 
@@ -133,6 +134,9 @@ func (t *regTable) remove(id uint64) error {
 
 func (t *regTable) release(r *registration) {
 	r.inflight.Wait()
+	if r.rdma != nil {
+		r.rdma()
+	}
 	switch {
 	case r.gpu != nil:
 		if err := t.fs.ipc.release(r.gpu); err != nil {
@@ -268,7 +272,15 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 		return errors.Join(err, errBadRegister)
 	}
 	r := &registration{sh: sh, mem: sh.Bytes()}
+	if f.opts.RegisterMemory != nil {
+		if r.rdma, err = f.opts.RegisterMemory(r.mem); err != nil {
+			f.log.WithError(err).Warn("RDMA registration of a buffer failed: its remote transfers are staged")
+		}
+	}
 	if a.ID, err = t.add(r); err != nil {
+		if r.rdma != nil {
+			r.rdma()
+		}
 		_ = sh.Close()
 		return err
 	}

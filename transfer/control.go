@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -53,6 +54,14 @@ const (
 	CtlHold = "hold"
 	// CtlRelease ends hold ID.
 	CtlRelease = "release"
+	// CtlRDMA exchanges RDMA endpoints: RDMA carries the caller's QPs,
+	// the answer's RDMA the owner's and its segments' rkeys (rdma.go).
+	// Served by the TCP server itself, where it has an RDMA path.
+	CtlRDMA = "rdma"
+	// CtlCheck answers whether the body whose first extent is
+	// Extents[0], published at or before Version, is still live
+	// (ErrStaleBody if not): the check after a one-sided read.
+	CtlCheck = "check"
 )
 
 // ControlRequest is one control call.
@@ -64,12 +73,14 @@ type ControlRequest struct {
 	Extents   []segment.Extent `json:"extents,omitempty"`
 	Rev       uint64           `json:"rev,omitempty"`
 	Version   uint64           `json:"version,omitempty"`
+	RDMA      *RDMAHello       `json:"rdma,omitempty"`
 }
 
 // ControlResponse is the answer to a successful control call.
 type ControlResponse struct {
 	ID      uint64           `json:"id,omitempty"`
 	Extents []segment.Extent `json:"extents,omitempty"`
+	RDMA    *RDMAHello       `json:"rdma,omitempty"`
 }
 
 // Controller serves control calls on the owning node (the store).
@@ -154,8 +165,19 @@ func decodeControl(b []byte) (ControlRequest, error) {
 		if req.Rev == 0 {
 			return req, fmt.Errorf("%w: sync to revision 0", ErrBadRequest)
 		}
+	case CtlRDMA:
+		if err := req.RDMA.validate(); err != nil {
+			return req, err
+		}
+	case CtlCheck:
+		if len(req.Extents) != 1 || req.Extents[0].Len == 0 || req.Version == 0 {
+			return req, fmt.Errorf("%w: check of %d extents at version %d", ErrBadRequest, len(req.Extents), req.Version)
+		}
 	default:
 		return req, fmt.Errorf("%w: control op %q", ErrBadRequest, req.Op)
+	}
+	if req.Op != CtlRDMA && req.RDMA != nil {
+		return req, fmt.Errorf("%w: %s call carries an rdma hello", ErrBadRequest, req.Op)
 	}
 	return req, nil
 }
@@ -172,10 +194,11 @@ func (s *TCPServer) serveControl(c net.Conn, h header, hb []byte) error {
 	resp := header{op: opControl, id: h.id}
 	var out []byte
 	req, err := decodeControl(payload)
-	if err == nil && s.opts.Control == nil {
+	if err == nil && (req.Op == CtlRDMA || req.Op == CtlCheck) {
+		out, err = s.serveOwn(req)
+	} else if err == nil && s.opts.Control == nil {
 		err = fmt.Errorf("%w: this node takes no control calls", ErrBadRequest)
-	}
-	if err == nil {
+	} else if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
 		var r ControlResponse
 		r, err = s.opts.Control.Control(ctx, req)
@@ -196,6 +219,32 @@ func (s *TCPServer) serveControl(c net.Conn, h header, hb []byte) error {
 		return err
 	}
 	return nil
+}
+
+// serveOwn answers the control calls the server serves itself.
+func (s *TCPServer) serveOwn(req ControlRequest) ([]byte, error) {
+	var r ControlResponse
+	switch {
+	case req.Op == CtlRDMA && s.opts.RDMA == nil:
+		return nil, fmt.Errorf("%w: this node has no RDMA", ErrBadRequest)
+	case req.Op == CtlRDMA:
+		h, err := s.opts.RDMA.accept(req.RDMA)
+		if err != nil {
+			return nil, err
+		}
+		r.RDMA = h
+	case s.opts.Bodies == nil:
+		return nil, fmt.Errorf("%w: this node checks no bodies", ErrBadRequest)
+	default:
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
+		release, err := s.opts.Bodies.CheckBody(ctx, req.Extents[0], req.Version)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		release()
+	}
+	return json.Marshal(r)
 }
 
 // Control sends one control call to node's daemon of the given epoch (0:
@@ -300,6 +349,7 @@ func controlErr(s uint32) error {
 
 // Reserve asks node for n bytes kept for ttl.
 func (t *TCPTransport) Reserve(ctx context.Context, node string, n uint64, ttl time.Duration) (Reservation, error) {
+	sent := time.Now()
 	r, epoch, err := t.Control(ctx, node, 0, ControlRequest{Op: CtlReserve, Bytes: n, TTLMillis: max(ttl.Milliseconds(), 1)})
 	if err != nil {
 		return Reservation{}, err
@@ -307,12 +357,17 @@ func (t *TCPTransport) Reserve(ctx context.Context, node string, n uint64, ttl t
 	if segment.TotalLen(r.Extents) < n {
 		return Reservation{}, fmt.Errorf("transfer: reserve %d B on %s: got %d B: %w", n, node, segment.TotalLen(r.Extents), ErrProtocol)
 	}
+	t.leases.note(leaseKey{node, epoch, r.ID}, sent.Add(ttl), true)
 	return Reservation{Node: node, Epoch: epoch, ID: r.ID, Extents: r.Extents}, nil
 }
 
 // Renew extends reservation or hold id on node by ttl from now.
 func (t *TCPTransport) Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error {
-	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
+	sent := time.Now()
+	_, got, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
+	if err == nil {
+		t.leases.note(leaseKey{node, got, id}, sent.Add(ttl), false)
+	}
 	return err
 }
 
@@ -342,6 +397,63 @@ func (t *TCPTransport) Sync(ctx context.Context, node string, rev uint64) error 
 // Free returns extents of reservation id on node (all of it when ext is
 // empty).
 func (t *TCPTransport) Free(ctx context.Context, node string, epoch, id uint64, ext []segment.Extent) error {
+	if len(ext) == 0 {
+		t.leases.forget(leaseKey{node, epoch, id})
+	}
 	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlFree, ID: id, Extents: ext})
 	return err
+}
+
+// Lease ends of reservations, as the writer knows them: the time it sent
+// the Reserve or the last Renew, plus the TTL. The owner counts the TTL
+// from when it received the call, so its end is later; writes that the
+// owner's CPU does not check (RDMA) are fenced by this one (rdma.go).
+
+type leaseKey struct {
+	node      string
+	epoch, id uint64
+}
+
+type leaseBook struct {
+	mu    sync.Mutex
+	m     map[leaseKey]time.Time
+	prune int // size at which expired entries are swept
+}
+
+// note records end for k; a renewal (add false) only extends a lease
+// the book holds, since holds share the id space.
+func (b *leaseBook) note(k leaseKey, end time.Time, add bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[leaseKey]time.Time{}
+	}
+	if old, ok := b.m[k]; !ok && !add || ok && old.After(end) {
+		return
+	}
+	b.m[k] = end
+	if len(b.m) >= max(b.prune, 64) {
+		now := time.Now()
+		for k, e := range b.m {
+			if e.Before(now) {
+				delete(b.m, k)
+			}
+		}
+		b.prune = 2 * len(b.m)
+	}
+}
+
+func (b *leaseBook) forget(k leaseKey) {
+	b.mu.Lock()
+	delete(b.m, k)
+	b.mu.Unlock()
+}
+
+// leaseEnd returns when reservation id of node's epoch ends, as far as
+// this writer knows.
+func (t *TCPTransport) leaseEnd(node string, epoch, id uint64) (time.Time, bool) {
+	t.leases.mu.Lock()
+	defer t.leases.mu.Unlock()
+	e, ok := t.leases.m[leaseKey{node, epoch, id}]
+	return e, ok
 }

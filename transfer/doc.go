@@ -16,12 +16,17 @@
 // bytes), so "one copy" is a measured claim: see Stats and the Prometheus
 // metrics mooncake_transfer_*.
 //
-// Remote segments are reached through a Transport (transport.go): today
-// the TCP transport, one-sided reads and writes of extents served by the
+// Remote segments are reached through a Transport (transport.go): the
+// TCP transport, one-sided reads and writes of extents served by the
 // owning daemon's TCPServer straight from and into its segment memory,
 // after a challenge-response proof of the cluster token, plus control
 // calls that reserve space for a writer, hold a replaced body for a reader
-// and wait for a node's index (control.go); frames are fuzzed.
+// and wait for a node's index (control.go); frames are fuzzed. Where
+// both ends have an RDMA device, an RDMA path (rdma.go, over package
+// rdma) moves the bytes instead with one-sided READs and WRITEs: straight
+// from and to registered memory (path rdma-direct, no local copy), other
+// memory through a registered bounce pool (rdma-staged, one copy); TCP
+// still carries the control calls, the endpoint exchange among them.
 //
 // The package holds no lock while copying. It never sees keys or objects.
 package transfer

@@ -39,6 +39,10 @@ type Options struct {
 	// Remote reaches other nodes' segments; nil: requests for other
 	// nodes fail with ErrNoStrategy.
 	Remote Transport
+	// RDMA, when set, moves the bytes of remote requests to the peers
+	// that have it too (rdma.go); Remote still carries the others and
+	// every control call.
+	RDMA *RDMA
 }
 
 // DefaultOptions returns the options New uses for zero fields.
@@ -251,17 +255,15 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 	}
 	if len(mem) > 0 {
 		f.errs = append(f.errs, e.copyMem(mem, memBytes)...)
-		e.account(pathLocal, reqs, Host, memBytes, len(mem), time.Since(start))
+		e.account(idMemcpy, reqs, Host, memBytes, len(mem), time.Since(start))
 	}
 	if len(vm) > 0 {
 		vstart := time.Now()
 		f.errs = append(f.errs, e.copyVM(vm, vmBytes)...)
-		e.account(pathProcessVM, reqs, ProcessVM, vmBytes, len(vm), time.Since(vstart))
+		e.account(idProcessVM, reqs, ProcessVM, vmBytes, len(vm), time.Since(vstart))
 	}
 	if len(remote) > 0 {
-		rstart := time.Now()
 		f.errs = append(f.errs, e.copyRemote(ctx, remote)...)
-		e.accountRemote(remote, time.Since(rstart))
 	}
 	return f
 }
@@ -301,7 +303,7 @@ func (f *Flight) wait() {
 	f.waited = true
 	if f.gpuN > 0 {
 		f.errs = append(f.errs, f.e.syncGPU(f.gpu)...)
-		f.e.account(pathCUDA, f.reqs, CUDA, f.gpuB, f.gpuN, time.Since(f.gstart))
+		f.e.account(idCUDA, f.reqs, CUDA, f.gpuB, f.gpuN, time.Since(f.gstart))
 	}
 	if f.held {
 		f.e.flights.Done()

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -21,9 +22,6 @@ const (
 	remoteParallel = 8 // requests in flight per Submit
 )
 
-// pathRemote names the transport in statistics and metrics.
-const pathRemote Path = "remote"
-
 type remotePiece struct {
 	idx int
 	req Request
@@ -41,22 +39,41 @@ func (e *Engine) copyRemote(ctx context.Context, pieces []remotePiece) []error {
 		failed = map[int]bool{}
 		wg     sync.WaitGroup
 		sem    = make(chan struct{}, remoteParallel)
+		tally  [nPaths]pathTally
 	)
 	for _, p := range splitBounced(pieces) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if err := e.remoteOne(ctx, p.req); err != nil {
-				mu.Lock()
+			start := time.Now()
+			path, copied, err := e.remoteOne(ctx, p.req)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
 				if !failed[p.idx] {
 					failed[p.idx] = true
 					errs = append(errs, reqError(p.idx, fmt.Errorf("node %q %v: %w", p.req.Node, p.req.Extent, err)))
 				}
-				mu.Unlock()
+				return
 			}
+			t := &tally[path]
+			if p.req.Op == Read {
+				t.rd += p.req.Extent.Len
+				t.crd += copied
+			} else {
+				t.wr += p.req.Extent.Len
+				t.cwr += copied
+			}
+			t.n++
+			t.d = max(t.d, time.Since(start))
 		})
 	}
 	wg.Wait()
+	for i := range tally {
+		if t := tally[i]; t.n > 0 {
+			e.accountPath(pathID(i), t)
+		}
+	}
 	return errs
 }
 
@@ -81,7 +98,20 @@ func splitBounced(pieces []remotePiece) []remotePiece {
 	return out
 }
 
-func (e *Engine) remoteOne(ctx context.Context, r Request) error {
+// remoteOne moves one piece: over RDMA where the peer has it, else over
+// the Transport. It returns the path taken and the bytes copied locally.
+func (e *Engine) remoteOne(ctx context.Context, r Request) (pathID, uint64, error) {
+	if rd := e.opts.RDMA; rd != nil {
+		p, copied, err := e.remoteRDMA(ctx, rd, r)
+		if !errors.Is(err, errNoCommonPath) {
+			return p, copied, err
+		}
+		rd.stats.fallbacks.Add(1)
+	}
+	return idTCP, r.Extent.Len, e.remoteTCP(ctx, r)
+}
+
+func (e *Engine) remoteTCP(ctx context.Context, r Request) error {
 	t := e.opts.Remote
 	switch r.Buf.Kind {
 	case Host, Registered:
@@ -122,6 +152,83 @@ func (e *Engine) remoteOne(ctx context.Context, r Request) error {
 	return fmt.Errorf("buffer kind %v: %w", r.Buf.Kind, ErrNoStrategy)
 }
 
+// remoteRDMA moves r over RDMA: straight from and to registered memory,
+// else through the registered bounce pool (one local copy per byte).
+// errNoCommonPath: the peer or the request needs TCP.
+func (e *Engine) remoteRDMA(ctx context.Context, rd *RDMA, r Request) (pathID, uint64, error) {
+	if r.Op == Write && r.Resv == 0 {
+		return 0, 0, errNoCommonPath
+	}
+	if s, err := rd.session(ctx, r.Node); err != nil || s == nil {
+		if err == nil {
+			err = errNoCommonPath
+		}
+		return 0, 0, err
+	}
+	var buf []byte
+	switch r.Buf.Kind {
+	case Host, Registered:
+		buf = r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
+		if lkey, ok := rd.regs.lookup(addrOf(buf), r.Extent.Len); ok {
+			return idRDMADirect, 0, rd.move(ctx, r, r.Extent, addrOf(buf), lkey)
+		}
+	case CUDA:
+		// GPUDirect RDMA: GPU memory registered through its dma-buf.
+		dev := uint64(r.Buf.Dev) + r.BufOff
+		if lkey, ok := rd.gpuRegs.lookup(dev, r.Extent.Len); ok {
+			return idRDMADirect, 0, rd.move(ctx, r, r.Extent, dev, lkey)
+		}
+	}
+	// Staged, a pool buffer at a time; a checked read is checked once,
+	// after its last piece.
+	lkey := rd.mu.poolReg.mr.LKey()
+	chunk := r
+	chunk.Version = 0
+	for done := uint64(0); done < r.Extent.Len; {
+		n := min(rd.opts.ChunkBytes, r.Extent.Len-done)
+		stage, release, err := rd.stage(ctx, int(n))
+		if err != nil {
+			return 0, 0, err
+		}
+		ext := r.Extent
+		ext.Off += done
+		ext.Len = n
+		local := Request{Op: r.Op, Buf: r.Buf, BufOff: r.BufOff + done, Extent: ext}
+		if r.Op == Write {
+			if err = e.stageCopy(local, buf, done, stage); err == nil {
+				err = rd.move(ctx, chunk, ext, addrOf(stage), lkey)
+			}
+		} else if err = rd.move(ctx, chunk, ext, addrOf(stage), lkey); err == nil {
+			err = e.stageCopy(local, buf, done, stage)
+		}
+		release()
+		if err != nil {
+			return 0, 0, err
+		}
+		done += n
+	}
+	if r.Op == Read && r.Version != 0 {
+		if err := rd.check(ctx, r, r.Epoch); err != nil {
+			return 0, 0, err
+		}
+	}
+	return idRDMAStaged, r.Extent.Len, nil
+}
+
+// stageCopy copies between a request's buffer and a bounce buffer:
+// memcpy for host memory (buf, at off), else the kind's local strategy.
+func (e *Engine) stageCopy(r Request, buf []byte, off uint64, stage []byte) error {
+	if buf == nil {
+		return e.bounce(r, stage)
+	}
+	part := buf[off : off+uint64(len(stage))]
+	p := memPair{guard: r.Buf.Kind == Registered}
+	if r.Op == Write {
+		return p.copy(stage, part)
+	}
+	return p.copy(part, stage)
+}
+
 // read reads ext (part of r's extent) into dst, checked when r says so.
 func (e *Engine) read(ctx context.Context, r Request, ext segment.Extent, dst []byte) error {
 	if r.Version != 0 {
@@ -146,27 +253,26 @@ func (e *Engine) bounce(r Request, stage []byte) error {
 	return nil
 }
 
-// accountRemote counts remote requests: the bytes moved, one copy each.
-func (e *Engine) accountRemote(pieces []remotePiece, d time.Duration) {
-	var rd, wr uint64
-	for _, p := range pieces {
-		if p.req.Op == Read {
-			rd += p.req.Extent.Len
-		} else {
-			wr += p.req.Extent.Len
-		}
+type pathTally struct {
+	rd, wr, crd, cwr uint64
+	n                int
+	d                time.Duration
+}
+
+// accountPath counts remote pieces of one path.
+func (e *Engine) accountPath(id pathID, t pathTally) {
+	e.stats.read.Add(t.rd)
+	e.stats.written.Add(t.wr)
+	e.stats.copied.Add(t.crd + t.cwr)
+	e.stats.requests.Add(uint64(t.n))
+	e.stats.paths[id].add(t.rd, t.wr, t.crd, t.cwr, t.n)
+	pm := e.metrics.path(pathNames[id])
+	if t.rd > 0 {
+		pm.read.Add(float64(t.rd))
 	}
-	e.stats.read.Add(rd)
-	e.stats.written.Add(wr)
-	e.stats.copied.Add(rd + wr)
-	e.stats.requests.Add(uint64(len(pieces)))
-	pm := e.metrics.path(pathRemote)
-	if rd > 0 {
-		pm.read.Add(float64(rd))
+	if t.wr > 0 {
+		pm.written.Add(float64(t.wr))
 	}
-	if wr > 0 {
-		pm.written.Add(float64(wr))
-	}
-	pm.copied.Add(float64(rd + wr))
-	pm.latency.Observe(d.Seconds())
+	pm.copied.Add(float64(t.crd + t.cwr))
+	pm.latency.Observe(t.d.Seconds())
 }

@@ -15,7 +15,50 @@ const (
 	pathLocal     Path = "local-memcpy"
 	pathProcessVM Path = "process-vm"
 	pathCUDA      Path = "cuda"
+	pathTCP       Path = "tcp"
 )
+
+// pathID indexes the paths in counters.
+type pathID uint8
+
+const (
+	idMemcpy pathID = iota
+	idProcessVM
+	idCUDA
+	idTCP
+	idRDMADirect
+	idRDMAStaged
+	nPaths
+)
+
+var pathNames = [nPaths]Path{pathLocal, pathProcessVM, pathCUDA, pathTCP, pathRDMADirect, pathRDMAStaged}
+
+// PathStats are one path's counters: bytes moved out of segments (Read)
+// and into them (Written), and of those, the bytes this node's CPU or a
+// DMA engine copied (a NIC's transfer is no local copy).
+type PathStats struct {
+	Read          uint64 `json:"read"`
+	Written       uint64 `json:"written"`
+	CopiedRead    uint64 `json:"copied_read"`
+	CopiedWritten uint64 `json:"copied_written"`
+	Requests      uint64 `json:"requests"`
+}
+
+// Bytes is the bytes moved both ways.
+func (p PathStats) Bytes() uint64 { return p.Read + p.Written }
+
+// Copied is the bytes copied both ways.
+func (p PathStats) Copied() uint64 { return p.CopiedRead + p.CopiedWritten }
+
+type pathCounters struct{ read, written, copiedRead, copiedWritten, requests atomic.Uint64 }
+
+func (c *pathCounters) add(rd, wr, crd, cwr uint64, n int) {
+	c.read.Add(rd)
+	c.written.Add(wr)
+	c.copiedRead.Add(crd)
+	c.copiedWritten.Add(cwr)
+	c.requests.Add(uint64(n))
+}
 
 // Stats are cumulative counters since the engine started.
 type Stats struct {
@@ -28,11 +71,16 @@ type Stats struct {
 	// GPUPieces counts requests against GPU memory, GPUCopies the copies
 	// issued for them: neighbouring pieces merge into one copy.
 	GPUPieces, GPUCopies uint64
+	// Paths has the counters of each path that moved something: a local
+	// copy per byte for memcpy, process-vm, cuda, tcp (the kernel's
+	// socket copy) and rdma-staged; none for rdma-direct.
+	Paths map[Path]PathStats
 }
 
 type statsCounters struct {
 	read, written, copied, requests atomic.Uint64
 	gpuPieces, gpuCopies            atomic.Uint64
+	paths                           [nPaths]pathCounters
 }
 
 // Stats returns the counters.
@@ -44,7 +92,23 @@ func (e *Engine) Stats() Stats {
 		Requests:     e.stats.requests.Load(),
 		GPUPieces:    e.stats.gpuPieces.Load(),
 		GPUCopies:    e.stats.gpuCopies.Load(),
+		Paths:        e.pathStats(),
 	}
+}
+
+func (e *Engine) pathStats() map[Path]PathStats {
+	var m map[Path]PathStats
+	for i := range e.stats.paths {
+		c := &e.stats.paths[i]
+		if n := c.requests.Load(); n > 0 {
+			if m == nil {
+				m = map[Path]PathStats{}
+			}
+			m[pathNames[i]] = PathStats{Read: c.read.Load(), Written: c.written.Load(),
+				CopiedRead: c.copiedRead.Load(), CopiedWritten: c.copiedWritten.Load(), Requests: n}
+		}
+	}
+	return m
 }
 
 type metrics struct {
@@ -99,7 +163,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (e *Engine) account(p Path, reqs []Request, kind Kind, copied uint64, n int, d time.Duration) {
+func (e *Engine) account(id pathID, reqs []Request, kind Kind, copied uint64, n int, d time.Duration) {
 	var rd, wr uint64
 	for _, r := range reqs {
 		if group(r.Buf.Kind) != group(kind) || (r.Node != "" && r.Node != e.opts.Self) {
@@ -115,7 +179,9 @@ func (e *Engine) account(p Path, reqs []Request, kind Kind, copied uint64, n int
 	e.stats.written.Add(wr)
 	e.stats.copied.Add(copied)
 	e.stats.requests.Add(uint64(n))
-	pm := e.metrics.path(p)
+	// Local paths copy every byte they move once.
+	e.stats.paths[id].add(rd, wr, rd, wr, n)
+	pm := e.metrics.path(pathNames[id])
 	if rd > 0 {
 		pm.read.Add(float64(rd))
 	}

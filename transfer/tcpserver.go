@@ -32,6 +32,9 @@ type TCPServerOptions struct {
 	Epoch uint64
 	// Bodies checks the bodies of checked reads; nil refuses them.
 	Bodies BodyChecker
+	// RDMA answers peers' RDMA endpoint exchanges (CtlRDMA); nil: this
+	// node is reached over TCP only.
+	RDMA *RDMA
 	// Control serves control calls (remote reservations); nil refuses
 	// them with an error status.
 	Control Controller

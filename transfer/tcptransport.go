@@ -93,6 +93,7 @@ type TCPTransport struct {
 	stats struct {
 		read, written, dials, dropped atomic.Uint64
 	}
+	leases leaseBook
 }
 
 type tcpPeer struct {

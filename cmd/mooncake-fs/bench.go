@@ -142,6 +142,14 @@ func runBench(args []string) error {
 	out.begin(cfg)
 	failed := 0
 	for _, c := range cfg.cases {
+		if c.needs != nil {
+			// Named on a machine that cannot run it (no GPU, no RDMA
+			// device): said, not run.
+			if why := c.needs(); why != nil {
+				out.caseSkipped(c.name, why)
+				continue
+			}
+		}
 		res, err := r.runCase(ctx, c)
 		if err != nil {
 			env.failed = ctx.Err() == nil
@@ -191,7 +199,7 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 	var sides []benchSide
 	mnt, daemon, ceilDir := r.env.mnt, r.env.daemon, r.env.tmpfs
 	if c.cluster != "" {
-		cl, err := r.env.startCluster(ctx)
+		cl, err := r.env.startCluster(ctx, c.rdma)
 		if err != nil {
 			return benchResult{}, err
 		}
@@ -305,6 +313,9 @@ type benchResult struct {
 	TransferUs float64 `json:"transfer_us,omitempty"`
 	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
 	CopiesPerKey float64 `json:"copies_per_key,omitempty"`
+	// CopiesPerByte is node A's local copies per remote byte (RDMA
+	// cases; present even when 0).
+	CopiesPerByte *float64 `json:"copies_per_byte,omitempty"`
 	// DaemonCPU is the daemon's CPU time per wall second while the
 	// reported mooncake repetition ran (1 = one core busy).
 	DaemonCPU float64 `json:"daemon_cpu,omitempty"`
@@ -335,6 +346,10 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
 	} else {
 		res.Ratio = round(ratio(m.gbps(), ceil.gbps()), 3)
+	}
+	if m.CopiesPerByte != nil {
+		v := round(*m.CopiesPerByte, 3)
+		res.CopiesPerByte = &v
 	}
 	return res
 }
@@ -387,6 +402,18 @@ func (o *benchOutput) result(r benchResult) {
 		cpu = f(r.DaemonCPU, 2)
 	}
 	fmt.Printf(benchRow, r.Case, f(r.GBps, 3), r.Ceiling, f(r.CeilingGBps, 3), f(r.Ratio, 3), ops, p50, p99, cops, cpu)
+}
+
+func (o *benchOutput) caseSkipped(name string, why error) {
+	if o.json {
+		b, _ := json.Marshal(struct {
+			Case    string `json:"case"`
+			Skipped string `json:"skipped"`
+		}{name, why.Error()})
+		fmt.Println(string(b))
+		return
+	}
+	fmt.Printf("%-18s skipped: %v\n", name, why)
 }
 
 func (o *benchOutput) caseError(name string, err error) {

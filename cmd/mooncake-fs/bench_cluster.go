@@ -11,6 +11,16 @@ package main
 //     bytes between the worker and a second process on loopback, over as
 //     many connections as the transport uses (4), measured right after in
 //     the same worker.
+//   - remote-put-rdma, remote-get-rdma: the same over the machine's RDMA
+//     devices (a cluster of nodes rdma-a and rdma-b, --rdma auto; the
+//     TCP cases' nodes run --rdma off), with the TCP stream as the
+//     ceiling, so the ratio is RDMA's gain over it; skipped where no
+//     device is usable, with the reason. They also report copies_per_byte.
+//   - remote-{put,get}-rdma-fake and remote-{put,get}-vm-rdma-fake: on the
+//     software NIC of the tests (--rdma-fake), registered buffers and
+//     process memory: their number is copies_per_byte, node A's local
+//     copies per remote byte (0 for registered memory, 1 staged through
+//     the bounce pool); the fake's speed means nothing.
 //   - cluster-small: ioctl-small (4 KiB put + get, each one batch ioctl)
 //     on A, where every put is an etcd transaction; the other side is the
 //     same on the single-node mount (embedded index), so the ratio is the
@@ -19,6 +29,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +44,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/rdma"
 )
 
 const (
@@ -73,9 +86,83 @@ func clusterBenchCases() []benchCase {
 			run: benchRemotePut},
 		{name: "remote-get", target: withCopy, ceiling: "tcp-stream", needs: needEtcd, cluster: benchRemoteDir,
 			setup: benchIoctlGetSetup, run: benchRemoteGet, teardown: benchIoctlGetTeardown},
+		{name: "remote-put-rdma", target: withCopy, ceiling: "tcp-stream", needs: needRDMA, cluster: benchRemoteDir, rdma: "rdma",
+			run: withRemoteCopies(true, benchRemotePut)},
+		{name: "remote-get-rdma", target: withCopy, ceiling: "tcp-stream", needs: needRDMA, cluster: benchRemoteDir, rdma: "rdma",
+			setup: benchIoctlGetSetup, run: withRemoteCopies(false, benchRemoteGet), teardown: benchIoctlGetTeardown},
+		{name: "remote-put-rdma-fake", target: withCopy, ceiling: "tcp-stream", needs: needEtcd, cluster: benchRemoteDir, rdma: "fake",
+			run: withRemoteCopies(true, benchRemotePut)},
+		{name: "remote-get-rdma-fake", target: withCopy, ceiling: "tcp-stream", needs: needEtcd, cluster: benchRemoteDir, rdma: "fake",
+			setup: benchIoctlGetSetup, run: withRemoteCopies(false, benchRemoteGet), teardown: benchIoctlGetTeardown},
+		{name: "remote-put-vm-rdma-fake", target: withCopy, ceiling: "copy", needs: needEtcd, cluster: benchRemoteDir, rdma: "fake",
+			run: withRemoteCopies(true, benchIoctlPutVM)},
+		{name: "remote-get-vm-rdma-fake", target: withCopy, ceiling: "copy", needs: needEtcd, cluster: benchRemoteDir, rdma: "fake",
+			setup: benchIoctlGetSetup, run: withRemoteCopies(false, benchIoctlGetVM), teardown: benchIoctlGetTeardown},
 		{name: "cluster-small", target: onMount, ceiling: "single-node", needs: needEtcd, cluster: ".",
 			small: true, run: benchIoctlSmall},
 	}
+}
+
+// needRDMA: etcd, and an RDMA device with an active port.
+func needRDMA() error {
+	if err := needEtcd(); err != nil {
+		return err
+	}
+	if why := rdma.Reason(); why != "" {
+		return fmt.Errorf("RDMA unavailable: %s", why)
+	}
+	return nil
+}
+
+// withRemoteCopies runs a case and adds node A's local copies per byte
+// of remote transfers in the case's direction (put: into B's segments)
+// while it ran, from the daemon's status; the case's checks move bytes
+// the other way.
+func withRemoteCopies(put bool, run func(dir string, p benchParams) (benchSample, error)) func(dir string, p benchParams) (benchSample, error) {
+	return func(dir string, p benchParams) (benchSample, error) {
+		b0, c0, err := remoteCopies(dir, put)
+		if err != nil {
+			return benchSample{}, err
+		}
+		s, err := run(dir, p)
+		if err != nil {
+			return s, err
+		}
+		b1, c1, err := remoteCopies(dir, put)
+		if err != nil {
+			return benchSample{}, err
+		}
+		if b1 == b0 {
+			return benchSample{}, fmt.Errorf("no remote bytes moved from %s", dir)
+		}
+		v := float64(c1-c0) / float64(b1-b0)
+		s.CopiesPerByte = &v
+		return s, nil
+	}
+}
+
+// remoteCopies sums the bytes written (put) or read and their local
+// copies on the remote paths, from the status of the mount holding dir.
+func remoteCopies(dir string, put bool) (bytes, copied uint64, err error) {
+	raw, err := readStatus(filepath.Dir(dir))
+	if err != nil {
+		return 0, 0, err
+	}
+	var st Status
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return 0, 0, err
+	}
+	for p, ps := range st.Transfer.Paths {
+		if p != "tcp" && !strings.HasPrefix(string(p), "rdma-") {
+			continue
+		}
+		if put {
+			bytes, copied = bytes+ps.Written, copied+ps.CopiedWritten
+		} else {
+			bytes, copied = bytes+ps.Read, copied+ps.CopiedRead
+		}
+	}
+	return bytes, copied, nil
 }
 
 func benchRemotePut(dir string, p benchParams) (benchSample, error) {
@@ -109,13 +196,24 @@ func freeLoopbackPort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// startCluster starts the cluster on first use.
-func (e *benchEnv) startCluster(ctx context.Context) (*benchCluster, error) {
-	if e.cluster != nil {
-		return e.cluster, nil
+// startCluster starts the cluster of an RDMA kind ("", "rdma", "fake")
+// on first use.
+func (e *benchEnv) startCluster(ctx context.Context, kind string) (*benchCluster, error) {
+	if c := e.clusters[kind]; c != nil {
+		return c, nil
 	}
-	c := &benchCluster{root: filepath.Join(e.dir, "cluster")}
-	e.cluster = c
+	prefix, flags := "bench", []string{"--rdma", "off"}
+	switch kind {
+	case "rdma":
+		prefix, flags = "rdma", []string{"--rdma", "auto"}
+	case "fake":
+		prefix, flags = "fake", nil
+	}
+	c := &benchCluster{root: filepath.Join(e.dir, "cluster-"+prefix)}
+	if e.clusters == nil {
+		e.clusters = map[string]*benchCluster{}
+	}
+	e.clusters[kind] = c
 	if err := os.Mkdir(c.root, 0o755); err != nil {
 		return nil, err
 	}
@@ -138,14 +236,22 @@ func (e *benchEnv) startCluster(ctx context.Context) (*benchCluster, error) {
 	if err := os.WriteFile(token, []byte(fmt.Sprintf("bench-token-%d-%d", os.Getpid(), time.Now().UnixNano())), 0o600); err != nil {
 		return nil, err
 	}
-	for i, name := range []string{"bench-a", "bench-b"} {
+	if kind == "fake" {
+		fabric := filepath.Join(c.root, "fabric")
+		if err := os.Mkdir(fabric, 0o700); err != nil {
+			return nil, err
+		}
+		flags = []string{"--rdma-fake", fabric}
+	}
+	for i, name := range []string{prefix + "-a", prefix + "-b"} {
 		mnt := filepath.Join(c.root, name)
 		if err := os.Mkdir(mnt, 0o755); err != nil {
 			return nil, err
 		}
 		c.mnts = append(c.mnts, mnt)
-		p, err := e.startProc(ctx, name, "READY "+mnt, e.self, "mount", "--size", fmt.Sprint(e.clusterNodeSize), "--evict", "off",
-			"--etcd", curl, "--node", name, "--listen", "127.0.0.1:0", "--token-file", token, mnt)
+		args := append([]string{"mount", "--size", fmt.Sprint(e.clusterNodeSize), "--evict", "off",
+			"--etcd", curl, "--node", name, "--listen", "127.0.0.1:0", "--token-file", token}, flags...)
+		p, err := e.startProc(ctx, name, "READY "+mnt, e.self, append(args, mnt)...)
 		if i == 0 {
 			c.a = p
 		} else {
@@ -159,8 +265,8 @@ func (e *benchEnv) startCluster(ctx context.Context) (*benchCluster, error) {
 	if err := os.Mkdir(remote, 0o755); err != nil {
 		return nil, err
 	}
-	if err := unix.Setxattr(remote, "user.mooncake.placement", []byte("node:bench-b"), 0); err != nil {
-		return nil, fmt.Errorf("place %s on bench-b: %w", remote, err)
+	if err := unix.Setxattr(remote, "user.mooncake.placement", []byte("node:"+prefix+"-b"), 0); err != nil {
+		return nil, fmt.Errorf("place %s on %s-b: %w", remote, prefix, err)
 	}
 	return c, nil
 }
@@ -213,6 +319,7 @@ func (c *benchCluster) close(failed bool) error {
 	}
 	_ = os.RemoveAll(filepath.Join(c.root, "etcd"))
 	_ = os.Remove(filepath.Join(c.root, "token"))
+	_ = os.RemoveAll(filepath.Join(c.root, "fabric"))
 	if err := os.Remove(c.root); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}

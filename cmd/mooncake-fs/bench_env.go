@@ -42,7 +42,7 @@ type benchEnv struct {
 
 	tmpfsMounted bool
 	daemon       *benchProc
-	cluster      *benchCluster // started by the first cluster case
+	clusters     map[string]*benchCluster // by RDMA kind, started by their first case
 }
 
 // benchProc is a child process the benchmark runs and stops: a daemon or
@@ -160,8 +160,8 @@ func (e *benchEnv) startProc(ctx context.Context, name, ready string, bin string
 // on a mount that failed to come off is touched.
 func (e *benchEnv) close() error {
 	var errs []error
-	if e.cluster != nil {
-		errs = append(errs, e.cluster.close(e.failed))
+	for _, c := range e.clusters {
+		errs = append(errs, c.close(e.failed))
 	}
 	if e.daemon != nil {
 		if err := e.daemon.stop(); err != nil {

@@ -56,6 +56,9 @@ type benchSample struct {
 	// CopiesPerKey is the GPU copies the daemon issued per key (GPU kv
 	// cases): below 1, neighbouring blocks merged.
 	CopiesPerKey float64 `json:"copies_per_key,omitempty"`
+	// CopiesPerByte is the local copies per byte node A's daemon made
+	// moving remote bytes (RDMA cases; nil where not measured).
+	CopiesPerByte *float64 `json:"copies_per_byte,omitempty"`
 	// Ceiling is the same work done by plain memory copies in the same
 	// process, right after (cases with target withCopy).
 	Ceiling *benchSample `json:"ceiling,omitempty"`
@@ -117,6 +120,9 @@ type benchCase struct {
 	// cluster, if set, runs the mooncake side on the two-node cluster the
 	// benchmark starts (bench_cluster.go), in this directory of node A.
 	cluster string
+	// rdma picks that cluster: "" (TCP only), "rdma" (the machine's RDMA
+	// devices) or "fake" (the software NIC of the tests).
+	rdma string
 }
 
 // benchCases is the table of cases, in the order they run. New cases

@@ -171,7 +171,8 @@ func (c *cluster) serve() error {
 		d.log.WithFields(logrus.Fields{"replicas": rep.Dropped, "lost": len(rep.Lost)}).Warn("dropped replicas this node held before it restarted")
 	}
 	c.srv, err = transfer.NewTCPServer(transfer.TCPServerOptions{Local: d.segs, Token: c.token, Control: d.st, Bodies: d.st, Writes: d.st, Epoch: c.epoch(),
-		Log: func(f string, a ...any) { d.log.Warnf(f, a...) }})
+		RDMA: d.rdma.path,
+		Log:  func(f string, a ...any) { d.log.Warnf(f, a...) }})
 	if err != nil {
 		return err
 	}

@@ -46,6 +46,7 @@ type mountConfig struct {
 	pinMax      uint64
 	cpus        []int // nil: wherever the scheduler puts them
 	cluster     clusterConfig
+	rdma        rdmaConfig
 }
 
 func defaultSize() uint64 {
@@ -93,6 +94,10 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 		}
 	}
 	fl.Var(sizeFlag{&c.pinMax}, "pin-max", "register at most this much segment memory with CUDA (env MOONCAKE_PIN_MAX); 0: none; default: all")
+	fl.StringVar(&c.rdma.mode, "rdma", "auto", "cluster: auto moves remote bytes over RDMA where this node and the peer have a device with an active port; off: TCP only")
+	var rdmaDevices string
+	fl.StringVar(&rdmaDevices, "rdma-devices", "", "cluster: use only these RDMA devices, first usable one taken, e.g. mlx5_0,mlx5_1; default: one on the NUMA node of the daemon's CPUs first")
+	fl.StringVar(&c.rdma.fake, "rdma-fake", "", "testing only: use a software RDMA NIC whose fabric is the folder DIR (daemons sharing DIR reach each other)")
 	cpus := os.Getenv("MOONCAKE_CPUS")
 	fl.StringVar(&cpus, "cpus", cpus, "run the daemon's threads on these CPUs only, e.g. 2,3 or 0-3 (env MOONCAKE_CPUS); default: any")
 	if err := fl.Parse(args); err != nil {
@@ -106,6 +111,12 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 		return nil, err
 	}
 	var errs []error
+	if rdmaDevices != "" {
+		c.rdma.devices = strings.Split(rdmaDevices, ",")
+	}
+	if err := c.rdma.check(); err != nil {
+		errs = append(errs, err)
+	}
 	if cpus != "" {
 		if c.cpus, err = parseCPUList(cpus); err != nil {
 			errs = append(errs, fmt.Errorf("--cpus: %w", err))
@@ -174,6 +185,7 @@ type daemon struct {
 	cudaPin *pinned.CUDAPin
 	gpus    []cuda.GPU
 	cl      *cluster // nil on one machine
+	rdma    *rdmaState
 }
 
 // daemonGCPercent is the daemon's GOGC unless the environment sets one.
@@ -271,6 +283,8 @@ func (d *daemon) start() error {
 		}
 		d.cl.storeOptions(&so)
 		eo.Remote = d.cl.tr
+		d.startRDMA()
+		eo.RDMA = d.rdma.path
 	} else {
 		d.idx = store.NewEmbedded()
 	}
@@ -299,6 +313,10 @@ func (d *daemon) start() error {
 	fo.Debug = d.cfg.fuseDebug
 	fo.Status = func() ([]byte, error) { return json.Marshal(d.status()) }
 	fo.Cluster = d.cl != nil
+	if d.rdma != nil && d.rdma.path != nil {
+		fo.RegisterMemory = d.rdma.path.Register
+		fo.RegisterDevice = d.rdma.path.RegisterDevice
+	}
 	if d.mnt, err = mfs.MountFS(d.cfg.dir, fo); err != nil {
 		return err
 	}
@@ -368,6 +386,7 @@ func (d *daemon) stop() {
 	if d.eng != nil {
 		d.eng.Close()
 	}
+	d.rdma.close(d.log)
 	if d.cudaPin != nil {
 		for _, err := range d.cudaPin.Unpin() {
 			d.log.WithError(err).Warn("unregister segment from CUDA")
@@ -410,6 +429,7 @@ type Status struct {
 	Clients       mfs.ProcStats   `json:"clients"`
 	GPUs          []cuda.GPU      `json:"gpus,omitempty"`
 	Cluster       *ClusterStatus  `json:"cluster,omitempty"`
+	RDMA          RDMAStatus      `json:"rdma"`
 	CPUs          int             `json:"cpus"`
 	// Affinity is the CPUs the daemon runs on (--cpus), e.g. "0-15".
 	Affinity string `json:"cpu_affinity"`
@@ -479,6 +499,7 @@ func (d *daemon) status() Status {
 		Commits:  st.Commits,
 		Revokes:  st.Revokes,
 		Transfer: d.eng.Stats(),
+		RDMA:     d.rdma.statusNow(),
 		Fuse:     d.mnt.Settings(),
 		CPUs:     runtime.NumCPU(),
 	}

@@ -5,10 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 func runStatus(args []string) error {
@@ -83,6 +86,8 @@ func printStatus(s *Status) {
 		{"evictions", fmt.Sprintf("%d (%s)", s.Evict.Evictions, formatSize(s.Evict.EvictedBytes))},
 		{"commits", fmt.Sprintf("%d (%d revoked)", s.Commits, s.Revokes)},
 		{"transfer", fmt.Sprintf("%s in, %s out, %.2f copies per byte", formatSize(s.Transfer.BytesWritten), formatSize(s.Transfer.BytesRead), copiesPerByte(s))},
+		{"paths", pathsLine(s.Transfer.Paths)},
+		{"rdma", rdmaLine(s.RDMA)},
 		{"registered", fmt.Sprintf("%d buffers, %s (%d since start)", s.Registrations.Live, formatSize(uint64(s.Registrations.Bytes)), s.Registrations.Total)},
 		{"clients", fmt.Sprintf("%d processes with state, %d CUDA IPC handles open for them", s.Clients.Procs, s.Clients.IPC)},
 	}
@@ -151,4 +156,38 @@ func copiesPerByte(s *Status) float64 {
 		return 0
 	}
 	return float64(s.Transfer.CopiedBytes) / float64(moved)
+}
+
+func rdmaLine(r RDMAStatus) string {
+	switch {
+	case r.State == "on" && r.Stats != nil:
+		return fmt.Sprintf("%s (%s), %d peers, %d served; %d work requests, %d sessions broken, %d calls over TCP",
+			r.Device, r.Provider, r.Stats.Sessions, r.Stats.Served, r.Stats.WorkRequests, r.Stats.Broken, r.Stats.Fallbacks)
+	case r.Reason != "":
+		return fmt.Sprintf("%s: %s", r.State, r.Reason)
+	}
+	return r.State
+}
+
+// pathsLine lists the transfer paths that moved bytes, with their
+// copies per byte.
+func pathsLine(m map[transfer.Path]transfer.PathStats) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	names := make([]string, 0, len(m))
+	for p := range m {
+		names = append(names, string(p))
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, n := range names {
+		ps := m[transfer.Path(n)]
+		cpb := 0.0
+		if ps.Bytes() > 0 {
+			cpb = float64(ps.Copied()) / float64(ps.Bytes())
+		}
+		parts = append(parts, fmt.Sprintf("%s %s (%.2f copies/B)", n, formatSize(ps.Bytes()), cpb))
+	}
+	return strings.Join(parts, ", ")
 }

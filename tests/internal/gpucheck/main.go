@@ -69,6 +69,14 @@ func main() {
 		multiStream()
 		return
 	}
+	if len(os.Args) == 2 && os.Args[1] == "dmabuf" {
+		dmabuf()
+		return
+	}
+	if len(os.Args) == 3 && os.Args[1] == "dmabufchild" {
+		dmabufChild(os.Args[2])
+		return
+	}
 	if len(os.Args) == 2 && os.Args[1] == "ipclat" {
 		ipcLatency()
 		return
@@ -539,6 +547,58 @@ func ipcChild(hexHandle string) {
 	timeit("DtoH 64MiB IPC-opened", func() error { return ctx.CopyDtoH(host, p) })
 	timeit("HtoD 64MiB own allocation", func() error { return ctx.CopyHtoD(own, host) })
 	timeit("HtoD 64MiB IPC-opened", func() error { return ctx.CopyHtoD(p, host) })
+}
+
+// dmabuf reports whether the driver exports device memory as dma-buf
+// (what GPUDirect RDMA registers): an allocation of this process, and
+// one opened from another process by IPC handle, as the daemon does.
+func dmabuf() {
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	dev, err := ctx.MemAlloc(64 << 20)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fd, err := ctx.ExportDmabuf(dev, 64<<20)
+	fmt.Printf("dma-buf of an own allocation: fd %d, %v\n", fd, err)
+	if fd >= 0 {
+		syscall.Close(fd)
+	}
+	h, _ := ctx.IpcGetHandle(dev)
+	out, err := exec.Command(os.Args[0], "dmabufchild", fmt.Sprintf("%x", h[:])).CombinedOutput()
+	fmt.Print(string(out))
+	if err != nil {
+		fmt.Println("dmabufchild:", err)
+	}
+}
+
+func dmabufChild(hexHandle string) {
+	var h [64]byte
+	b, err := hex.DecodeString(hexHandle)
+	if err != nil || len(b) != len(h) {
+		fmt.Println("bad handle:", err)
+		os.Exit(1)
+	}
+	copy(h[:], b)
+	ctx, err := cuda.Retain(0)
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	p, err := ctx.IpcOpen(h)
+	if err != nil {
+		fmt.Println("ipc open:", err)
+		os.Exit(1)
+	}
+	fd, err := ctx.ExportDmabuf(p, 64<<20)
+	fmt.Printf("dma-buf of an IPC-opened allocation: fd %d, %v\n", fd, err)
+	if fd >= 0 {
+		syscall.Close(fd)
+	}
 }
 
 // regLatency times 64 MiB pinned copies against host regions registered

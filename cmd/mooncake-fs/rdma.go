@@ -1,0 +1,217 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/mooncake-fs/mooncake-fs/rdma"
+	"github.com/mooncake-fs/mooncake-fs/rdma/rdmafake"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
+)
+
+// rdmaConfig is the RDMA part of the mount flags.
+type rdmaConfig struct {
+	mode    string   // auto or off
+	devices []string // --rdma-devices; empty: any
+	fake    string   // --rdma-fake: a software NIC's fabric folder (tests)
+}
+
+// RDMAStatus is the RDMA section of the status document.
+type RDMAStatus struct {
+	// State is "on", "off" (by flag, or not in a cluster) or
+	// "unavailable".
+	State    string              `json:"state"`
+	Reason   string              `json:"reason,omitempty"`
+	Provider string              `json:"provider,omitempty"`
+	Device   string              `json:"device,omitempty"`
+	Stats    *transfer.RDMAStats `json:"stats,omitempty"`
+}
+
+// rdmaState is the daemon's RDMA path, once started.
+type rdmaState struct {
+	status RDMAStatus
+	prov   rdma.Provider
+	dev    rdma.Device
+	path   *transfer.RDMA
+}
+
+// startRDMA opens the RDMA device a cluster node moves remote bytes
+// with, registers the segments and the bounce pool, or says why not. It
+// never fails the mount: without RDMA every remote byte goes over TCP.
+func (d *daemon) startRDMA() {
+	st := &rdmaState{}
+	d.rdma = st
+	c := d.cfg.rdma
+	switch {
+	case c.mode == "off":
+		st.status = RDMAStatus{State: "off", Reason: "--rdma off"}
+		return
+	case d.cl == nil:
+		st.status = RDMAStatus{State: "off", Reason: "one machine: nothing is remote"}
+		return
+	}
+	var err error
+	if c.fake != "" {
+		st.prov, err = rdmafake.New(rdmafake.Options{Dir: c.fake, Devices: []string{"fake-" + d.cfg.node}})
+	} else {
+		st.prov = rdma.Verbs()
+	}
+	if err == nil {
+		st.dev, err = openRDMA(st.prov, c.devices, d.cpuNUMA())
+	}
+	if err == nil {
+		st.path, err = transfer.NewRDMA(transfer.RDMAOptions{Device: st.dev, Control: d.cl.tr, Self: d.cfg.node,
+			Log: func(f string, a ...any) { d.log.Infof(f, a...) }})
+	}
+	if err == nil {
+		for _, s := range d.segs.Segments() {
+			if err = st.path.RegisterSegment(s.ID, s.Mem); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		st.close(d.log)
+		st.path, st.dev = nil, nil
+		st.status = RDMAStatus{State: "unavailable", Reason: err.Error()}
+		if st.prov != nil {
+			st.status.Provider = st.prov.Name()
+		}
+		lvl := logrus.InfoLevel
+		if len(c.devices) > 0 || c.fake != "" {
+			lvl = logrus.WarnLevel // asked for by name
+		}
+		d.log.WithError(err).Log(lvl, "RDMA unavailable: remote transfers use TCP")
+		return
+	}
+	st.status = RDMAStatus{State: "on", Provider: st.prov.Name(), Device: st.dev.Info().Name}
+	d.log.WithFields(logrus.Fields{"provider": st.prov.Name(), "device": st.dev.Info().Name}).Info("RDMA on")
+}
+
+// openRDMA opens the device to use: the first named one that is up, or
+// among all, one on the NUMA node of the daemon's CPUs (and so of its
+// segments) first.
+func openRDMA(p rdma.Provider, names []string, numa int) (rdma.Device, error) {
+	devs, err := p.Devices()
+	if err != nil {
+		return nil, err
+	}
+	if len(devs) == 0 {
+		return nil, fmt.Errorf("%w: no RDMA devices", rdma.ErrUnavailable)
+	}
+	var pick []rdma.DeviceInfo
+	var down []string
+	for _, di := range devs {
+		if len(names) > 0 && !slices.Contains(names, di.Name) {
+			continue
+		}
+		if !di.PortUp {
+			down = append(down, fmt.Sprintf("%s port %d is down", di.Name, di.Port))
+			continue
+		}
+		pick = append(pick, di)
+	}
+	if len(names) > 0 {
+		// In the order the flag names them.
+		slices.SortStableFunc(pick, func(a, b rdma.DeviceInfo) int {
+			return slices.Index(names, a.Name) - slices.Index(names, b.Name)
+		})
+	} else {
+		slices.SortStableFunc(pick, func(a, b rdma.DeviceInfo) int {
+			return boolInt(b.NUMANode == numa) - boolInt(a.NUMANode == numa)
+		})
+	}
+	if len(pick) == 0 {
+		if len(down) > 0 {
+			return nil, fmt.Errorf("%w: %s", rdma.ErrUnavailable, strings.Join(down, "; "))
+		}
+		return nil, fmt.Errorf("%w: none of --rdma-devices %s exists", rdma.ErrUnavailable, strings.Join(names, ","))
+	}
+	var errs []error
+	for _, di := range pick {
+		dev, err := p.Open(di.Name)
+		if err == nil {
+			return dev, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// cpuNUMA returns the NUMA node of the first CPU the daemon runs on; -1
+// when unknown.
+func (d *daemon) cpuNUMA() int {
+	cpu := 0
+	if len(d.cfg.cpus) > 0 {
+		cpu = d.cfg.cpus[0]
+	}
+	m, _ := filepath.Glob(fmt.Sprintf("/sys/devices/system/cpu/cpu%d/node*", cpu))
+	for _, p := range m {
+		var n int
+		if _, err := fmt.Sscanf(filepath.Base(p), "node%d", &n); err == nil {
+			return n
+		}
+	}
+	return -1
+}
+
+// close releases the path and the device, after the engine and the
+// transport server stopped.
+func (st *rdmaState) close(log *logrus.Logger) {
+	if st == nil {
+		return
+	}
+	if st.path != nil {
+		if err := st.path.Close(); err != nil {
+			log.WithError(err).Warn("close the RDMA path")
+		}
+	}
+	if st.dev != nil {
+		if err := st.dev.Close(); err != nil {
+			log.WithError(err).Warn("close the RDMA device")
+		}
+	}
+}
+
+func (st *rdmaState) statusNow() RDMAStatus {
+	if st == nil {
+		return RDMAStatus{State: "off"}
+	}
+	s := st.status
+	if st.path != nil {
+		rs := st.path.Stats()
+		s.Stats = &rs
+	}
+	return s
+}
+
+// check checks the RDMA flags' values.
+func (c *rdmaConfig) check() error {
+	if c.mode != "auto" && c.mode != "off" {
+		return fmt.Errorf("--rdma %q: want auto or off", c.mode)
+	}
+	for _, n := range c.devices {
+		if n == "" || strings.ContainsAny(n, "/ ") {
+			return fmt.Errorf("--rdma-devices: bad device name %q", n)
+		}
+	}
+	if c.fake != "" {
+		if fi, err := os.Stat(c.fake); err != nil || !fi.IsDir() {
+			return fmt.Errorf("--rdma-fake %s: not a folder", c.fake)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,931 @@
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/mooncake-fs/mooncake-fs/rdma"
+	"github.com/mooncake-fs/mooncake-fs/segment"
+)
+
+// The RDMA path: one-sided RDMA WRITE and READ between local memory and
+// another node's segments, through an rdma.Device (libibverbs, or the
+// fake in tests).
+//
+// Setup, once per peer: the client creates QPsPerPeer RC queue pairs and
+// sends a control call (CtlRDMA, on the authenticated TCP channel) with
+// its device's LID, GID, MTU and the QPs' numbers; the owner creates as
+// many QPs, connects them to the client's, and answers with theirs and
+// with every segment's address, length and rkey. The answer comes with
+// the owner's epoch: the session belongs to that incarnation, and a
+// request for another one fails with ErrStaleEpoch (after one fresh
+// exchange, which is how a restarted owner is found), so a restarted
+// node's rkeys are never used.
+//
+// Memory is registered once: segments when the daemon maps them
+// (RegisterSegment, remote read and write), client buffers when they are
+// registered (Register, local access) and a pool of bounce buffers at
+// start. A request whose local memory lies in a registered region goes
+// NIC to NIC (path rdma-direct, no local copy); any other memory is
+// staged through the pool (rdma-staged, one local copy, counted). An
+// exhausted pool is waited for up to PoolWait and then reported; nothing
+// is registered per call.
+//
+// A completion with an error status, or one that does not come within
+// the call's deadline, ends the session: its QPs are destroyed once no
+// call uses them, the next call exchanges again, and the failed request
+// is retried once on the new session before it fails.
+//
+// What the owner's CPU checks on TCP, the one-sided path must keep
+// without it:
+//
+//   - Checked reads (Request.Version != 0): the bytes are read, then one
+//     control call (CtlCheck) asks the owner whether the body is still
+//     live at that version. Bodies are immutable while live and never
+//     come back once freed, so a body live after the read was live, and
+//     unchanged, during it; a stale one fails the read with ErrStaleBody.
+//   - Guarded writes (Request.Resv != 0) are fenced by the reservation's
+//     lease: the TCP transport notes when each Reserve and Renew was
+//     sent, and a write is posted only while that time plus the TTL, less
+//     LeaseMargin, is ahead, and must complete before it; a write that
+//     cannot fails with ErrNotReserved and its QP is destroyed. The owner
+//     reaps no sooner than TTL after it received the call, which is
+//     later. Writes naming no reservation go over TCP, where the owner
+//     decides.
+
+// RDMAOptions configures an RDMA path.
+type RDMAOptions struct {
+	// Device is the opened device. Required.
+	Device rdma.Device
+	// Control carries the endpoint exchange and the checks. Required.
+	Control *TCPTransport
+	// Self names this node to the owners (one session per node).
+	Self string
+	// QPsPerPeer is the queue pairs (calls in flight) per peer; 0 means 4.
+	QPsPerPeer int
+	// Depth is the work requests one QP holds; 0 means 64.
+	Depth int
+	// ChunkBytes is the most one work request moves; 0 means 1 MiB.
+	ChunkBytes uint64
+	// PoolBytes is the registered bounce memory; 0 means 64 MiB.
+	PoolBytes uint64
+	// PoolWait bounds the wait for a bounce buffer; 0 means 5s.
+	PoolWait time.Duration
+	// Timeout bounds one call, exchange included; 0 means 30s.
+	Timeout time.Duration
+	// LeaseMargin is kept between a guarded write's completion and its
+	// reservation's end; 0 means 5s.
+	LeaseMargin time.Duration
+	// Log reports what the path falls back from; nil discards.
+	Log func(format string, args ...any)
+}
+
+// DefaultRDMAOptions returns the values NewRDMA uses for zero fields.
+func DefaultRDMAOptions() RDMAOptions {
+	return RDMAOptions{QPsPerPeer: 4, Depth: 64, ChunkBytes: 1 << 20, PoolBytes: 64 << 20,
+		PoolWait: 5 * time.Second, Timeout: 30 * time.Second, LeaseMargin: 5 * time.Second}
+}
+
+// Validate reports every bad field at once.
+func (o RDMAOptions) Validate() error {
+	var errs []error
+	if o.Device == nil {
+		errs = append(errs, errors.New("transfer: RDMAOptions.Device is required"))
+	}
+	if o.Control == nil {
+		errs = append(errs, errors.New("transfer: RDMAOptions.Control is required"))
+	}
+	if o.QPsPerPeer < 0 || o.QPsPerPeer > maxRDMAQPs {
+		errs = append(errs, fmt.Errorf("transfer: RDMAOptions.QPsPerPeer %d outside [0, %d]", o.QPsPerPeer, maxRDMAQPs))
+	}
+	if o.Depth < 0 || o.Depth > 4096 {
+		errs = append(errs, fmt.Errorf("transfer: RDMAOptions.Depth %d outside [0, 4096]", o.Depth))
+	}
+	if o.ChunkBytes != 0 && (o.ChunkBytes < 4096 || o.ChunkBytes > 1<<30) {
+		errs = append(errs, fmt.Errorf("transfer: RDMAOptions.ChunkBytes %d outside [4096, 1 GiB]", o.ChunkBytes))
+	}
+	if o.PoolBytes != 0 && o.ChunkBytes != 0 && o.PoolBytes < o.ChunkBytes {
+		errs = append(errs, fmt.Errorf("transfer: RDMAOptions.PoolBytes %d < ChunkBytes %d", o.PoolBytes, o.ChunkBytes))
+	}
+	if o.PoolWait < 0 || o.Timeout < 0 || o.LeaseMargin < 0 {
+		errs = append(errs, errors.New("transfer: RDMAOptions durations must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+const (
+	maxRDMAQPs      = 16
+	maxRDMASessions = 1024 // owner side: peers served at once
+	pathRDMADirect  = Path("rdma-direct")
+	pathRDMAStaged  = Path("rdma-staged")
+)
+
+// ErrPoolExhausted means no bounce buffer freed up within PoolWait.
+var ErrPoolExhausted = errors.New("transfer: rdma bounce pool exhausted")
+
+// RDMAHello is the endpoint exchange of CtlRDMA, both ways.
+type RDMAHello struct {
+	From     string        `json:"from,omitempty"`
+	Device   string        `json:"device"`
+	LID      uint16        `json:"lid"`
+	GID      rdma.GID      `json:"gid"`
+	MTU      int           `json:"mtu"`
+	QPs      []RDMAQP      `json:"qps"`
+	Segments []RDMASegment `json:"segments,omitempty"`
+}
+
+// RDMAQP is one queue pair's number and first packet sequence number.
+type RDMAQP struct {
+	QPN uint32 `json:"qpn"`
+	PSN uint32 `json:"psn"`
+}
+
+// RDMASegment is where a segment is and the rkey that reaches it.
+type RDMASegment struct {
+	ID   segment.ID `json:"id"`
+	Addr uint64     `json:"addr"`
+	Len  uint64     `json:"len"`
+	RKey uint32     `json:"rkey"`
+}
+
+func (h *RDMAHello) validate() error {
+	if h == nil || len(h.QPs) == 0 || len(h.QPs) > maxRDMAQPs || h.GID == (rdma.GID{}) || len(h.Segments) > 1<<12 {
+		return fmt.Errorf("%w: rdma hello", ErrBadRequest)
+	}
+	for _, q := range h.QPs {
+		if q.QPN == 0 || q.QPN > 0xffffff || q.PSN > 0xffffff {
+			return fmt.Errorf("%w: rdma hello QP %+v", ErrBadRequest, q)
+		}
+	}
+	return nil
+}
+
+// RDMAStats are the RDMA path's counters.
+type RDMAStats struct {
+	Device            string `json:"device"`
+	Sessions          int    `json:"sessions"`       // peers connected as client
+	Served            int    `json:"served"`         // peers connected to this node
+	Exchanges         uint64 `json:"exchanges"`      // sessions set up as client
+	Broken            uint64 `json:"broken"`         // sessions ended by a failure
+	Retries           uint64 `json:"retries"`        // requests retried on a new session
+	Fallbacks         uint64 `json:"fallbacks"`      // calls sent over TCP instead
+	PoolWaits         uint64 `json:"pool_waits"`     // stagings that waited for a buffer
+	PoolTimeouts      uint64 `json:"pool_timeouts"`  // and gave up
+	RegisteredBytes   uint64 `json:"registered_b"`   // client buffers and GPU memory registered now
+	Registrations     uint64 `json:"registrations"`  // client buffer MRs made
+	SegmentsRegistred int    `json:"segments"`       // segments registered
+	PoolBytes         uint64 `json:"pool_bytes"`     // bounce pool
+	FencedWrites      uint64 `json:"fenced_writes"`  // writes refused: reservation too close to its end
+	StaleChecks       uint64 `json:"stale_checks"`   // checked reads whose body was gone
+	WorkRequests      uint64 `json:"work_requests"`  // posted
+	CompletionErrors  uint64 `json:"completion_err"` // completions with an error status
+}
+
+// RDMA is the RDMA path of remote requests. Safe for concurrent use.
+type RDMA struct {
+	opts    RDMAOptions
+	regs    regions // host memory
+	gpuRegs regions // GPU memory, by device address
+	pool    *stagePool
+	mu      struct {
+		sync.Mutex
+		peers   map[string]*rdmaPeer
+		segs    map[segment.ID]*rdmaSeg
+		served  map[string]*servedSession
+		closed  bool
+		logged  map[string]bool
+		regMRs  map[*localRegion]struct{}
+		poolReg *localRegion
+	}
+	stats struct {
+		exchanges, broken, retries, fallbacks, poolWaits, poolTimeouts atomic.Uint64
+		regBytes, registrations, fenced, stale, wrs, compErrs          atomic.Uint64
+	}
+}
+
+type rdmaSeg struct {
+	RDMASegment
+	mr rdma.MR
+}
+
+// NewRDMA registers the bounce pool and returns the path.
+func NewRDMA(o RDMAOptions) (*RDMA, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	d := DefaultRDMAOptions()
+	if o.QPsPerPeer == 0 {
+		o.QPsPerPeer = d.QPsPerPeer
+	}
+	if o.Depth == 0 {
+		o.Depth = d.Depth
+	}
+	if o.ChunkBytes == 0 {
+		o.ChunkBytes = d.ChunkBytes
+	}
+	if o.PoolBytes == 0 {
+		o.PoolBytes = max(d.PoolBytes, o.ChunkBytes)
+	}
+	if o.PoolWait == 0 {
+		o.PoolWait = d.PoolWait
+	}
+	if o.Timeout == 0 {
+		o.Timeout = d.Timeout
+	}
+	if o.LeaseMargin == 0 {
+		o.LeaseMargin = d.LeaseMargin
+	}
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	r := &RDMA{opts: o}
+	r.mu.peers = map[string]*rdmaPeer{}
+	r.mu.segs = map[segment.ID]*rdmaSeg{}
+	r.mu.served = map[string]*servedSession{}
+	r.mu.logged = map[string]bool{}
+	r.mu.regMRs = map[*localRegion]struct{}{}
+	slots := int(o.PoolBytes / o.ChunkBytes)
+	mem := make([]byte, uint64(slots)*o.ChunkBytes) // Go memory does not move
+	mr, err := o.Device.RegMR(mem, rdma.AccessLocalWrite)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: register the rdma bounce pool of %d B: %w", len(mem), err)
+	}
+	r.mu.poolReg = r.regs.add(addrOf(mem), uint64(len(mem)), mr)
+	r.pool = newStagePool(mem, slots, int(o.ChunkBytes))
+	return r, nil
+}
+
+// Device names the device the path uses.
+func (r *RDMA) Device() string { return r.opts.Device.Info().Name }
+
+// RegisterSegment registers segment id's memory for remote access; owners
+// hand its rkey to the peers that connect.
+func (r *RDMA) RegisterSegment(id segment.ID, mem []byte) error {
+	mr, err := r.opts.Device.RegMR(mem, rdma.AccessLocalWrite|rdma.AccessRemoteRead|rdma.AccessRemoteWrite)
+	if err != nil {
+		return fmt.Errorf("transfer: rdma register segment %d (%d B): %w", id, len(mem), err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old := r.mu.segs[id]; old != nil {
+		old.mr.Close()
+	}
+	r.mu.segs[id] = &rdmaSeg{RDMASegment{ID: id, Addr: mr.Addr(), Len: mr.Len(), RKey: mr.RKey()}, mr}
+	return nil
+}
+
+// Register registers client memory for local access by the NIC, once;
+// release (call it once, after the last request using mem) deregisters.
+func (r *RDMA) Register(mem []byte) (release func(), err error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("transfer: rdma register 0 B: %w", ErrBadRequest)
+	}
+	mr, err := r.opts.Device.RegMR(mem, rdma.AccessLocalWrite)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: rdma register %d B: %w", len(mem), err)
+	}
+	return r.keep(&r.regs, addrOf(mem), uint64(len(mem)), mr), nil
+}
+
+// RegisterDevice registers n bytes of GPU memory at device address dev,
+// exported as the dma-buf fd (read at offset 0; the caller may close fd
+// once this returns), for GPUDirect RDMA: the NIC then reads and writes
+// the GPU's memory with no copy. release deregisters it, after the last
+// request using it.
+func (r *RDMA) RegisterDevice(fd int, dev, n uint64) (release func(), err error) {
+	if n == 0 || dev+n < dev {
+		return nil, fmt.Errorf("transfer: rdma register device range %#x+%d: %w", dev, n, ErrBadRequest)
+	}
+	mr, err := r.opts.Device.RegDmabufMR(fd, 0, n, dev, rdma.AccessLocalWrite)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: rdma register %d B of GPU memory: %w", n, err)
+	}
+	return r.keep(&r.gpuRegs, dev, n, mr), nil
+}
+
+// keep enters mr into t and returns its release.
+func (r *RDMA) keep(t *regions, start, n uint64, mr rdma.MR) func() {
+	lr := t.add(start, n, mr)
+	r.mu.Lock()
+	r.mu.regMRs[lr] = struct{}{}
+	r.mu.Unlock()
+	r.stats.regBytes.Add(n)
+	r.stats.registrations.Add(1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			t.remove(lr)
+			r.mu.Lock()
+			delete(r.mu.regMRs, lr)
+			r.mu.Unlock()
+			r.stats.regBytes.Add(^(n - 1))
+			if err := mr.Close(); err != nil {
+				r.opts.Log("transfer: rdma deregister %d B: %v", n, err)
+			}
+		})
+	}
+}
+
+// Stats returns the counters.
+func (r *RDMA) Stats() RDMAStats {
+	r.mu.Lock()
+	sessions := 0
+	for _, p := range r.mu.peers {
+		if s := p.sess.Load(); s != nil && !s.isDead() {
+			sessions++
+		}
+	}
+	served, segs := len(r.mu.served), len(r.mu.segs)
+	r.mu.Unlock()
+	return RDMAStats{
+		Device: r.Device(), Sessions: sessions, Served: served,
+		Exchanges: r.stats.exchanges.Load(), Broken: r.stats.broken.Load(), Retries: r.stats.retries.Load(),
+		Fallbacks: r.stats.fallbacks.Load(), PoolWaits: r.stats.poolWaits.Load(), PoolTimeouts: r.stats.poolTimeouts.Load(),
+		RegisteredBytes: r.stats.regBytes.Load(), Registrations: r.stats.registrations.Load(),
+		SegmentsRegistred: segs, PoolBytes: uint64(len(r.pool.mem)),
+		FencedWrites: r.stats.fenced.Load(), StaleChecks: r.stats.stale.Load(),
+		WorkRequests: r.stats.wrs.Load(), CompletionErrors: r.stats.compErrs.Load(),
+	}
+}
+
+// Close ends every session and deregisters what the path registered;
+// client buffers must have been released. Calls in flight fail.
+func (r *RDMA) Close() error {
+	r.mu.Lock()
+	r.mu.closed = true
+	peers := r.mu.peers
+	r.mu.peers = map[string]*rdmaPeer{}
+	served := r.mu.served
+	r.mu.served = map[string]*servedSession{}
+	segs := r.mu.segs
+	r.mu.segs = map[segment.ID]*rdmaSeg{}
+	left := len(r.mu.regMRs)
+	r.mu.Unlock()
+	for _, p := range peers {
+		if s := p.sess.Load(); s != nil {
+			s.kill()
+			s.drain()
+		}
+	}
+	for _, s := range served {
+		s.close()
+	}
+	var errs []error
+	for _, s := range segs {
+		errs = append(errs, s.mr.Close())
+	}
+	if r.mu.poolReg != nil {
+		r.regs.remove(r.mu.poolReg)
+		errs = append(errs, r.mu.poolReg.mr.Close())
+	}
+	if left > 0 {
+		errs = append(errs, fmt.Errorf("transfer: rdma closed with %d client buffers registered", left))
+	}
+	return errors.Join(errs...)
+}
+
+// regions is a table of local registered memory, by address: host
+// virtual addresses, or device addresses for GPU memory.
+type regions struct {
+	mu   sync.RWMutex
+	list []*localRegion // sorted by start
+}
+
+type localRegion struct {
+	start, end uint64
+	mr         rdma.MR
+}
+
+func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+func (t *regions) add(start, n uint64, mr rdma.MR) *localRegion {
+	lr := &localRegion{start: start, end: start + n, mr: mr}
+	t.mu.Lock()
+	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].start >= lr.start })
+	t.list = append(t.list, nil)
+	copy(t.list[i+1:], t.list[i:])
+	t.list[i] = lr
+	t.mu.Unlock()
+	return lr
+}
+
+func (t *regions) remove(lr *localRegion) {
+	t.mu.Lock()
+	for i, x := range t.list {
+		if x == lr {
+			t.list = append(t.list[:i], t.list[i+1:]...)
+			break
+		}
+	}
+	t.mu.Unlock()
+}
+
+// lookup returns the lkey of a region that holds all of [a, a+n).
+func (t *regions) lookup(a, n uint64) (uint32, bool) {
+	if n == 0 || a+n < a {
+		return 0, false
+	}
+	e := a + n
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].start > a })
+	// Regions may overlap (one buffer registered twice): look back.
+	for j := i - 1; j >= 0; j-- {
+		if r := t.list[j]; r.start <= a && e <= r.end {
+			return r.mr.LKey(), true
+		}
+	}
+	return 0, false
+}
+
+// Registered reports whether b lies in memory registered with the device.
+func (r *RDMA) Registered(b []byte) bool {
+	_, ok := r.regs.lookup(addrOf(b), uint64(len(b)))
+	return ok
+}
+
+// stagePool is the registered bounce memory, in slots of ChunkBytes.
+type stagePool struct {
+	mem  []byte
+	size int
+	free chan int
+}
+
+func newStagePool(mem []byte, slots, size int) *stagePool {
+	p := &stagePool{mem: mem, size: size, free: make(chan int, slots)}
+	for i := range slots {
+		p.free <- i
+	}
+	return p
+}
+
+// stage returns a registered bounce buffer of n <= ChunkBytes bytes,
+// waiting up to PoolWait for one.
+func (r *RDMA) stage(ctx context.Context, n int) ([]byte, func(), error) {
+	p := r.pool
+	var i int
+	select {
+	case i = <-p.free:
+	default:
+		r.stats.poolWaits.Add(1)
+		t := time.NewTimer(r.opts.PoolWait)
+		defer t.Stop()
+		select {
+		case i = <-p.free:
+		case <-t.C:
+			r.stats.poolTimeouts.Add(1)
+			return nil, nil, fmt.Errorf("%w: %d buffers of %d B busy for %v", ErrPoolExhausted, cap(p.free), p.size, r.opts.PoolWait)
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+	}
+	return p.mem[i*p.size : i*p.size+n], func() { p.free <- i }, nil
+}
+
+// The client side: sessions with peers.
+
+type rdmaPeer struct {
+	node   string
+	mu     sync.Mutex // serializes exchanges
+	sess   atomic.Pointer[rdmaSession]
+	noRDMA time.Time // until then, the peer is reached over TCP
+}
+
+type rdmaSession struct {
+	epoch uint64
+	born  time.Time
+	segs  map[segment.ID]RDMASegment
+	mu    sync.Mutex
+	idle  []*rdmaQP
+	avail chan struct{} // one token per idle QP
+	dead  chan struct{} // closed by kill
+	used  int           // QPs out of idle
+	all   []*rdmaQP
+}
+
+type rdmaQP struct {
+	qp    rdma.QP
+	next  uint64
+	comps []rdma.Completion
+}
+
+func (s *rdmaSession) isDead() bool {
+	select {
+	case <-s.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill ends the session: idle QPs are destroyed now, busy ones when
+// their call gives them back.
+func (s *rdmaSession) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.dead:
+		return
+	default:
+	}
+	close(s.dead)
+	for _, q := range s.idle {
+		q.qp.Close()
+	}
+	s.idle = nil
+}
+
+// drain waits until no call uses a QP of the dead session.
+func (s *rdmaSession) drain() {
+	for {
+		s.mu.Lock()
+		n := s.used
+		s.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (s *rdmaSession) take(ctx context.Context) (*rdmaQP, error) {
+	for {
+		select {
+		case <-s.avail:
+		case <-s.dead:
+			return nil, errSessionDead
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		s.mu.Lock()
+		if len(s.idle) == 0 { // killed after the token was sent
+			s.mu.Unlock()
+			return nil, errSessionDead
+		}
+		q := s.idle[len(s.idle)-1]
+		s.idle = s.idle[:len(s.idle)-1]
+		s.used++
+		s.mu.Unlock()
+		return q, nil
+	}
+}
+
+func (s *rdmaSession) give(q *rdmaQP, broken bool) {
+	s.mu.Lock()
+	s.used--
+	dead := s.isDead()
+	if !dead && !broken {
+		s.idle = append(s.idle, q)
+		s.mu.Unlock()
+		s.avail <- struct{}{}
+		return
+	}
+	s.mu.Unlock()
+	q.qp.Close()
+}
+
+var errSessionDead = errors.New("transfer: rdma session ended")
+
+// session returns a live session with node, exchanging endpoints when
+// there is none; nil and no error when node is reached over TCP.
+func (r *RDMA) session(ctx context.Context, node string) (*rdmaSession, error) {
+	r.mu.Lock()
+	if r.mu.closed {
+		r.mu.Unlock()
+		return nil, ErrClosed
+	}
+	p := r.mu.peers[node]
+	if p == nil {
+		p = &rdmaPeer{node: node}
+		r.mu.peers[node] = p
+	}
+	r.mu.Unlock()
+	if s := p.sess.Load(); s != nil && !s.isDead() {
+		return s, nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s := p.sess.Load(); s != nil && !s.isDead() {
+		return s, nil
+	}
+	if time.Now().Before(p.noRDMA) {
+		return nil, nil
+	}
+	s, err := r.exchange(ctx, node)
+	if err != nil {
+		// TCP is always correct: a peer without RDMA (ErrBadRequest) is
+		// asked again in a minute, any other failure in a few seconds.
+		wait := 5 * time.Second
+		if errors.Is(err, ErrBadRequest) || errors.Is(err, rdma.ErrUnavailable) {
+			wait = time.Minute
+		}
+		p.noRDMA = time.Now().Add(wait)
+		r.logOnce(node, "transfer: rdma to %s unavailable, using TCP: %v", node, err)
+		return nil, nil
+	}
+	p.sess.Store(s)
+	return s, nil
+}
+
+var errNoCommonPath = errors.New("transfer: no common RDMA transport")
+
+func (r *RDMA) logOnce(node, f string, a ...any) {
+	r.mu.Lock()
+	seen := r.mu.logged[node]
+	r.mu.logged[node] = true
+	r.mu.Unlock()
+	if !seen {
+		r.opts.Log(f, a...)
+	}
+}
+
+func (r *RDMA) hello(qps []*rdmaQP) *RDMAHello {
+	info := r.opts.Device.Info()
+	h := &RDMAHello{From: r.opts.Self, Device: info.Name, LID: info.LID, GID: info.GID, MTU: info.MTU}
+	for _, q := range qps {
+		ep := q.qp.Endpoint()
+		h.QPs = append(h.QPs, RDMAQP{QPN: ep.QPN, PSN: ep.PSN})
+	}
+	return h
+}
+
+func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) {
+	var qps []*rdmaQP
+	fail := func(err error) (*rdmaSession, error) {
+		for _, q := range qps {
+			q.qp.Close()
+		}
+		return nil, err
+	}
+	for range r.opts.QPsPerPeer {
+		q, err := r.opts.Device.CreateQP(r.opts.Depth)
+		if err != nil {
+			return fail(fmt.Errorf("transfer: rdma QP for %s: %w", node, err))
+		}
+		qps = append(qps, &rdmaQP{qp: q, comps: make([]rdma.Completion, r.opts.Depth)})
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	resp, epoch, err := r.opts.Control.Control(ctx, node, 0, ControlRequest{Op: CtlRDMA, RDMA: r.hello(qps)})
+	if err != nil {
+		return fail(err)
+	}
+	h := resp.RDMA
+	if err := h.validate(); err != nil || len(h.QPs) != len(qps) {
+		return fail(fmt.Errorf("transfer: rdma hello from %s: %w", node, ErrProtocol))
+	}
+	info := r.opts.Device.Info()
+	for i, q := range qps {
+		ep := rdma.Endpoint{LID: h.LID, GID: h.GID, QPN: h.QPs[i].QPN, PSN: h.QPs[i].PSN, MTU: min(h.MTU, info.MTU)}
+		if err := q.qp.Connect(ep); err != nil {
+			return fail(fmt.Errorf("transfer: rdma connect to %s: %w", node, err))
+		}
+	}
+	s := &rdmaSession{epoch: epoch, born: time.Now(), segs: map[segment.ID]RDMASegment{}, avail: make(chan struct{}, len(qps)),
+		dead: make(chan struct{}), idle: qps, all: qps}
+	for _, sg := range h.Segments {
+		s.segs[sg.ID] = sg
+	}
+	for range qps {
+		s.avail <- struct{}{}
+	}
+	r.stats.exchanges.Add(1)
+	return s, nil
+}
+
+// The owner side.
+
+type servedSession struct {
+	qps []rdma.QP
+}
+
+func (s *servedSession) close() {
+	for _, q := range s.qps {
+		q.Close()
+	}
+}
+
+// accept answers a peer's CtlRDMA: QPs connected to the peer's, and the
+// segment table. A peer's new exchange replaces its previous session.
+func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
+	if err := h.validate(); err != nil {
+		return nil, err
+	}
+	info := r.opts.Device.Info()
+	var qps []rdma.QP
+	fail := func(err error) (*RDMAHello, error) {
+		for _, q := range qps {
+			q.Close()
+		}
+		return nil, err
+	}
+	for _, rq := range h.QPs {
+		q, err := r.opts.Device.CreateQP(1)
+		if err != nil {
+			return fail(fmt.Errorf("transfer: rdma QP for %s: %w", h.From, err))
+		}
+		qps = append(qps, q)
+		ep := rdma.Endpoint{LID: h.LID, GID: h.GID, QPN: rq.QPN, PSN: rq.PSN, MTU: min(h.MTU, info.MTU)}
+		if err := q.Connect(ep); err != nil {
+			return fail(fmt.Errorf("transfer: rdma connect to %s: %w", h.From, err))
+		}
+	}
+	out := &RDMAHello{Device: info.Name, LID: info.LID, GID: info.GID, MTU: info.MTU}
+	for _, q := range qps {
+		ep := q.Endpoint()
+		out.QPs = append(out.QPs, RDMAQP{QPN: ep.QPN, PSN: ep.PSN})
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mu.closed {
+		return fail(ErrClosed)
+	}
+	old := r.mu.served[h.From]
+	if old == nil && len(r.mu.served) >= maxRDMASessions {
+		return fail(fmt.Errorf("transfer: %d rdma peers connected: %w", len(r.mu.served), ErrNoSpace))
+	}
+	for _, s := range r.mu.segs {
+		out.Segments = append(out.Segments, s.RDMASegment)
+	}
+	sort.Slice(out.Segments, func(i, j int) bool { return out.Segments[i].ID < out.Segments[j].ID })
+	if old != nil {
+		old.close()
+	}
+	r.mu.served[h.From] = &servedSession{qps: qps}
+	return out, nil
+}
+
+// Requests.
+
+// move runs one request's bytes between local memory at address local
+// (registered under lkey) and the extent ext of req's node, on a live session; a failure of the session
+// is retried once on a new one.
+func (r *RDMA) move(ctx context.Context, req Request, ext segment.Extent, local uint64, lkey uint32) error {
+	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+	defer cancel()
+	since := time.Now()
+	for attempt := 0; ; attempt++ {
+		s, err := r.session(ctx, req.Node)
+		if err != nil {
+			return err
+		}
+		if s == nil {
+			return errNoCommonPath
+		}
+		err = r.moveOn(ctx, since, s, req, ext, local, lkey)
+		if err == nil || attempt > 0 || !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		r.stats.retries.Add(1)
+	}
+}
+
+// retryable: the session failed, not the request.
+func retryable(err error) bool {
+	if errors.Is(err, errSessionDead) || errors.Is(err, errStaleSession) {
+		return true
+	}
+	var ce *rdma.CompletionError
+	return errors.As(err, &ce)
+}
+
+var errStaleSession = errors.New("transfer: rdma session of an older incarnation")
+
+func (r *RDMA) moveOn(ctx context.Context, since time.Time, s *rdmaSession, req Request, ext segment.Extent, local uint64, lkey uint32) error {
+	if req.Epoch != 0 && req.Epoch != s.epoch {
+		// Either the owner restarted since this session was set up (a
+		// new exchange finds it) or the request names a dead
+		// incarnation; a session set up during this call settles it.
+		if s.born.After(since) {
+			return fmt.Errorf("%w: extents of epoch %d, daemon at epoch %d", ErrStaleEpoch, req.Epoch, s.epoch)
+		}
+		s.kill()
+		return errStaleSession
+	}
+	sg, ok := s.segs[ext.Segment]
+	if !ok {
+		return fmt.Errorf("segment %d: %w", ext.Segment, segment.ErrUnknownSegment)
+	}
+	if ext.Off > sg.Len || ext.Len > sg.Len-ext.Off {
+		return fmt.Errorf("%v in segment of %d B: %w", ext, sg.Len, segment.ErrBadRange)
+	}
+	op := rdma.OpRead
+	var deadline time.Time
+	if req.Op == Write {
+		op = rdma.OpWrite
+		if req.Resv == 0 {
+			return errNoCommonPath // the owner must check it: TCP
+		}
+		end, ok := r.opts.Control.leaseEnd(req.Node, s.epoch, req.Resv)
+		if !ok || time.Until(end) <= r.opts.LeaseMargin {
+			r.stats.fenced.Add(1)
+			return fmt.Errorf("reservation %d on %s: lease ends too soon for an RDMA write: %w", req.Resv, req.Node, ErrNotReserved)
+		}
+		deadline = end.Add(-r.opts.LeaseMargin)
+	}
+	q, err := s.take(ctx)
+	if err != nil {
+		return err
+	}
+	broken, err := r.post(ctx, q, op, sg, ext, local, lkey, deadline)
+	if broken {
+		r.stats.broken.Add(1)
+		s.kill()
+	}
+	s.give(q, broken)
+	if err != nil {
+		return err
+	}
+	if req.Op == Read && req.Version != 0 {
+		return r.check(ctx, req, s.epoch)
+	}
+	return nil
+}
+
+// post moves the bytes in work requests of at most ChunkBytes, up to
+// Depth at a time, and waits for their completions; broken says the QP
+// must not be used again.
+func (r *RDMA) post(ctx context.Context, q *rdmaQP, op rdma.Opcode, sg RDMASegment, ext segment.Extent, base uint64, lkey uint32, deadline time.Time) (broken bool, err error) {
+	cb := r.opts.ChunkBytes
+	wrs := make([]rdma.WorkRequest, 0, min(uint64(r.opts.Depth), (ext.Len+cb-1)/cb))
+	sges := make([]rdma.SGE, cap(wrs))
+	for off := uint64(0); off < ext.Len; {
+		wrs = wrs[:0]
+		for ; off < ext.Len && len(wrs) < cap(wrs); off += cb {
+			n := min(cb, ext.Len-off)
+			q.next++
+			sges[len(wrs)] = rdma.SGE{Addr: base + off, Len: uint32(n), LKey: lkey}
+			wrs = append(wrs, rdma.WorkRequest{ID: q.next, Op: op, Local: sges[len(wrs) : len(wrs)+1],
+				Remote: sg.Addr + ext.Off + off, RKey: sg.RKey})
+		}
+		if err := q.qp.Post(wrs); err != nil {
+			return true, fmt.Errorf("transfer: rdma post: %w", err)
+		}
+		r.stats.wrs.Add(uint64(len(wrs)))
+		if broken, err := r.await(ctx, q, wrs, deadline); err != nil {
+			return broken, err
+		}
+	}
+	return false, nil
+}
+
+// await polls until every work request of wrs completed, the deadline
+// (when set) or the context ends.
+func (r *RDMA) await(ctx context.Context, q *rdmaQP, wrs []rdma.WorkRequest, deadline time.Time) (bool, error) {
+	left := len(wrs)
+	var first error
+	spin := 0
+	for left > 0 {
+		n, err := q.qp.Poll(q.comps)
+		if err != nil {
+			return true, fmt.Errorf("transfer: rdma poll: %w", err)
+		}
+		for _, c := range q.comps[:n] {
+			left--
+			if c.Status != rdma.StatusSuccess && first == nil {
+				r.stats.compErrs.Add(1)
+				first = &rdma.CompletionError{Completion: c}
+			}
+		}
+		if n > 0 {
+			spin = 0
+			continue
+		}
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			r.stats.fenced.Add(1)
+			return true, fmt.Errorf("transfer: rdma write not complete before its reservation's margin: %w", ErrNotReserved)
+		}
+		if err := ctx.Err(); err != nil {
+			return true, fmt.Errorf("transfer: rdma completion: %w", err)
+		}
+		spin++
+		switch {
+		case spin < 64:
+			runtime.Gosched()
+		default:
+			time.Sleep(time.Duration(min(spin-63, 100)) * 10 * time.Microsecond)
+		}
+	}
+	if first != nil {
+		return true, first
+	}
+	return false, nil
+}
+
+// check asks the owner whether the body a checked read named is still
+// live at its version (see the package comment above).
+func (r *RDMA) check(ctx context.Context, req Request, epoch uint64) error {
+	_, _, err := r.opts.Control.Control(ctx, req.Node, epoch, ControlRequest{Op: CtlCheck,
+		Extents: []segment.Extent{req.Body}, Version: req.Version})
+	if errors.Is(err, ErrStaleBody) {
+		r.stats.stale.Add(1)
+	}
+	return err
+}

@@ -1,0 +1,468 @@
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"math/rand"
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/mooncake-fs/mooncake-fs/rdma"
+	"github.com/mooncake-fs/mooncake-fs/rdma/rdmafake"
+	"github.com/mooncake-fs/mooncake-fs/segment"
+)
+
+// rdmaPair is node "a" (an engine with RDMA and TCP) and node "b" (a TCP
+// server with an RDMA path and its segments registered), on fake NICs.
+type rdmaPair struct {
+	pa, pb *rdmafake.Provider
+	ra, rb *RDMA
+	owner  *fakeOwner
+	b      *tcpNode
+	c      *TCPTransport
+	eng    *Engine
+}
+
+func newRDMAPair(t *testing.T, o RDMAOptions) *rdmaPair {
+	t.Helper()
+	dir := t.TempDir()
+	p := &rdmaPair{}
+	var err error
+	if p.pa, err = rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"fa0"}, Jitter: 20 * time.Microsecond}); err != nil {
+		t.Fatal(err)
+	}
+	if p.pb, err = rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"fb0"}}); err != nil {
+		t.Fatal(err)
+	}
+	da, err := p.pa.Open("fa0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := p.pb.Open("fb0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.owner = &fakeOwner{held: map[uint64][]segment.Extent{}, ttl: map[uint64]int64{}}
+	p.b = newTCPNode(t, testToken, 4<<20, TCPServerOptions{Bodies: bodyRule{body: segment.Extent{Segment: 1, Len: 1 << 20}, version: 5}})
+	p.owner.tab = p.b.tab
+	// The owner's RDMA path needs a control transport of its own only
+	// as a client; this one reaches no one.
+	bc := newTCPClient(t, testToken, map[string]string{}, TCPOptions{})
+	if p.rb, err = NewRDMA(RDMAOptions{Device: db, Control: bc, Self: "b"}); err != nil {
+		t.Fatal(err)
+	}
+	for id := range 2 {
+		mem, err := p.b.tab.Bytes(segment.Extent{Segment: segment.ID(id), Len: 4 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.rb.RegisterSegment(segment.ID(id), mem); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.b.srv.opts.Control = p.owner
+	p.b.srv.opts.RDMA = p.rb
+	p.c = newTCPClient(t, testToken, map[string]string{"b": p.b.addr}, TCPOptions{})
+	o.Device, o.Control, o.Self = da, p.c, "a"
+	if o.Log == nil {
+		o.Log = t.Logf
+	}
+	if p.ra, err = NewRDMA(o); err != nil {
+		t.Fatal(err)
+	}
+	if p.eng, err = New(Options{Local: segment.NewTable(), Self: "a", Remote: p.c, RDMA: p.ra}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.eng.Close()
+		if err := p.ra.Close(); err != nil {
+			t.Errorf("close a: %v", err)
+		}
+		if err := p.rb.Close(); err != nil {
+			t.Errorf("close b: %v", err)
+		}
+		if n := p.pa.MRs() + p.pb.MRs(); n != 0 {
+			t.Errorf("%d MRs left registered after Close", n)
+		}
+		da.Close()
+		db.Close()
+	})
+	return p
+}
+
+// reserve reserves n bytes on b and returns the reservation's extent.
+func (p *rdmaPair) reserve(t *testing.T, n uint64, ttl time.Duration) Reservation {
+	t.Helper()
+	r, err := p.c.Reserve(context.Background(), "b", n, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Extents) != 1 {
+		t.Fatalf("reservation of %d extents", len(r.Extents))
+	}
+	return r
+}
+
+func randBytes(n int, seed int64) []byte {
+	b := make([]byte, n)
+	rand.New(rand.NewSource(seed)).Read(b)
+	return b
+}
+
+func (p *rdmaPair) path(name Path) PathStats { return p.eng.Stats().Paths[name] }
+
+// TestRDMAPaths: registered memory moves NIC to NIC with no local copy;
+// other host memory and process memory through the bounce pool with one;
+// a write naming no reservation over TCP, where the owner checks it.
+func TestRDMAPaths(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{ChunkBytes: 64 << 10})
+	ctx := context.Background()
+	const n = 300 << 10 // several work requests
+	r := p.reserve(t, n, time.Minute)
+	e := r.Extents[0]
+	src := randBytes(n, 1)
+	release, err := p.ra.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := Request{Op: Write, Buf: HostBuffer(src), Extent: e, Node: "b", Epoch: r.Epoch, Resv: r.ID}
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.b.mem(t, e), src) {
+		t.Fatal("direct write did not land")
+	}
+	if s := p.path(pathRDMADirect); s.Written != n || s.Copied() != 0 || s.Requests != 1 {
+		t.Fatalf("rdma-direct after a registered write: %+v", s)
+	}
+	back := make([]byte, n)
+	release2, err := p.ra.Register(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.eng.Submit(ctx, []Request{{Op: Read, Buf: HostBuffer(back), Extent: e, Node: "b", Epoch: r.Epoch}}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, src) {
+		t.Fatal("direct read differs")
+	}
+	release()
+	release2()
+	if st := p.ra.Stats(); st.RegisteredBytes != 0 || st.Registrations != 2 {
+		t.Fatalf("registrations after release: %+v", st)
+	}
+
+	// Released memory is no longer registered: staged, one copy per byte.
+	src2 := randBytes(n, 2)
+	copy(src, src2)
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.b.mem(t, e), src2) {
+		t.Fatal("staged write did not land")
+	}
+	if s := p.path(pathRDMAStaged); s.Written != n || s.CopiedWritten != n || s.Read != 0 {
+		t.Fatalf("rdma-staged: %+v", s)
+	}
+	// Process memory, read through the pool.
+	dst := make([]byte, n)
+	vm := VMBuffer(os.Getpid(), uint64(uintptr(unsafe.Pointer(&dst[0]))), n)
+	if err := p.eng.Submit(ctx, []Request{{Op: Read, Buf: vm, Extent: e, Node: "b", Epoch: r.Epoch}}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, src2) {
+		t.Fatal("staged process-vm read differs")
+	}
+	if s := p.path(pathRDMAStaged); s.Bytes() != 2*n || s.CopiedRead != n || s.CopiedWritten != n {
+		t.Fatalf("rdma-staged after the read: %+v", s)
+	}
+	// No reservation: TCP.
+	e2 := segment.Extent{Segment: 0, Off: 0, Len: 4096}
+	if err := p.eng.Submit(ctx, []Request{{Op: Write, Buf: HostBuffer(src[:4096]), Extent: e2, Node: "b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.path(pathTCP); s.Written != 4096 || s.CopiedWritten != 4096 {
+		t.Fatalf("tcp: %+v", s)
+	}
+	if st := p.ra.Stats(); st.Exchanges != 1 || st.Sessions != 1 || st.Fallbacks != 1 || st.Broken != 0 {
+		t.Fatalf("rdma stats %+v", st)
+	}
+	if st := p.rb.Stats(); st.Served != 1 || st.SegmentsRegistred != 2 {
+		t.Fatalf("owner's rdma stats %+v", st)
+	}
+	if fs := p.pa.Stats(); fs.Failed != 0 || fs.Bytes != 4*n {
+		t.Fatalf("fake NIC a: %+v", fs)
+	}
+}
+
+// TestRDMACheckedRead: a one-sided read of a body that was replaced
+// fails after the owner's check.
+func TestRDMACheckedRead(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	ctx := context.Background()
+	body := segment.Extent{Segment: 1, Len: 1 << 20}
+	e := segment.Extent{Segment: 1, Off: 4096, Len: 64 << 10}
+	dst := make([]byte, e.Len)
+	release, err := p.ra.Register(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: e, Node: "b", Body: body, Version: 7}
+	if err := p.eng.Submit(ctx, []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(dst, p.b.mem(t, e)) {
+		t.Fatal("checked read differs")
+	}
+	rq.Version = 4 // replaced since
+	if err := p.eng.Submit(ctx, []Request{rq}); !errors.Is(err, ErrStaleBody) {
+		t.Fatalf("checked read of a replaced body: %v", err)
+	}
+	rq.Buf = HostBuffer(make([]byte, e.Len)) // staged: checked too
+	if err := p.eng.Submit(ctx, []Request{rq}); !errors.Is(err, ErrStaleBody) {
+		t.Fatalf("staged checked read of a replaced body: %v", err)
+	}
+	if st := p.ra.Stats(); st.StaleChecks != 2 {
+		t.Fatalf("stale checks %d", st.StaleChecks)
+	}
+}
+
+// TestRDMAFence: a write whose reservation is unknown to the writer, or
+// ends within the margin, is refused before anything is posted.
+func TestRDMAFence(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{LeaseMargin: 10 * time.Second})
+	ctx := context.Background()
+	short := p.reserve(t, 4096, 5*time.Second)
+	src := randBytes(4096, 3)
+	before := append([]byte(nil), p.b.mem(t, short.Extents[0])...)
+	for _, w := range []Request{
+		{Op: Write, Buf: HostBuffer(src), Extent: short.Extents[0], Node: "b", Epoch: short.Epoch, Resv: short.ID},
+		{Op: Write, Buf: HostBuffer(src), Extent: short.Extents[0], Node: "b", Epoch: short.Epoch, Resv: 999},
+	} {
+		if err := p.eng.Submit(ctx, []Request{w}); !errors.Is(err, ErrNotReserved) {
+			t.Fatalf("write into reservation %d: %v", w.Resv, err)
+		}
+	}
+	if !bytes.Equal(p.b.mem(t, short.Extents[0]), before) {
+		t.Fatal("a fenced write landed")
+	}
+	if fs := p.pa.Stats(); fs.Writes != 0 {
+		t.Fatalf("fenced writes posted: %+v", fs)
+	}
+	// Renewed, the lease is long enough again.
+	if err := p.c.Renew(ctx, "b", short.Epoch, short.ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	w := Request{Op: Write, Buf: HostBuffer(src), Extent: short.Extents[0], Node: "b", Epoch: short.Epoch, Resv: short.ID}
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatal(err)
+	}
+	// Freed, it is gone.
+	if err := p.c.Free(ctx, "b", short.Epoch, short.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.eng.Submit(ctx, []Request{w}); !errors.Is(err, ErrNotReserved) {
+		t.Fatalf("write into a freed reservation: %v", err)
+	}
+}
+
+// TestRDMABrokenSession: a failed completion ends the session; the
+// request is retried once on a new one, and fails when that fails too.
+func TestRDMABrokenSession(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	ctx := context.Background()
+	r := p.reserve(t, 8192, time.Minute)
+	src := randBytes(8192, 4)
+	w := Request{Op: Write, Buf: HostBuffer(src), Extent: r.Extents[0], Node: "b", Epoch: r.Epoch, Resv: r.ID}
+	p.pa.Inject(rdmafake.FaultQPError)
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatalf("write after one QP error: %v", err)
+	}
+	if !bytes.Equal(p.b.mem(t, r.Extents[0]), src) {
+		t.Fatal("retried write did not land")
+	}
+	if st := p.ra.Stats(); st.Broken != 1 || st.Retries != 1 || st.Exchanges != 2 {
+		t.Fatalf("after one failure: %+v", st)
+	}
+	p.pa.Inject(rdmafake.FaultRemoteAccess, rdmafake.FaultRemoteAccess)
+	err := p.eng.Submit(ctx, []Request{w})
+	var ce *rdma.CompletionError
+	if !errors.As(err, &ce) || ce.Status != rdma.StatusRemAccessErr {
+		t.Fatalf("write after two failures: %v", err)
+	}
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatalf("write once the faults passed: %v", err)
+	}
+	if st := p.rb.Stats(); st.Served != 1 {
+		t.Fatalf("owner serves %d sessions of one peer", st.Served)
+	}
+}
+
+// TestRDMACompletionTimeout: a completion that never comes fails the
+// call at its deadline, and the next call runs on a new session.
+func TestRDMACompletionTimeout(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{Timeout: 300 * time.Millisecond})
+	ctx := context.Background()
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b"}
+	if err := p.eng.Submit(ctx, []Request{rq}); err != nil { // sets up the session
+		t.Fatal(err)
+	}
+	p.pa.Inject(rdmafake.FaultTimeout)
+	if err := p.eng.Submit(ctx, []Request{rq}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read whose completion never comes: %v", err)
+	}
+	if err := p.eng.Submit(ctx, []Request{rq}); err != nil {
+		t.Fatalf("read after the timeout: %v", err)
+	}
+	if st := p.ra.Stats(); st.Broken != 1 || st.Exchanges != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestRDMAPoolExhausted: staging waits for a pool buffer up to PoolWait
+// and then fails; it never registers memory for the call.
+func TestRDMAPoolExhausted(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{ChunkBytes: 64 << 10, PoolBytes: 64 << 10, PoolWait: 50 * time.Millisecond})
+	ctx := context.Background()
+	_, hold, err := p.ra.stage(ctx, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mrs := p.pa.MRs()
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b"}
+	if err := p.eng.Submit(ctx, []Request{rq}); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("staged read with the pool taken: %v", err)
+	}
+	if p.pa.MRs() != mrs {
+		t.Fatal("a staged call registered memory")
+	}
+	hold()
+	if err := p.eng.Submit(ctx, []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.ra.Stats(); st.PoolTimeouts != 1 || st.PoolWaits != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestRDMABadExtents: unknown segments and ranges past a segment's end
+// are refused by the client before anything is posted.
+func TestRDMABadExtents(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	ctx := context.Background()
+	dst := make([]byte, 8192)
+	for _, c := range []struct {
+		e    segment.Extent
+		want error
+	}{
+		{segment.Extent{Segment: 9, Len: 4096}, segment.ErrUnknownSegment},
+		{segment.Extent{Segment: 1, Off: 4<<20 - 4096, Len: 8192}, segment.ErrBadRange},
+	} {
+		err := p.eng.Submit(ctx, []Request{{Op: Read, Buf: HostBuffer(dst[:c.e.Len]), Extent: c.e, Node: "b"}})
+		if !errors.Is(err, c.want) {
+			t.Fatalf("read of %v: %v, want %v", c.e, err, c.want)
+		}
+	}
+	if fs := p.pa.Stats(); fs.Reads+fs.Failed != 0 {
+		t.Fatalf("bad extents posted: %+v", fs)
+	}
+}
+
+// TestRDMAStaleEpoch: extents of another incarnation fail after one
+// fresh exchange, as over TCP.
+func TestRDMAStaleEpoch(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	ctx := context.Background()
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b", Epoch: 12345}
+	if err := p.eng.Submit(ctx, []Request{rq}); !errors.Is(err, ErrStaleEpoch) {
+		t.Fatalf("read of a dead incarnation's extent: %v", err)
+	}
+}
+
+// TestRDMAPeerWithoutRDMA: a peer that has no RDMA path is reached over
+// TCP, and asked again only after a while.
+func TestRDMAPeerWithoutRDMA(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	p.b.srv.opts.RDMA = nil
+	ctx := context.Background()
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b"}
+	for range 3 {
+		if err := p.eng.Submit(ctx, []Request{rq}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(dst, p.b.mem(t, rq.Extent)) {
+		t.Fatal("tcp read differs")
+	}
+	if st := p.ra.Stats(); st.Exchanges != 0 || st.Fallbacks != 3 {
+		t.Fatalf("stats %+v", st)
+	}
+	if s := p.path(pathTCP); s.Requests != 3 {
+		t.Fatalf("tcp %+v", s)
+	}
+}
+
+// TestRDMAConcurrent: many calls on a few QPs, out of order.
+func TestRDMAConcurrent(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{QPsPerPeer: 2, ChunkBytes: 16 << 10})
+	ctx := context.Background()
+	r := p.reserve(t, 1<<20, time.Minute)
+	src := randBytes(1<<20, 5)
+	release, err := p.ra.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	var reqs []Request
+	for i := range 64 {
+		e := r.Extents[0]
+		e.Off += uint64(i) * 16 << 10
+		e.Len = 16 << 10
+		reqs = append(reqs, Request{Op: Write, Buf: HostBuffer(src), BufOff: uint64(i) * 16 << 10, Extent: e, Node: "b", Epoch: r.Epoch, Resv: r.ID})
+	}
+	if err := p.eng.Submit(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.b.mem(t, r.Extents[0]), src) {
+		t.Fatal("bytes differ")
+	}
+}
+
+func TestRDMAHelloRejects(t *testing.T) {
+	for _, h := range []*RDMAHello{
+		nil,
+		{GID: rdma.GID{1}},
+		{GID: rdma.GID{1}, QPs: make([]RDMAQP, maxRDMAQPs+1)},
+		{QPs: []RDMAQP{{QPN: 1}}},
+		{GID: rdma.GID{1}, QPs: []RDMAQP{{QPN: 0}}},
+		{GID: rdma.GID{1}, QPs: []RDMAQP{{QPN: 1 << 24}}},
+	} {
+		if _, err := decodeControl(mustJSON(t, ControlRequest{Op: CtlRDMA, RDMA: h})); !errors.Is(err, ErrBadRequest) {
+			t.Fatalf("hello %+v: %v", h, err)
+		}
+	}
+	if _, err := decodeControl(mustJSON(t, ControlRequest{Op: CtlSync, Rev: 1, RDMA: &RDMAHello{}})); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("sync with a hello: %v", err)
+	}
+	if _, err := decodeControl(mustJSON(t, ControlRequest{Op: CtlCheck, Extents: []segment.Extent{{Len: 1}}})); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("check at version 0: %v", err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
