@@ -109,10 +109,11 @@ type ipcKey struct {
 type ipcTable struct {
 	mu sync.Mutex
 	m  map[ipcKey]*ipcMapping
-	// register is Options.RegisterDevice; failed is set once it failed
-	// (logged once), after which nothing more is tried.
+	// register is Options.RegisterDevice; failed is set once the driver
+	// could not export a dma-buf, after which nothing more is tried.
 	register func(fd int, dev, n uint64) (func(), error)
 	failed   bool
+	logged   bool
 	log      func(err error)
 }
 
@@ -145,18 +146,21 @@ func (t *ipcTable) acquire(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
 }
 
 // registerRDMA registers a new mapping with the RDMA device through its
-// dma-buf; nil when that fails (the first failure is logged, and none is
-// tried after it: the driver or the device cannot do it).
+// dma-buf; nil when that fails. A driver that cannot export dma-bufs is
+// not asked again; the first failure of either kind is logged.
 func (t *ipcTable) registerRDMA(ctx *cuda.Context, base cuda.DevicePtr, size uint64) func() {
 	fd, err := ctx.ExportDmabuf(base, size)
+	if err != nil {
+		t.failed = true
+	}
 	var release func()
 	if err == nil {
 		release, err = t.register(fd, uint64(base), size)
 		_ = unix.Close(fd)
 	}
 	if err != nil {
-		t.failed = true
-		if t.log != nil {
+		if !t.logged && t.log != nil {
+			t.logged = true
 			t.log(err)
 		}
 		return nil

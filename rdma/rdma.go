@@ -95,6 +95,10 @@ type Endpoint struct {
 	QPN uint32
 	PSN uint32 // first packet sequence number, 24 bits
 	MTU int    // bytes; the connection uses the smaller of both ends'
+	// ReadDepth is how many RDMA READs this end serves in flight as the
+	// responder (max_dest_rd_atomic); the requester keeps no more
+	// outstanding. 0: not said (the requester uses its own limit).
+	ReadDepth int
 }
 
 // QPState is a queue pair's state (ibv_qp_state).

@@ -1155,7 +1155,16 @@ func (q *verbsQP) where() string {
 // Endpoint is what the peer connects to.
 func (q *verbsQP) Endpoint() Endpoint {
 	i := q.dev.desc.info
-	return Endpoint{LID: i.LID, GID: i.GID, QPN: q.qpn, PSN: q.psn, MTU: i.MTU}
+	return Endpoint{LID: i.LID, GID: i.GID, QPN: q.qpn, PSN: q.psn, MTU: i.MTU, ReadDepth: q.dev.desc.caps.readDepth()}
+}
+
+// readDepth is the RDMA READs a QP of the device serves in flight as the
+// responder: the package's limit, or the device's when lower.
+func (c devCaps) readDepth() int {
+	if c.maxRdAtom > 0 {
+		return min(maxRdAtomic, c.maxRdAtom)
+	}
+	return maxRdAtomic
 }
 
 // State is the state the package last moved the QP to, or ERR after a
@@ -1191,12 +1200,13 @@ func (q *verbsQP) Connect(remote Endpoint) error {
 	if !global && remote.LID == 0 {
 		return fmt.Errorf("%s: remote endpoint has neither LID nor GID", where)
 	}
-	destRd, initRd := maxRdAtomic, maxRdAtomic
-	if caps.maxRdAtom > 0 {
-		destRd = min(destRd, caps.maxRdAtom)
-	}
+	destRd, initRd := caps.readDepth(), maxRdAtomic
 	if caps.maxInitRdAtom > 0 {
 		initRd = min(initRd, caps.maxInitRdAtom)
+	}
+	if remote.ReadDepth > 0 {
+		// No more READs in flight than the responder takes.
+		initRd = min(initRd, remote.ReadDepth)
 	}
 	if e := C.mc_qp_init(q.qp, C.uint8_t(info.Port), qpAccess); e != 0 {
 		return fmt.Errorf("%s: RESET->INIT: %w", where, callErr("ibv_modify_qp", e))

@@ -87,7 +87,7 @@ func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (trans
 		s.mu.resv[id] = &reservation{ext: ext, deadline: s.opts.Now().Add(ttl)}
 		s.mu.Unlock()
 		s.stats.reserved.Add(1)
-		return transfer.ControlResponse{ID: id, Extents: ext}, nil
+		return transfer.ControlResponse{ID: id, Extents: ext, TTLMillis: ttl.Milliseconds()}, nil
 	case transfer.CtlRenew:
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -100,7 +100,7 @@ func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (trans
 			return transfer.ControlResponse{}, fmt.Errorf("reservation %d: %w", req.ID, transfer.ErrUnknownReservation)
 		}
 		r.deadline = s.opts.Now().Add(ttl)
-		return transfer.ControlResponse{}, nil
+		return transfer.ControlResponse{TTLMillis: ttl.Milliseconds()}, nil
 	case transfer.CtlHold:
 		id, err := s.holdBody(ctx, req.Extents[0], req.Version, ttl)
 		return transfer.ControlResponse{ID: id}, err

@@ -20,7 +20,7 @@ import (
 //
 //	control  header{op 6, length n} + n bytes of a ControlRequest in JSON
 //	         (n <= 64 KiB). Response: header{op 6, same id, status,
-//	         length m} + m bytes of a ControlResponse in JSON when status
+//	         length m} + m bytes (m <= 1 MiB) of a ControlResponse in JSON when status
 //	         is 0; an error status has no payload.
 //
 // Reservations are how remote allocation stays safe: the owner allocates
@@ -80,7 +80,10 @@ type ControlRequest struct {
 type ControlResponse struct {
 	ID      uint64           `json:"id,omitempty"`
 	Extents []segment.Extent `json:"extents,omitempty"`
-	RDMA    *RDMAHello       `json:"rdma,omitempty"`
+	// TTLMillis is the lifetime a reserve or renew granted (the owner may
+	// cap the one asked for); 0: as asked.
+	TTLMillis int64      `json:"ttl_ms,omitempty"`
+	RDMA      *RDMAHello `json:"rdma,omitempty"`
 }
 
 // Controller serves control calls on the owning node (the store).
@@ -106,8 +109,10 @@ var (
 )
 
 const (
-	maxControlLen         = 64 << 10
-	opControl     frameOp = 6
+	maxControlLen = 64 << 10
+	// maxControlResp bounds an answer: an RDMA hello lists every segment.
+	maxControlResp         = 1 << 20
+	opControl      frameOp = 6
 )
 
 // More status codes, for control calls.
@@ -325,7 +330,7 @@ func (pc *tcpConn) control(body []byte) (out []byte, sent, broken bool, err erro
 		}
 		return nil, true, false, controlErr(h.status)
 	}
-	if h.len > maxControlLen {
+	if h.len > maxControlResp {
 		return nil, true, true, fmt.Errorf("%w: control response of %d B", ErrProtocol, h.len)
 	}
 	out = make([]byte, h.len)
@@ -357,16 +362,25 @@ func (t *TCPTransport) Reserve(ctx context.Context, node string, n uint64, ttl t
 	if segment.TotalLen(r.Extents) < n {
 		return Reservation{}, fmt.Errorf("transfer: reserve %d B on %s: got %d B: %w", n, node, segment.TotalLen(r.Extents), ErrProtocol)
 	}
-	t.leases.note(leaseKey{node, epoch, r.ID}, sent.Add(ttl), true)
+	t.leases.reserved(leaseKey{node, epoch, r.ID}, sent.Add(granted(ttl, r.TTLMillis)), r.Extents)
 	return Reservation{Node: node, Epoch: epoch, ID: r.ID, Extents: r.Extents}, nil
+}
+
+// granted is the lifetime a reserve or renew got: what the owner said,
+// else what was asked (truncated to milliseconds, as sent).
+func granted(asked time.Duration, ms int64) time.Duration {
+	if ms > 0 {
+		return min(time.Duration(ms)*time.Millisecond, asked.Truncate(time.Millisecond))
+	}
+	return asked.Truncate(time.Millisecond)
 }
 
 // Renew extends reservation or hold id on node by ttl from now.
 func (t *TCPTransport) Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error {
 	sent := time.Now()
-	_, got, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
+	r, got, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
 	if err == nil {
-		t.leases.note(leaseKey{node, got, id}, sent.Add(ttl), false)
+		t.leases.renewed(leaseKey{node, got, id}, sent.Add(granted(ttl, r.TTLMillis)))
 	}
 	return err
 }
@@ -397,49 +411,62 @@ func (t *TCPTransport) Sync(ctx context.Context, node string, rev uint64) error 
 // Free returns extents of reservation id on node (all of it when ext is
 // empty).
 func (t *TCPTransport) Free(ctx context.Context, node string, epoch, id uint64, ext []segment.Extent) error {
-	if len(ext) == 0 {
-		t.leases.forget(leaseKey{node, epoch, id})
-	}
+	// Freed in part or whole: this writer vouches for none of it now.
+	t.leases.forget(leaseKey{node, epoch, id})
 	_, _, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlFree, ID: id, Extents: ext})
 	return err
 }
 
 // Lease ends of reservations, as the writer knows them: the time it sent
-// the Reserve or the last Renew, plus the TTL. The owner counts the TTL
-// from when it received the call, so its end is later; writes that the
-// owner's CPU does not check (RDMA) are fenced by this one (rdma.go).
+// the Reserve or the last Renew, plus the TTL granted, and the extents
+// reserved. The owner counts the TTL from when it received the call, so
+// its end is later; writes that the owner's CPU does not check (RDMA)
+// are fenced by this one (rdma.go). A reservation freed in part is
+// forgotten: its writes go where the owner checks them.
 
 type leaseKey struct {
 	node      string
 	epoch, id uint64
 }
 
+type lease struct {
+	end time.Time
+	ext []segment.Extent
+}
+
 type leaseBook struct {
 	mu    sync.Mutex
-	m     map[leaseKey]time.Time
+	m     map[leaseKey]*lease
 	prune int // size at which expired entries are swept
 }
 
-// note records end for k; a renewal (add false) only extends a lease
-// the book holds, since holds share the id space.
-func (b *leaseBook) note(k leaseKey, end time.Time, add bool) {
+func (b *leaseBook) reserved(k leaseKey, end time.Time, ext []segment.Extent) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.m == nil {
-		b.m = map[leaseKey]time.Time{}
+		b.m = map[leaseKey]*lease{}
 	}
-	if old, ok := b.m[k]; !ok && !add || ok && old.After(end) {
-		return
-	}
-	b.m[k] = end
+	b.m[k] = &lease{end: end, ext: append([]segment.Extent(nil), ext...)}
 	if len(b.m) >= max(b.prune, 64) {
 		now := time.Now()
-		for k, e := range b.m {
-			if e.Before(now) {
+		for k, l := range b.m {
+			if l.end.Before(now) {
 				delete(b.m, k)
 			}
 		}
 		b.prune = 2 * len(b.m)
+	}
+}
+
+// renewed records a renewal of k, if the book holds it (holds share the
+// id space and are not in it). The owner's deadline is its receipt of
+// the last renewal it processed plus the TTL: overwriting with this
+// call's is never later than that.
+func (b *leaseBook) renewed(k leaseKey, end time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if l := b.m[k]; l != nil {
+		l.end = end
 	}
 }
 
@@ -450,10 +477,18 @@ func (b *leaseBook) forget(k leaseKey) {
 }
 
 // leaseEnd returns when reservation id of node's epoch ends, as far as
-// this writer knows.
-func (t *TCPTransport) leaseEnd(node string, epoch, id uint64) (time.Time, bool) {
+// this writer knows, if e lies in one of its extents.
+func (t *TCPTransport) leaseEnd(node string, epoch, id uint64, e segment.Extent) (time.Time, bool) {
 	t.leases.mu.Lock()
 	defer t.leases.mu.Unlock()
-	e, ok := t.leases.m[leaseKey{node, epoch, id}]
-	return e, ok
+	l := t.leases.m[leaseKey{node, epoch, id}]
+	if l == nil {
+		return time.Time{}, false
+	}
+	for _, x := range l.ext {
+		if x.Segment == e.Segment && e.Off >= x.Off && e.Len <= x.Len && e.Off-x.Off <= x.Len-e.Len {
+			return l.end, true
+		}
+	}
+	return time.Time{}, false
 }

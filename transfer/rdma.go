@@ -11,6 +11,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mooncake-fs/mooncake-fs/rdma"
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
@@ -53,11 +55,13 @@ import (
 //     unchanged, during it; a stale one fails the read with ErrStaleBody.
 //   - Guarded writes (Request.Resv != 0) are fenced by the reservation's
 //     lease: the TCP transport notes when each Reserve and Renew was
-//     sent, and a write is posted only while that time plus the TTL, less
-//     LeaseMargin, is ahead, and must complete before it; a write that
-//     cannot fails with ErrNotReserved and its QP is destroyed. The owner
-//     reaps no sooner than TTL after it received the call, which is
-//     later. Writes naming no reservation go over TCP, where the owner
+//     sent, the TTL the owner granted and the reservation's extents; a
+//     write inside them is posted only while that time plus the TTL, less
+//     LeaseMargin, is ahead, and must complete before it, or it fails
+//     with ErrNotReserved and its QP is destroyed. The owner reaps no
+//     sooner than TTL after it received the call, which is later. A write
+//     the writer cannot vouch for (no reservation, an unknown or partly
+//     freed one, a lease too near its end) goes over TCP, where the owner
 //     decides.
 
 // RDMAOptions configures an RDMA path.
@@ -67,6 +71,7 @@ type RDMAOptions struct {
 	// Control carries the endpoint exchange and the checks. Required.
 	Control *TCPTransport
 	// Self names this node to the owners (one session per node).
+	// Required.
 	Self string
 	// QPsPerPeer is the queue pairs (calls in flight) per peer; 0 means 4.
 	QPsPerPeer int
@@ -102,6 +107,9 @@ func (o RDMAOptions) Validate() error {
 	if o.Control == nil {
 		errs = append(errs, errors.New("transfer: RDMAOptions.Control is required"))
 	}
+	if o.Self == "" {
+		errs = append(errs, errors.New("transfer: RDMAOptions.Self is required (owners keep one session per node name)"))
+	}
 	if o.QPsPerPeer < 0 || o.QPsPerPeer > maxRDMAQPs {
 		errs = append(errs, fmt.Errorf("transfer: RDMAOptions.QPsPerPeer %d outside [0, %d]", o.QPsPerPeer, maxRDMAQPs))
 	}
@@ -123,6 +131,7 @@ func (o RDMAOptions) Validate() error {
 const (
 	maxRDMAQPs      = 16
 	maxRDMASessions = 1024 // owner side: peers served at once
+	maxRDMASegments = 4096 // in one hello; about 300 KiB of JSON
 	pathRDMADirect  = Path("rdma-direct")
 	pathRDMAStaged  = Path("rdma-staged")
 )
@@ -137,6 +146,7 @@ type RDMAHello struct {
 	LID      uint16        `json:"lid"`
 	GID      rdma.GID      `json:"gid"`
 	MTU      int           `json:"mtu"`
+	Reads    int           `json:"reads,omitempty"` // RDMA READs served in flight per QP
 	QPs      []RDMAQP      `json:"qps"`
 	Segments []RDMASegment `json:"segments,omitempty"`
 }
@@ -156,7 +166,8 @@ type RDMASegment struct {
 }
 
 func (h *RDMAHello) validate() error {
-	if h == nil || len(h.QPs) == 0 || len(h.QPs) > maxRDMAQPs || h.GID == (rdma.GID{}) || len(h.Segments) > 1<<12 {
+	if h == nil || len(h.QPs) == 0 || len(h.QPs) > maxRDMAQPs || h.GID == (rdma.GID{}) || len(h.Segments) > maxRDMASegments ||
+		h.Reads < 0 || h.Reads > 1<<16 {
 		return fmt.Errorf("%w: rdma hello", ErrBadRequest)
 	}
 	for _, q := range h.QPs {
@@ -186,6 +197,7 @@ type RDMAStats struct {
 	StaleChecks       uint64 `json:"stale_checks"`   // checked reads whose body was gone
 	WorkRequests      uint64 `json:"work_requests"`  // posted
 	CompletionErrors  uint64 `json:"completion_err"` // completions with an error status
+	Discarded         uint64 `json:"discarded_qps"`  // QPs dropped after a cancelled call
 }
 
 // RDMA is the RDMA path of remote requests. Safe for concurrent use.
@@ -207,7 +219,9 @@ type RDMA struct {
 	stats struct {
 		exchanges, broken, retries, fallbacks, poolWaits, poolTimeouts atomic.Uint64
 		regBytes, registrations, fenced, stale, wrs, compErrs          atomic.Uint64
+		discarded                                                      atomic.Uint64
 	}
+	calls sync.WaitGroup // calls in move; Close waits for them
 }
 
 type rdmaSeg struct {
@@ -252,9 +266,14 @@ func NewRDMA(o RDMAOptions) (*RDMA, error) {
 	r.mu.logged = map[string]bool{}
 	r.mu.regMRs = map[*localRegion]struct{}{}
 	slots := int(o.PoolBytes / o.ChunkBytes)
-	mem := make([]byte, uint64(slots)*o.ChunkBytes) // Go memory does not move
+	// Mapped, not Go memory: the NIC keeps using it between calls.
+	mem, err := unix.Mmap(-1, 0, slots*int(o.ChunkBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("transfer: map the rdma bounce pool of %d B: %w", slots*int(o.ChunkBytes), err)
+	}
 	mr, err := o.Device.RegMR(mem, rdma.AccessLocalWrite)
 	if err != nil {
+		_ = unix.Munmap(mem)
 		return nil, fmt.Errorf("transfer: register the rdma bounce pool of %d B: %w", len(mem), err)
 	}
 	r.mu.poolReg = r.regs.add(addrOf(mem), uint64(len(mem)), mr)
@@ -352,15 +371,29 @@ func (r *RDMA) Stats() RDMAStats {
 		SegmentsRegistred: segs, PoolBytes: uint64(len(r.pool.mem)),
 		FencedWrites: r.stats.fenced.Load(), StaleChecks: r.stats.stale.Load(),
 		WorkRequests: r.stats.wrs.Load(), CompletionErrors: r.stats.compErrs.Load(),
+		Discarded: r.stats.discarded.Load(),
 	}
 }
 
-// Close ends every session and deregisters what the path registered;
-// client buffers must have been released. Calls in flight fail.
+// Close ends every session, waits for the calls in flight, and
+// deregisters what the path registered; client buffers must have been
+// released.
 func (r *RDMA) Close() error {
 	r.mu.Lock()
+	if r.mu.closed {
+		r.mu.Unlock()
+		return nil
+	}
 	r.mu.closed = true
 	peers := r.mu.peers
+	for _, p := range peers {
+		if s := p.sess.Load(); s != nil {
+			s.kill() // calls on it fail now; new ones see closed
+		}
+	}
+	r.mu.Unlock()
+	r.calls.Wait()
+	r.mu.Lock()
 	r.mu.peers = map[string]*rdmaPeer{}
 	served := r.mu.served
 	r.mu.served = map[string]*servedSession{}
@@ -368,12 +401,6 @@ func (r *RDMA) Close() error {
 	r.mu.segs = map[segment.ID]*rdmaSeg{}
 	left := len(r.mu.regMRs)
 	r.mu.Unlock()
-	for _, p := range peers {
-		if s := p.sess.Load(); s != nil {
-			s.kill()
-			s.drain()
-		}
-	}
 	for _, s := range served {
 		s.close()
 	}
@@ -383,7 +410,11 @@ func (r *RDMA) Close() error {
 	}
 	if r.mu.poolReg != nil {
 		r.regs.remove(r.mu.poolReg)
-		errs = append(errs, r.mu.poolReg.mr.Close())
+		if err := r.mu.poolReg.mr.Close(); err != nil {
+			errs = append(errs, err) // the NIC may still hold it: keep it mapped
+		} else {
+			errs = append(errs, unix.Munmap(r.pool.mem))
+		}
 	}
 	if left > 0 {
 		errs = append(errs, fmt.Errorf("transfer: rdma closed with %d client buffers registered", left))
@@ -507,7 +538,8 @@ type rdmaSession struct {
 	avail chan struct{} // one token per idle QP
 	dead  chan struct{} // closed by kill
 	used  int           // QPs out of idle
-	all   []*rdmaQP
+	live  int           // QPs not destroyed
+	log   func(format string, args ...any)
 }
 
 type rdmaQP struct {
@@ -530,6 +562,10 @@ func (s *rdmaSession) isDead() bool {
 func (s *rdmaSession) kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.killLocked()
+}
+
+func (s *rdmaSession) killLocked() {
 	select {
 	case <-s.dead:
 		return
@@ -537,61 +573,75 @@ func (s *rdmaSession) kill() {
 	}
 	close(s.dead)
 	for _, q := range s.idle {
-		q.qp.Close()
+		s.closeQP(q)
+		s.live--
 	}
 	s.idle = nil
 }
 
-// drain waits until no call uses a QP of the dead session.
-func (s *rdmaSession) drain() {
-	for {
-		s.mu.Lock()
-		n := s.used
-		s.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		time.Sleep(time.Millisecond)
+// closeQP destroys q. One that cannot be destroyed may still move the
+// bytes of its last call; nothing more can be done about it than say so.
+func (s *rdmaSession) closeQP(q *rdmaQP) {
+	if err := q.qp.Close(); err != nil {
+		s.log("transfer: rdma: destroy a QP: %v (its last buffer may still be written)", err)
 	}
 }
 
-func (s *rdmaSession) take(ctx context.Context) (*rdmaQP, error) {
-	for {
-		select {
-		case <-s.avail:
-		case <-s.dead:
-			return nil, errSessionDead
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		s.mu.Lock()
-		if len(s.idle) == 0 { // killed after the token was sent
-			s.mu.Unlock()
-			return nil, errSessionDead
-		}
-		q := s.idle[len(s.idle)-1]
-		s.idle = s.idle[:len(s.idle)-1]
-		s.used++
-		s.mu.Unlock()
-		return q, nil
+// take returns an idle QP, waiting until deadline (when set) at most.
+func (s *rdmaSession) take(ctx context.Context, deadline time.Time) (*rdmaQP, error) {
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
 	}
+	select {
+	case <-s.avail:
+	case <-s.dead:
+		return nil, errSessionDead
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-timeout:
+		return nil, errFenced
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.idle) == 0 { // killed after the token was sent
+		return nil, errSessionDead
+	}
+	q := s.idle[len(s.idle)-1]
+	s.idle = s.idle[:len(s.idle)-1]
+	s.used++
+	return q, nil
 }
 
+// give returns q after a call: to the idle ones, or destroyed when the
+// call broke it or the session ended. A session left without QPs ends.
 func (s *rdmaSession) give(q *rdmaQP, broken bool) {
 	s.mu.Lock()
 	s.used--
-	dead := s.isDead()
-	if !dead && !broken {
+	if !broken && !s.isDead() {
 		s.idle = append(s.idle, q)
 		s.mu.Unlock()
 		s.avail <- struct{}{}
 		return
 	}
+	s.closeQP(q)
+	s.live--
+	if s.live == 0 {
+		s.killLocked()
+	}
 	s.mu.Unlock()
-	q.qp.Close()
 }
 
-var errSessionDead = errors.New("transfer: rdma session ended")
+var (
+	errSessionDead  = errors.New("transfer: rdma session ended")
+	errStaleSession = errors.New("transfer: rdma session of an older incarnation")
+	errNoCommonPath = errors.New("transfer: no common RDMA transport")
+	// errFenced: the write could not start in time; TCP, where the owner
+	// decides, takes it.
+	errFenced = errors.New("transfer: rdma write too close to its reservation's end")
+)
 
 // session returns a live session with node, exchanging endpoints when
 // there is none; nil and no error when node is reached over TCP.
@@ -620,6 +670,9 @@ func (r *RDMA) session(ctx context.Context, node string) (*rdmaSession, error) {
 	}
 	s, err := r.exchange(ctx, node)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err() // the caller gave up: no verdict on the peer
+		}
 		// TCP is always correct: a peer without RDMA (ErrBadRequest) is
 		// asked again in a minute, any other failure in a few seconds.
 		wait := 5 * time.Second
@@ -630,11 +683,36 @@ func (r *RDMA) session(ctx context.Context, node string) (*rdmaSession, error) {
 		r.logOnce(node, "transfer: rdma to %s unavailable, using TCP: %v", node, err)
 		return nil, nil
 	}
-	p.sess.Store(s)
+	r.mu.Lock()
+	closed := r.mu.closed || r.mu.peers[node] != p
+	if !closed {
+		p.sess.Store(s)
+	}
+	r.mu.Unlock()
+	if closed { // Close or Forget ran meanwhile
+		s.kill()
+		return nil, ErrClosed
+	}
 	return s, nil
 }
 
-var errNoCommonPath = errors.New("transfer: no common RDMA transport")
+// Forget ends the sessions with node, both ways: it left the cluster.
+func (r *RDMA) Forget(node string) {
+	r.mu.Lock()
+	p := r.mu.peers[node]
+	delete(r.mu.peers, node)
+	served := r.mu.served[node]
+	delete(r.mu.served, node)
+	r.mu.Unlock()
+	if p != nil {
+		if s := p.sess.Load(); s != nil {
+			s.kill()
+		}
+	}
+	if served != nil {
+		served.close()
+	}
+}
 
 func (r *RDMA) logOnce(node, f string, a ...any) {
 	r.mu.Lock()
@@ -652,6 +730,7 @@ func (r *RDMA) hello(qps []*rdmaQP) *RDMAHello {
 	for _, q := range qps {
 		ep := q.qp.Endpoint()
 		h.QPs = append(h.QPs, RDMAQP{QPN: ep.QPN, PSN: ep.PSN})
+		h.Reads = ep.ReadDepth
 	}
 	return h
 }
@@ -660,7 +739,7 @@ func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) 
 	var qps []*rdmaQP
 	fail := func(err error) (*rdmaSession, error) {
 		for _, q := range qps {
-			q.qp.Close()
+			(&rdmaSession{log: r.opts.Log}).closeQP(q)
 		}
 		return nil, err
 	}
@@ -683,13 +762,13 @@ func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) 
 	}
 	info := r.opts.Device.Info()
 	for i, q := range qps {
-		ep := rdma.Endpoint{LID: h.LID, GID: h.GID, QPN: h.QPs[i].QPN, PSN: h.QPs[i].PSN, MTU: min(h.MTU, info.MTU)}
+		ep := rdma.Endpoint{LID: h.LID, GID: h.GID, QPN: h.QPs[i].QPN, PSN: h.QPs[i].PSN, MTU: min(h.MTU, info.MTU), ReadDepth: h.Reads}
 		if err := q.qp.Connect(ep); err != nil {
 			return fail(fmt.Errorf("transfer: rdma connect to %s: %w", node, err))
 		}
 	}
 	s := &rdmaSession{epoch: epoch, born: time.Now(), segs: map[segment.ID]RDMASegment{}, avail: make(chan struct{}, len(qps)),
-		dead: make(chan struct{}), idle: qps, all: qps}
+		dead: make(chan struct{}), idle: qps, live: len(qps), log: r.opts.Log}
 	for _, sg := range h.Segments {
 		s.segs[sg.ID] = sg
 	}
@@ -704,70 +783,94 @@ func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) 
 
 type servedSession struct {
 	qps []rdma.QP
+	log func(format string, args ...any)
 }
 
 func (s *servedSession) close() {
 	for _, q := range s.qps {
-		q.Close()
+		if err := q.Close(); err != nil {
+			s.log("transfer: rdma: destroy a served QP: %v", err)
+		}
 	}
 }
 
 // accept answers a peer's CtlRDMA: QPs connected to the peer's, and the
-// segment table. A peer's new exchange replaces its previous session.
+// segment table. A peer's new exchange replaces its previous session
+// (the peer set it up again: its old QPs are gone or broken).
 func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 	if err := h.validate(); err != nil {
 		return nil, err
 	}
+	if h.From == "" {
+		return nil, fmt.Errorf("%w: rdma hello names no node", ErrBadRequest)
+	}
+	r.mu.Lock()
+	full := r.mu.served[h.From] == nil && len(r.mu.served) >= maxRDMASessions
+	r.mu.Unlock()
+	if full {
+		return nil, fmt.Errorf("transfer: %d rdma peers connected: %w", maxRDMASessions, ErrNoSpace)
+	}
 	info := r.opts.Device.Info()
 	var qps []rdma.QP
 	fail := func(err error) (*RDMAHello, error) {
-		for _, q := range qps {
-			q.Close()
-		}
+		(&servedSession{qps: qps, log: r.opts.Log}).close()
 		return nil, err
 	}
+	var reads int
 	for _, rq := range h.QPs {
 		q, err := r.opts.Device.CreateQP(1)
 		if err != nil {
 			return fail(fmt.Errorf("transfer: rdma QP for %s: %w", h.From, err))
 		}
 		qps = append(qps, q)
-		ep := rdma.Endpoint{LID: h.LID, GID: h.GID, QPN: rq.QPN, PSN: rq.PSN, MTU: min(h.MTU, info.MTU)}
+		reads = q.Endpoint().ReadDepth
+		ep := rdma.Endpoint{LID: h.LID, GID: h.GID, QPN: rq.QPN, PSN: rq.PSN, MTU: min(h.MTU, info.MTU), ReadDepth: h.Reads}
 		if err := q.Connect(ep); err != nil {
 			return fail(fmt.Errorf("transfer: rdma connect to %s: %w", h.From, err))
 		}
 	}
-	out := &RDMAHello{Device: info.Name, LID: info.LID, GID: info.GID, MTU: info.MTU}
+	out := &RDMAHello{Device: info.Name, LID: info.LID, GID: info.GID, MTU: info.MTU, Reads: reads}
 	for _, q := range qps {
 		ep := q.Endpoint()
 		out.QPs = append(out.QPs, RDMAQP{QPN: ep.QPN, PSN: ep.PSN})
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.mu.closed {
+		r.mu.Unlock()
 		return fail(ErrClosed)
-	}
-	old := r.mu.served[h.From]
-	if old == nil && len(r.mu.served) >= maxRDMASessions {
-		return fail(fmt.Errorf("transfer: %d rdma peers connected: %w", len(r.mu.served), ErrNoSpace))
 	}
 	for _, s := range r.mu.segs {
 		out.Segments = append(out.Segments, s.RDMASegment)
 	}
-	sort.Slice(out.Segments, func(i, j int) bool { return out.Segments[i].ID < out.Segments[j].ID })
+	old := r.mu.served[h.From]
+	if old == nil && len(r.mu.served) >= maxRDMASessions {
+		r.mu.Unlock()
+		return fail(fmt.Errorf("transfer: %d rdma peers connected: %w", maxRDMASessions, ErrNoSpace))
+	}
+	r.mu.served[h.From] = &servedSession{qps: qps, log: r.opts.Log}
+	r.mu.Unlock()
 	if old != nil {
 		old.close()
 	}
-	r.mu.served[h.From] = &servedSession{qps: qps}
+	sort.Slice(out.Segments, func(i, j int) bool { return out.Segments[i].ID < out.Segments[j].ID })
 	return out, nil
 }
 
 // Requests.
 
 // move runs one request's bytes between local memory at address local
-// (registered under lkey) and the extent ext of req's node, on a live session; a failure of the session
-// is retried once on a new one.
+// (registered under lkey) and the extent ext of req's node, on a live
+// session; a failure of the session is retried once on a new one.
+// errNoCommonPath (nothing moved): the caller sends it over TCP.
 func (r *RDMA) move(ctx context.Context, req Request, ext segment.Extent, local uint64, lkey uint32) error {
+	r.mu.Lock()
+	if r.mu.closed {
+		r.mu.Unlock()
+		return ErrClosed
+	}
+	r.calls.Add(1)
+	r.mu.Unlock()
+	defer r.calls.Done()
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
 	since := time.Now()
@@ -796,16 +899,18 @@ func retryable(err error) bool {
 	return errors.As(err, &ce)
 }
 
-var errStaleSession = errors.New("transfer: rdma session of an older incarnation")
-
 func (r *RDMA) moveOn(ctx context.Context, since time.Time, s *rdmaSession, req Request, ext segment.Extent, local uint64, lkey uint32) error {
-	if req.Epoch != 0 && req.Epoch != s.epoch {
-		// Either the owner restarted since this session was set up (a
-		// new exchange finds it) or the request names a dead
-		// incarnation; a session set up during this call settles it.
-		if s.born.After(since) {
-			return fmt.Errorf("%w: extents of epoch %d, daemon at epoch %d", ErrStaleEpoch, req.Epoch, s.epoch)
-		}
+	switch {
+	case req.Epoch == 0 || req.Epoch == s.epoch:
+	case req.Epoch < s.epoch:
+		// Epochs are daemon start times: the request names an older
+		// incarnation than the one this session reaches.
+		return fmt.Errorf("%w: extents of epoch %d, daemon at epoch %d", ErrStaleEpoch, req.Epoch, s.epoch)
+	case s.born.After(since):
+		return fmt.Errorf("%w: extents of epoch %d, daemon at epoch %d", ErrStaleEpoch, req.Epoch, s.epoch)
+	default:
+		// The owner restarted after this session was set up: exchange
+		// again.
 		s.kill()
 		return errStaleSession
 	}
@@ -820,26 +925,42 @@ func (r *RDMA) moveOn(ctx context.Context, since time.Time, s *rdmaSession, req 
 	var deadline time.Time
 	if req.Op == Write {
 		op = rdma.OpWrite
-		if req.Resv == 0 {
-			return errNoCommonPath // the owner must check it: TCP
-		}
-		end, ok := r.opts.Control.leaseEnd(req.Node, s.epoch, req.Resv)
-		if !ok || time.Until(end) <= r.opts.LeaseMargin {
+		// Fenced by the reservation's lease as this writer knows it;
+		// what it cannot vouch for goes over TCP, where the owner checks.
+		end, ok := r.opts.Control.leaseEnd(req.Node, req.Epoch, req.Resv, ext)
+		if req.Resv == 0 || req.Epoch == 0 || !ok || time.Until(end) <= r.opts.LeaseMargin {
 			r.stats.fenced.Add(1)
-			return fmt.Errorf("reservation %d on %s: lease ends too soon for an RDMA write: %w", req.Resv, req.Node, ErrNotReserved)
+			return errNoCommonPath
 		}
 		deadline = end.Add(-r.opts.LeaseMargin)
 	}
-	q, err := s.take(ctx)
+	q, err := s.take(ctx, deadline)
+	if errors.Is(err, errFenced) {
+		r.stats.fenced.Add(1)
+		return errNoCommonPath // nothing was posted
+	}
 	if err != nil {
 		return err
 	}
-	broken, err := r.post(ctx, q, op, sg, ext, local, lkey, deadline)
-	if broken {
+	posted, broken, err := r.post(ctx, q, op, sg, ext, local, lkey, deadline)
+	switch {
+	case errors.Is(err, errFenced) && !posted:
+		s.give(q, false)
+		r.stats.fenced.Add(1)
+		return errNoCommonPath
+	case broken && ctx.Err() != nil:
+		// The caller gave up (or its time ran out) with work in flight:
+		// that QP goes, the session stays.
+		r.stats.discarded.Add(1)
+		s.give(q, true)
+	case broken:
 		r.stats.broken.Add(1)
+		s.give(q, true)
 		s.kill()
+		r.opts.Log("transfer: rdma session with %s ended (%v): the next call sets up a new one", req.Node, err)
+	default:
+		s.give(q, false)
 	}
-	s.give(q, broken)
 	if err != nil {
 		return err
 	}
@@ -850,13 +971,22 @@ func (r *RDMA) moveOn(ctx context.Context, since time.Time, s *rdmaSession, req 
 }
 
 // post moves the bytes in work requests of at most ChunkBytes, up to
-// Depth at a time, and waits for their completions; broken says the QP
-// must not be used again.
-func (r *RDMA) post(ctx context.Context, q *rdmaQP, op rdma.Opcode, sg RDMASegment, ext segment.Extent, base uint64, lkey uint32, deadline time.Time) (broken bool, err error) {
+// Depth at a time, and waits for their completions. posted says whether
+// any work request was posted; broken, that the QP must not be used
+// again. A write is posted only before deadline (when set) and must
+// complete by then.
+func (r *RDMA) post(ctx context.Context, q *rdmaQP, op rdma.Opcode, sg RDMASegment, ext segment.Extent, base uint64, lkey uint32, deadline time.Time) (posted, broken bool, err error) {
 	cb := r.opts.ChunkBytes
 	wrs := make([]rdma.WorkRequest, 0, min(uint64(r.opts.Depth), (ext.Len+cb-1)/cb))
 	sges := make([]rdma.SGE, cap(wrs))
 	for off := uint64(0); off < ext.Len; {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			if !posted {
+				return false, false, errFenced
+			}
+			r.stats.fenced.Add(1)
+			return true, true, fmt.Errorf("transfer: rdma write not done before its reservation's margin: %w", ErrNotReserved)
+		}
 		wrs = wrs[:0]
 		for ; off < ext.Len && len(wrs) < cap(wrs); off += cb {
 			n := min(cb, ext.Len-off)
@@ -866,14 +996,15 @@ func (r *RDMA) post(ctx context.Context, q *rdmaQP, op rdma.Opcode, sg RDMASegme
 				Remote: sg.Addr + ext.Off + off, RKey: sg.RKey})
 		}
 		if err := q.qp.Post(wrs); err != nil {
-			return true, fmt.Errorf("transfer: rdma post: %w", err)
+			return true, true, fmt.Errorf("transfer: rdma post: %w", err)
 		}
+		posted = true
 		r.stats.wrs.Add(uint64(len(wrs)))
 		if broken, err := r.await(ctx, q, wrs, deadline); err != nil {
-			return broken, err
+			return true, broken, err
 		}
 	}
-	return false, nil
+	return posted, false, nil
 }
 
 // await polls until every work request of wrs completed, the deadline
@@ -894,16 +1025,19 @@ func (r *RDMA) await(ctx context.Context, q *rdmaQP, wrs []rdma.WorkRequest, dea
 				first = &rdma.CompletionError{Completion: c}
 			}
 		}
-		if n > 0 {
-			spin = 0
-			continue
+		if left == 0 {
+			break
 		}
-		if !deadline.IsZero() && time.Now().After(deadline) {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
 			r.stats.fenced.Add(1)
-			return true, fmt.Errorf("transfer: rdma write not complete before its reservation's margin: %w", ErrNotReserved)
+			return true, fmt.Errorf("transfer: rdma write not done before its reservation's margin: %w", ErrNotReserved)
 		}
 		if err := ctx.Err(); err != nil {
 			return true, fmt.Errorf("transfer: rdma completion: %w", err)
+		}
+		if n > 0 {
+			spin = 0
+			continue
 		}
 		spin++
 		switch {

@@ -16,6 +16,9 @@ import (
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
 
+// rdmaEpoch is node b's incarnation (a daemon's start time in ns).
+const rdmaEpoch = 1_700_000_000_000_000_000
+
 // rdmaPair is node "a" (an engine with RDMA and TCP) and node "b" (a TCP
 // server with an RDMA path and its segments registered), on fake NICs.
 type rdmaPair struct {
@@ -47,7 +50,7 @@ func newRDMAPair(t *testing.T, o RDMAOptions) *rdmaPair {
 		t.Fatal(err)
 	}
 	p.owner = &fakeOwner{held: map[uint64][]segment.Extent{}, ttl: map[uint64]int64{}}
-	p.b = newTCPNode(t, testToken, 4<<20, TCPServerOptions{Bodies: bodyRule{body: segment.Extent{Segment: 1, Len: 1 << 20}, version: 5}})
+	p.b = newTCPNode(t, testToken, 4<<20, TCPServerOptions{Epoch: rdmaEpoch, Bodies: bodyRule{body: segment.Extent{Segment: 1, Len: 1 << 20}, version: 5}})
 	p.owner.tab = p.b.tab
 	// The owner's RDMA path needs a control transport of its own only
 	// as a client; this one reaches no one.
@@ -232,42 +235,90 @@ func TestRDMACheckedRead(t *testing.T) {
 	}
 }
 
-// TestRDMAFence: a write whose reservation is unknown to the writer, or
-// ends within the margin, is refused before anything is posted.
+// TestRDMAFence: a write the writer cannot vouch for (an unknown
+// reservation, an extent outside it, a lease that ends within the
+// margin, a reservation freed in part) goes over TCP, where the owner
+// checks it; nothing of it is posted to the NIC.
 func TestRDMAFence(t *testing.T) {
 	p := newRDMAPair(t, RDMAOptions{LeaseMargin: 10 * time.Second})
 	ctx := context.Background()
-	short := p.reserve(t, 4096, 5*time.Second)
+	short := p.reserve(t, 8192, 5*time.Second)
+	e := short.Extents[0]
 	src := randBytes(4096, 3)
-	before := append([]byte(nil), p.b.mem(t, short.Extents[0])...)
-	for _, w := range []Request{
-		{Op: Write, Buf: HostBuffer(src), Extent: short.Extents[0], Node: "b", Epoch: short.Epoch, Resv: short.ID},
-		{Op: Write, Buf: HostBuffer(src), Extent: short.Extents[0], Node: "b", Epoch: short.Epoch, Resv: 999},
+	in := segment.Extent{Segment: e.Segment, Off: e.Off, Len: 4096}
+	out := segment.Extent{Segment: e.Segment, Off: e.Off + 8192, Len: 4096}
+	for i, w := range []Request{
+		{Op: Write, Buf: HostBuffer(src), Extent: in, Node: "b", Epoch: short.Epoch, Resv: short.ID}, // lease too short
+		{Op: Write, Buf: HostBuffer(src), Extent: in, Node: "b", Epoch: short.Epoch, Resv: 999},      // unknown
+		{Op: Write, Buf: HostBuffer(src), Extent: in, Node: "b", Resv: short.ID},                     // no epoch
 	} {
-		if err := p.eng.Submit(ctx, []Request{w}); !errors.Is(err, ErrNotReserved) {
-			t.Fatalf("write into reservation %d: %v", w.Resv, err)
+		if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+			t.Fatalf("write %d: %v", i, err)
 		}
 	}
-	if !bytes.Equal(p.b.mem(t, short.Extents[0]), before) {
-		t.Fatal("a fenced write landed")
-	}
 	if fs := p.pa.Stats(); fs.Writes != 0 {
-		t.Fatalf("fenced writes posted: %+v", fs)
+		t.Fatalf("unvouched writes posted: %+v", fs)
 	}
-	// Renewed, the lease is long enough again.
+	if s := p.path(pathTCP); s.Written != 3*4096 {
+		t.Fatalf("tcp after three unvouched writes: %+v", s)
+	}
+	// Renewed, the lease is long enough: RDMA, inside the reservation only.
 	if err := p.c.Renew(ctx, "b", short.Epoch, short.ID, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	w := Request{Op: Write, Buf: HostBuffer(src), Extent: short.Extents[0], Node: "b", Epoch: short.Epoch, Resv: short.ID}
+	for _, x := range []segment.Extent{in, out} {
+		w := Request{Op: Write, Buf: HostBuffer(src), Extent: x, Node: "b", Epoch: short.Epoch, Resv: short.ID}
+		if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fs := p.pa.Stats(); fs.Writes != 1 {
+		t.Fatalf("writes posted after the renewal: %+v (want the one inside the reservation)", fs)
+	}
+	if !bytes.Equal(p.b.mem(t, in), src) || !bytes.Equal(p.b.mem(t, out), src) {
+		t.Fatal("writes did not land")
+	}
+	// Freed in part: forgotten.
+	if err := p.c.Free(ctx, "b", short.Epoch, short.ID, []segment.Extent{{Segment: e.Segment, Off: e.Off + 4096, Len: 4096}}); err != nil {
+		t.Fatal(err)
+	}
+	w := Request{Op: Write, Buf: HostBuffer(src), Extent: in, Node: "b", Epoch: short.Epoch, Resv: short.ID}
 	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
 		t.Fatal(err)
 	}
-	// Freed, it is gone.
-	if err := p.c.Free(ctx, "b", short.Epoch, short.ID, nil); err != nil {
+	if fs := p.pa.Stats(); fs.Writes != 1 {
+		t.Fatalf("a write into a partly freed reservation was posted: %+v", fs)
+	}
+}
+
+// TestRDMAFenceWhileWaiting: a write whose lease nears its end while it
+// waits for a QP is not posted late: it goes over TCP.
+func TestRDMAFenceWhileWaiting(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{QPsPerPeer: 1, LeaseMargin: time.Second, Timeout: 3 * time.Second})
+	ctx := context.Background()
+	dst := make([]byte, 4096)
+	rd := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b"}
+	if err := p.eng.Submit(ctx, []Request{rd}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.eng.Submit(ctx, []Request{w}); !errors.Is(err, ErrNotReserved) {
-		t.Fatalf("write into a freed reservation: %v", err)
+	r := p.reserve(t, 4096, 2500*time.Millisecond)
+	p.pa.Inject(rdmafake.FaultTimeout)
+	hung := make(chan error, 1)
+	go func() { hung <- p.eng.Submit(ctx, []Request{rd}) }() // holds the only QP
+	time.Sleep(100 * time.Millisecond)
+	src := randBytes(4096, 9)
+	w := Request{Op: Write, Buf: HostBuffer(src), Extent: r.Extents[0], Node: "b", Epoch: r.Epoch, Resv: r.ID}
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatal(err)
+	}
+	if fs := p.pa.Stats(); fs.Writes != 0 {
+		t.Fatalf("a write was posted after its fence: %+v", fs)
+	}
+	if !bytes.Equal(p.b.mem(t, r.Extents[0]), src) {
+		t.Fatal("the write did not land over TCP")
+	}
+	if err := <-hung; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the hung read: %v", err)
 	}
 }
 
@@ -304,7 +355,8 @@ func TestRDMABrokenSession(t *testing.T) {
 }
 
 // TestRDMACompletionTimeout: a completion that never comes fails the
-// call at its deadline, and the next call runs on a new session.
+// call at its deadline; that QP is dropped, the session and the other
+// QPs stay.
 func TestRDMACompletionTimeout(t *testing.T) {
 	p := newRDMAPair(t, RDMAOptions{Timeout: 300 * time.Millisecond})
 	ctx := context.Background()
@@ -320,8 +372,111 @@ func TestRDMACompletionTimeout(t *testing.T) {
 	if err := p.eng.Submit(ctx, []Request{rq}); err != nil {
 		t.Fatalf("read after the timeout: %v", err)
 	}
-	if st := p.ra.Stats(); st.Broken != 1 || st.Exchanges != 2 {
+	if st := p.ra.Stats(); st.Broken != 0 || st.Exchanges != 1 || st.Discarded != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestRDMACancelledCallers: callers that give up cost their QPs, not the
+// peer's session; when every QP is gone, the next call sets up a new one.
+func TestRDMACancelledCallers(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{QPsPerPeer: 2})
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b"}
+	if err := p.eng.Submit(context.Background(), []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		p.pa.Inject(rdmafake.FaultTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		err := p.eng.Submit(ctx, []Request{rq})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("cancelled read %d: %v", i, err)
+		}
+	}
+	if st := p.ra.Stats(); st.Discarded != 2 || st.Broken != 0 || st.Fallbacks != 0 {
+		t.Fatalf("after two cancelled reads: %+v", st)
+	}
+	if err := p.eng.Submit(context.Background(), []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.ra.Stats(); st.Exchanges != 2 || st.Fallbacks != 0 || st.Sessions != 1 {
+		t.Fatalf("after the next read: %+v", st)
+	}
+	if s := p.path(pathTCP); s.Requests != 0 {
+		t.Fatalf("reads went over TCP: %+v", s)
+	}
+}
+
+// TestRDMACloseWaits: Close waits for calls in flight, then releases
+// every QP and registration (the cleanup checks the MRs).
+func TestRDMACloseWaits(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{Timeout: 500 * time.Millisecond})
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b"}
+	if err := p.eng.Submit(context.Background(), []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	p.pa.Inject(rdmafake.FaultTimeout)
+	hung := make(chan error, 1)
+	go func() {
+		hung <- p.ra.move(context.Background(), rq, rq.Extent, addrOf(p.ra.pool.mem), p.ra.mu.poolReg.mr.LKey())
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if err := p.ra.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-hung:
+		if err == nil {
+			t.Fatal("a call cut off by Close succeeded")
+		}
+	default:
+		t.Fatal("Close returned with a call in flight")
+	}
+	if err := p.ra.move(context.Background(), rq, rq.Extent, 0, 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("call after Close: %v", err)
+	}
+}
+
+// TestRDMAManySegments: the hello of an owner with thousands of segments
+// fits its answer.
+func TestRDMAManySegments(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	for id := 2; id < maxRDMASegments; id++ {
+		if err := p.rb.RegisterSegment(segment.ID(id), make([]byte, 4096)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 1, Len: 4096}, Node: "b"}
+	if err := p.eng.Submit(context.Background(), []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	if s := p.path(pathRDMAStaged); s.Read != 4096 {
+		t.Fatalf("read with %d segments on the owner: %+v, rdma %+v", maxRDMASegments, p.eng.Stats().Paths, p.ra.Stats())
+	}
+}
+
+// TestRDMAForget: a node that left is forgotten both ways.
+func TestRDMAForget(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	dst := make([]byte, 4096)
+	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b"}
+	if err := p.eng.Submit(context.Background(), []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	p.ra.Forget("b")
+	p.rb.Forget("a")
+	if a, b := p.ra.Stats(), p.rb.Stats(); a.Sessions != 0 || b.Served != 0 {
+		t.Fatalf("after Forget: %+v / %+v", a, b)
+	}
+	if err := p.eng.Submit(context.Background(), []Request{rq}); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := p.ra.Stats(), p.rb.Stats(); a.Exchanges != 2 || b.Served != 1 {
+		t.Fatalf("after the next read: %+v / %+v", a, b)
 	}
 }
 
@@ -382,8 +537,24 @@ func TestRDMAStaleEpoch(t *testing.T) {
 	ctx := context.Background()
 	dst := make([]byte, 4096)
 	rq := Request{Op: Read, Buf: HostBuffer(dst), Extent: segment.Extent{Segment: 0, Len: 4096}, Node: "b", Epoch: 12345}
+	for range 3 {
+		if err := p.eng.Submit(ctx, []Request{rq}); !errors.Is(err, ErrStaleEpoch) {
+			t.Fatalf("read of a dead incarnation's extent: %v", err)
+		}
+	}
+	// A request naming an older incarnation leaves the live session be;
+	// nothing went over TCP.
+	if st := p.ra.Stats(); st.Exchanges != 1 || st.Sessions != 1 || st.Fallbacks != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	// One naming a newer one than the session's (the owner restarted
+	// since) makes a fresh exchange, whose epoch settles it.
+	rq.Epoch = ^uint64(0)
 	if err := p.eng.Submit(ctx, []Request{rq}); !errors.Is(err, ErrStaleEpoch) {
-		t.Fatalf("read of a dead incarnation's extent: %v", err)
+		t.Fatalf("read of a later incarnation's extent: %v", err)
+	}
+	if st := p.ra.Stats(); st.Exchanges != 2 || st.Fallbacks != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 
@@ -434,6 +605,9 @@ func TestRDMAConcurrent(t *testing.T) {
 	}
 	if !bytes.Equal(p.b.mem(t, r.Extents[0]), src) {
 		t.Fatal("bytes differ")
+	}
+	if s := p.path(pathRDMADirect); s.Written != 1<<20 || s.Requests != 64 {
+		t.Fatalf("rdma-direct %+v", s)
 	}
 }
 

@@ -263,6 +263,9 @@ func (c *cluster) repairLoop(ctx context.Context) {
 			c.mu.Unlock()
 			if ev.Type == etcdindex.Left {
 				c.d.log.WithField("node", ev.Node.Name).Warn("node left the cluster")
+				if rd := c.d.rdma; rd != nil && rd.path != nil {
+					rd.path.Forget(ev.Node.Name) // its queue pairs, both ways
+				}
 			}
 		case <-t.C:
 		}

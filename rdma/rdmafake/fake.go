@@ -322,7 +322,7 @@ type qp struct {
 }
 
 func (q *qp) Endpoint() rdma.Endpoint {
-	return rdma.Endpoint{LID: q.d.info.LID, GID: q.d.info.GID, QPN: q.qpn, PSN: q.psn, MTU: q.d.info.MTU}
+	return rdma.Endpoint{LID: q.d.info.LID, GID: q.d.info.GID, QPN: q.qpn, PSN: q.psn, MTU: q.d.info.MTU, ReadDepth: 16}
 }
 
 func (q *qp) State() rdma.QPState {
@@ -363,19 +363,24 @@ func (q *qp) Post(wrs []rdma.WorkRequest) error {
 		return rdma.ErrClosed
 	case q.mu.state < rdma.QPRTS:
 		return fmt.Errorf("rdmafake: post on QP %#x in state %v (EINVAL)", q.qpn, q.mu.state)
-	case q.mu.pending+len(wrs) > q.depth:
-		return fmt.Errorf("rdmafake: post of %d on QP %#x with %d of %d outstanding (ENOMEM)", len(wrs), q.qpn, q.mu.pending, q.depth)
 	}
-	for _, w := range wrs {
+	// As a NIC: the requests that fit are queued, the first that does
+	// not fails the call.
+	var err error
+	for i, w := range wrs {
+		if q.mu.pending >= q.depth {
+			err = fmt.Errorf("rdmafake: work request %d of %d on QP %#x: %d of %d outstanding (ENOMEM)", i, len(wrs), q.qpn, q.mu.pending, q.depth)
+			break
+		}
 		w.Local = append([]rdma.SGE(nil), w.Local...)
 		q.mu.queue = append(q.mu.queue, w)
+		q.mu.pending++
 	}
-	q.mu.pending += len(wrs)
 	select {
 	case q.wake <- struct{}{}:
 	default:
 	}
-	return nil
+	return err
 }
 
 func (q *qp) Poll(out []rdma.Completion) (int, error) {

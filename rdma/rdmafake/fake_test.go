@@ -293,7 +293,11 @@ func TestOrderAcrossQPs(t *testing.T) {
 	if !bytes.Equal(src, dst) {
 		t.Fatal("bytes differ")
 	}
+	// Beyond the depth: the ones that fit are queued, the call fails.
 	if err := p.qa.Post(append(wrs, wrs[0])); err == nil {
 		t.Fatal("post beyond the QP's depth succeeded")
+	}
+	if cs := wait(t, p.qa, 16); cs[15].Status != rdma.StatusSuccess {
+		t.Fatalf("the queued part: %+v", cs[15])
 	}
 }
