@@ -481,50 +481,43 @@ func (q *qp) complete(w rdma.WorkRequest, st rdma.Status) {
 	q.mu.Unlock()
 }
 
-// gather copies the local SGEs' bytes out (for a WRITE), or checks them
-// (for a READ: the target needs LOCAL_WRITE). It returns a local error
-// status, or success.
-func (q *qp) gather(w rdma.WorkRequest, out []byte) rdma.Status {
+// local walks the request's SGEs through the requester's MRs, as the NIC
+// checks them (lkey, bounds, LOCAL_WRITE for memory a READ writes), and
+// calls f with each SGE's bytes under the table's lock; a failed check
+// is the local protection error.
+func (q *qp) local(w rdma.WorkRequest, f func(b []byte)) rdma.Status {
 	d := q.d
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	off := 0
 	for _, s := range w.Local {
 		m := d.mrs[s.LKey]
 		if m == nil {
 			return rdma.StatusLocProtErr
 		}
 		b, ok := m.span(s.Addr, uint64(s.Len))
-		if !ok {
+		if !ok || w.Op == rdma.OpRead && m.access&rdma.AccessLocalWrite == 0 {
 			return rdma.StatusLocProtErr
 		}
-		if w.Op == rdma.OpRead && m.access&rdma.AccessLocalWrite == 0 {
-			return rdma.StatusLocProtErr
-		}
-		if out != nil {
-			off += copy(out[off:], b)
+		if f != nil {
+			f(b)
 		}
 	}
 	return rdma.StatusSuccess
 }
 
-func (q *qp) scatter(w rdma.WorkRequest, in []byte) rdma.Status {
-	d := q.d
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	off := 0
-	for _, s := range w.Local {
-		m := d.mrs[s.LKey]
-		if m == nil {
-			return rdma.StatusLocProtErr
-		}
-		b, ok := m.span(s.Addr, uint64(s.Len))
-		if !ok || m.access&rdma.AccessLocalWrite == 0 {
-			return rdma.StatusLocProtErr
-		}
-		off += copy(b, in[off:])
+// gather copies a WRITE's local bytes into out (nil: checks only).
+func (q *qp) gather(w rdma.WorkRequest, out []byte) rdma.Status {
+	if out == nil {
+		return q.local(w, nil)
 	}
-	return rdma.StatusSuccess
+	off := 0
+	return q.local(w, func(b []byte) { off += copy(out[off:], b) })
+}
+
+// scatter copies a READ's answer into its local SGEs.
+func (q *qp) scatter(w rdma.WorkRequest, in []byte) rdma.Status {
+	off := 0
+	return q.local(w, func(b []byte) { off += copy(b, in[off:]) })
 }
 
 // Wire frames between fake devices (little-endian):

@@ -508,7 +508,8 @@ func ipcLatency() {
 	}
 }
 
-func ipcChild(hexHandle string) {
+// openHandle opens the IPC handle in hex on device 0, or exits.
+func openHandle(hexHandle string) (*cuda.Context, cuda.DevicePtr) {
 	var h [64]byte
 	b, err := hex.DecodeString(hexHandle)
 	if err != nil || len(b) != len(h) {
@@ -526,6 +527,11 @@ func ipcChild(hexHandle string) {
 		fmt.Println("ipc open:", err)
 		os.Exit(1)
 	}
+	return ctx, p
+}
+
+func ipcChild(hexHandle string) {
+	ctx, p := openHandle(hexHandle)
 	own, _ := ctx.MemAlloc(64 << 20)
 	host, _ := syscall.Mmap(-1, 0, 64<<20, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
 	for i := 0; i < len(host); i += 4096 {
@@ -577,23 +583,7 @@ func dmabuf() {
 }
 
 func dmabufChild(hexHandle string) {
-	var h [64]byte
-	b, err := hex.DecodeString(hexHandle)
-	if err != nil || len(b) != len(h) {
-		fmt.Println("bad handle:", err)
-		os.Exit(1)
-	}
-	copy(h[:], b)
-	ctx, err := cuda.Retain(0)
-	if err != nil {
-		fmt.Println(err)
-		os.Exit(1)
-	}
-	p, err := ctx.IpcOpen(h)
-	if err != nil {
-		fmt.Println("ipc open:", err)
-		os.Exit(1)
-	}
+	ctx, p := openHandle(hexHandle)
 	fd, err := ctx.ExportDmabuf(p, 64<<20)
 	fmt.Printf("dma-buf of an IPC-opened allocation: fd %d, %v\n", fd, err)
 	if fd >= 0 {
