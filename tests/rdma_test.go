@@ -22,10 +22,10 @@ type rdmaStatus struct {
 		} `json:"Paths"`
 	} `json:"transfer"`
 	RDMA struct {
-		State  string `json:"state"`
-		Reason string `json:"reason"`
-		Device string `json:"device"`
-		Stats  *struct {
+		State   string   `json:"state"`
+		Reason  string   `json:"reason"`
+		Devices []string `json:"devices"`
+		Stats   *struct {
 			Sessions  int    `json:"sessions"`
 			Served    int    `json:"served"`
 			Exchanges uint64 `json:"exchanges"`

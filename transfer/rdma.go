@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -66,8 +67,15 @@ import (
 
 // RDMAOptions configures an RDMA path.
 type RDMAOptions struct {
-	// Device is the opened device. Required.
-	Device rdma.Device
+	// Devices are the opened devices, one per rail: the device of index
+	// i talks to the peers' device i (or their first when they have
+	// fewer). The first is the default, for host memory: the one
+	// nearest the segments. Required.
+	Devices []rdma.Device
+	// NearGPU maps a CUDA device ordinal to the index in Devices of the
+	// device nearest that GPU, which moves its memory (GPUDirect RDMA).
+	// GPUs not in it use the first device.
+	NearGPU map[int]int
 	// Control carries the endpoint exchange and the checks. Required.
 	Control *TCPTransport
 	// Self names this node to the owners (one session per node).
@@ -101,8 +109,13 @@ func DefaultRDMAOptions() RDMAOptions {
 // Validate reports every bad field at once.
 func (o RDMAOptions) Validate() error {
 	var errs []error
-	if o.Device == nil {
-		errs = append(errs, errors.New("transfer: RDMAOptions.Device is required"))
+	if len(o.Devices) == 0 || slices.Contains(o.Devices, nil) {
+		errs = append(errs, errors.New("transfer: RDMAOptions.Devices is required, without nil entries"))
+	}
+	for g, i := range o.NearGPU {
+		if i < 0 || i >= len(o.Devices) {
+			errs = append(errs, fmt.Errorf("transfer: RDMAOptions.NearGPU[%d] = %d: no such device", g, i))
+		}
 	}
 	if o.Control == nil {
 		errs = append(errs, errors.New("transfer: RDMAOptions.Control is required"))
@@ -132,6 +145,7 @@ const (
 	maxRDMAQPs      = 16
 	maxRDMASessions = 1024 // owner side: peers served at once
 	maxRDMASegments = 4096 // in one hello; about 300 KiB of JSON
+	maxRDMARails    = 64
 	pathRDMADirect  = Path("rdma-direct")
 	pathRDMAStaged  = Path("rdma-staged")
 )
@@ -147,6 +161,7 @@ type RDMAHello struct {
 	GID      rdma.GID      `json:"gid"`
 	MTU      int           `json:"mtu"`
 	Reads    int           `json:"reads,omitempty"` // RDMA READs served in flight per QP
+	Rail     int           `json:"rail,omitempty"`  // the device index the caller uses
 	QPs      []RDMAQP      `json:"qps"`
 	Segments []RDMASegment `json:"segments,omitempty"`
 }
@@ -167,7 +182,7 @@ type RDMASegment struct {
 
 func (h *RDMAHello) validate() error {
 	if h == nil || len(h.QPs) == 0 || len(h.QPs) > maxRDMAQPs || h.GID == (rdma.GID{}) || len(h.Segments) > maxRDMASegments ||
-		h.Reads < 0 || h.Reads > 1<<16 {
+		h.Reads < 0 || h.Reads > 1<<16 || h.Rail < 0 || h.Rail >= maxRDMARails {
 		return fmt.Errorf("%w: rdma hello", ErrBadRequest)
 	}
 	for _, q := range h.QPs {
@@ -180,24 +195,24 @@ func (h *RDMAHello) validate() error {
 
 // RDMAStats are the RDMA path's counters.
 type RDMAStats struct {
-	Device            string `json:"device"`
-	Sessions          int    `json:"sessions"`       // peers connected as client
-	Served            int    `json:"served"`         // peers connected to this node
-	Exchanges         uint64 `json:"exchanges"`      // sessions set up as client
-	Broken            uint64 `json:"broken"`         // sessions ended by a failure
-	Retries           uint64 `json:"retries"`        // requests retried on a new session
-	Fallbacks         uint64 `json:"fallbacks"`      // calls sent over TCP instead
-	PoolWaits         uint64 `json:"pool_waits"`     // stagings that waited for a buffer
-	PoolTimeouts      uint64 `json:"pool_timeouts"`  // and gave up
-	RegisteredBytes   uint64 `json:"registered_b"`   // client buffers and GPU memory registered now
-	Registrations     uint64 `json:"registrations"`  // client buffer MRs made
-	SegmentsRegistred int    `json:"segments"`       // segments registered
-	PoolBytes         uint64 `json:"pool_bytes"`     // bounce pool
-	FencedWrites      uint64 `json:"fenced_writes"`  // writes refused: reservation too close to its end
-	StaleChecks       uint64 `json:"stale_checks"`   // checked reads whose body was gone
-	WorkRequests      uint64 `json:"work_requests"`  // posted
-	CompletionErrors  uint64 `json:"completion_err"` // completions with an error status
-	Discarded         uint64 `json:"discarded_qps"`  // QPs dropped after a cancelled call
+	Devices           []string `json:"devices"`
+	Sessions          int      `json:"sessions"`       // peers connected as client
+	Served            int      `json:"served"`         // peers connected to this node
+	Exchanges         uint64   `json:"exchanges"`      // sessions set up as client
+	Broken            uint64   `json:"broken"`         // sessions ended by a failure
+	Retries           uint64   `json:"retries"`        // requests retried on a new session
+	Fallbacks         uint64   `json:"fallbacks"`      // calls sent over TCP instead
+	PoolWaits         uint64   `json:"pool_waits"`     // stagings that waited for a buffer
+	PoolTimeouts      uint64   `json:"pool_timeouts"`  // and gave up
+	RegisteredBytes   uint64   `json:"registered_b"`   // client buffers and GPU memory registered now
+	Registrations     uint64   `json:"registrations"`  // client buffer MRs made
+	SegmentsRegistred int      `json:"segments"`       // segments registered
+	PoolBytes         uint64   `json:"pool_bytes"`     // bounce pool
+	FencedWrites      uint64   `json:"fenced_writes"`  // writes refused: reservation too close to its end
+	StaleChecks       uint64   `json:"stale_checks"`   // checked reads whose body was gone
+	WorkRequests      uint64   `json:"work_requests"`  // posted
+	CompletionErrors  uint64   `json:"completion_err"` // completions with an error status
+	Discarded         uint64   `json:"discarded_qps"`  // QPs dropped after a cancelled call
 }
 
 // RDMA is the RDMA path of remote requests. Safe for concurrent use.
@@ -208,9 +223,9 @@ type RDMA struct {
 	pool    *stagePool
 	mu      struct {
 		sync.Mutex
-		peers   map[string]*rdmaPeer
+		peers   map[railKey]*rdmaPeer
 		segs    map[segment.ID]*rdmaSeg
-		served  map[string]*servedSession
+		served  map[railKey]*servedSession
 		closed  bool
 		logged  map[string]bool
 		regMRs  map[*localRegion]struct{}
@@ -224,9 +239,38 @@ type RDMA struct {
 	calls sync.WaitGroup // calls in move; Close waits for them
 }
 
+// railKey names a peer on one rail.
+type railKey struct {
+	node string
+	rail int
+}
+
+// rdmaSeg is a segment registered on every device.
 type rdmaSeg struct {
-	RDMASegment
-	mr rdma.MR
+	id  segment.ID
+	mrs []rdma.MR // by device
+}
+
+func (s *rdmaSeg) on(d int) RDMASegment {
+	m := s.mrs[d]
+	return RDMASegment{ID: s.id, Addr: m.Addr(), Len: m.Len(), RKey: m.RKey()}
+}
+
+// regAll registers with every device (reg gives one device's MR); on a
+// failure what was registered is released.
+func (r *RDMA) regAll(reg func(d rdma.Device) (rdma.MR, error)) ([]rdma.MR, error) {
+	mrs := make([]rdma.MR, 0, len(r.opts.Devices))
+	for _, d := range r.opts.Devices {
+		m, err := reg(d)
+		if err != nil {
+			for _, m := range mrs {
+				m.Close()
+			}
+			return nil, fmt.Errorf("%s: %w", d.Info().Name, err)
+		}
+		mrs = append(mrs, m)
+	}
+	return mrs, nil
 }
 
 // NewRDMA registers the bounce pool and returns the path.
@@ -260,9 +304,9 @@ func NewRDMA(o RDMAOptions) (*RDMA, error) {
 		o.Log = func(string, ...any) {}
 	}
 	r := &RDMA{opts: o}
-	r.mu.peers = map[string]*rdmaPeer{}
+	r.mu.peers = map[railKey]*rdmaPeer{}
 	r.mu.segs = map[segment.ID]*rdmaSeg{}
-	r.mu.served = map[string]*servedSession{}
+	r.mu.served = map[railKey]*servedSession{}
 	r.mu.logged = map[string]bool{}
 	r.mu.regMRs = map[*localRegion]struct{}{}
 	slots := int(o.PoolBytes / o.ChunkBytes)
@@ -271,32 +315,52 @@ func NewRDMA(o RDMAOptions) (*RDMA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer: map the rdma bounce pool of %d B: %w", slots*int(o.ChunkBytes), err)
 	}
-	mr, err := o.Device.RegMR(mem, rdma.AccessLocalWrite)
+	mrs, err := r.regAll(func(d rdma.Device) (rdma.MR, error) { return d.RegMR(mem, rdma.AccessLocalWrite) })
 	if err != nil {
 		_ = unix.Munmap(mem)
 		return nil, fmt.Errorf("transfer: register the rdma bounce pool of %d B: %w", len(mem), err)
 	}
-	r.mu.poolReg = r.regs.add(addrOf(mem), uint64(len(mem)), mr)
+	r.mu.poolReg = r.regs.add(addrOf(mem), uint64(len(mem)), mrs)
 	r.pool = newStagePool(mem, slots, int(o.ChunkBytes))
 	return r, nil
 }
 
-// Device names the device the path uses.
-func (r *RDMA) Device() string { return r.opts.Device.Info().Name }
+// Devices names the devices the path uses, the default first.
+func (r *RDMA) Devices() []string {
+	var out []string
+	for _, d := range r.opts.Devices {
+		out = append(out, d.Info().Name)
+	}
+	return out
+}
+
+// deviceFor returns the index of the device that moves buf's memory.
+func (r *RDMA) deviceFor(b Buffer) int {
+	if b.Kind == CUDA && b.Ctx != nil {
+		if i, ok := r.opts.NearGPU[b.Ctx.Ordinal()]; ok {
+			return i
+		}
+	}
+	return 0
+}
 
 // RegisterSegment registers segment id's memory for remote access; owners
 // hand its rkey to the peers that connect.
 func (r *RDMA) RegisterSegment(id segment.ID, mem []byte) error {
-	mr, err := r.opts.Device.RegMR(mem, rdma.AccessLocalWrite|rdma.AccessRemoteRead|rdma.AccessRemoteWrite)
+	mrs, err := r.regAll(func(d rdma.Device) (rdma.MR, error) {
+		return d.RegMR(mem, rdma.AccessLocalWrite|rdma.AccessRemoteRead|rdma.AccessRemoteWrite)
+	})
 	if err != nil {
 		return fmt.Errorf("transfer: rdma register segment %d (%d B): %w", id, len(mem), err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if old := r.mu.segs[id]; old != nil {
-		old.mr.Close()
+		for _, m := range old.mrs {
+			m.Close()
+		}
 	}
-	r.mu.segs[id] = &rdmaSeg{RDMASegment{ID: id, Addr: mr.Addr(), Len: mr.Len(), RKey: mr.RKey()}, mr}
+	r.mu.segs[id] = &rdmaSeg{id: id, mrs: mrs}
 	return nil
 }
 
@@ -306,11 +370,11 @@ func (r *RDMA) Register(mem []byte) (release func(), err error) {
 	if len(mem) == 0 {
 		return nil, fmt.Errorf("transfer: rdma register 0 B: %w", ErrBadRequest)
 	}
-	mr, err := r.opts.Device.RegMR(mem, rdma.AccessLocalWrite)
+	mrs, err := r.regAll(func(d rdma.Device) (rdma.MR, error) { return d.RegMR(mem, rdma.AccessLocalWrite) })
 	if err != nil {
 		return nil, fmt.Errorf("transfer: rdma register %d B: %w", len(mem), err)
 	}
-	return r.keep(&r.regs, addrOf(mem), uint64(len(mem)), mr), nil
+	return r.keep(&r.regs, addrOf(mem), uint64(len(mem)), mrs), nil
 }
 
 // RegisterDevice registers n bytes of GPU memory at device address dev,
@@ -322,16 +386,16 @@ func (r *RDMA) RegisterDevice(fd int, dev, n uint64) (release func(), err error)
 	if n == 0 || dev+n < dev {
 		return nil, fmt.Errorf("transfer: rdma register device range %#x+%d: %w", dev, n, ErrBadRequest)
 	}
-	mr, err := r.opts.Device.RegDmabufMR(fd, 0, n, dev, rdma.AccessLocalWrite)
+	mrs, err := r.regAll(func(d rdma.Device) (rdma.MR, error) { return d.RegDmabufMR(fd, 0, n, dev, rdma.AccessLocalWrite) })
 	if err != nil {
 		return nil, fmt.Errorf("transfer: rdma register %d B of GPU memory: %w", n, err)
 	}
-	return r.keep(&r.gpuRegs, dev, n, mr), nil
+	return r.keep(&r.gpuRegs, dev, n, mrs), nil
 }
 
-// keep enters mr into t and returns its release.
-func (r *RDMA) keep(t *regions, start, n uint64, mr rdma.MR) func() {
-	lr := t.add(start, n, mr)
+// keep enters mrs into t and returns its release.
+func (r *RDMA) keep(t *regions, start, n uint64, mrs []rdma.MR) func() {
+	lr := t.add(start, n, mrs)
 	r.mu.Lock()
 	r.mu.regMRs[lr] = struct{}{}
 	r.mu.Unlock()
@@ -345,8 +409,10 @@ func (r *RDMA) keep(t *regions, start, n uint64, mr rdma.MR) func() {
 			delete(r.mu.regMRs, lr)
 			r.mu.Unlock()
 			r.stats.regBytes.Add(^(n - 1))
-			if err := mr.Close(); err != nil {
-				r.opts.Log("transfer: rdma deregister %d B: %v", n, err)
+			for _, m := range mrs {
+				if err := m.Close(); err != nil {
+					r.opts.Log("transfer: rdma deregister %d B: %v", n, err)
+				}
 			}
 		})
 	}
@@ -364,7 +430,7 @@ func (r *RDMA) Stats() RDMAStats {
 	served, segs := len(r.mu.served), len(r.mu.segs)
 	r.mu.Unlock()
 	return RDMAStats{
-		Device: r.Device(), Sessions: sessions, Served: served,
+		Devices: r.Devices(), Sessions: sessions, Served: served,
 		Exchanges: r.stats.exchanges.Load(), Broken: r.stats.broken.Load(), Retries: r.stats.retries.Load(),
 		Fallbacks: r.stats.fallbacks.Load(), PoolWaits: r.stats.poolWaits.Load(), PoolTimeouts: r.stats.poolTimeouts.Load(),
 		RegisteredBytes: r.stats.regBytes.Load(), Registrations: r.stats.registrations.Load(),
@@ -394,9 +460,9 @@ func (r *RDMA) Close() error {
 	r.mu.Unlock()
 	r.calls.Wait()
 	r.mu.Lock()
-	r.mu.peers = map[string]*rdmaPeer{}
+	r.mu.peers = map[railKey]*rdmaPeer{}
 	served := r.mu.served
-	r.mu.served = map[string]*servedSession{}
+	r.mu.served = map[railKey]*servedSession{}
 	segs := r.mu.segs
 	r.mu.segs = map[segment.ID]*rdmaSeg{}
 	left := len(r.mu.regMRs)
@@ -406,13 +472,20 @@ func (r *RDMA) Close() error {
 	}
 	var errs []error
 	for _, s := range segs {
-		errs = append(errs, s.mr.Close())
+		for _, m := range s.mrs {
+			errs = append(errs, m.Close())
+		}
 	}
 	if r.mu.poolReg != nil {
 		r.regs.remove(r.mu.poolReg)
-		if err := r.mu.poolReg.mr.Close(); err != nil {
-			errs = append(errs, err) // the NIC may still hold it: keep it mapped
-		} else {
+		held := false
+		for _, m := range r.mu.poolReg.mrs {
+			if err := m.Close(); err != nil {
+				errs = append(errs, err)
+				held = true // the NIC may still hold it: keep it mapped
+			}
+		}
+		if !held {
 			errs = append(errs, unix.Munmap(r.pool.mem))
 		}
 	}
@@ -431,13 +504,13 @@ type regions struct {
 
 type localRegion struct {
 	start, end uint64
-	mr         rdma.MR
+	mrs        []rdma.MR // by device
 }
 
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
 
-func (t *regions) add(start, n uint64, mr rdma.MR) *localRegion {
-	lr := &localRegion{start: start, end: start + n, mr: mr}
+func (t *regions) add(start, n uint64, mrs []rdma.MR) *localRegion {
+	lr := &localRegion{start: start, end: start + n, mrs: mrs}
 	t.mu.Lock()
 	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].start >= lr.start })
 	t.list = append(t.list, nil)
@@ -458,8 +531,8 @@ func (t *regions) remove(lr *localRegion) {
 	t.mu.Unlock()
 }
 
-// lookup returns the lkey of a region that holds all of [a, a+n).
-func (t *regions) lookup(a, n uint64) (uint32, bool) {
+// lookup returns device d's lkey of a region that holds all of [a, a+n).
+func (t *regions) lookup(a, n uint64, d int) (uint32, bool) {
 	if n == 0 || a+n < a {
 		return 0, false
 	}
@@ -470,7 +543,7 @@ func (t *regions) lookup(a, n uint64) (uint32, bool) {
 	// Regions may overlap (one buffer registered twice): look back.
 	for j := i - 1; j >= 0; j-- {
 		if r := t.list[j]; r.start <= a && e <= r.end {
-			return r.mr.LKey(), true
+			return r.mrs[d].LKey(), true
 		}
 	}
 	return 0, false
@@ -478,7 +551,7 @@ func (t *regions) lookup(a, n uint64) (uint32, bool) {
 
 // Registered reports whether b lies in memory registered with the device.
 func (r *RDMA) Registered(b []byte) bool {
-	_, ok := r.regs.lookup(addrOf(b), uint64(len(b)))
+	_, ok := r.regs.lookup(addrOf(b), uint64(len(b)), 0)
 	return ok
 }
 
@@ -523,7 +596,7 @@ func (r *RDMA) stage(ctx context.Context, n int) ([]byte, func(), error) {
 // The client side: sessions with peers.
 
 type rdmaPeer struct {
-	node   string
+	key    railKey
 	mu     sync.Mutex // serializes exchanges
 	sess   atomic.Pointer[rdmaSession]
 	noRDMA time.Time // until then, the peer is reached over TCP
@@ -645,16 +718,17 @@ var (
 
 // session returns a live session with node, exchanging endpoints when
 // there is none; nil and no error when node is reached over TCP.
-func (r *RDMA) session(ctx context.Context, node string) (*rdmaSession, error) {
+func (r *RDMA) session(ctx context.Context, node string, d int) (*rdmaSession, error) {
+	k := railKey{node, d}
 	r.mu.Lock()
 	if r.mu.closed {
 		r.mu.Unlock()
 		return nil, ErrClosed
 	}
-	p := r.mu.peers[node]
+	p := r.mu.peers[k]
 	if p == nil {
-		p = &rdmaPeer{node: node}
-		r.mu.peers[node] = p
+		p = &rdmaPeer{key: k}
+		r.mu.peers[k] = p
 	}
 	r.mu.Unlock()
 	if s := p.sess.Load(); s != nil && !s.isDead() {
@@ -668,7 +742,7 @@ func (r *RDMA) session(ctx context.Context, node string) (*rdmaSession, error) {
 	if time.Now().Before(p.noRDMA) {
 		return nil, nil
 	}
-	s, err := r.exchange(ctx, node)
+	s, err := r.exchange(ctx, node, d)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err() // the caller gave up: no verdict on the peer
@@ -684,7 +758,7 @@ func (r *RDMA) session(ctx context.Context, node string) (*rdmaSession, error) {
 		return nil, nil
 	}
 	r.mu.Lock()
-	closed := r.mu.closed || r.mu.peers[node] != p
+	closed := r.mu.closed || r.mu.peers[k] != p
 	if !closed {
 		p.sess.Store(s)
 	}
@@ -696,21 +770,32 @@ func (r *RDMA) session(ctx context.Context, node string) (*rdmaSession, error) {
 	return s, nil
 }
 
-// Forget ends the sessions with node, both ways: it left the cluster.
+// Forget ends the sessions with node, both ways, on every rail: it left
+// the cluster.
 func (r *RDMA) Forget(node string) {
+	var sessions []*rdmaSession
+	var served []*servedSession
 	r.mu.Lock()
-	p := r.mu.peers[node]
-	delete(r.mu.peers, node)
-	served := r.mu.served[node]
-	delete(r.mu.served, node)
-	r.mu.Unlock()
-	if p != nil {
-		if s := p.sess.Load(); s != nil {
-			s.kill()
+	for k, p := range r.mu.peers {
+		if k.node == node {
+			delete(r.mu.peers, k)
+			if s := p.sess.Load(); s != nil {
+				sessions = append(sessions, s)
+			}
 		}
 	}
-	if served != nil {
-		served.close()
+	for k, s := range r.mu.served {
+		if k.node == node {
+			delete(r.mu.served, k)
+			served = append(served, s)
+		}
+	}
+	r.mu.Unlock()
+	for _, s := range sessions {
+		s.kill()
+	}
+	for _, s := range served {
+		s.close()
 	}
 }
 
@@ -724,9 +809,9 @@ func (r *RDMA) logOnce(node, f string, a ...any) {
 	}
 }
 
-func (r *RDMA) hello(qps []*rdmaQP) *RDMAHello {
-	info := r.opts.Device.Info()
-	h := &RDMAHello{From: r.opts.Self, Device: info.Name, LID: info.LID, GID: info.GID, MTU: info.MTU}
+func (r *RDMA) hello(d int, qps []*rdmaQP) *RDMAHello {
+	info := r.opts.Devices[d].Info()
+	h := &RDMAHello{From: r.opts.Self, Device: info.Name, LID: info.LID, GID: info.GID, MTU: info.MTU, Rail: d}
 	for _, q := range qps {
 		ep := q.qp.Endpoint()
 		h.QPs = append(h.QPs, RDMAQP{QPN: ep.QPN, PSN: ep.PSN})
@@ -735,7 +820,8 @@ func (r *RDMA) hello(qps []*rdmaQP) *RDMAHello {
 	return h
 }
 
-func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) {
+func (r *RDMA) exchange(ctx context.Context, node string, d int) (*rdmaSession, error) {
+	dev := r.opts.Devices[d]
 	var qps []*rdmaQP
 	fail := func(err error) (*rdmaSession, error) {
 		for _, q := range qps {
@@ -744,7 +830,7 @@ func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) 
 		return nil, err
 	}
 	for range r.opts.QPsPerPeer {
-		q, err := r.opts.Device.CreateQP(r.opts.Depth)
+		q, err := dev.CreateQP(r.opts.Depth)
 		if err != nil {
 			return fail(fmt.Errorf("transfer: rdma QP for %s: %w", node, err))
 		}
@@ -752,7 +838,7 @@ func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
-	resp, epoch, err := r.opts.Control.Control(ctx, node, 0, ControlRequest{Op: CtlRDMA, RDMA: r.hello(qps)})
+	resp, epoch, err := r.opts.Control.Control(ctx, node, 0, ControlRequest{Op: CtlRDMA, RDMA: r.hello(d, qps)})
 	if err != nil {
 		return fail(err)
 	}
@@ -760,7 +846,7 @@ func (r *RDMA) exchange(ctx context.Context, node string) (*rdmaSession, error) 
 	if err := h.validate(); err != nil || len(h.QPs) != len(qps) {
 		return fail(fmt.Errorf("transfer: rdma hello from %s: %w", node, ErrProtocol))
 	}
-	info := r.opts.Device.Info()
+	info := dev.Info()
 	for i, q := range qps {
 		ep := rdma.Endpoint{LID: h.LID, GID: h.GID, QPN: h.QPs[i].QPN, PSN: h.QPs[i].PSN, MTU: min(h.MTU, info.MTU), ReadDepth: h.Reads}
 		if err := q.qp.Connect(ep); err != nil {
@@ -804,13 +890,20 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 	if h.From == "" {
 		return nil, fmt.Errorf("%w: rdma hello names no node", ErrBadRequest)
 	}
+	// The caller's rail, or this node's first device when it has fewer.
+	d := h.Rail
+	if d >= len(r.opts.Devices) {
+		d = 0
+	}
+	dev := r.opts.Devices[d]
+	k := railKey{h.From, h.Rail}
 	r.mu.Lock()
-	full := r.mu.served[h.From] == nil && len(r.mu.served) >= maxRDMASessions
+	full := r.mu.served[k] == nil && len(r.mu.served) >= maxRDMASessions
 	r.mu.Unlock()
 	if full {
 		return nil, fmt.Errorf("transfer: %d rdma peers connected: %w", maxRDMASessions, ErrNoSpace)
 	}
-	info := r.opts.Device.Info()
+	info := dev.Info()
 	var qps []rdma.QP
 	fail := func(err error) (*RDMAHello, error) {
 		(&servedSession{qps: qps, log: r.opts.Log}).close()
@@ -818,7 +911,7 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 	}
 	var reads int
 	for _, rq := range h.QPs {
-		q, err := r.opts.Device.CreateQP(1)
+		q, err := dev.CreateQP(1)
 		if err != nil {
 			return fail(fmt.Errorf("transfer: rdma QP for %s: %w", h.From, err))
 		}
@@ -840,14 +933,14 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 		return fail(ErrClosed)
 	}
 	for _, s := range r.mu.segs {
-		out.Segments = append(out.Segments, s.RDMASegment)
+		out.Segments = append(out.Segments, s.on(d))
 	}
-	old := r.mu.served[h.From]
+	old := r.mu.served[k]
 	if old == nil && len(r.mu.served) >= maxRDMASessions {
 		r.mu.Unlock()
 		return fail(fmt.Errorf("transfer: %d rdma peers connected: %w", maxRDMASessions, ErrNoSpace))
 	}
-	r.mu.served[h.From] = &servedSession{qps: qps, log: r.opts.Log}
+	r.mu.served[k] = &servedSession{qps: qps, log: r.opts.Log}
 	r.mu.Unlock()
 	if old != nil {
 		old.close()
@@ -859,10 +952,11 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 // Requests.
 
 // move runs one request's bytes between local memory at address local
-// (registered under lkey) and the extent ext of req's node, on a live
-// session; a failure of the session is retried once on a new one.
-// errNoCommonPath (nothing moved): the caller sends it over TCP.
-func (r *RDMA) move(ctx context.Context, req Request, ext segment.Extent, local uint64, lkey uint32) error {
+// (registered under lkey on device d) and the extent ext of req's node,
+// on a live session of d's rail; a failure of the session is retried
+// once on a new one. errNoCommonPath (nothing moved): the caller sends
+// it over TCP.
+func (r *RDMA) move(ctx context.Context, req Request, ext segment.Extent, local uint64, d int, lkey uint32) error {
 	r.mu.Lock()
 	if r.mu.closed {
 		r.mu.Unlock()
@@ -875,7 +969,7 @@ func (r *RDMA) move(ctx context.Context, req Request, ext segment.Extent, local 
 	defer cancel()
 	since := time.Now()
 	for attempt := 0; ; attempt++ {
-		s, err := r.session(ctx, req.Node)
+		s, err := r.session(ctx, req.Node, d)
 		if err != nil {
 			return err
 		}

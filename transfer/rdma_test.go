@@ -22,6 +22,7 @@ const rdmaEpoch = 1_700_000_000_000_000_000
 // rdmaPair is node "a" (an engine with RDMA and TCP) and node "b" (a TCP
 // server with an RDMA path and its segments registered), on fake NICs.
 type rdmaPair struct {
+	fabric string
 	pa, pb *rdmafake.Provider
 	ra, rb *RDMA
 	owner  *fakeOwner
@@ -33,7 +34,7 @@ type rdmaPair struct {
 func newRDMAPair(t *testing.T, o RDMAOptions) *rdmaPair {
 	t.Helper()
 	dir := t.TempDir()
-	p := &rdmaPair{}
+	p := &rdmaPair{fabric: dir}
 	var err error
 	if p.pa, err = rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"fa0"}, Jitter: 20 * time.Microsecond}); err != nil {
 		t.Fatal(err)
@@ -55,7 +56,7 @@ func newRDMAPair(t *testing.T, o RDMAOptions) *rdmaPair {
 	// The owner's RDMA path needs a control transport of its own only
 	// as a client; this one reaches no one.
 	bc := newTCPClient(t, testToken, map[string]string{}, TCPOptions{})
-	if p.rb, err = NewRDMA(RDMAOptions{Device: db, Control: bc, Self: "b"}); err != nil {
+	if p.rb, err = NewRDMA(RDMAOptions{Devices: []rdma.Device{db}, Control: bc, Self: "b"}); err != nil {
 		t.Fatal(err)
 	}
 	for id := range 2 {
@@ -70,7 +71,7 @@ func newRDMAPair(t *testing.T, o RDMAOptions) *rdmaPair {
 	p.b.srv.opts.Control = p.owner
 	p.b.srv.opts.RDMA = p.rb
 	p.c = newTCPClient(t, testToken, map[string]string{"b": p.b.addr}, TCPOptions{})
-	o.Device, o.Control, o.Self = da, p.c, "a"
+	o.Devices, o.Control, o.Self = []rdma.Device{da}, p.c, "a"
 	if o.Log == nil {
 		o.Log = t.Logf
 	}
@@ -421,7 +422,7 @@ func TestRDMACloseWaits(t *testing.T) {
 	p.pa.Inject(rdmafake.FaultTimeout)
 	hung := make(chan error, 1)
 	go func() {
-		hung <- p.ra.move(context.Background(), rq, rq.Extent, addrOf(p.ra.pool.mem), p.ra.mu.poolReg.mr.LKey())
+		hung <- p.ra.move(context.Background(), rq, rq.Extent, addrOf(p.ra.pool.mem), 0, p.ra.mu.poolReg.mrs[0].LKey())
 	}()
 	time.Sleep(50 * time.Millisecond)
 	if err := p.ra.Close(); err != nil {
@@ -435,7 +436,7 @@ func TestRDMACloseWaits(t *testing.T) {
 	default:
 		t.Fatal("Close returned with a call in flight")
 	}
-	if err := p.ra.move(context.Background(), rq, rq.Extent, 0, 0); !errors.Is(err, ErrClosed) {
+	if err := p.ra.move(context.Background(), rq, rq.Extent, 0, 0, 0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("call after Close: %v", err)
 	}
 }
@@ -639,4 +640,85 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestRDMARails: a node with two devices uses each for its own rail; the
+// owner, with one, serves both rails on it; memory is registered on every
+// device, and each rail's work requests go through its own device.
+func TestRDMARails(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	var provs []*rdmafake.Provider
+	var devs []rdma.Device
+	for _, n := range []string{"fx0", "fx1"} {
+		pr, err := rdmafake.New(rdmafake.Options{Dir: p.fabric, Devices: []string{n}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := pr.Open(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		provs, devs = append(provs, pr), append(devs, d)
+	}
+	x, err := NewRDMA(RDMAOptions{Devices: devs, NearGPU: map[int]int{0: 1}, Control: p.c, Self: "x", Log: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	buf := make([]byte, 8192)
+	release, err := x.Register(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := segment.Extent{Segment: 1, Off: 8192, Len: 8192}
+	for d := range 2 {
+		lkey, ok := x.regs.lookup(addrOf(buf), 8192, d)
+		if !ok {
+			t.Fatalf("buffer not registered on device %d", d)
+		}
+		if err := x.move(ctx, Request{Op: Read, Node: "b", Extent: e}, e, addrOf(buf), d, lkey); err != nil {
+			t.Fatalf("read on rail %d: %v", d, err)
+		}
+		if !bytes.Equal(buf, p.b.mem(t, e)) {
+			t.Fatalf("read on rail %d differs", d)
+		}
+		for i, pr := range provs {
+			want := uint64(0)
+			if i <= d {
+				want = 1
+			}
+			if got := pr.Stats().Reads; got != want {
+				t.Fatalf("after the read on rail %d, device %d ran %d reads, want %d", d, i, got, want)
+			}
+		}
+	}
+	if st := p.rb.Stats(); st.Served != 2 {
+		t.Fatalf("owner serves %d sessions, want one per rail", st.Served)
+	}
+	// A mismatched lkey (device 0's on rail 1) is the NIC's error, not a copy.
+	lkey0, _ := x.regs.lookup(addrOf(buf), 8192, 0)
+	lkey1, _ := x.regs.lookup(addrOf(buf), 8192, 1)
+	if lkey0 != lkey1 {
+		err := x.move(ctx, Request{Op: Read, Node: "b", Extent: e}, e, addrOf(buf), 1, lkey0)
+		var ce *rdma.CompletionError
+		if !errors.As(err, &ce) || ce.Status != rdma.StatusLocProtErr {
+			t.Fatalf("read with another device's lkey: %v", err)
+		}
+	}
+	if x.deviceFor(HostBuffer(buf)) != 0 {
+		t.Fatal("host memory not on the first device")
+	}
+	release()
+	if err := x.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i, pr := range provs {
+		if n := pr.MRs(); n != 0 {
+			t.Fatalf("device %d keeps %d MRs after Close", i, n)
+		}
+		devs[i].Close()
+	}
+	if _, err := NewRDMA(RDMAOptions{Devices: devs, NearGPU: map[int]int{0: 2}, Control: p.c, Self: "x"}); err == nil {
+		t.Fatal("NearGPU naming a device that is not there was accepted")
+	}
 }

@@ -159,7 +159,8 @@ func (e *Engine) remoteRDMA(ctx context.Context, rd *RDMA, r Request) (pathID, u
 	if r.Op == Write && r.Resv == 0 {
 		return 0, 0, errNoCommonPath
 	}
-	if s, err := rd.session(ctx, r.Node); err != nil || s == nil {
+	d := rd.deviceFor(r.Buf)
+	if s, err := rd.session(ctx, r.Node, d); err != nil || s == nil {
 		if err == nil {
 			err = errNoCommonPath
 		}
@@ -169,19 +170,19 @@ func (e *Engine) remoteRDMA(ctx context.Context, rd *RDMA, r Request) (pathID, u
 	switch r.Buf.Kind {
 	case Host, Registered:
 		buf = r.Buf.Mem[r.BufOff : r.BufOff+r.Extent.Len]
-		if lkey, ok := rd.regs.lookup(addrOf(buf), r.Extent.Len); ok {
-			return idRDMADirect, 0, rd.move(ctx, r, r.Extent, addrOf(buf), lkey)
+		if lkey, ok := rd.regs.lookup(addrOf(buf), r.Extent.Len, d); ok {
+			return idRDMADirect, 0, rd.move(ctx, r, r.Extent, addrOf(buf), d, lkey)
 		}
 	case CUDA:
 		// GPUDirect RDMA: GPU memory registered through its dma-buf.
 		dev := uint64(r.Buf.Dev) + r.BufOff
-		if lkey, ok := rd.gpuRegs.lookup(dev, r.Extent.Len); ok {
-			return idRDMADirect, 0, rd.move(ctx, r, r.Extent, dev, lkey)
+		if lkey, ok := rd.gpuRegs.lookup(dev, r.Extent.Len, d); ok {
+			return idRDMADirect, 0, rd.move(ctx, r, r.Extent, dev, d, lkey)
 		}
 	}
 	// Staged, a pool buffer at a time; a checked read is checked once,
 	// after its last piece.
-	lkey := rd.mu.poolReg.mr.LKey()
+	lkey := rd.mu.poolReg.mrs[d].LKey()
 	chunk := r
 	chunk.Version = 0
 	for done := uint64(0); done < r.Extent.Len; {
@@ -196,9 +197,9 @@ func (e *Engine) remoteRDMA(ctx context.Context, rd *RDMA, r Request) (pathID, u
 		local := Request{Op: r.Op, Buf: r.Buf, BufOff: r.BufOff + done, Extent: ext}
 		if r.Op == Write {
 			if err = e.stageCopy(local, buf, done, stage); err == nil {
-				err = rd.move(ctx, chunk, ext, addrOf(stage), lkey)
+				err = rd.move(ctx, chunk, ext, addrOf(stage), d, lkey)
 			}
-		} else if err = rd.move(ctx, chunk, ext, addrOf(stage), lkey); err == nil {
+		} else if err = rd.move(ctx, chunk, ext, addrOf(stage), d, lkey); err == nil {
 			err = e.stageCopy(local, buf, done, stage)
 		}
 		release()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/rdma"
 	"github.com/mooncake-fs/mooncake-fs/rdma/rdmafake"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -26,18 +27,20 @@ type rdmaConfig struct {
 type RDMAStatus struct {
 	// State is "on", "off" (by flag, or not in a cluster) or
 	// "unavailable".
-	State    string              `json:"state"`
-	Reason   string              `json:"reason,omitempty"`
-	Provider string              `json:"provider,omitempty"`
-	Device   string              `json:"device,omitempty"`
-	Stats    *transfer.RDMAStats `json:"stats,omitempty"`
+	State    string   `json:"state"`
+	Reason   string   `json:"reason,omitempty"`
+	Provider string   `json:"provider,omitempty"`
+	Devices  []string `json:"devices,omitempty"`
+	// NearGPU is the device that moves each GPU's memory, by CUDA ordinal.
+	NearGPU map[int]string      `json:"near_gpu,omitempty"`
+	Stats   *transfer.RDMAStats `json:"stats,omitempty"`
 }
 
 // rdmaState is the daemon's RDMA path, once started.
 type rdmaState struct {
 	status RDMAStatus
 	prov   rdma.Provider
-	dev    rdma.Device
+	devs   []rdma.Device
 	path   *transfer.RDMA
 }
 
@@ -63,10 +66,12 @@ func (d *daemon) startRDMA() {
 		st.prov = rdma.Verbs()
 	}
 	if err == nil {
-		st.dev, err = openRDMA(st.prov, c.devices, d.cpuNUMA())
+		st.devs, err = openRDMA(st.prov, c.devices, d.cpuNUMA())
 	}
+	var near map[int]int
 	if err == nil {
-		st.path, err = transfer.NewRDMA(transfer.RDMAOptions{Device: st.dev, Control: d.cl.tr, Self: d.cfg.node,
+		near = nearGPU(st.devs, d.gpus)
+		st.path, err = transfer.NewRDMA(transfer.RDMAOptions{Devices: st.devs, NearGPU: near, Control: d.cl.tr, Self: d.cfg.node,
 			Log: func(f string, a ...any) { d.log.Infof(f, a...) }})
 	}
 	if err == nil {
@@ -78,7 +83,7 @@ func (d *daemon) startRDMA() {
 	}
 	if err != nil {
 		st.close(d.log)
-		st.path, st.dev = nil, nil
+		st.path, st.devs = nil, nil
 		st.status = RDMAStatus{State: "unavailable", Reason: err.Error()}
 		if st.prov != nil {
 			st.status.Provider = st.prov.Name()
@@ -90,24 +95,31 @@ func (d *daemon) startRDMA() {
 		d.log.WithError(err).Log(lvl, "RDMA unavailable: remote transfers use TCP")
 		return
 	}
-	st.status = RDMAStatus{State: "on", Provider: st.prov.Name(), Device: st.dev.Info().Name}
-	d.log.WithFields(logrus.Fields{"provider": st.prov.Name(), "device": st.dev.Info().Name}).Info("RDMA on")
+	st.status = RDMAStatus{State: "on", Provider: st.prov.Name(), Devices: st.path.Devices()}
+	for g, i := range near {
+		if st.status.NearGPU == nil {
+			st.status.NearGPU = map[int]string{}
+		}
+		st.status.NearGPU[g] = st.status.Devices[i]
+	}
+	d.log.WithFields(logrus.Fields{"provider": st.prov.Name(), "devices": strings.Join(st.status.Devices, ","),
+		"gpus": st.status.NearGPU}).Info("RDMA on")
 }
 
-// openRDMA opens the device to use: the first named one that is up, or
-// among all, one on the NUMA node of the daemon's CPUs (and so of its
-// segments) first.
-func openRDMA(p rdma.Provider, names []string, numa int) (rdma.Device, error) {
-	devs, err := p.Devices()
+// openRDMA opens the devices to use, the default first: those named that
+// are up, in the flag's order, or all that are up, one on the NUMA node
+// of the daemon's CPUs (and so of its segments) first.
+func openRDMA(p rdma.Provider, names []string, numa int) ([]rdma.Device, error) {
+	infos, err := p.Devices()
 	if err != nil {
 		return nil, err
 	}
-	if len(devs) == 0 {
+	if len(infos) == 0 {
 		return nil, fmt.Errorf("%w: no RDMA devices", rdma.ErrUnavailable)
 	}
 	var pick []rdma.DeviceInfo
 	var down []string
-	for _, di := range devs {
+	for _, di := range infos {
 		if len(names) > 0 && !slices.Contains(names, di.Name) {
 			continue
 		}
@@ -134,14 +146,92 @@ func openRDMA(p rdma.Provider, names []string, numa int) (rdma.Device, error) {
 		return nil, fmt.Errorf("%w: none of --rdma-devices %s exists", rdma.ErrUnavailable, strings.Join(names, ","))
 	}
 	var errs []error
+	var devs []rdma.Device
 	for _, di := range pick {
 		dev, err := p.Open(di.Name)
-		if err == nil {
-			return dev, nil
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		errs = append(errs, err)
+		devs = append(devs, dev)
 	}
-	return nil, errors.Join(errs...)
+	if len(devs) == 0 {
+		return nil, errors.Join(errs...)
+	}
+	return devs, nil
+}
+
+// nearGPU picks for each GPU the device closest to it on the PCIe tree
+// (the longest common sysfs path: under one switch first), then on its
+// NUMA node: GPUDirect RDMA through a far device crosses the CPUs'
+// interconnect.
+func nearGPU(devs []rdma.Device, gpus []cuda.GPU) map[int]int {
+	if len(devs) < 2 {
+		return nil
+	}
+	m := map[int]int{}
+	for _, g := range gpus {
+		if g.Ordinal < 0 {
+			continue
+		}
+		gp := pciPath(g.PCIBusID)
+		gn := pciNUMA(g.PCIBusID)
+		best, bestScore := 0, -1
+		for i, d := range devs {
+			info := d.Info()
+			score := 2 * commonPrefix(gp, pciPath(info.PCI))
+			if gn >= 0 && gn == info.NUMANode {
+				score++
+			}
+			if score > bestScore {
+				best, bestScore = i, score
+			}
+		}
+		m[g.Ordinal] = best
+	}
+	return m
+}
+
+// pciPath is a PCI device's place in the sysfs tree, as path components
+// ("pci0000:00", "0000:00:01.0", ...); nil when unknown.
+func pciPath(bdf string) []string {
+	if bdf == "" {
+		return nil
+	}
+	p, err := filepath.EvalSymlinks(filepath.Join("/sys/bus/pci/devices", normalizeBDF(bdf)))
+	if err != nil {
+		return nil
+	}
+	return strings.Split(strings.TrimPrefix(p, "/sys/devices/"), "/")
+}
+
+// normalizeBDF turns NVML's "00000000:3B:00.0" into sysfs's "0000:3b:00.0".
+func normalizeBDF(bdf string) string {
+	bdf = strings.ToLower(bdf)
+	if i := strings.IndexByte(bdf, ':'); i > 4 {
+		bdf = bdf[i-4:]
+	}
+	return bdf
+}
+
+func pciNUMA(bdf string) int {
+	b, err := os.ReadFile(filepath.Join("/sys/bus/pci/devices", normalizeBDF(bdf), "numa_node"))
+	if err != nil {
+		return -1
+	}
+	var n int
+	if _, err := fmt.Sscan(string(b), &n); err != nil {
+		return -1
+	}
+	return n
+}
+
+func commonPrefix(a, b []string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
 }
 
 func boolInt(b bool) int {
@@ -179,9 +269,9 @@ func (st *rdmaState) close(log *logrus.Logger) {
 			log.WithError(err).Warn("close the RDMA path")
 		}
 	}
-	if st.dev != nil {
-		if err := st.dev.Close(); err != nil {
-			log.WithError(err).Warn("close the RDMA device")
+	for _, dev := range st.devs {
+		if err := dev.Close(); err != nil {
+			log.WithError(err).Warn("close an RDMA device")
 		}
 	}
 }

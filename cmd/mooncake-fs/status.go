@@ -161,8 +161,8 @@ func copiesPerByte(s *Status) float64 {
 func rdmaLine(r RDMAStatus) string {
 	switch {
 	case r.State == "on" && r.Stats != nil:
-		return fmt.Sprintf("%s (%s), %d peers, %d served; %d work requests, %d sessions broken, %d calls over TCP",
-			r.Device, r.Provider, r.Stats.Sessions, r.Stats.Served, r.Stats.WorkRequests, r.Stats.Broken, r.Stats.Fallbacks)
+		return fmt.Sprintf("%s (%s), %d peer sessions, %d served; %d work requests, %d sessions broken, %d calls over TCP",
+			strings.Join(r.Devices, ","), r.Provider, r.Stats.Sessions, r.Stats.Served, r.Stats.WorkRequests, r.Stats.Broken, r.Stats.Fallbacks)
 	case r.Reason != "":
 		return fmt.Sprintf("%s: %s", r.State, r.Reason)
 	}
