@@ -317,9 +317,16 @@ func TestClusterReplicasSurviveKill(t *testing.T) {
 
 // TestClusterNodeStoppedMidWrite: the node holding a file being written
 // dies; the write fails cleanly and no partial file becomes visible.
-func TestClusterNodeStoppedMidWrite(t *testing.T) {
+func TestClusterNodeStoppedMidWrite(t *testing.T) { testNodeStoppedMidWrite(t) }
+
+// testNodeStoppedMidWrite runs the test with extra mount flags on every
+// node (the RDMA variant is in rdma_test.go).
+func testNodeStoppedMidWrite(t *testing.T, extra ...string) (a *daemon) {
 	requireTools(t, "setfattr")
-	c := newTestCluster(t, "a", "b", "c")
+	c := newTestCluster(t)
+	for _, n := range []string{"a", "b", "c"} {
+		c.start(t, n, extra...)
+	}
 	a, b, cc := c.nodes["a"], c.nodes["b"], c.nodes["c"]
 	run(t, "mkdir", a.path("onb"))
 	run(t, "setfattr", "-n", "user.mooncake.placement", "-v", "node:b", a.path("onb"))
@@ -351,6 +358,7 @@ except OSError as e:
 			}
 		}
 	}
+	return a
 }
 
 // TestClusterEtcdOutage: with etcd stopped writes fail with a clear error,
