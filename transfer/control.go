@@ -379,8 +379,11 @@ func granted(asked time.Duration, ms int64) time.Duration {
 func (t *TCPTransport) Renew(ctx context.Context, node string, epoch, id uint64, ttl time.Duration) error {
 	sent := time.Now()
 	r, got, err := t.Control(ctx, node, epoch, ControlRequest{Op: CtlRenew, ID: id, TTLMillis: max(ttl.Milliseconds(), 1)})
-	if err == nil {
+	switch {
+	case err == nil:
 		t.leases.renewed(leaseKey{node, got, id}, sent.Add(granted(ttl, r.TTLMillis)))
+	case errors.Is(err, ErrUnknownReservation):
+		t.leases.forget(leaseKey{node, epoch, id}) // the owner no longer has it
 	}
 	return err
 }

@@ -16,11 +16,12 @@ import (
 // fakeOwner is a Controller over a real segment table: enough to test the
 // wire, not the store's reservation rules.
 type fakeOwner struct {
-	tab  *segment.Table
-	mu   sync.Mutex
-	next uint64
-	held map[uint64][]segment.Extent
-	ttl  map[uint64]int64
+	grant int64 // when not 0, the most TTL (ms) a reserve or renew gets
+	tab   *segment.Table
+	mu    sync.Mutex
+	next  uint64
+	held  map[uint64][]segment.Extent
+	ttl   map[uint64]int64
 }
 
 func (f *fakeOwner) Control(_ context.Context, r ControlRequest) (ControlResponse, error) {
@@ -35,6 +36,9 @@ func (f *fakeOwner) Control(_ context.Context, r ControlRequest) (ControlRespons
 		f.next++
 		f.held[f.next] = ext
 		f.ttl[f.next] = r.TTLMillis
+		if f.grant > 0 {
+			return ControlResponse{ID: f.next, Extents: ext, TTLMillis: min(f.grant, r.TTLMillis)}, nil
+		}
 		return ControlResponse{ID: f.next, Extents: ext}, nil
 	case CtlRenew:
 		if _, ok := f.held[r.ID]; !ok {

@@ -67,14 +67,18 @@ import (
 
 // RDMAOptions configures an RDMA path.
 type RDMAOptions struct {
-	// Devices are the opened devices, one per rail: the device of index
-	// i talks to the peers' device i (or their first when they have
-	// fewer). The first is the default, for host memory: the one
-	// nearest the segments. Required.
+	// Devices are the opened devices, one per rail, in an order every
+	// node of the cluster shares (by name): the device of index i talks
+	// to the peers' device i (or their default when they have fewer).
+	// Required.
 	Devices []rdma.Device
+	// Default is the index of the device for host memory (the one
+	// nearest the segments), and the one that serves rails this node
+	// has no device for.
+	Default int
 	// NearGPU maps a CUDA device ordinal to the index in Devices of the
 	// device nearest that GPU, which moves its memory (GPUDirect RDMA).
-	// GPUs not in it use the first device.
+	// GPUs not in it use the default device.
 	NearGPU map[int]int
 	// Control carries the endpoint exchange and the checks. Required.
 	Control *TCPTransport
@@ -111,6 +115,9 @@ func (o RDMAOptions) Validate() error {
 	var errs []error
 	if len(o.Devices) == 0 || slices.Contains(o.Devices, nil) {
 		errs = append(errs, errors.New("transfer: RDMAOptions.Devices is required, without nil entries"))
+	}
+	if o.Default < 0 || o.Default >= max(len(o.Devices), 1) {
+		errs = append(errs, fmt.Errorf("transfer: RDMAOptions.Default %d: no such device", o.Default))
 	}
 	for g, i := range o.NearGPU {
 		if i < 0 || i >= len(o.Devices) {
@@ -236,7 +243,10 @@ type RDMA struct {
 		regBytes, registrations, fenced, stale, wrs, compErrs          atomic.Uint64
 		discarded                                                      atomic.Uint64
 	}
-	calls sync.WaitGroup // calls in move; Close waits for them
+	calls sync.WaitGroup // calls in flight; Close waits for them
+	// hostDevice, when set (tests), picks the device of memory that is
+	// not a GPU's.
+	hostDevice func(Buffer) int
 }
 
 // railKey names a peer on one rail.
@@ -341,12 +351,22 @@ func (r *RDMA) deviceFor(b Buffer) int {
 			return i
 		}
 	}
-	return 0
+	if r.hostDevice != nil { // tests
+		return r.hostDevice(b)
+	}
+	return r.opts.Default
 }
 
 // RegisterSegment registers segment id's memory for remote access; owners
 // hand its rkey to the peers that connect.
 func (r *RDMA) RegisterSegment(id segment.ID, mem []byte) error {
+	r.mu.Lock()
+	n := len(r.mu.segs)
+	_, again := r.mu.segs[id]
+	r.mu.Unlock()
+	if n >= maxRDMASegments && !again {
+		return fmt.Errorf("transfer: rdma: more than %d segments (use a larger --segment-size)", maxRDMASegments)
+	}
 	mrs, err := r.regAll(func(d rdma.Device) (rdma.MR, error) {
 		return d.RegMR(mem, rdma.AccessLocalWrite|rdma.AccessRemoteRead|rdma.AccessRemoteWrite)
 	})
@@ -890,15 +910,15 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 	if h.From == "" {
 		return nil, fmt.Errorf("%w: rdma hello names no node", ErrBadRequest)
 	}
-	// The caller's rail, or this node's first device when it has fewer.
+	// The caller's rail, or this node's default device when it has fewer.
 	d := h.Rail
 	if d >= len(r.opts.Devices) {
-		d = 0
+		d = r.opts.Default
 	}
 	dev := r.opts.Devices[d]
 	k := railKey{h.From, h.Rail}
 	r.mu.Lock()
-	full := r.mu.served[k] == nil && len(r.mu.served) >= maxRDMASessions
+	full := r.mu.served[k] == nil && len(r.mu.served) >= r.maxServed()
 	r.mu.Unlock()
 	if full {
 		return nil, fmt.Errorf("transfer: %d rdma peers connected: %w", maxRDMASessions, ErrNoSpace)
@@ -936,7 +956,7 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 		out.Segments = append(out.Segments, s.on(d))
 	}
 	old := r.mu.served[k]
-	if old == nil && len(r.mu.served) >= maxRDMASessions {
+	if old == nil && len(r.mu.served) >= r.maxServed() {
 		r.mu.Unlock()
 		return fail(fmt.Errorf("transfer: %d rdma peers connected: %w", maxRDMASessions, ErrNoSpace))
 	}
@@ -949,7 +969,24 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 	return out, nil
 }
 
+// maxServed bounds the sessions served: maxRDMASessions peers on every
+// rail.
+func (r *RDMA) maxServed() int { return maxRDMASessions * len(r.opts.Devices) }
+
 // Requests.
+
+// begin counts a call in flight, unless the path is closed; end ends it.
+func (r *RDMA) begin() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.mu.closed {
+		return ErrClosed
+	}
+	r.calls.Add(1)
+	return nil
+}
+
+func (r *RDMA) end() { r.calls.Done() }
 
 // move runs one request's bytes between local memory at address local
 // (registered under lkey on device d) and the extent ext of req's node,
@@ -957,31 +994,57 @@ func (r *RDMA) accept(h *RDMAHello) (*RDMAHello, error) {
 // once on a new one. errNoCommonPath (nothing moved): the caller sends
 // it over TCP.
 func (r *RDMA) move(ctx context.Context, req Request, ext segment.Extent, local uint64, d int, lkey uint32) error {
-	r.mu.Lock()
-	if r.mu.closed {
-		r.mu.Unlock()
-		return ErrClosed
+	_, err := r.moveEpoch(ctx, req, ext, local, d, lkey)
+	return err
+}
+
+// moveEpoch is move that also returns the epoch of the owner it reached.
+// A session that fails again after a fresh exchange sends the peer's
+// rail to TCP for a while (errNoCommonPath: its QP is gone, so a write
+// redone over TCP cannot be overtaken by the NIC).
+func (r *RDMA) moveEpoch(ctx context.Context, req Request, ext segment.Extent, local uint64, d int, lkey uint32) (uint64, error) {
+	if err := r.begin(); err != nil {
+		return 0, err
 	}
-	r.calls.Add(1)
-	r.mu.Unlock()
-	defer r.calls.Done()
+	defer r.end()
 	ctx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 	defer cancel()
 	since := time.Now()
 	for attempt := 0; ; attempt++ {
 		s, err := r.session(ctx, req.Node, d)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if s == nil {
-			return errNoCommonPath
+			return 0, errNoCommonPath
 		}
 		err = r.moveOn(ctx, since, s, req, ext, local, lkey)
-		if err == nil || attempt > 0 || !retryable(err) || ctx.Err() != nil {
-			return err
+		switch {
+		case err == nil:
+			return s.epoch, nil
+		case ctx.Err() != nil || !retryable(err):
+			return 0, err
+		case attempt > 0:
+			r.benchRail(req.Node, d, err)
+			return 0, errNoCommonPath
 		}
 		r.stats.retries.Add(1)
 	}
+}
+
+// benchRail sends node's rail d to TCP for a while after RDMA failed on
+// it twice in a row.
+func (r *RDMA) benchRail(node string, d int, why error) {
+	r.mu.Lock()
+	p := r.mu.peers[railKey{node, d}]
+	r.mu.Unlock()
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.noRDMA = time.Now().Add(5 * time.Second)
+	p.mu.Unlock()
+	r.opts.Log("transfer: rdma to %s (rail %d) failed twice (%v): TCP for 5s", node, d, why)
 }
 
 // retryable: the session failed, not the request.
@@ -1042,6 +1105,12 @@ func (r *RDMA) moveOn(ctx context.Context, since time.Time, s *rdmaSession, req 
 		s.give(q, false)
 		r.stats.fenced.Add(1)
 		return errNoCommonPath
+	case errors.Is(err, errFenced):
+		// Posted, not done by the fence: that QP goes (its work with it)
+		// and the write is redone over TCP, where the owner checks it.
+		r.stats.discarded.Add(1)
+		s.give(q, true)
+		return errNoCommonPath
 	case broken && ctx.Err() != nil:
 		// The caller gave up (or its time ran out) with work in flight:
 		// that QP goes, the session stays.
@@ -1075,11 +1144,8 @@ func (r *RDMA) post(ctx context.Context, q *rdmaQP, op rdma.Opcode, sg RDMASegme
 	sges := make([]rdma.SGE, cap(wrs))
 	for off := uint64(0); off < ext.Len; {
 		if !deadline.IsZero() && !time.Now().Before(deadline) {
-			if !posted {
-				return false, false, errFenced
-			}
 			r.stats.fenced.Add(1)
-			return true, true, fmt.Errorf("transfer: rdma write not done before its reservation's margin: %w", ErrNotReserved)
+			return posted, posted, errFenced
 		}
 		wrs = wrs[:0]
 		for ; off < ext.Len && len(wrs) < cap(wrs); off += cb {
@@ -1124,7 +1190,7 @@ func (r *RDMA) await(ctx context.Context, q *rdmaQP, wrs []rdma.WorkRequest, dea
 		}
 		if !deadline.IsZero() && !time.Now().Before(deadline) {
 			r.stats.fenced.Add(1)
-			return true, fmt.Errorf("transfer: rdma write not done before its reservation's margin: %w", ErrNotReserved)
+			return true, errFenced
 		}
 		if err := ctx.Err(); err != nil {
 			return true, fmt.Errorf("transfer: rdma completion: %w", err)

@@ -159,6 +159,10 @@ func (e *Engine) remoteRDMA(ctx context.Context, rd *RDMA, r Request) (pathID, u
 	if r.Op == Write && r.Resv == 0 {
 		return 0, 0, errNoCommonPath
 	}
+	if err := rd.begin(); err != nil {
+		return 0, 0, err
+	}
+	defer rd.end() // Close waits for the staged copies too
 	d := rd.deviceFor(r.Buf)
 	if s, err := rd.session(ctx, r.Node, d); err != nil || s == nil {
 		if err == nil {
@@ -185,6 +189,7 @@ func (e *Engine) remoteRDMA(ctx context.Context, rd *RDMA, r Request) (pathID, u
 	lkey := rd.mu.poolReg.mrs[d].LKey()
 	chunk := r
 	chunk.Version = 0
+	var epoch uint64 // of the owner the pieces reached: one for all
 	for done := uint64(0); done < r.Extent.Len; {
 		n := min(rd.opts.ChunkBytes, r.Extent.Len-done)
 		stage, release, err := rd.stage(ctx, int(n))
@@ -195,21 +200,27 @@ func (e *Engine) remoteRDMA(ctx context.Context, rd *RDMA, r Request) (pathID, u
 		ext.Off += done
 		ext.Len = n
 		local := Request{Op: r.Op, Buf: r.Buf, BufOff: r.BufOff + done, Extent: ext}
+		var got uint64
 		if r.Op == Write {
 			if err = e.stageCopy(local, buf, done, stage); err == nil {
-				err = rd.move(ctx, chunk, ext, addrOf(stage), d, lkey)
+				got, err = rd.moveEpoch(ctx, chunk, ext, addrOf(stage), d, lkey)
 			}
-		} else if err = rd.move(ctx, chunk, ext, addrOf(stage), d, lkey); err == nil {
+		} else if got, err = rd.moveEpoch(ctx, chunk, ext, addrOf(stage), d, lkey); err == nil {
 			err = e.stageCopy(local, buf, done, stage)
 		}
 		release()
+		if err == nil && epoch != 0 && got != epoch {
+			err = fmt.Errorf("%w: the owner restarted during the request", ErrStaleEpoch)
+		}
 		if err != nil {
 			return 0, 0, err
 		}
+		epoch = got
+		chunk.Epoch = epoch
 		done += n
 	}
 	if r.Op == Read && r.Version != 0 {
-		if err := rd.check(ctx, r, r.Epoch); err != nil {
+		if err := rd.check(ctx, r, epoch); err != nil {
 			return 0, 0, err
 		}
 	}

@@ -30,7 +30,8 @@ type RDMAStatus struct {
 	State    string   `json:"state"`
 	Reason   string   `json:"reason,omitempty"`
 	Provider string   `json:"provider,omitempty"`
-	Devices  []string `json:"devices,omitempty"`
+	Devices  []string `json:"devices,omitempty"` // one rail each, in rail order
+	Default  string   `json:"default,omitempty"` // the device of host memory
 	// NearGPU is the device that moves each GPU's memory, by CUDA ordinal.
 	NearGPU map[int]string      `json:"near_gpu,omitempty"`
 	Stats   *transfer.RDMAStats `json:"stats,omitempty"`
@@ -65,13 +66,14 @@ func (d *daemon) startRDMA() {
 	} else {
 		st.prov = rdma.Verbs()
 	}
+	var def int
 	if err == nil {
-		st.devs, err = openRDMA(st.prov, c.devices, d.cpuNUMA())
+		st.devs, def, err = openRDMA(st.prov, c.devices, d.cpuNUMA())
 	}
 	var near map[int]int
 	if err == nil {
 		near = nearGPU(st.devs, d.gpus)
-		st.path, err = transfer.NewRDMA(transfer.RDMAOptions{Devices: st.devs, NearGPU: near, Control: d.cl.tr, Self: d.cfg.node,
+		st.path, err = transfer.NewRDMA(transfer.RDMAOptions{Devices: st.devs, Default: def, NearGPU: near, Control: d.cl.tr, Self: d.cfg.node,
 			Log: func(f string, a ...any) { d.log.Infof(f, a...) }})
 	}
 	if err == nil {
@@ -95,7 +97,7 @@ func (d *daemon) startRDMA() {
 		d.log.WithError(err).Log(lvl, "RDMA unavailable: remote transfers use TCP")
 		return
 	}
-	st.status = RDMAStatus{State: "on", Provider: st.prov.Name(), Devices: st.path.Devices()}
+	st.status = RDMAStatus{State: "on", Provider: st.prov.Name(), Devices: st.path.Devices(), Default: st.path.Devices()[def]}
 	for g, i := range near {
 		if st.status.NearGPU == nil {
 			st.status.NearGPU = map[int]string{}
@@ -106,16 +108,18 @@ func (d *daemon) startRDMA() {
 		"gpus": st.status.NearGPU}).Info("RDMA on")
 }
 
-// openRDMA opens the devices to use, the default first: those named that
-// are up, in the flag's order, or all that are up, one on the NUMA node
-// of the daemon's CPUs (and so of its segments) first.
-func openRDMA(p rdma.Provider, names []string, numa int) ([]rdma.Device, error) {
+// openRDMA opens the devices to use, one rail each, and says which is the
+// default (host memory): those named that are up, in the flag's order
+// (the first is the default), or all that are up by name (the same order
+// on every node: rail i meets rail i), the default one on the NUMA node
+// of the daemon's CPUs (and so of its segments).
+func openRDMA(p rdma.Provider, names []string, numa int) ([]rdma.Device, int, error) {
 	infos, err := p.Devices()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(infos) == 0 {
-		return nil, fmt.Errorf("%w: no RDMA devices", rdma.ErrUnavailable)
+		return nil, 0, fmt.Errorf("%w: no RDMA devices", rdma.ErrUnavailable)
 	}
 	var pick []rdma.DeviceInfo
 	var down []string
@@ -130,35 +134,36 @@ func openRDMA(p rdma.Provider, names []string, numa int) ([]rdma.Device, error) 
 		pick = append(pick, di)
 	}
 	if len(names) > 0 {
-		// In the order the flag names them.
 		slices.SortStableFunc(pick, func(a, b rdma.DeviceInfo) int {
 			return slices.Index(names, a.Name) - slices.Index(names, b.Name)
 		})
 	} else {
-		slices.SortStableFunc(pick, func(a, b rdma.DeviceInfo) int {
-			return boolInt(b.NUMANode == numa) - boolInt(a.NUMANode == numa)
-		})
+		slices.SortFunc(pick, func(a, b rdma.DeviceInfo) int { return strings.Compare(a.Name, b.Name) })
 	}
 	if len(pick) == 0 {
 		if len(down) > 0 {
-			return nil, fmt.Errorf("%w: %s", rdma.ErrUnavailable, strings.Join(down, "; "))
+			return nil, 0, fmt.Errorf("%w: %s", rdma.ErrUnavailable, strings.Join(down, "; "))
 		}
-		return nil, fmt.Errorf("%w: none of --rdma-devices %s exists", rdma.ErrUnavailable, strings.Join(names, ","))
+		return nil, 0, fmt.Errorf("%w: none of --rdma-devices %s exists", rdma.ErrUnavailable, strings.Join(names, ","))
 	}
 	var errs []error
 	var devs []rdma.Device
+	def := -1
 	for _, di := range pick {
 		dev, err := p.Open(di.Name)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		if def < 0 && len(names) == 0 && numa >= 0 && di.NUMANode == numa {
+			def = len(devs)
+		}
 		devs = append(devs, dev)
 	}
 	if len(devs) == 0 {
-		return nil, errors.Join(errs...)
+		return nil, 0, errors.Join(errs...)
 	}
-	return devs, nil
+	return devs, max(def, 0), nil
 }
 
 // nearGPU picks for each GPU the device closest to it on the PCIe tree
@@ -232,13 +237,6 @@ func commonPrefix(a, b []string) int {
 		n++
 	}
 	return n
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // cpuNUMA returns the NUMA node of the first CPU the daemon runs on; -1

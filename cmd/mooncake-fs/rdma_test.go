@@ -21,15 +21,15 @@ func TestOpenRDMA(t *testing.T) {
 		}
 		return out
 	}
-	devs, err := openRDMA(p, nil, -1)
-	if got := names(devs); err != nil || len(got) != 3 || got[0] != "f0" {
-		t.Fatalf("all devices: %v %v", got, err)
+	devs, def, err := openRDMA(p, nil, -1)
+	if got := names(devs); err != nil || len(got) != 3 || got[0] != "f0" || got[2] != "f2" || def != 0 {
+		t.Fatalf("all devices: %v (default %d) %v", got, def, err)
 	}
-	devs, err = openRDMA(p, []string{"f2", "nope", "f1"}, -1)
-	if got := names(devs); err != nil || len(got) != 2 || got[0] != "f2" || got[1] != "f1" {
-		t.Fatalf("named devices: %v %v (want the flag's order)", got, err)
+	devs, def, err = openRDMA(p, []string{"f2", "nope", "f1"}, -1)
+	if got := names(devs); err != nil || len(got) != 2 || got[0] != "f2" || got[1] != "f1" || def != 0 {
+		t.Fatalf("named devices: %v (default %d) %v (want the flag's order)", got, def, err)
 	}
-	if _, err := openRDMA(p, []string{"nope"}, -1); !errors.Is(err, rdma.ErrUnavailable) {
+	if _, _, err := openRDMA(p, []string{"nope"}, -1); !errors.Is(err, rdma.ErrUnavailable) {
 		t.Fatalf("only a missing device named: %v", err)
 	}
 }

@@ -51,6 +51,7 @@ const (
 // Provider is the fake rdma.Provider.
 type Provider struct {
 	opts   Options
+	jitter atomic.Int64 // ns; Options.Jitter, or SetJitter's
 	mu     sync.Mutex
 	devs   map[string]*device
 	faults []Fault
@@ -73,8 +74,13 @@ func New(o Options) (*Provider, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("rdmafake: %w", err)
 	}
-	return &Provider{opts: o, devs: map[string]*device{}}, nil
+	p := &Provider{opts: o, devs: map[string]*device{}}
+	p.jitter.Store(int64(o.Jitter))
+	return p, nil
 }
+
+// SetJitter changes Options.Jitter.
+func (p *Provider) SetJitter(d time.Duration) { p.jitter.Store(int64(d)) }
 
 // Name implements rdma.Provider.
 func (p *Provider) Name() string { return "fake" }
@@ -448,8 +454,8 @@ func (q *qp) run() {
 				<-q.done
 				return
 			default:
-				if j := q.d.p.opts.Jitter; j > 0 {
-					time.Sleep(time.Duration(mrand.Int64N(int64(j))))
+				if j := q.d.p.jitter.Load(); j > 0 {
+					time.Sleep(time.Duration(mrand.Int64N(j)))
 				}
 				st = q.exec(w, remote)
 			}
