@@ -259,6 +259,7 @@ type railKey struct {
 type rdmaSeg struct {
 	id  segment.ID
 	mrs []rdma.MR // by device
+	lr  *localRegion
 }
 
 func (s *rdmaSeg) on(d int) RDMASegment {
@@ -373,14 +374,19 @@ func (r *RDMA) RegisterSegment(id segment.ID, mem []byte) error {
 	if err != nil {
 		return fmt.Errorf("transfer: rdma register segment %d (%d B): %w", id, len(mem), err)
 	}
+	// The segment is local memory too: replica and repair copies between
+	// it and another node's go NIC to NIC.
+	lr := r.regs.add(addrOf(mem), uint64(len(mem)), mrs)
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if old := r.mu.segs[id]; old != nil {
+	old := r.mu.segs[id]
+	r.mu.segs[id] = &rdmaSeg{id: id, mrs: mrs, lr: lr}
+	r.mu.Unlock()
+	if old != nil {
+		r.regs.remove(old.lr)
 		for _, m := range old.mrs {
 			m.Close()
 		}
 	}
-	r.mu.segs[id] = &rdmaSeg{id: id, mrs: mrs}
 	return nil
 }
 
@@ -492,6 +498,7 @@ func (r *RDMA) Close() error {
 	}
 	var errs []error
 	for _, s := range segs {
+		r.regs.remove(s.lr)
 		for _, m := range s.mrs {
 			errs = append(errs, m.Close())
 		}

@@ -838,3 +838,27 @@ func TestRDMARails(t *testing.T) {
 		t.Fatal("NearGPU naming a device that is not there was accepted")
 	}
 }
+
+// TestRDMASegmentToSegment: a copy between a local segment (registered
+// at start) and another node's, as replicas and repairs make, goes NIC to
+// NIC with no local copy.
+func TestRDMASegmentToSegment(t *testing.T) {
+	p := newRDMAPair(t, RDMAOptions{})
+	ctx := context.Background()
+	seg := make([]byte, 1<<20)
+	copy(seg, randBytes(1<<20, 13))
+	if err := p.ra.RegisterSegment(7, seg); err != nil {
+		t.Fatal(err)
+	}
+	r := p.reserve(t, 64<<10, time.Minute)
+	w := Request{Op: Write, Buf: HostBuffer(seg[4096 : 4096+64<<10]), Extent: r.Extents[0], Node: "b", Epoch: r.Epoch, Resv: r.ID}
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.b.mem(t, r.Extents[0]), seg[4096:4096+64<<10]) {
+		t.Fatal("bytes differ")
+	}
+	if s := p.path(pathRDMADirect); s.Written != 64<<10 || s.Copied() != 0 {
+		t.Fatalf("segment to segment: %+v", p.eng.Stats().Paths)
+	}
+}
