@@ -527,6 +527,19 @@ func (r *RDMA) Close() error {
 type regions struct {
 	mu   sync.RWMutex
 	list []*localRegion // sorted by start
+	// reach[i] is the largest end of list[:i+1]: a lookup walks back
+	// only while an earlier region can still cover its address.
+	reach []uint64
+}
+
+// reindex recomputes reach; caller holds mu.
+func (t *regions) reindex() {
+	t.reach = t.reach[:0]
+	var m uint64
+	for _, r := range t.list {
+		m = max(m, r.end)
+		t.reach = append(t.reach, m)
+	}
 }
 
 type localRegion struct {
@@ -543,6 +556,7 @@ func (t *regions) add(start, n uint64, mrs []rdma.MR) *localRegion {
 	t.list = append(t.list, nil)
 	copy(t.list[i+1:], t.list[i:])
 	t.list[i] = lr
+	t.reindex()
 	t.mu.Unlock()
 	return lr
 }
@@ -555,6 +569,7 @@ func (t *regions) remove(lr *localRegion) {
 			break
 		}
 	}
+	t.reindex()
 	t.mu.Unlock()
 }
 
@@ -567,9 +582,10 @@ func (t *regions) lookup(a, n uint64, d int) (uint32, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	i := sort.Search(len(t.list), func(i int) bool { return t.list[i].start > a })
-	// Regions may overlap (one buffer registered twice): look back.
-	for j := i - 1; j >= 0; j-- {
-		if r := t.list[j]; r.start <= a && e <= r.end {
+	// Regions may overlap (one buffer registered twice): look back while
+	// one can still reach a.
+	for j := i - 1; j >= 0 && t.reach[j] > a; j-- {
+		if r := t.list[j]; e <= r.end {
 			return r.mrs[d].LKey(), true
 		}
 	}

@@ -862,3 +862,45 @@ func TestRDMASegmentToSegment(t *testing.T) {
 		t.Fatalf("segment to segment: %+v", p.eng.Stats().Paths)
 	}
 }
+
+// TestRegionsLookup: overlapping and nested registrations, removal, and
+// ranges that straddle regions, against a brute-force model.
+func TestRegionsLookup(t *testing.T) {
+	var tab regions
+	type reg struct{ start, end uint64 }
+	var live []reg
+	var lrs []*localRegion
+	rng := rand.New(rand.NewSource(3))
+	check := func() {
+		for range 200 {
+			a := uint64(rng.Intn(10000))
+			n := uint64(1 + rng.Intn(300))
+			want := false
+			for _, r := range live {
+				want = want || (r.start <= a && a+n <= r.end)
+			}
+			if _, got := tab.lookup(a, n, 0); got != want {
+				t.Fatalf("lookup(%d, %d) = %v, want %v (regions %v)", a, n, got, want, live)
+			}
+		}
+	}
+	key := fakeMR{}
+	for range 60 {
+		s := uint64(rng.Intn(9000))
+		r := reg{s, s + uint64(1+rng.Intn(2000))}
+		lrs = append(lrs, tab.add(r.start, r.end-r.start, []rdma.MR{key}))
+		live = append(live, r)
+		check()
+	}
+	for len(lrs) > 0 {
+		i := rng.Intn(len(lrs))
+		tab.remove(lrs[i])
+		lrs = append(lrs[:i], lrs[i+1:]...)
+		live = append(live[:i], live[i+1:]...)
+		check()
+	}
+}
+
+type fakeMR struct{ rdma.MR }
+
+func (fakeMR) LKey() uint32 { return 1 }
