@@ -1124,9 +1124,8 @@ func (r *RDMA) moveOn(ctx context.Context, since time.Time, s *rdmaSession, req 
 	}
 	posted, broken, err := r.post(ctx, q, op, sg, ext, local, lkey, deadline)
 	switch {
-	case errors.Is(err, errFenced) && !posted:
+	case errors.Is(err, errFenced) && !posted: // counted by post
 		s.give(q, false)
-		r.stats.fenced.Add(1)
 		return errNoCommonPath
 	case errors.Is(err, errFenced):
 		// Posted, not done by the fence: that QP goes (its work with it)
