@@ -640,10 +640,22 @@ func (r *RDMA) stage(ctx context.Context, n int) ([]byte, func(), error) {
 
 type rdmaPeer struct {
 	key    railKey
-	mu     sync.Mutex // serializes exchanges
+	turn   chan struct{} // one token: held by the exchange in progress
 	sess   atomic.Pointer[rdmaSession]
-	noRDMA time.Time // until then, the peer is reached over TCP
+	noRDMA time.Time // until then, the peer is reached over TCP; under turn
 }
+
+// lock takes the peer's turn, or gives up with ctx.
+func (p *rdmaPeer) lock(ctx context.Context) error {
+	select {
+	case p.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *rdmaPeer) unlock() { <-p.turn }
 
 type rdmaSession struct {
 	epoch uint64
@@ -770,15 +782,19 @@ func (r *RDMA) session(ctx context.Context, node string, d int) (*rdmaSession, e
 	}
 	p := r.mu.peers[k]
 	if p == nil {
-		p = &rdmaPeer{key: k}
+		p = &rdmaPeer{key: k, turn: make(chan struct{}, 1)}
 		r.mu.peers[k] = p
 	}
 	r.mu.Unlock()
 	if s := p.sess.Load(); s != nil && !s.isDead() {
 		return s, nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	// Waiting for another caller's exchange, this one's context still
+	// counts.
+	if err := p.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer p.unlock()
 	if s := p.sess.Load(); s != nil && !s.isDead() {
 		return s, nil
 	}
@@ -1064,9 +1080,10 @@ func (r *RDMA) benchRail(node string, d int, why error) {
 	if p == nil {
 		return
 	}
-	p.mu.Lock()
-	p.noRDMA = time.Now().Add(5 * time.Second)
-	p.mu.Unlock()
+	if p.lock(context.Background()) == nil {
+		p.noRDMA = time.Now().Add(5 * time.Second)
+		p.unlock()
+	}
 	r.opts.Log("transfer: rdma to %s (rail %d) failed twice (%v): TCP for 5s", node, d, why)
 }
 
