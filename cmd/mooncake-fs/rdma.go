@@ -276,7 +276,7 @@ func (st *rdmaState) close(log *logrus.Logger) {
 
 func (st *rdmaState) statusNow() RDMAStatus {
 	if st == nil {
-		return RDMAStatus{State: "off"}
+		return RDMAStatus{State: "off", Reason: "one machine: nothing is remote"}
 	}
 	s := st.status
 	if st.path != nil {
