@@ -135,3 +135,41 @@ func TestClusterRDMANodeStoppedMidWrite(t *testing.T) {
 		t.Fatalf("the write did not go over RDMA: %+v %+v", s.RDMA, s.Transfer.Paths)
 	}
 }
+
+// TestClusterRDMARepair: replicas go to another node over RDMA, and when
+// that node dies the repairing node copies its own replica to a third
+// one straight from its segment: NIC to NIC, no local copy.
+func TestClusterRDMARepair(t *testing.T) {
+	requireTools(t, "getfattr", "setfattr")
+	fabric := t.TempDir()
+	c := newTestCluster(t)
+	for _, n := range []string{"a", "b", "c"} {
+		c.start(t, n, "--rdma-fake", fabric)
+	}
+	a := c.nodes["a"]
+	run(t, "mkdir", a.path("r"))
+	run(t, "setfattr", "-n", "user.mooncake.replicas", "-v", "2", a.path("r"))
+	src := randomFile(t, 3)
+	size := uint64(3<<20 + 4097)
+	run(t, "cp", src, a.path("r", "f"))
+	nodes := replicaNodes(t, a.path("r", "f"))
+	if len(nodes) != 2 || nodes[0] != "a" {
+		t.Fatalf("r/f on %v, want a and another", nodes)
+	}
+	other := nodes[1]
+	third := "b"
+	if other == "b" {
+		third = "c"
+	}
+	before := a.rdmaStatus(t).Transfer.Paths["rdma-direct"]
+	c.nodes[other].kill9(t)
+	waitFor(t, "the replica restored on "+third, func() (bool, string) {
+		got := replicaNodes(t, a.path("r", "f"))
+		return len(got) == 2 && got[0] == "a" && got[1] == third, fmt.Sprint(got)
+	})
+	run(t, "cmp", src, c.nodes[third].path("r", "f"))
+	after := a.rdmaStatus(t).Transfer.Paths["rdma-direct"]
+	if after.Written-before.Written < size || after.CopiedWritten != before.CopiedWritten {
+		t.Fatalf("repair from a's segment: rdma-direct %+v -> %+v (want %d B more written, no copy)", before, after, size)
+	}
+}
