@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 
@@ -61,6 +62,50 @@ func (f *FS) checkPath(ctx context.Context, p *callerProc, dir, key string) erro
 		next, _, _ := cutFirst(rest)
 		cur = store.Join(cur, next)
 	}
+}
+
+// maxParentTries bounds how often a FlagParents put makes its key's
+// directories again after another client removed them.
+const maxParentTries = 8
+
+// makeParents makes the missing directories between dir and key's parent
+// (FlagParents), as mkdir -p does: mode 0755, owned by uid and gid, each
+// where the caller may write and search. One made meanwhile by someone
+// else is fine; a file in the way is ENOTDIR.
+func (f *FS) makeParents(ctx context.Context, p *callerProc, uid, gid uint32, dir, key string) error {
+	parent := store.Parent(key)
+	cur := dir
+	for cur != parent {
+		rest := parent[len(cur):]
+		if cur != "" {
+			rest = rest[1:]
+		}
+		next, _, _ := cutFirst(rest)
+		child := store.Join(cur, next)
+		o, err := f.st.Stat(ctx, child)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			po, err := f.st.Stat(ctx, cur)
+			if err != nil {
+				return err
+			}
+			if po.Kind != store.KindDir {
+				return fmt.Errorf("%q: %w", cur, store.ErrNotDir)
+			}
+			if !allowed(p, po, mayWrite|mayExec) {
+				return fmt.Errorf("make %q: %w", child, syscall.EACCES)
+			}
+			if _, err := f.st.Mkdir(ctx, child, &store.Object{Mode: 0o755, Uid: uid, Gid: gid}); err != nil && !errors.Is(err, store.ErrExists) {
+				return err
+			}
+		case err != nil:
+			return err
+		case o.Kind != store.KindDir:
+			return fmt.Errorf("%q: %w", child, store.ErrNotDir)
+		}
+		cur = child
+	}
+	return nil
 }
 
 func cutFirst(s string) (string, string, bool) {

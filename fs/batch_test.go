@@ -20,7 +20,13 @@ import (
 // memory on the fixture's root and returns each entry's result.
 func runBatch(t testing.TB, fx *fuzzFixture, put bool, entries []batchEntry) []int64 {
 	t.Helper()
-	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: 0, Gid: 0}, Pid: uint32(os.Getpid())})
+	return runBatchAs(t, fx, 0, put, entries)
+}
+
+// runBatchAs is runBatch by user uid (group uid too).
+func runBatchAs(t testing.TB, fx *fuzzFixture, uid uint32, put bool, entries []batchEntry) []int64 {
+	t.Helper()
+	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: uid, Gid: uid}, Pid: uint32(os.Getpid())})
 	a := ioctl.BatchArg{Source: ioctl.BatchVM}
 	for _, e := range entries {
 		be := ioctl.BatchEntry{Len: uint64(len(e.data)), ObjOff: e.off, Flags: e.flags}
@@ -292,5 +298,49 @@ func TestNoRoomKeepsOrder(t *testing.T) {
 	})
 	if res[0] != 6<<20 || res[1] != 5 {
 		t.Fatalf("results %v, want [%d 5]", res, 6<<20)
+	}
+}
+
+// TestParentsInBatch: FlagParents makes a key's missing directories (mode
+// 0755, the caller's), and only where the caller may write; without it a
+// missing directory is ENOENT, a file in the way ENOTDIR either way.
+func TestParentsInBatch(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	par := ioctl.FlagParents
+	res := runBatch(t, fx, true, []batchEntry{
+		{key: "x/y/z", data: []byte("no")},
+		{key: "x/y/z", data: []byte("deep"), flags: par},
+		{key: "x/y/w", data: []byte("next"), flags: par | ioctl.FlagExcl},
+		{key: "f", data: []byte("file")},
+		{key: "f/g", data: []byte("under a file"), flags: par},
+		{key: "x/y/z/q", data: []byte("under a key"), flags: par},
+	})
+	want := []int64{-int64(syscall.ENOENT), 4, 4, 4, -int64(syscall.ENOTDIR), -int64(syscall.ENOTDIR)}
+	for i := range want {
+		if res[i] != want[i] {
+			t.Fatalf("results %v, want %v", res, want)
+		}
+	}
+	for _, d := range []string{"x", "x/y"} {
+		o, err := fx.st.Stat(ctx, d)
+		if err != nil || o.Kind != store.KindDir || o.Mode&0o7777 != 0o755 || o.Uid != 0 {
+			t.Fatalf("%s: %+v %v", d, o, err)
+		}
+	}
+	if got := readKey(t, fx, "x/y/z"); string(got) != "deep" {
+		t.Fatalf("x/y/z = %q", got)
+	}
+	// A user who may not write the directory makes nothing in it.
+	res = runBatchAs(t, fx, 1000, true, []batchEntry{{key: "x/other/k", data: []byte("v"), flags: par}})
+	if res[0] != -int64(syscall.EACCES) {
+		t.Fatalf("unprivileged put with parents: %v", res)
+	}
+	if _, err := fx.st.Stat(ctx, "x/other"); err == nil {
+		t.Fatal("a directory was made where its maker may not write")
+	}
+	// Gets take no put flags.
+	if res := runBatch(t, fx, false, []batchEntry{{key: "x/y/z", data: make([]byte, 8), flags: par}}); res[0] >= 0 {
+		t.Fatalf("get with FlagParents: %v", res)
 	}
 }

@@ -156,7 +156,9 @@ func (n *node) invalidation(rel string) (invalidation, bool) {
 		}
 		ch := parent.GetChild(name)
 		if ch == nil {
-			if last && n.fs.neg.cached(parent.StableAttr().Ino, name) {
+			// The kernel may hold the name as missing: a key, or a
+			// directory a put made (FlagParents), is there now.
+			if n.fs.neg.cached(parent.StableAttr().Ino, name) {
 				return invalidation{in: parent, name: name}, true
 			}
 			return invalidation{}, false
@@ -349,6 +351,9 @@ func (n *node) moveData(ctx context.Context, h *handle, key string, put bool, bu
 func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transfer.Buffer, objOff uint64, flags uint32) (*store.Object, error) {
 	if err := checkPut(flags, objOff); err != nil {
 		return nil, err
+	}
+	if flags&ioctl.FlagParents != 0 {
+		return nil, fmt.Errorf("put through an open file with FlagParents: %w", store.ErrInvalid)
 	}
 	d := h.draft()
 	if d == nil {

@@ -249,7 +249,17 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 		err = store.ErrNameTooLong
 		return
 	}
-	if err = bc.checkPath(ctx, n.fs, key); err != nil {
+	err = bc.checkPath(ctx, n.fs, key)
+	for try := 0; errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 && try < maxParentTries; try++ {
+		// Another client may remove a directory made here before the
+		// path is checked again (an rmdir of what is still empty): make
+		// it again. Once the path checks, the put lands.
+		if err = n.fs.makeParents(ctx, bc.p, bc.uid, bc.gid, bc.dir, key); err == nil {
+			delete(bc.searched, store.Parent(key))
+			err = bc.checkPath(ctx, n.fs, key)
+		}
+	}
+	if err != nil {
 		return
 	}
 	bufs = bc.buffers(len(op.segs))
@@ -707,8 +717,8 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		}
 		op.segs = []seg{s}
 		op.rel, op.err = a.Key(i)
-		if put && op.err == nil {
-			op.err = checkPut(op.flags, op.objOff)
+		if op.err == nil {
+			op.err = op.check(put, nil) // a get takes no flags
 		}
 	}
 	n.runOps(ctx, bc, put, ptrs)

@@ -27,8 +27,14 @@ const (
 	// version (growing it if needed) instead of replacing the whole
 	// object; the result still becomes visible atomically.
 	FlagUpdate uint32 = 1 << 1
+	// FlagParents (ABI 1.4; batch and key puts on a directory, whose key
+	// names a path below it) creates the key's missing parent directories
+	// first, as mkdir -p would: mode 0755, owned by the caller, who needs
+	// write and search permission where each goes. A put through an open
+	// file takes no such flag (EINVAL).
+	FlagParents uint32 = 1 << 2
 
-	putFlags = FlagExcl | FlagUpdate
+	putFlags = FlagExcl | FlagUpdate | FlagParents
 )
 
 // Buffer kinds of REGISTER_BUFFER.

@@ -20,7 +20,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 3
+#define MC_ABI_MINOR 4
 
 struct mc_header {
 	uint32_t size;
@@ -59,6 +59,13 @@ struct mc_unregister {
 
 #define MC_FLAG_EXCL (1u << 0)   /* put: fail with EEXIST if the key exists */
 #define MC_FLAG_UPDATE (1u << 1) /* put: write at obj_off into a copy */
+/*
+ * ABI 1.4: MC_FLAG_PARENTS on a batch or key put whose key names a path
+ * below the directory fd creates the missing directories first (mode
+ * 0755, the caller's; it needs write and search permission where each
+ * goes). A put through an open file refuses the flag with EINVAL.
+ */
+#define MC_FLAG_PARENTS (1u << 2)
 
 struct mc_buf {
 	struct mc_header h;

@@ -33,7 +33,7 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 3
+ABI_MINOR = 4
 
 KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
 KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
@@ -41,6 +41,7 @@ KIND_VM = 3    # REGISTER_BUFFER of an address range of this process (fd -1, off
 
 FLAG_EXCL = 1 << 0    # put: EEXIST if the key exists (first writer wins)
 FLAG_UPDATE = 1 << 1  # put: write at obj_off into a copy of the current version
+FLAG_PARENTS = 1 << 2  # batch/key put (ABI 1.4): create the key's missing parent directories
 
 MAX_BATCH = 64
 BATCH_BUF = 0  # entry addr is an offset in the registered buffer ``id``
@@ -348,7 +349,7 @@ def layout():
             }
             for name, (cls, fields) in STRUCTS.items()
         },
-        "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE},
+        "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE, "MC_FLAG_PARENTS": FLAG_PARENTS},
         "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
         "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM},
         "key": {"MC_SRC_BUF": SRC_BUF, "MC_SRC_VM": SRC_VM, "MC_SRC_CUDA": SRC_CUDA, "MC_MAX_META": MAX_META,

@@ -345,6 +345,7 @@ class MooncakeDistributedStore:
         self._host = ""
         self._regs = []        # _Reg sorted by base
         self._bases = []       # their bases, for bisect
+        self._parents = False  # the daemon makes long keys' directories (ABI 1.4)
 
     # --- lifecycle ---
 
@@ -389,7 +390,8 @@ class MooncakeDistributedStore:
                 os.makedirs(root, exist_ok=True)
                 d = Directory(root)
                 try:
-                    if d.probe() < (1, 3):
+                    abi = d.probe()
+                    if abi < (1, 3):
                         raise OSError(errno.ENOTSUP, "mooncake-fs daemon older than ABI 1.3", root)
                 except BaseException:
                     d.close()
@@ -398,6 +400,10 @@ class MooncakeDistributedStore:
                 log.warning("mooncake-fs store: setup on %s: %s", root, e)
                 return int(ErrorCode.RPC_FAIL) if not isinstance(e, PermissionError) else int(ErrorCode.ILLEGAL_CLIENT)
             self._dir, self._root, self._host = d, root, str(local_hostname)
+            # ABI 1.4: a long key's directories are made by its put, in the
+            # daemon (FLAG_PARENTS): no other client's prune can come
+            # between.
+            self._parents = abi >= (1, 4)
         return 0
 
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
@@ -468,10 +474,19 @@ class MooncakeDistributedStore:
         if top is None:
             raise _NotSetUp()
         mine = []  # the tenant directory's own keys
+        parents = self._parents
         for i, k in enumerate(keys):
             if k.__class__ is str and k.isascii() and 0 < len(k) <= _NAME_MAX and k[0] != "." \
                     and "%" not in k and "/" not in k and "\0" not in k:
                 mine.append((i, k))  # key_to_path(k) is k
+                continue
+            if parents:
+                # Through the tenant directory by its path below it: the
+                # daemon resolves (and for puts makes) the directories.
+                try:
+                    mine.append((i, key_to_path(k)))
+                except (ValueError, TypeError):
+                    failed[i] = -errno.EINVAL
                 continue
             try:
                 d, name = self._target(k, create)
@@ -628,6 +643,8 @@ class MooncakeDistributedStore:
                 items.append((k, segs, 0))
                 at.append(i)
         flags = 0 if upsert else _abi.FLAG_EXCL
+        if self._parents:
+            flags |= _abi.FLAG_PARENTS
         res = self._run(True, items, flags)
         for attempt in range(_DIR_RACE_TRIES):
             # Long keys whose directories another client's remove pruned

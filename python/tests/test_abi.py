@@ -30,6 +30,7 @@ CONSTANTS = {
     "MC_KIND_CUDA": _abi.KIND_CUDA,
     "MC_FLAG_EXCL": _abi.FLAG_EXCL,
     "MC_FLAG_UPDATE": _abi.FLAG_UPDATE,
+    "MC_FLAG_PARENTS": _abi.FLAG_PARENTS,
     "MC_MAX_BATCH": _abi.MAX_BATCH,
     "MC_BATCH_BUF": _abi.BATCH_BUF,
     "MC_BATCH_VM": _abi.BATCH_VM,
