@@ -293,6 +293,9 @@ func testIoctlPartialGet(t *testing.T, d *daemon, dir string) {
 	key := filepath.Join(dir, "k")
 	_, m := client(t, "put", key, local)
 	want(t, m, "put", "OK")
+	// MC_FLAG_PARENTS is for puts by name on a directory, not on a file.
+	_, m = client(t, "put", "--parents", key, local)
+	want(t, m, "put", "EINVAL")
 	for _, c := range []struct {
 		off, n int
 		wantN  int

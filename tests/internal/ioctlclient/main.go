@@ -408,6 +408,7 @@ func emitBatch(step string, res []ioctl.BatchResult, check func(i int) bool) {
 func put(args []string) {
 	fl := flag.NewFlagSet("put", flag.ExitOnError)
 	excl := fl.Bool("excl", false, "FlagExcl")
+	parents := fl.Bool("parents", false, "FlagParents (refused on a file)")
 	buf := fl.Bool("buf", false, "PUT_BUF from a registered memfd instead of PUT_VM")
 	wait := fl.Bool("wait", false, "open, print ready, and put after a line on stdin")
 	fl.Parse(args)
@@ -420,6 +421,9 @@ func put(args []string) {
 	var flags uint32
 	if *excl {
 		flags = ioctl.FlagExcl
+	}
+	if *parents {
+		flags |= ioctl.FlagParents
 	}
 	var m *memfd
 	var reg ioctl.Registration
