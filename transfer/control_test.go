@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -302,5 +303,31 @@ func TestSplitBounced(t *testing.T) {
 	}
 	if got[3].idx != 1 || got[3].req.Extent != host.Extent {
 		t.Fatalf("host piece changed: %+v", got[3])
+	}
+}
+
+// countingGuard admits every write and counts those in flight.
+type countingGuard struct{ inflight atomic.Int64 }
+
+func (g *countingGuard) BeginWrite(resv uint64, e segment.Extent) (func(), error) {
+	g.inflight.Add(1)
+	return func() { g.inflight.Add(-1) }, nil
+}
+
+// TestGuardEndsBeforeResponse: when a guarded write returns to the
+// writer, the owner no longer counts it in flight (a partial free the
+// writer sends right after must not be refused for it).
+func TestGuardEndsBeforeResponse(t *testing.T) {
+	g := &countingGuard{}
+	n := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Writes: g})
+	c := newTCPClient(t, testToken, map[string]string{"b": n.addr}, TCPOptions{ChunkBytes: 64 << 10})
+	src := bytes.Repeat([]byte("g"), 256<<10) // four frames in parallel
+	for i := range 200 {
+		if err := c.WriteAt(context.Background(), "b", 0, 7, segment.Extent{Segment: 1, Len: uint64(len(src))}, src); err != nil {
+			t.Fatal(err)
+		}
+		if k := g.inflight.Load(); k != 0 {
+			t.Fatalf("write %d returned with %d frames still in flight on the owner", i, k)
+		}
 	}
 }

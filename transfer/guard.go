@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 )
@@ -71,8 +72,13 @@ func (s *TCPServer) serveWriteResv(c net.Conn, h header, hb []byte) error {
 		_, err := c.Write(hb)
 		return err
 	}
-	defer done()
-	return s.serveRequest(c, h, hb)
+	// Ended once the bytes landed, before the response goes out (a free
+	// the writer sends on seeing it must not find the write in flight),
+	// or when the connection fails first.
+	var once sync.Once
+	end := func() { once.Do(done) }
+	defer end()
+	return s.serveData(c, h, hb, end)
 }
 
 func guardStatus(err error) uint32 {

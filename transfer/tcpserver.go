@@ -265,6 +265,14 @@ func (s *TCPServer) serveConn(c net.Conn) {
 // serveRequest serves one read or write whose header is h, using hb as the
 // response header's buffer. An error means the connection is unusable.
 func (s *TCPServer) serveRequest(c net.Conn, h header, hb []byte) error {
+	return s.serveData(c, h, hb, nil)
+}
+
+// serveData is serveRequest that calls landed (when not nil) once a
+// write's payload is in memory (or discarded), before the response: the
+// writer may act on the response at once (free part of its reservation,
+// say), and the write must be over by then.
+func (s *TCPServer) serveData(c net.Conn, h header, hb []byte, landed func()) error {
 	s.stats.requests.Add(1)
 	mem, rerr := s.opts.Local.Bytes(h.extent())
 	if rerr == nil && uint64(len(mem)) != h.len {
@@ -306,6 +314,9 @@ func (s *TCPServer) serveRequest(c net.Conn, h header, hb []byte) error {
 				return err
 			}
 			s.stats.written.Add(h.len)
+		}
+		if landed != nil {
+			landed()
 		}
 		putHeader(hb, resp)
 		_, err := c.Write(hb)
