@@ -56,6 +56,8 @@
 // allocations of the call's GPU table named by IPC handle (SegGPU|i),
 // which the daemon opens once per client process. RegisterCUDA registers
 // GPU memory once, RegisterAddr this process's own memory by address.
+// A key by name may be a path below the directory; with FlagParents (ABI
+// 1.4) its put makes the missing directories first.
 //
 // PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
 // caller's pages a folio at a time: buffers backed by transparent huge
