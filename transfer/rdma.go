@@ -202,24 +202,24 @@ func (h *RDMAHello) validate() error {
 
 // RDMAStats are the RDMA path's counters.
 type RDMAStats struct {
-	Devices           []string `json:"devices"`
-	Sessions          int      `json:"sessions"`       // peers connected as client
-	Served            int      `json:"served"`         // peers connected to this node
-	Exchanges         uint64   `json:"exchanges"`      // sessions set up as client
-	Broken            uint64   `json:"broken"`         // sessions ended by a failure
-	Retries           uint64   `json:"retries"`        // requests retried on a new session
-	Fallbacks         uint64   `json:"fallbacks"`      // calls sent over TCP instead
-	PoolWaits         uint64   `json:"pool_waits"`     // stagings that waited for a buffer
-	PoolTimeouts      uint64   `json:"pool_timeouts"`  // and gave up
-	RegisteredBytes   uint64   `json:"registered_b"`   // client buffers and GPU memory registered now
-	Registrations     uint64   `json:"registrations"`  // client buffer MRs made
-	SegmentsRegistred int      `json:"segments"`       // segments registered
-	PoolBytes         uint64   `json:"pool_bytes"`     // bounce pool
-	FencedWrites      uint64   `json:"fenced_writes"`  // writes refused: reservation too close to its end
-	StaleChecks       uint64   `json:"stale_checks"`   // checked reads whose body was gone
-	WorkRequests      uint64   `json:"work_requests"`  // posted
-	CompletionErrors  uint64   `json:"completion_err"` // completions with an error status
-	Discarded         uint64   `json:"discarded_qps"`  // QPs dropped after a cancelled call
+	Devices          []string `json:"devices"`
+	Sessions         int      `json:"sessions"`       // peers connected as client
+	Served           int      `json:"served"`         // peers connected to this node
+	Exchanges        uint64   `json:"exchanges"`      // sessions set up as client
+	Broken           uint64   `json:"broken"`         // sessions ended by a failure
+	Retries          uint64   `json:"retries"`        // requests retried on a new session
+	Fallbacks        uint64   `json:"fallbacks"`      // calls sent over TCP instead
+	PoolWaits        uint64   `json:"pool_waits"`     // stagings that waited for a buffer
+	PoolTimeouts     uint64   `json:"pool_timeouts"`  // and gave up
+	RegisteredBytes  uint64   `json:"registered_b"`   // client buffers and GPU memory registered now
+	Registrations    uint64   `json:"registrations"`  // client buffer MRs made
+	Segments         int      `json:"segments"`       // segments registered
+	PoolBytes        uint64   `json:"pool_bytes"`     // bounce pool
+	FencedWrites     uint64   `json:"fenced_writes"`  // writes refused: reservation too close to its end
+	StaleChecks      uint64   `json:"stale_checks"`   // checked reads whose body was gone
+	WorkRequests     uint64   `json:"work_requests"`  // posted
+	CompletionErrors uint64   `json:"completion_err"` // completions with an error status
+	Discarded        uint64   `json:"discarded_qps"`  // QPs dropped after a cancelled call
 }
 
 // RDMA is the RDMA path of remote requests. Safe for concurrent use.
@@ -460,7 +460,7 @@ func (r *RDMA) Stats() RDMAStats {
 		Exchanges: r.stats.exchanges.Load(), Broken: r.stats.broken.Load(), Retries: r.stats.retries.Load(),
 		Fallbacks: r.stats.fallbacks.Load(), PoolWaits: r.stats.poolWaits.Load(), PoolTimeouts: r.stats.poolTimeouts.Load(),
 		RegisteredBytes: r.stats.regBytes.Load(), Registrations: r.stats.registrations.Load(),
-		SegmentsRegistred: segs, PoolBytes: uint64(len(r.pool.mem)),
+		Segments: segs, PoolBytes: uint64(len(r.pool.mem)),
 		FencedWrites: r.stats.fenced.Load(), StaleChecks: r.stats.stale.Load(),
 		WorkRequests: r.stats.wrs.Load(), CompletionErrors: r.stats.compErrs.Load(),
 		Discarded: r.stats.discarded.Load(),
@@ -590,12 +590,6 @@ func (t *regions) lookup(a, n uint64, d int) (uint32, bool) {
 		}
 	}
 	return 0, false
-}
-
-// Registered reports whether b lies in memory registered with the device.
-func (r *RDMA) Registered(b []byte) bool {
-	_, ok := r.regs.lookup(addrOf(b), uint64(len(b)), 0)
-	return ok
 }
 
 // stagePool is the registered bounce memory, in slots of ChunkBytes.

@@ -195,7 +195,7 @@ func TestRDMAPaths(t *testing.T) {
 	if st := p.ra.Stats(); st.Exchanges != 1 || st.Sessions != 1 || st.Fallbacks != 1 || st.Broken != 0 {
 		t.Fatalf("rdma stats %+v", st)
 	}
-	if st := p.rb.Stats(); st.Served != 1 || st.SegmentsRegistred != 2 {
+	if st := p.rb.Stats(); st.Served != 1 || st.Segments != 2 {
 		t.Fatalf("owner's rdma stats %+v", st)
 	}
 	if fs := p.pa.Stats(); fs.Failed != 0 || fs.Bytes != 4*n {

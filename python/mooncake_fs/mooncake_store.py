@@ -24,12 +24,10 @@ import ctypes
 import errno
 import logging
 import os
-import random
 import re
 import socket
 import struct
 import threading
-import time
 from contextlib import ExitStack
 from enum import IntEnum
 
@@ -45,11 +43,6 @@ __all__ = [
 
 log = logging.getLogger("mooncake_fs.mooncake_store")
 
-
-
-# How many times a long key's put is tried again when another client pruned
-# its directories under it (see _put_many): the pauses add up to about 50 ms.
-_DIR_RACE_TRIES = 32
 
 class ErrorCode(IntEnum):
     """Mooncake's error codes (the ones this store returns, and neighbours)."""
@@ -646,17 +639,13 @@ class MooncakeDistributedStore:
         if self._parents:
             flags |= _abi.FLAG_PARENTS
         res = self._run(True, items, flags)
-        for attempt in range(_DIR_RACE_TRIES):
-            # Long keys whose directories another client's remove pruned
-            # between their making and the put (the file namespace has no
-            # mkdir-and-put in one step): again, after a random pause that
-            # grows, so that a client removing in a loop cannot win every
-            # time.
+        for _ in range(4):
+            # Long keys whose directories another client removed between
+            # their making and the put (daemons before ABI 1.4, where the
+            # client makes them): again.
             again = [j for j, (r, _) in enumerate(res) if r in (-errno.ENOENT, -errno.ESTALE) and "/" in _path_or(items[j][0])]
             if not again:
                 break
-            if attempt >= 2:
-                time.sleep(random.uniform(0, 1e-4 * attempt))
             for j, r in zip(again, self._run(True, [items[j] for j in again], flags)):
                 res[j] = r
         for i, (r, _) in zip(at, res):

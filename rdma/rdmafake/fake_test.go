@@ -190,7 +190,7 @@ func TestAccessRights(t *testing.T) {
 	p := newPair(t)
 	_, l := reg(t, p.da, 4096, rdma.AccessLocalWrite)
 	_, ro := reg(t, p.db, 4096, rdma.AccessRemoteRead)
-	w := rdma.WorkRequest{ID: 1, Op: rdma.OpWrite, RKey: ro.RKey(), Remote: ro.Addr(), Local: []rdma.SGE{{Addr: l.Addr(), Len: 8, LKey: l.LKey()}}}
+	w := small(1, rdma.OpWrite, l, ro)
 	p.qa.Post([]rdma.WorkRequest{w})
 	if c := wait(t, p.qa, 1)[0]; c.Status != rdma.StatusRemAccessErr {
 		t.Fatalf("write to a read-only MR: %v", c.Status)
@@ -199,7 +199,7 @@ func TestAccessRights(t *testing.T) {
 	qa, _ := connect(t, p.da, p.db)
 	defer qa.Close()
 	_, lro := reg(t, p.da, 4096, 0)
-	r := rdma.WorkRequest{ID: 2, Op: rdma.OpRead, RKey: ro.RKey(), Remote: ro.Addr(), Local: []rdma.SGE{{Addr: lro.Addr(), Len: 8, LKey: lro.LKey()}}}
+	r := small(2, rdma.OpRead, lro, ro)
 	qa.Post([]rdma.WorkRequest{r})
 	if c := wait(t, qa, 1)[0]; c.Status != rdma.StatusLocProtErr {
 		t.Fatalf("read into a read-only MR: %v", c.Status)
@@ -240,7 +240,7 @@ func TestUnconnectedPeer(t *testing.T) {
 	if err := q.Connect(p.qb.Endpoint()); err != nil {
 		t.Fatal(err)
 	}
-	w := rdma.WorkRequest{ID: 1, Op: rdma.OpWrite, RKey: r.RKey(), Remote: r.Addr(), Local: []rdma.SGE{{Addr: l.Addr(), Len: 8, LKey: l.LKey()}}}
+	w := small(1, rdma.OpWrite, l, r)
 	q.Post([]rdma.WorkRequest{w})
 	if c := wait(t, q, 1)[0]; c.Status != rdma.StatusRetryExcErr {
 		t.Fatalf("write from a stranger QP: %v", c.Status)
@@ -251,7 +251,7 @@ func TestInject(t *testing.T) {
 	p := newPair(t)
 	_, l := reg(t, p.da, 4096, rdma.AccessLocalWrite)
 	_, r := reg(t, p.db, 4096, all)
-	w := rdma.WorkRequest{ID: 1, Op: rdma.OpWrite, RKey: r.RKey(), Remote: r.Addr(), Local: []rdma.SGE{{Addr: l.Addr(), Len: 8, LKey: l.LKey()}}}
+	w := small(1, rdma.OpWrite, l, r)
 	p.pa.Inject(rdmafake.FaultRemoteAccess)
 	p.qa.Post([]rdma.WorkRequest{w})
 	if c := wait(t, p.qa, 1)[0]; c.Status != rdma.StatusRemAccessErr {
@@ -300,4 +300,10 @@ func TestOrderAcrossQPs(t *testing.T) {
 	if cs := wait(t, p.qa, 16); cs[15].Status != rdma.StatusSuccess {
 		t.Fatalf("the queued part: %+v", cs[15])
 	}
+}
+
+// small is an 8-byte request between the starts of local and remote.
+func small(id uint64, op rdma.Opcode, local, remote rdma.MR) rdma.WorkRequest {
+	return rdma.WorkRequest{ID: id, Op: op, RKey: remote.RKey(), Remote: remote.Addr(),
+		Local: []rdma.SGE{{Addr: local.Addr(), Len: 8, LKey: local.LKey()}}}
 }
