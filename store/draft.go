@@ -855,7 +855,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, err
 		}
-		next, old, err := d.s.nextVersion(ctx, o, cur, size, mtime, place)
+		next, old, err := d.s.nextVersion(ctx, o, cur, size, mtime, place, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -922,7 +922,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 // over cur (nil: none), without replicas, and the version it replaces;
 // mtime, when not zero, is an explicit modification time, place the
 // placement the bytes were written with.
-func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, size uint64, mtime int64, place Placement) (*Object, uint64, error) {
+func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, size uint64, mtime int64, place Placement, memo parentMemo) (*Object, uint64, error) {
 	var next *Object
 	var old uint64
 	switch {
@@ -939,8 +939,9 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		old = cur.Version
 		setXattrs(next, o.SetXattrs)
 	default:
-		if err := s.checkParent(ctx, o.Key); err != nil {
-			return nil, 0, err
+		parent := memo.parent(ctx, s, o.Key)
+		if parent.err != nil {
+			return nil, 0, parent.err
 		}
 		// No object, but maybe an implicit directory: a file there would
 		// hide its children.
@@ -950,7 +951,7 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 			return nil, 0, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
 		}
 		next = s.newObject(o.Key, KindFile, o.Template)
-		s.inherit(ctx, next)
+		parent.inherit(next)
 		setXattrs(next, o.SetXattrs)
 		if err := s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
 			return nil, 0, err

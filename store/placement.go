@@ -122,34 +122,84 @@ func (s *Store) PlacementFor(ctx context.Context, key string) Placement {
 	return p
 }
 
+// inheritedXattrs are the attributes a new object takes from its nearest
+// ancestor that has them, when it brings none of its own.
+var inheritedXattrs = [...]string{XattrReplicas, XattrPlacement}
+
 // inherit copies the placement attributes of o's nearest ancestors into
 // a new object that has none of its own.
 func (s *Store) inherit(ctx context.Context, o *Object) {
-	names := [...]string{XattrReplicas, XattrPlacement}
-	var found [len(names)]bool
-	left := 0
-	for i, name := range names {
-		if _, found[i] = o.Xattrs[name]; !found[i] {
-			left++
-		}
-	}
-	// One walk up for both: each takes the nearest ancestor's.
-	for k := Parent(o.Key); k != "" && left > 0; k = Parent(k) {
+	s.ancestry(ctx, Parent(o.Key)).inherit(o)
+}
+
+// ancestry is what a new key in dir takes from dir and its ancestors:
+// each of inheritedXattrs from the nearest one that has it (one walk up
+// for all).
+func (s *Store) ancestry(ctx context.Context, dir string) *parentInfo {
+	pi := &parentInfo{}
+	left := len(inheritedXattrs)
+	for k := dir; k != "" && left > 0; k = Parent(k) {
 		a, err := s.idx.Get(ctx, k)
 		if err != nil || len(a.Xattrs) == 0 {
 			continue
 		}
-		for i, name := range names {
-			if v, ok := a.Xattrs[name]; ok && !found[i] {
-				if o.Xattrs == nil {
-					o.Xattrs = map[string][]byte{}
-				}
-				o.Xattrs[name] = slices.Clone(v)
-				found[i] = true
+		for i, name := range inheritedXattrs {
+			if v, ok := a.Xattrs[name]; ok && !pi.found[i] {
+				pi.attrs[i], pi.found[i] = v, true
 				left--
 			}
 		}
 	}
+	return pi
+}
+
+// parentInfo is what the commit of a new key needs of its directory:
+// whether it is one (checkParent's error) and the attributes its
+// ancestors hand down.
+type parentInfo struct {
+	err   error
+	attrs [len(inheritedXattrs)][]byte
+	found [len(inheritedXattrs)]bool
+}
+
+// inherit sets in o each attribute pi holds that o has none of.
+func (pi *parentInfo) inherit(o *Object) {
+	for i, name := range inheritedXattrs {
+		if !pi.found[i] {
+			continue
+		}
+		if _, ok := o.Xattrs[name]; ok {
+			continue
+		}
+		if o.Xattrs == nil {
+			o.Xattrs = map[string][]byte{}
+		}
+		o.Xattrs[name] = slices.Clone(pi.attrs[i])
+	}
+}
+
+// parentMemo keeps parentInfo per directory for the new keys of one
+// batch commit, which all see the index as it was when they were
+// checked (each key's swap still fails alone if it changed); a nil memo
+// looks each key up anew.
+type parentMemo map[string]*parentInfo
+
+// parent returns the parentInfo of key's directory.
+func (m parentMemo) parent(ctx context.Context, s *Store, key string) *parentInfo {
+	dir := Parent(key)
+	if pi, ok := m[dir]; ok {
+		return pi
+	}
+	var pi *parentInfo
+	if err := s.checkParent(ctx, key); err != nil {
+		pi = &parentInfo{err: err}
+	} else {
+		pi = s.ancestry(ctx, dir)
+	}
+	if m != nil {
+		m[dir] = pi
+	}
+	return pi
 }
 
 // NodeInfo is one live node as placement sees it.

@@ -146,6 +146,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	p.copyNs += int64(time.Since(t0))
 	var swaps []Swap
 	var at []int // spec index of each swap
+	parents := parentMemo{}
 	for i := range p.specs {
 		sp, st := &p.specs[i], &p.st[i]
 		if st.err != nil {
@@ -157,16 +158,14 @@ func (p *Puts) Commit() ([]*Object, []error) {
 				continue
 			}
 		}
-		cur, err := s.find(ctx, sp.Key)
-		if err != nil {
-			st.err = err
-			continue
+		// Over the version the caller checked: the swap fails if the key
+		// moved on since (ErrConflict), so it is not looked up again.
+		cur := sp.Cur
+		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, Exclusive: cur == nil}
+		if cur != nil {
+			o.IfVersion = cur.Version
 		}
-		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, Exclusive: sp.Cur == nil}
-		if sp.Cur != nil {
-			o.IfVersion = sp.Cur.Version
-		}
-		next, old, err := s.nextVersion(ctx, o, cur, st.size, 0, sp.Place)
+		next, old, err := s.nextVersion(ctx, o, cur, st.size, 0, sp.Place, parents)
 		if err != nil {
 			st.err = err
 			continue

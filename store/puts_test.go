@@ -187,6 +187,45 @@ func TestBatchPutsPlacement(t *testing.T) {
 	}
 }
 
+// TestPutsInherit: the new keys of one batch take their directories'
+// placement attributes from the nearest ancestor that has each, as a
+// draft's commit does, also when several keys share a directory.
+func TestPutsInherit(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	if _, err := s.Mkdir(ctx, "a", &store.Object{Xattrs: map[string][]byte{store.XattrPlacement: []byte(store.PolicyLocal), store.XattrReplicas: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Mkdir(ctx, "a/b", &store.Object{Xattrs: map[string][]byte{store.XattrReplicas: []byte("1 ")}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Mkdir(ctx, "c", nil); err != nil {
+		t.Fatal(err)
+	}
+	var specs []store.PutSpec
+	for _, k := range []string{"a/b/x", "a/b/y", "a/z", "c/w", "a/b/x/no"} {
+		specs = append(specs, store.PutSpec{Key: k, Bufs: []transfer.Buffer{transfer.HostBuffer([]byte(k))}, Place: store.DefaultPlacement()})
+	}
+	objs, errs := s.StartPuts(ctx, specs).Commit()
+	want := map[string][2]string{"a/b/x": {"1 ", store.PolicyLocal}, "a/b/y": {"1 ", store.PolicyLocal}, "a/z": {"1", store.PolicyLocal}, "c/w": {"", ""}}
+	for i, sp := range specs {
+		w, ok := want[sp.Key]
+		if !ok {
+			if errs[i] == nil {
+				t.Fatalf("%s under a key of the same batch committed", sp.Key)
+			}
+			continue
+		}
+		if errs[i] != nil {
+			t.Fatalf("%s: %v", sp.Key, errs[i])
+		}
+		x := objs[i].Xattrs
+		if string(x[store.XattrReplicas]) != w[0] || string(x[store.XattrPlacement]) != w[1] {
+			t.Fatalf("%s inherited %q", sp.Key, x)
+		}
+	}
+}
+
 // TestEmbeddedFind: Find answers a miss with nothing, a hit with the
 // object Get gives, and fails once closed.
 func TestEmbeddedFind(t *testing.T) {
