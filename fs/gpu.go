@@ -114,7 +114,9 @@ type ipcTable struct {
 	register func(fd int, dev, n uint64) (func(), error)
 	failed   bool
 	logged   bool
-	log      func(err error)
+	// dmabufLogged is set once a client's dma-buf failed to register.
+	dmabufLogged bool
+	log          func(err error)
 }
 
 func (t *ipcTable) acquire(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
@@ -161,6 +163,27 @@ func (t *ipcTable) registerRDMA(ctx *cuda.Context, base cuda.DevicePtr, size uin
 	if err != nil {
 		if !t.logged && t.log != nil {
 			t.logged = true
+			t.log(err)
+		}
+		return nil
+	}
+	return release
+}
+
+// registerDmabuf registers mapping m with the RDMA devices through
+// dmabuf, the client's export of the same allocation: nil when there is
+// nothing to do (no RDMA, or the mapping is registered already) or it
+// fails (logged once: the buffer's remote transfers are staged).
+func (t *ipcTable) registerDmabuf(m *ipcMapping, dmabuf int) func() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.register == nil || m.rdma != nil {
+		return nil
+	}
+	release, err := t.register(dmabuf, uint64(m.base), m.size)
+	if err != nil {
+		if !t.dmabufLogged && t.log != nil {
+			t.dmabufLogged = true
 			t.log(err)
 		}
 		return nil

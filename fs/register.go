@@ -237,7 +237,7 @@ func (p *callerProc) inGroup(gid uint32) bool {
 func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) error {
 	switch a.Kind {
 	case ioctl.KindCUDA:
-		return f.registerCUDA(t, a)
+		return f.registerCUDA(ctx, t, a)
 	case ioctl.KindVM:
 		return f.registerVM(ctx, t, a)
 	}
@@ -250,21 +250,9 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 	if a.Len == 0 || a.Len > maxRegister || a.Fd < 0 {
 		return fmt.Errorf("fd %d, %d B: %w", a.Fd, a.Len, errBadRegister)
 	}
-	p, err := procOf(ctx)
+	fd, err := takeFd(ctx, a.Fd)
 	if err != nil {
 		return err
-	}
-	if err := p.load(); err != nil {
-		return err
-	}
-	pidfd, err := unix.PidfdOpen(p.tgid, 0)
-	if err != nil {
-		return fmt.Errorf("pidfd_open %d: %w", p.tgid, err)
-	}
-	defer unix.Close(pidfd)
-	fd, err := unix.PidfdGetfd(pidfd, int(a.Fd), 0)
-	if err != nil {
-		return fmt.Errorf("take fd %d of process %d: %w", a.Fd, p.tgid, err)
 	}
 	defer unix.Close(fd)
 	sh, err := pinned.MapShared(fd, a.Offset, a.Len)
@@ -319,9 +307,18 @@ func (m *Mount) OpenFiles() (open, limit uint64) {
 
 // registerCUDA opens a CUDA allocation of the caller once (its IPC handle)
 // for PUT_BUF and GET_BUF: copies then go GPU <-> segment directly.
-func (f *FS) registerCUDA(t *regTable, a *ioctl.RegisterArg) error {
-	if a.Flags != 0 || a.Len == 0 {
+func (f *FS) registerCUDA(ctx context.Context, t *regTable, a *ioctl.RegisterArg) error {
+	if a.Flags&^ioctl.RegisterDmabuf != 0 || a.Len == 0 {
 		return fmt.Errorf("cuda registration flags %#x, %d B: %w", a.Flags, a.Len, errBadRegister)
+	}
+	dmabuf := -1
+	if a.Flags&ioctl.RegisterDmabuf != 0 {
+		fd, err := takeFd(ctx, a.Fd)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		dmabuf = fd
 	}
 	gctx, err := f.gpuContext([16]byte{})
 	if err != nil {
@@ -335,9 +332,73 @@ func (f *FS) registerCUDA(t *regTable, a *ioctl.RegisterArg) error {
 		_ = f.ipc.release(m)
 		return fmt.Errorf("%d B at %d of a %d B allocation: %w", a.Len, a.Offset, m.size, errDevRange)
 	}
-	if a.ID, err = t.add(&registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len}); err != nil {
+	r := &registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len}
+	if dmabuf >= 0 {
+		if err := checkDmabuf(dmabuf, m.size); err != nil {
+			_ = f.ipc.release(m)
+			return errors.Join(err, errBadRegister)
+		}
+		r.rdma = f.ipc.registerDmabuf(m, dmabuf)
+	}
+	if a.ID, err = t.add(r); err != nil {
+		if r.rdma != nil {
+			r.rdma()
+		}
 		_ = f.ipc.release(m)
 		return err
+	}
+	return nil
+}
+
+// takeFd returns the daemon's own copy of descriptor fd of the calling
+// process (pidfd_getfd); the caller closes it.
+func takeFd(ctx context.Context, fd int32) (int, error) {
+	if fd < 0 {
+		return -1, fmt.Errorf("fd %d: %w", fd, errBadRegister)
+	}
+	p, err := procOf(ctx)
+	if err != nil {
+		return -1, err
+	}
+	if err := p.load(); err != nil {
+		return -1, err
+	}
+	pidfd, err := unix.PidfdOpen(p.tgid, 0)
+	if err != nil {
+		return -1, fmt.Errorf("pidfd_open %d: %w", p.tgid, err)
+	}
+	defer unix.Close(pidfd)
+	own, err := unix.PidfdGetfd(pidfd, int(fd), 0)
+	if err != nil {
+		return -1, fmt.Errorf("take fd %d of process %d: %w", fd, p.tgid, err)
+	}
+	return own, nil
+}
+
+// checkDmabuf verifies that fd is a dma-buf of size bytes, from what the
+// kernel shows of it (/proc/self/fdinfo: a dma-buf's has its exporter's
+// name and its size).
+func checkDmabuf(fd int, size uint64) error {
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return fmt.Errorf("dma-buf: %w", err)
+	}
+	var got uint64
+	exporter := false
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		switch k {
+		case "exp_name":
+			exporter = true
+		case "size":
+			got, _ = strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	switch {
+	case !exporter:
+		return errors.New("fd is not a dma-buf")
+	case got != size:
+		return fmt.Errorf("dma-buf of %d B for an allocation of %d B", got, size)
 	}
 	return nil
 }

@@ -2,7 +2,14 @@ package fs
 
 import (
 	"errors"
+	"os"
+	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
 // TestRegistrationLimits: registrations are bounded per open file and
@@ -32,5 +39,39 @@ func TestRegistrationLimits(t *testing.T) {
 	}
 	if live, bytes := f.regs.live.Load(), f.regs.bytes.Load(); live != 3 || bytes != 6<<10 {
 		t.Errorf("live %d, %d B after the refusals; want 3, %d B", live, bytes, 6<<10)
+	}
+}
+
+// TestCUDARegistrationRefusals: a CUDA registration with flags it does
+// not know, or with RegisterDmabuf and no descriptor of the caller, is
+// EINVAL before any GPU is asked (the GPU host's gpucheck registers real
+// dma-bufs); a descriptor that is no dma-buf is told apart.
+func TestCUDARegistrationRefusals(t *testing.T) {
+	fx := newFuzzFixture(t)
+	me := callerCtx(os.Getpid())
+	before := fx.root.fs.regs.live.Load()
+	for _, c := range []struct {
+		a    ioctl.RegisterArg
+		want syscall.Errno
+	}{
+		{ioctl.RegisterArg{Header: ioctl.Header{Flags: 1 << 7}, Fd: -1, Kind: ioctl.KindCUDA, Len: 4096}, syscall.EINVAL},
+		{ioctl.RegisterArg{Header: ioctl.Header{Flags: ioctl.RegisterDmabuf}, Fd: -1, Kind: ioctl.KindCUDA, Len: 4096}, syscall.EINVAL},
+		{ioctl.RegisterArg{Header: ioctl.Header{Flags: ioctl.RegisterDmabuf}, Fd: 1 << 20, Kind: ioctl.KindCUDA, Len: 4096}, syscall.EBADF},
+	} {
+		out := make([]byte, ioctl.SizeRegisterArg)
+		if _, e := fx.root.Ioctl(me, fx.dh, ioctl.CmdRegisterBuffer, 0, c.a.Marshal(), out); e != c.want {
+			t.Errorf("register %+v: %v, want %v", c.a, e, c.want)
+		}
+	}
+	if live := fx.root.fs.regs.live.Load(); live != before {
+		t.Errorf("%d registrations after the refusals, %d before", live, before)
+	}
+	fd, err := unix.MemfdCreate("not-a-dmabuf", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	if err := checkDmabuf(fd, 0); err == nil || !strings.Contains(err.Error(), "not a dma-buf") {
+		t.Errorf("a memfd as a dma-buf: %v", err)
 	}
 }

@@ -168,6 +168,16 @@ func (f *File) RegisterCUDA(h [64]byte, off, n uint64) (Registration, error) {
 	return f.register(RegisterArg{Fd: -1, Kind: KindCUDA, Len: n, Offset: off, Handle: h}, "cuda")
 }
 
+// RegisterCUDADmabuf is RegisterCUDA with dmabuf, a dma-buf descriptor of
+// this process exporting the whole allocation (RegisterDmabuf, ABI 1.5):
+// the daemon registers it with its RDMA devices, so that remote transfers
+// of the buffer go NIC to GPU. f keeps no use of dmabuf once it returns.
+func (f *File) RegisterCUDADmabuf(h [64]byte, dmabuf int, off, n uint64) (Registration, error) {
+	a := RegisterArg{Fd: int32(dmabuf), Kind: KindCUDA, Len: n, Offset: off, Handle: h}
+	a.Flags = RegisterDmabuf
+	return f.register(a, fmt.Sprintf("cuda, dma-buf %d", dmabuf))
+}
+
 // RegisterAddr registers b, memory of this process that is not a memfd
 // (KindVM): only this process may use the registration, and b must stay
 // mapped while it does (EFAULT otherwise).

@@ -377,6 +377,16 @@ var (
 // GET_BUF then copy between GPU memory and the store.
 const KindCUDA uint32 = 2
 
+// RegisterDmabuf (ABI 1.5; RegisterArg.Flags of KindCUDA) says that
+// RegisterArg.Fd is a dma-buf of the caller exporting the whole
+// allocation the handle names (cuMemGetHandleForAddressRange of its
+// cuMemGetAddressRange), so that the daemon can register the allocation
+// with its RDMA devices (GPUDirect RDMA): the driver exports no dma-buf
+// of an allocation opened through an IPC handle. The daemon takes its
+// own copy of the descriptor; the caller may close its own once the
+// call returns. Without RDMA the daemon checks it and lets it go.
+const RegisterDmabuf uint32 = 1 << 0
+
 // CUDAArg moves Len bytes between GPU memory of the caller and the object
 // at ObjOff, in one copy (GPU <-> pinned segment). Handle is the
 // cuIpcGetMemHandle of the allocation, DevOff the data's offset in it, and

@@ -55,7 +55,9 @@
 // process's memory (SegVM), registrations of the directory, or CUDA
 // allocations of the call's GPU table named by IPC handle (SegGPU|i),
 // which the daemon opens once per client process. RegisterCUDA registers
-// GPU memory once, RegisterAddr this process's own memory by address.
+// GPU memory once (RegisterCUDADmabuf with a dma-buf of the allocation,
+// for the daemon's GPUDirect RDMA), RegisterAddr this process's own
+// memory by address.
 // A key by name may be a path below the directory; with FlagParents (ABI
 // 1.4) its put makes the missing directories first.
 //

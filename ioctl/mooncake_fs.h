@@ -20,7 +20,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 4
+#define MC_ABI_MINOR 5
 
 struct mc_header {
 	uint32_t size;
@@ -41,6 +41,15 @@ struct mc_abi_version {
 #define MC_KIND_HOST 1u
 #define MC_KIND_CUDA 2u /* handle = cuIpcGetMemHandle, offset = offset in it */
 #define MC_KIND_VM 3u   /* fd = -1, offset = address of the caller's own memory (1.3) */
+
+/*
+ * ABI 1.5: h.flags of a MC_KIND_CUDA registration. MC_REGISTER_DMABUF:
+ * fd is a dma-buf of the caller exporting the whole allocation the handle
+ * names (cuMemGetHandleForAddressRange of the range cuMemGetAddressRange
+ * gives), for GPUDirect RDMA; the daemon takes its own copy. EINVAL when
+ * fd is not a dma-buf of the allocation's size.
+ */
+#define MC_REGISTER_DMABUF (1u << 0)
 
 struct mc_register {
 	struct mc_header h;

@@ -132,21 +132,22 @@ func TestPythonABI(t *testing.T) {
 		}
 	}
 	consts := map[string][2]uint64{
-		"MC_FLAG_EXCL":   {uint64(l.Flags["MC_FLAG_EXCL"]), uint64(ioctl.FlagExcl)},
-		"MC_FLAG_UPDATE": {uint64(l.Flags["MC_FLAG_UPDATE"]), uint64(ioctl.FlagUpdate)},
-		"MC_MAX_BATCH":   {uint64(l.Batch["MC_MAX_BATCH"]), ioctl.MaxBatch},
-		"MC_BATCH_BUF":   {uint64(l.Batch["MC_BATCH_BUF"]), uint64(ioctl.BatchBuf)},
-		"MC_BATCH_VM":    {uint64(l.Batch["MC_BATCH_VM"]), uint64(ioctl.BatchVM)},
-		"key_bytes":      {uint64(l.Batch["key_bytes"]), ioctl.BatchKeyBytes},
-		"MC_KIND_HOST":   {uint64(l.Kinds["MC_KIND_HOST"]), uint64(ioctl.KindHost)},
-		"MC_KIND_CUDA":   {uint64(l.Kinds["MC_KIND_CUDA"]), uint64(ioctl.KindCUDA)},
-		"MC_KIND_VM":     {uint64(l.Kinds["MC_KIND_VM"]), uint64(ioctl.KindVM)},
-		"MC_SRC_CUDA":    {l.Key["MC_SRC_CUDA"], uint64(ioctl.SrcCUDA)},
-		"MC_SRC_VM":      {l.Key["MC_SRC_VM"], uint64(ioctl.SrcVM)},
-		"MC_MAX_META":    {l.Key["MC_MAX_META"], ioctl.MaxMeta},
-		"MC_MAX_GPU":     {l.Key["MC_MAX_GPU_REFS"], ioctl.MaxGPURefs},
-		"MC_MAX_SEGS":    {l.Key["MC_MAX_SEGS"], ioctl.MaxSegs},
-		"MC_SEG_GPU":     {l.Key["MC_SEG_GPU"], ioctl.SegGPU},
+		"MC_FLAG_EXCL":       {uint64(l.Flags["MC_FLAG_EXCL"]), uint64(ioctl.FlagExcl)},
+		"MC_FLAG_UPDATE":     {uint64(l.Flags["MC_FLAG_UPDATE"]), uint64(ioctl.FlagUpdate)},
+		"MC_MAX_BATCH":       {uint64(l.Batch["MC_MAX_BATCH"]), ioctl.MaxBatch},
+		"MC_BATCH_BUF":       {uint64(l.Batch["MC_BATCH_BUF"]), uint64(ioctl.BatchBuf)},
+		"MC_BATCH_VM":        {uint64(l.Batch["MC_BATCH_VM"]), uint64(ioctl.BatchVM)},
+		"key_bytes":          {uint64(l.Batch["key_bytes"]), ioctl.BatchKeyBytes},
+		"MC_KIND_HOST":       {uint64(l.Kinds["MC_KIND_HOST"]), uint64(ioctl.KindHost)},
+		"MC_KIND_CUDA":       {uint64(l.Kinds["MC_KIND_CUDA"]), uint64(ioctl.KindCUDA)},
+		"MC_KIND_VM":         {uint64(l.Kinds["MC_KIND_VM"]), uint64(ioctl.KindVM)},
+		"MC_REGISTER_DMABUF": {uint64(l.Kinds["MC_REGISTER_DMABUF"]), uint64(ioctl.RegisterDmabuf)},
+		"MC_SRC_CUDA":        {l.Key["MC_SRC_CUDA"], uint64(ioctl.SrcCUDA)},
+		"MC_SRC_VM":          {l.Key["MC_SRC_VM"], uint64(ioctl.SrcVM)},
+		"MC_MAX_META":        {l.Key["MC_MAX_META"], ioctl.MaxMeta},
+		"MC_MAX_GPU":         {l.Key["MC_MAX_GPU_REFS"], ioctl.MaxGPURefs},
+		"MC_MAX_SEGS":        {l.Key["MC_MAX_SEGS"], ioctl.MaxSegs},
+		"MC_SEG_GPU":         {l.Key["MC_SEG_GPU"], ioctl.SegGPU},
 	}
 	for name, v := range consts {
 		if v[0] != v[1] {

@@ -33,11 +33,12 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 4
+ABI_MINOR = 5
 
 KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
 KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
 KIND_VM = 3    # REGISTER_BUFFER of an address range of this process (fd -1, offset = address; 1.3)
+REGISTER_DMABUF = 1 << 0  # KIND_CUDA flag (1.5): fd = dma-buf of the whole allocation, for GPUDirect RDMA
 
 FLAG_EXCL = 1 << 0    # put: EEXIST if the key exists (first writer wins)
 FLAG_UPDATE = 1 << 1  # put: write at obj_off into a copy of the current version
@@ -351,7 +352,8 @@ def layout():
         },
         "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE, "MC_FLAG_PARENTS": FLAG_PARENTS},
         "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
-        "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM},
+        "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM,
+                  "MC_REGISTER_DMABUF": REGISTER_DMABUF},
         "key": {"MC_SRC_BUF": SRC_BUF, "MC_SRC_VM": SRC_VM, "MC_SRC_CUDA": SRC_CUDA, "MC_MAX_META": MAX_META,
                 "MC_MAX_GPU_REFS": MAX_GPU_REFS, "MC_MAX_SEGS": MAX_SEGS, "MC_SEG_GPU": SEG_GPU},
     }

@@ -139,15 +139,39 @@ class _Handle:
         a = self._ioctl(_abi.REGISTER_BUFFER, _abi.Register(fd=fd, kind=_abi.KIND_HOST, len=length, offset=offset))
         return a.id
 
-    def register_cuda(self, handle, length, offset=0):
+    def register_cuda(self, handle, length, offset=0, dmabuf=None):
         """Register length bytes at offset of a GPU allocation, given its
         64-byte cuIpcGetMemHandle (ABI 1.2, MC_KIND_CUDA), on this open
         file; return the buffer id for put_buf/get_buf. The allocation must
-        stay allocated until unregister() or close()."""
+        stay allocated until unregister() or close(). dmabuf (ABI 1.5,
+        MC_REGISTER_DMABUF): a dma-buf descriptor exporting the whole
+        allocation, for the daemon's GPUDirect RDMA; the caller still
+        closes it."""
         a = _abi.Register(kind=_abi.KIND_CUDA, len=length, offset=offset)
         a.fd = -1
+        if dmabuf is not None:
+            a.h.flags, a.fd = _abi.REGISTER_DMABUF, dmabuf
         _set_bytes(a.handle, handle, "IPC handle")
         return self._ioctl(_abi.REGISTER_BUFFER, a).id
+
+    def register_gpu(self, loc, length):
+        """register_cuda of length bytes at loc (a cudadrv.IPCLocation),
+        with a dma-buf of its allocation where the driver exports one, so
+        that the daemon's RDMA devices reach the memory directly; a daemon
+        older than ABI 1.5 (EINVAL for the flag) gets the plain call."""
+        from . import cudadrv
+
+        fd = cudadrv.driver().dmabuf(loc.base, loc.size)
+        if fd is None:
+            return self.register_cuda(loc.handle, length, loc.dev_off)
+        try:
+            return self.register_cuda(loc.handle, length, loc.dev_off, dmabuf=fd)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+        finally:
+            os.close(fd)
+        return self.register_cuda(loc.handle, length, loc.dev_off)
 
     def unregister(self, buf_id):
         self._ioctl(_abi.UNREGISTER_BUFFER, _abi.Unregister(id=buf_id))

@@ -96,6 +96,14 @@ _PROTOS = {
     "cuIpcGetMemHandle": ((ctypes.POINTER(CUipcMemHandle), CUdeviceptr), ("cuIpcGetMemHandle",)),
 }
 
+# Entry points a driver may lack (older than CUDA 11.7): None where it does.
+_OPTIONAL = {
+    "cuMemGetHandleForAddressRange": ((ctypes.POINTER(ctypes.c_int), CUdeviceptr, ctypes.c_size_t, ctypes.c_int,
+                                       ctypes.c_ulonglong), ("cuMemGetHandleForAddressRange",)),
+}
+
+MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1
+
 
 def candidate_paths(env=None):
     """Where libcuda is looked for, in order."""
@@ -123,18 +131,20 @@ class Driver:
         if self.lib is None:
             raise CudaUnavailable(f"CUDA unavailable: cannot load libcuda ({'; '.join(errors)}); "
                                   "set MOONCAKE_LIBCUDA to its path")
-        for name, (argtypes, symbols) in _PROTOS.items():
-            f = None
-            for sym in symbols:
-                try:
-                    f = getattr(self.lib, sym)
-                    break
-                except AttributeError:
-                    continue
-            if f is None:
-                raise CudaUnavailable(f"CUDA unavailable: {self.path} has no {symbols[0]}")
-            f.argtypes, f.restype = argtypes, CUresult
-            setattr(self, name, f)
+        for optional, table in ((False, _PROTOS), (True, _OPTIONAL)):
+            for name, (argtypes, symbols) in table.items():
+                f = None
+                for sym in symbols:
+                    try:
+                        f = getattr(self.lib, sym)
+                        break
+                    except AttributeError:
+                        continue
+                if f is None and not optional:
+                    raise CudaUnavailable(f"CUDA unavailable: {self.path} has no {symbols[0]}")
+                if f is not None:
+                    f.argtypes, f.restype = argtypes, CUresult
+                setattr(self, name, f)
         r = self.cuInit(0)
         if r != CUDA_SUCCESS:
             raise CudaUnavailable(f"CUDA unavailable: cuInit: {self.error_text(r)}")
@@ -235,6 +245,20 @@ class Driver:
         h = CUipcMemHandle()
         self.check("cuIpcGetMemHandle", self.cuIpcGetMemHandle(ctypes.byref(h), base), f"allocation {base:#x}")
         return bytes(bytearray(ctypes.string_at(ctypes.addressof(h), IPC_HANDLE_SIZE)))
+
+
+    def dmabuf(self, base, size):
+        """A dma-buf descriptor exporting size bytes of device memory at
+        base (a whole allocation: cuMemGetHandleForAddressRange wants host
+        page alignment), which the caller closes; None where the driver
+        cannot export one."""
+        if self.cuMemGetHandleForAddressRange is None:
+            return None
+        fd = ctypes.c_int(-1)
+        r = self.cuMemGetHandleForAddressRange(ctypes.byref(fd), base, size, MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0)
+        if r != CUDA_SUCCESS or fd.value < 0:
+            return None
+        return fd.value
 
 
 _driver = None

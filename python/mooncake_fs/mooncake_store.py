@@ -524,7 +524,7 @@ class MooncakeDistributedStore:
             try:
                 loc = _device_location(buffer_ptr, size)
                 if loc is not None:
-                    rid = d.register_cuda(loc.handle, size, loc.dev_off)
+                    rid = d.register_gpu(loc, size)
                 else:
                     rid = d.register_vm(buffer_ptr, size)
             except OSError as e:

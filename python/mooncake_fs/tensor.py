@@ -847,7 +847,7 @@ def register_tensor(file, tensor):
     if nbytes == 0:
         raise ValueError("register_tensor: empty tensor")
     with _OnDevice(tensor, nbytes) as loc:
-        return _cuda_errors(file, loc, lambda: file.register_cuda(loc.handle, nbytes, loc.dev_off)), nbytes
+        return _cuda_errors(file, loc, lambda: file.register_gpu(loc, nbytes)), nbytes
 
 
 def save_state_dict(dir, state_dict, *, exclusive=False, prune=False):

@@ -512,6 +512,29 @@ class CUDATensors(RoundTrips, Base):
         self.assertBitsEqual(out[1 << 20:], t[4196:4196 + (1 << 20)])
         self.assertTrue(bool((out[:1 << 20] == 0).all()))
 
+    def test_register_with_dmabuf(self):
+        # The dma-buf of the tensor's allocation goes with the registration
+        # (ABI 1.5); a descriptor that is no dma-buf is EINVAL.
+        from mooncake_fs import cudadrv
+        t = random_tensor("uint8", (1 << 20,), "cuda", seed=16)
+        torch.cuda.synchronize()
+        loc = cudadrv.ipc_location(t.data_ptr(), t.numel(), t.device.index)
+        fd = cudadrv.driver().dmabuf(loc.base, loc.size)
+        if fd is None:
+            self.skipTest("the driver exports no dma-buf")
+        p = self.path("dmabuf")
+        try:
+            with mc.File(p, "w") as f:
+                buf_id = f.register_cuda(loc.handle, t.numel(), loc.dev_off, dmabuf=fd)
+                moved, _ = f.put_buf(buf_id, 0, t.numel())
+                self.assertEqual(moved, t.numel())
+                with self.assertRaises(OSError) as cm:
+                    f.register_cuda(loc.handle, t.numel(), loc.dev_off, dmabuf=f.fileno())
+                self.assertEqual(cm.exception.errno, errno.EINVAL)
+        finally:
+            os.close(fd)
+        self.assertEqual(mc.get(p), bytes(t.cpu().numpy()))
+
     def _child(self, code):
         env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE))
         return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,

@@ -151,6 +151,7 @@ func main() {
 		check("put_buf stored the gpu bytes", errors.Join(count(n, 8<<20), same(got, want)))
 		check("unregister", f.Unregister(reg.ID))
 	}
+	dmabufRegistration(ctx, f, dev, big, h, want)
 	f.Close()
 
 	// 6. A child puts from its GPU memory and exits with its handle open:
@@ -553,6 +554,44 @@ func ipcChild(hexHandle string) {
 	timeit("DtoH 64MiB IPC-opened", func() error { return ctx.CopyDtoH(host, p) })
 	timeit("HtoD 64MiB own allocation", func() error { return ctx.CopyHtoD(own, host) })
 	timeit("HtoD 64MiB IPC-opened", func() error { return ctx.CopyHtoD(p, host) })
+}
+
+// dmabufRegistration registers the allocation dev (size bytes, IPC
+// handle h) with a dma-buf of it (RegisterDmabuf, for the daemon's
+// GPUDirect RDMA) and moves bytes through the registration; a descriptor
+// that is no dma-buf, or one of another allocation, is EINVAL.
+func dmabufRegistration(ctx *cuda.Context, f *ioctl.File, dev cuda.DevicePtr, size uint64, h [64]byte, want []byte) {
+	fd, err := ctx.ExportDmabuf(dev, size)
+	if err != nil {
+		fmt.Println("  skip dma-buf registration: the driver exports none:", err)
+		return
+	}
+	defer syscall.Close(fd)
+	reg, err := f.RegisterCUDADmabuf(h, fd, 16<<20, 8<<20)
+	check("register cuda buffer with its dma-buf", err)
+	if err == nil {
+		n, _, err := f.PutBuf(reg.ID, 0, 8<<20, 0, 0)
+		got := make([]byte, 8<<20)
+		m, _, gerr := f.GetVM(got, 0)
+		check("put_buf through the dma-buf registration", errors.Join(err, count(n, 8<<20), gerr, count(m, 8<<20), same(got, want)))
+		check("unregister the dma-buf registration", f.Unregister(reg.ID))
+	}
+	mfd, err := unix.MemfdCreate("not-a-dmabuf", unix.MFD_CLOEXEC)
+	check("memfd", err)
+	_ = unix.Ftruncate(mfd, int64(size))
+	_, err = f.RegisterCUDADmabuf(h, mfd, 0, 4096)
+	check("a memfd as the dma-buf is EINVAL", wantErrno(err, syscall.EINVAL))
+	syscall.Close(mfd)
+	other, err := ctx.MemAlloc(4 << 20)
+	check("alloc", err)
+	ofd, err := ctx.ExportDmabuf(other, 4<<20)
+	check("dma-buf of another allocation", err)
+	_, err = f.RegisterCUDADmabuf(h, ofd, 0, 4096)
+	check("a dma-buf of another size is EINVAL", wantErrno(err, syscall.EINVAL))
+	syscall.Close(ofd)
+	ctx.MemFree(other)
+	_, err = f.RegisterCUDADmabuf(h, -1, 0, 4096)
+	check("dma-buf fd -1 is EINVAL", wantErrno(err, syscall.EINVAL))
 }
 
 // dmabuf reports whether the driver exports device memory as dma-buf
