@@ -161,8 +161,15 @@ func newFS(o Options) (*FS, error) {
 	}
 	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
 	f.ipc.register = o.RegisterDevice
-	f.ipc.log = func(err error) {
-		f.log.WithError(err).Warn("GPU memory cannot be registered for RDMA (GPUDirect): remote transfers of it are staged")
+	f.ipc.log = func(noExport bool, err error) {
+		if noExport {
+			// Drivers export no dma-buf of memory opened by IPC handle
+			// (the H200's 580 does not): registrations that bring one
+			// still go NIC to GPU.
+			f.log.WithError(err).Info("the driver exports no dma-buf of client GPU memory: GPU buffers move NIC to GPU only when registered with their owner's dma-buf (register_tensor does); other remote transfers of GPU memory are staged")
+			return
+		}
+		f.log.WithError(err).Warn("a client's GPU memory could not be registered for RDMA (GPUDirect): its remote transfers are staged")
 	}
 	if !f.splice {
 		f.log.Warnf("fs.pipe-max-size is below %d B: read replies use writev, about a third slower than splice", PipeSizeFor(o.MaxWrite))

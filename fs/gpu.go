@@ -116,7 +116,9 @@ type ipcTable struct {
 	logged   bool
 	// dmabufLogged is set once a client's dma-buf failed to register.
 	dmabufLogged bool
-	log          func(err error)
+	// log reports the first failure of each kind; noExport: the driver
+	// exported no dma-buf of an opened mapping.
+	log func(noExport bool, err error)
 }
 
 func (t *ipcTable) acquire(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
@@ -152,9 +154,8 @@ func (t *ipcTable) acquire(ctx *cuda.Context, h [64]byte) (*ipcMapping, error) {
 // not asked again; the first failure of either kind is logged.
 func (t *ipcTable) registerRDMA(ctx *cuda.Context, base cuda.DevicePtr, size uint64) func() {
 	fd, err := ctx.ExportDmabuf(base, size)
-	if err != nil {
-		t.failed = true
-	}
+	noExport := err != nil
+	t.failed = noExport
 	var release func()
 	if err == nil {
 		release, err = t.register(fd, uint64(base), size)
@@ -163,7 +164,7 @@ func (t *ipcTable) registerRDMA(ctx *cuda.Context, base cuda.DevicePtr, size uin
 	if err != nil {
 		if !t.logged && t.log != nil {
 			t.logged = true
-			t.log(err)
+			t.log(noExport, err)
 		}
 		return nil
 	}
@@ -184,7 +185,7 @@ func (t *ipcTable) registerDmabuf(m *ipcMapping, dmabuf int) func() {
 	if err != nil {
 		if !t.dmabufLogged && t.log != nil {
 			t.dmabufLogged = true
-			t.log(err)
+			t.log(false, err)
 		}
 		return nil
 	}

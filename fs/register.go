@@ -375,30 +375,11 @@ func takeFd(ctx context.Context, fd int32) (int, error) {
 	return own, nil
 }
 
-// checkDmabuf verifies that fd is a dma-buf of size bytes, from what the
-// kernel shows of it (/proc/self/fdinfo: a dma-buf's has its exporter's
-// name and its size).
+// checkDmabuf verifies that fd is a dma-buf of size bytes.
 func checkDmabuf(fd int, size uint64) error {
-	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
-	if err != nil {
-		return fmt.Errorf("dma-buf: %w", err)
+	got, err := pinned.DmabufSize(fd)
+	if err == nil && got != size {
+		err = fmt.Errorf("dma-buf of %d B for an allocation of %d B", got, size)
 	}
-	var got uint64
-	exporter := false
-	for line := range strings.SplitSeq(string(b), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		switch k {
-		case "exp_name":
-			exporter = true
-		case "size":
-			got, _ = strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	switch {
-	case !exporter:
-		return errors.New("fd is not a dma-buf")
-	case got != size:
-		return fmt.Errorf("dma-buf of %d B for an allocation of %d B", got, size)
-	}
-	return nil
+	return err
 }

@@ -2,6 +2,9 @@ package pinned
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -78,4 +81,29 @@ func (s *Shared) Close() error {
 	err := unix.Munmap(s.mem)
 	s.mem = nil
 	return err
+}
+
+// DmabufSize returns the size of dma-buf fd, from what the kernel shows
+// of it (/proc/self/fdinfo: a dma-buf's names its exporter and its
+// size); an error for a descriptor that is no dma-buf.
+func DmabufSize(fd int) (uint64, error) {
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return 0, fmt.Errorf("pinned: dma-buf: %w", err)
+	}
+	var size uint64
+	exporter := false
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		switch k {
+		case "exp_name":
+			exporter = true
+		case "size":
+			size, _ = strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	if !exporter {
+		return 0, fmt.Errorf("pinned: fd %d is not a dma-buf", fd)
+	}
+	return size, nil
 }

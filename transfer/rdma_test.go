@@ -11,6 +11,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/rdma"
 	"github.com/mooncake-fs/mooncake-fs/rdma/rdmafake"
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -33,10 +34,17 @@ type rdmaPair struct {
 
 func newRDMAPair(t *testing.T, o RDMAOptions) *rdmaPair {
 	t.Helper()
+	return newRDMAPairGPU(t, o, nil)
+}
+
+// newRDMAPairGPU is newRDMAPair whose node a's NIC reaches device memory
+// gpu through dma-buf registrations.
+func newRDMAPairGPU(t *testing.T, o RDMAOptions, gpu rdmafake.DeviceMemory) *rdmaPair {
+	t.Helper()
 	dir := t.TempDir()
 	p := &rdmaPair{fabric: dir}
 	var err error
-	if p.pa, err = rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"fa0"}, Jitter: 20 * time.Microsecond}); err != nil {
+	if p.pa, err = rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"fa0"}, Jitter: 20 * time.Microsecond, DeviceMemory: gpu}); err != nil {
 		t.Fatal(err)
 	}
 	if p.pb, err = rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"fb0"}}); err != nil {
@@ -200,6 +208,54 @@ func TestRDMAPaths(t *testing.T) {
 	}
 	if fs := p.pa.Stats(); fs.Failed != 0 || fs.Bytes != 4*n {
 		t.Fatalf("fake NIC a: %+v", fs)
+	}
+}
+
+// TestRDMAGPUDirect: GPU memory registered through its dma-buf moves NIC
+// to GPU with no local copy, within what was registered; its release
+// leaves nothing registered. (No GPU here: the fake NIC's device memory
+// is host memory at device addresses; the GPU host runs the same path on
+// a real GPU through tests/gpu/cluster.sh.)
+func TestRDMAGPUDirect(t *testing.T) {
+	const n = 200 << 10
+	gpu := &rdmafake.HostMemory{Base: 0x7e0000000000, Mem: make([]byte, 1<<20), Dmabufs: map[int]uint64{99: 1 << 20}}
+	p := newRDMAPairGPU(t, RDMAOptions{ChunkBytes: 64 << 10}, gpu)
+	ctx := context.Background()
+	if _, err := p.ra.RegisterDevice(98, gpu.Base, 1<<20); err == nil {
+		t.Fatal("a descriptor that is no dma-buf registered")
+	}
+	release, err := p.ra.RegisterDevice(99, gpu.Base, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := randBytes(n, 7)
+	copy(gpu.Mem[4096:], src)
+	gctx := &cuda.Context{} // never called: the NIC reads the memory
+	r := p.reserve(t, n, time.Minute)
+	e := r.Extents[0]
+	w := Request{Op: Write, Buf: CUDABuffer(gctx, cuda.DevicePtr(gpu.Base+4096), n), Extent: e, Node: "b", Epoch: r.Epoch, Resv: r.ID}
+	if err := p.eng.Submit(ctx, []Request{w}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(p.b.mem(t, e), src) {
+		t.Fatal("write from GPU memory did not land")
+	}
+	rd := Request{Op: Read, Buf: CUDAAllocBuffer(gctx, cuda.DevicePtr(gpu.Base), 512<<10, n), Extent: e, Node: "b", Epoch: r.Epoch}
+	if err := p.eng.Submit(ctx, []Request{rd}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gpu.Mem[512<<10:512<<10+n], src) {
+		t.Fatal("read into GPU memory differs")
+	}
+	if s := p.path(pathRDMADirect); s.Written != n || s.Read != n || s.Copied() != 0 {
+		t.Fatalf("rdma-direct after GPU transfers: %+v", s)
+	}
+	if s := p.path(pathRDMAStaged); s.Bytes() != 0 {
+		t.Fatalf("GPU transfers staged: %+v", s)
+	}
+	release()
+	if st := p.ra.Stats(); st.RegisteredBytes != 0 {
+		t.Fatalf("registered after release: %+v", st)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
+	"github.com/mooncake-fs/mooncake-fs/pinned"
 	"github.com/mooncake-fs/mooncake-fs/rdma"
 	"github.com/mooncake-fs/mooncake-fs/rdma/rdmafake"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -62,7 +63,11 @@ func (d *daemon) startRDMA() {
 	}
 	var err error
 	if c.fake != "" {
-		st.prov, err = rdmafake.New(rdmafake.Options{Dir: c.fake, Devices: []string{"fake-" + d.cfg.node}})
+		fo := rdmafake.Options{Dir: c.fake, Devices: []string{"fake-" + d.cfg.node}}
+		if d.gpuCtx != nil {
+			fo.DeviceMemory = gpuMemory{d.gpuCtx} // GPUDirect, as a NIC with peer memory
+		}
+		st.prov, err = rdmafake.New(fo)
 	} else {
 		st.prov = rdma.Verbs()
 	}
@@ -302,4 +307,26 @@ func (c *rdmaConfig) check() error {
 		}
 	}
 	return nil
+}
+
+// gpuMemory is the software NIC's reach into the GPUs (--rdma-fake on a
+// GPU host): a dma-buf registration names device memory by the daemon's
+// own device address, which, with unified addressing, one context's
+// copies reach on every GPU.
+type gpuMemory struct{ ctx *cuda.Context }
+
+func (g gpuMemory) Check(fd int, offset, length uint64) error {
+	size, err := pinned.DmabufSize(fd)
+	if err == nil && (offset > size || length > size-offset) {
+		err = fmt.Errorf("%d B at %d of a %d B dma-buf", length, offset, size)
+	}
+	return err
+}
+
+func (g gpuMemory) Read(dst []byte, addr uint64) error {
+	return g.ctx.CopyDtoH(dst, cuda.DevicePtr(addr))
+}
+
+func (g gpuMemory) Write(addr uint64, src []byte) error {
+	return g.ctx.CopyHtoD(cuda.DevicePtr(addr), src)
 }

@@ -22,6 +22,10 @@
 //   - Inject makes the next requests fail: QP to error, remote access
 //     error, or a completion that never comes (the caller's timeout must
 //     notice).
+//   - dma-buf registrations reach device memory through
+//     Options.DeviceMemory (the GPU's, on a GPU host; HostMemory in
+//     tests without one), checked as the kernel checks an import;
+//     without it they are refused, as by a NIC without peer memory.
 //
 // The fake NIC copies through sockets; those copies are the NIC's, not
 // the transport's, and no transport statistic should count them.

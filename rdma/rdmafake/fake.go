@@ -32,6 +32,22 @@ type Options struct {
 	Jitter time.Duration
 	// MTU is the devices' active MTU; 0 means 4096.
 	MTU int
+	// DeviceMemory is the GPU memory the devices reach through dma-buf
+	// registrations (GPUDirect RDMA); nil refuses them, as a NIC
+	// without peer-memory support does.
+	DeviceMemory DeviceMemory
+}
+
+// DeviceMemory is what a dma-buf registration reaches: device memory
+// named by the address it is registered at (its iova).
+type DeviceMemory interface {
+	// Check verifies that fd is a dma-buf that holds offset+length
+	// bytes, as the kernel does when a NIC's driver imports it.
+	Check(fd int, offset, length uint64) error
+	// Read copies len(dst) bytes at device address addr into dst; Write
+	// copies src to addr.
+	Read(dst []byte, addr uint64) error
+	Write(addr uint64, src []byte) error
 }
 
 // Fault is a failure Inject makes happen.
@@ -228,15 +244,24 @@ func randKey() uint32 {
 }
 
 type mr struct {
-	d          *device
-	mem        []byte
-	addr       uint64
-	access     rdma.Access
+	d      *device
+	mem    []byte
+	addr   uint64
+	access rdma.Access
+	// dev reaches a dma-buf registration's memory (mem is nil), of
+	// devLen bytes.
+	dev        DeviceMemory
+	devLen     uint64
 	lkey, rkey uint32
 }
 
 func (m *mr) Addr() uint64 { return m.addr }
-func (m *mr) Len() uint64  { return uint64(len(m.mem)) }
+func (m *mr) Len() uint64 {
+	if m.dev != nil {
+		return m.devLen
+	}
+	return uint64(len(m.mem))
+}
 func (m *mr) LKey() uint32 { return m.lkey }
 func (m *mr) RKey() uint32 { return m.rkey }
 
@@ -256,7 +281,12 @@ func (d *device) RegMR(mem []byte, access rdma.Access) (rdma.MR, error) {
 	if len(mem) == 0 {
 		return nil, errors.New("rdmafake: RegMR of 0 bytes (EINVAL)")
 	}
-	if access&rdma.AccessRemoteWrite != 0 && access&rdma.AccessLocalWrite == 0 {
+	return d.add(&mr{d: d, mem: mem, addr: uint64(uintptr(unsafe.Pointer(&mem[0]))), access: access})
+}
+
+// add enters m with fresh keys.
+func (d *device) add(m *mr) (rdma.MR, error) {
+	if m.access&rdma.AccessRemoteWrite != 0 && m.access&rdma.AccessLocalWrite == 0 {
 		return nil, errors.New("rdmafake: REMOTE_WRITE without LOCAL_WRITE (EINVAL)")
 	}
 	d.mu.Lock()
@@ -264,7 +294,6 @@ func (d *device) RegMR(mem []byte, access rdma.Access) (rdma.MR, error) {
 	if d.closed {
 		return nil, rdma.ErrClosed
 	}
-	m := &mr{d: d, mem: mem, addr: uint64(uintptr(unsafe.Pointer(&mem[0]))), access: access}
 	for m.lkey == 0 || d.mrs[m.lkey] != nil {
 		m.lkey = randKey()
 	}
@@ -277,16 +306,44 @@ func (d *device) RegMR(mem []byte, access rdma.Access) (rdma.MR, error) {
 }
 
 func (d *device) RegDmabufMR(fd int, offset, length, iova uint64, access rdma.Access) (rdma.MR, error) {
-	return nil, fmt.Errorf("rdmafake: dma-buf registration: %w", rdma.ErrUnavailable)
+	dm := d.p.opts.DeviceMemory
+	if dm == nil {
+		return nil, fmt.Errorf("rdmafake: dma-buf registration: %w", rdma.ErrUnavailable)
+	}
+	if fd < 0 || length == 0 || iova+length < iova {
+		return nil, fmt.Errorf("rdmafake: dma-buf registration of fd %d, %d B at %#x (EINVAL)", fd, length, iova)
+	}
+	if err := dm.Check(fd, offset, length); err != nil {
+		return nil, fmt.Errorf("rdmafake: dma-buf registration: %w", err)
+	}
+	return d.add(&mr{d: d, addr: iova, access: access, dev: dm, devLen: length})
 }
 
-// span returns the bytes [addr, addr+n) of m, or false.
-func (m *mr) span(addr, n uint64) ([]byte, bool) {
+// offset returns where [addr, addr+n) starts in m, or false when m does
+// not hold it.
+func (m *mr) offset(addr, n uint64) (uint64, bool) {
 	if addr < m.addr || n > m.Len() || addr-m.addr > m.Len()-n {
-		return nil, false
+		return 0, false
 	}
-	o := addr - m.addr
-	return m.mem[o : o+n], true
+	return addr - m.addr, true
+}
+
+// read copies len(dst) bytes at off of m into dst (the NIC's DMA read).
+func (m *mr) read(off uint64, dst []byte) error {
+	if m.dev != nil {
+		return m.dev.Read(dst, m.addr+off)
+	}
+	copy(dst, m.mem[off:])
+	return nil
+}
+
+// write copies src to off of m (the NIC's DMA write).
+func (m *mr) write(off uint64, src []byte) error {
+	if m.dev != nil {
+		return m.dev.Write(m.addr+off, src)
+	}
+	copy(m.mem[off:], src)
+	return nil
 }
 
 func (d *device) CreateQP(depth int) (rdma.QP, error) {
@@ -489,9 +546,10 @@ func (q *qp) complete(w rdma.WorkRequest, st rdma.Status) {
 
 // local walks the request's SGEs through the requester's MRs, as the NIC
 // checks them (lkey, bounds, LOCAL_WRITE for memory a READ writes), and
-// calls f with each SGE's bytes under the table's lock; a failed check
-// is the local protection error.
-func (q *qp) local(w rdma.WorkRequest, f func(b []byte)) rdma.Status {
+// calls f with each SGE's MR, its offset there and its length under the
+// table's lock; a failed check is the local protection error, and so is
+// a failed copy of device memory.
+func (q *qp) local(w rdma.WorkRequest, f func(m *mr, off uint64, n int) error) rdma.Status {
 	d := q.d
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -500,12 +558,12 @@ func (q *qp) local(w rdma.WorkRequest, f func(b []byte)) rdma.Status {
 		if m == nil {
 			return rdma.StatusLocProtErr
 		}
-		b, ok := m.span(s.Addr, uint64(s.Len))
+		off, ok := m.offset(s.Addr, uint64(s.Len))
 		if !ok || w.Op == rdma.OpRead && m.access&rdma.AccessLocalWrite == 0 {
 			return rdma.StatusLocProtErr
 		}
-		if f != nil {
-			f(b)
+		if f != nil && f(m, off, int(s.Len)) != nil {
+			return rdma.StatusLocProtErr
 		}
 	}
 	return rdma.StatusSuccess
@@ -516,14 +574,22 @@ func (q *qp) gather(w rdma.WorkRequest, out []byte) rdma.Status {
 	if out == nil {
 		return q.local(w, nil)
 	}
-	off := 0
-	return q.local(w, func(b []byte) { off += copy(out[off:], b) })
+	pos := 0
+	return q.local(w, func(m *mr, off uint64, n int) error {
+		err := m.read(off, out[pos:pos+n])
+		pos += n
+		return err
+	})
 }
 
 // scatter copies a READ's answer into its local SGEs.
 func (q *qp) scatter(w rdma.WorkRequest, in []byte) rdma.Status {
-	off := 0
-	return q.local(w, func(b []byte) { off += copy(b, in[off:]) })
+	pos := 0
+	return q.local(w, func(m *mr, off uint64, n int) error {
+		err := m.write(off, in[pos:pos+n])
+		pos += n
+		return err
+	})
 }
 
 // Wire frames between fake devices (little-endian):
@@ -678,19 +744,22 @@ func (d *device) access(op byte, dst, src uint32, sgid rdma.GID, rkey uint32, ad
 	if m == nil {
 		return rdma.StatusRemAccessErr, nil
 	}
-	b, ok := m.span(addr, n)
+	off, ok := m.offset(addr, n)
 	if !ok {
 		return rdma.StatusRemAccessErr, nil
 	}
 	if op == 1 {
-		if m.access&rdma.AccessRemoteWrite == 0 {
+		if m.access&rdma.AccessRemoteWrite == 0 || m.write(off, payload) != nil {
 			return rdma.StatusRemAccessErr, nil
 		}
-		copy(b, payload)
 		return rdma.StatusSuccess, nil
 	}
 	if m.access&rdma.AccessRemoteRead == 0 {
 		return rdma.StatusRemAccessErr, nil
 	}
-	return rdma.StatusSuccess, append([]byte(nil), b...)
+	data := make([]byte, n)
+	if m.read(off, data) != nil {
+		return rdma.StatusRemAccessErr, nil
+	}
+	return rdma.StatusSuccess, data
 }

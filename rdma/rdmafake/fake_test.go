@@ -2,6 +2,7 @@ package rdmafake_test
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -306,4 +307,78 @@ func TestOrderAcrossQPs(t *testing.T) {
 func small(id uint64, op rdma.Opcode, local, remote rdma.MR) rdma.WorkRequest {
 	return rdma.WorkRequest{ID: id, Op: op, RKey: remote.RKey(), Remote: remote.Addr(),
 		Local: []rdma.SGE{{Addr: local.Addr(), Len: 8, LKey: local.LKey()}}}
+}
+
+// TestDmabuf: device memory registered through a dma-buf moves like any
+// MR, within its bounds only; a descriptor that is no dma-buf, or a
+// range past its end, is refused, and so is every dma-buf where the
+// fake has no device memory.
+func TestDmabuf(t *testing.T) {
+	dir := t.TempDir()
+	gpu := &rdmafake.HostMemory{Base: 0x7f0000000000, Mem: make([]byte, 1<<16), Dmabufs: map[int]uint64{42: 1 << 16}}
+	for i := range gpu.Mem {
+		gpu.Mem[i] = byte(i*13 + 1)
+	}
+	pa, err := rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"ga"}, DeviceMemory: gpu})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb, err := rdmafake.New(rdmafake.Options{Dir: dir, Devices: []string{"gb"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	da, _ := pa.Open("ga")
+	db, _ := pb.Open("gb")
+	defer da.Close()
+	defer db.Close()
+	if _, err := db.RegDmabufMR(42, 0, 4096, gpu.Base, rdma.AccessLocalWrite); !errors.Is(err, rdma.ErrUnavailable) {
+		t.Errorf("dma-buf on a fake without device memory: %v", err)
+	}
+	for _, bad := range [][3]uint64{{7, 0, 4096}, {42, 1 << 15, 1 << 16}, {42, 0, 0}} {
+		if _, err := da.RegDmabufMR(int(bad[0]), bad[1], bad[2], gpu.Base, rdma.AccessLocalWrite); err == nil {
+			t.Errorf("dma-buf registration %v succeeded", bad)
+		}
+	}
+	mg, err := da.RegDmabufMR(42, 0, 1<<15, gpu.Base+4096, rdma.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qa, qb := connect(t, da, db)
+	defer qa.Close()
+	defer qb.Close()
+	host, mh := reg(t, db, 8192, all)
+	post := func(w rdma.WorkRequest) rdma.Status {
+		t.Helper()
+		if err := qa.Post([]rdma.WorkRequest{w}); err != nil {
+			t.Fatal(err)
+		}
+		return wait(t, qa, 1)[0].Status
+	}
+	// GPU to host, then host back into another place of the GPU.
+	if st := post(rdma.WorkRequest{Op: rdma.OpWrite, RKey: mh.RKey(), Remote: mh.Addr(),
+		Local: []rdma.SGE{{Addr: mg.Addr() + 100, Len: 8000, LKey: mg.LKey()}}}); st != rdma.StatusSuccess {
+		t.Fatalf("write from device memory: %v", st)
+	}
+	if !bytes.Equal(host[:8000], gpu.Mem[4196:12196]) {
+		t.Fatal("bytes written from device memory differ")
+	}
+	if st := post(rdma.WorkRequest{Op: rdma.OpRead, RKey: mh.RKey(), Remote: mh.Addr(),
+		Local: []rdma.SGE{{Addr: mg.Addr() + 20000, Len: 8000, LKey: mg.LKey()}}}); st != rdma.StatusSuccess {
+		t.Fatalf("read into device memory: %v", st)
+	}
+	if !bytes.Equal(gpu.Mem[24096:32096], host[:8000]) {
+		t.Fatal("bytes read into device memory differ")
+	}
+	// Past the registered range: a local protection error, nothing moves.
+	before := append([]byte(nil), host...)
+	if st := post(rdma.WorkRequest{Op: rdma.OpWrite, RKey: mh.RKey(), Remote: mh.Addr(),
+		Local: []rdma.SGE{{Addr: mg.Addr() + 1<<15 - 10, Len: 100, LKey: mg.LKey()}}}); st != rdma.StatusLocProtErr {
+		t.Fatalf("write past the dma-buf range: %v", st)
+	}
+	if !bytes.Equal(host, before) {
+		t.Fatal("a refused request moved bytes")
+	}
+	if err := mg.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

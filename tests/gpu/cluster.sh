@@ -5,8 +5,11 @@
 # a's bounce buffers -> TCP -> b), read back into GPU memory through both
 # mounts, bit-exact, plus the reverse. Needs .gpu/mooncake-fs (built with
 # CGO_ENABLED=1) and an etcd binary (ETCD, default .gpu/etcd, else etcd on
-# PATH). Output goes to stdout and $OUT. Exit status 0 when every check
-# passed.
+# PATH). With RDMA=fake the daemons move remote bytes over the software
+# NIC (--rdma-fake, which reaches GPU memory as a GPUDirect NIC would),
+# and a tensor registered with its dma-buf must go GPU to remote segment
+# and back with no local copy (rdma-direct). Output goes to stdout and
+# $OUT. Exit status 0 when every check passed.
 set -u -o pipefail
 OUT=${OUT:-/tmp}
 BIN=.gpu/mooncake-fs
@@ -26,22 +29,28 @@ trap cleanup EXIT
 head -c 32 /dev/urandom | base64 > "$W/token"
 chmod 600 "$W/token"
 port=7171
+extra=()
+if [ "${RDMA:-}" = fake ]; then
+	mkdir -p "$W/fabric"
+	extra=(--rdma-fake "$W/fabric")
+fi
 for n in a b; do
 	mkdir -p "$W/mnt-$n"
 	$BIN mount --etcd http://127.0.0.1:23790 --node $n --listen 127.0.0.1:$port --token-file "$W/token" \
-		--size 3GiB "$W/mnt-$n" > "$OUT/daemon-$n.log" 2>&1 &
+		--size 3GiB "${extra[@]}" "$W/mnt-$n" > "$OUT/daemon-$n.log" 2>&1 &
 	port=$((port + 1))
 done
 for n in a b; do
 	for _ in $(seq 1 300); do grep -q "^READY" "$OUT/daemon-$n.log" && break; sleep 0.2; done
 	grep -q "^READY" "$OUT/daemon-$n.log" || { echo "daemon $n did not start"; cat "$OUT/daemon-$n.log"; exit 1; }
 done
-PYTHONPATH=python python3 - "$W/mnt-a" "$W/mnt-b" <<'PY'
-import os, sys, time
+PYTHONPATH=python python3 - "$W/mnt-a" "$W/mnt-b" "$BIN" "${RDMA:-}" <<'PY'
+import json, os, subprocess, sys, time
 import torch
 import mooncake_fs as mc
+from mooncake_fs import tensor as mt
 
-a, b = sys.argv[1], sys.argv[2]
+a, b, binary, rdma = sys.argv[1:5]
 ok = True
 def check(what, cond):
     global ok
@@ -81,6 +90,42 @@ for size_mib in (1, 64, 1024):
     out = torch.zeros(4096, dtype=torch.uint8, device="cuda")
     got = mc.get_tensor_range(os.path.join(a, "onb/t%d" % size_mib), out, offset=n - 4096)
     check("%d MiB: last 4 KiB from b into GPU memory through a" % size_mib, got == 4096 and torch.equal(out, t[-4096:]))
+
+def paths(mnt):
+    st = json.loads(subprocess.run([binary, "status", "--json", mnt], capture_output=True, check=True).stdout)
+    return st["transfer"]["Paths"], st.get("rdma", {})
+
+if rdma == "fake":
+    # A tensor registered with its dma-buf, put through a into b's memory
+    # and read back into another registered tensor: the fake NIC reads and
+    # writes the GPU's memory itself, nothing is staged.
+    n = 64 << 20
+    t = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda")
+    back = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    before, st = paths(a)
+    check("rdma on at a (%s)" % st.get("state"), st.get("state") == "on")
+    key = os.path.join(a, "onb", "registered")
+    torch.cuda.synchronize()
+    with mc.File(key, "w") as f:
+        rid, _ = mt.register_tensor(f, t)
+        moved, _ = f.put_buf(rid, 0, n)
+        f.unregister(rid)
+    loc = os.getxattr(os.path.join(b, "onb", "registered"), "user.mooncake.location").decode()
+    check("registered tensor put through a lands on b (%s)" % loc.split(":")[0], moved == n and loc.startswith("b:"))
+    with mc.File(key) as f:
+        rid, _ = mt.register_tensor(f, back)
+        moved, _ = f.get_buf(rid, 0, n, 0)
+        f.unregister(rid)
+    torch.cuda.synchronize()
+    check("read back from b into a registered tensor, bit-exact", moved == n and torch.equal(back, t))
+    after, _ = paths(a)
+    d0, d1 = before.get("rdma-direct", {}), after.get("rdma-direct", {})
+    wr, rd = d1.get("written", 0) - d0.get("written", 0), d1.get("read", 0) - d0.get("read", 0)
+    cp = d1.get("copied_written", 0) + d1.get("copied_read", 0) - d0.get("copied_written", 0) - d0.get("copied_read", 0)
+    s0, s1 = before.get("rdma-staged", {}), after.get("rdma-staged", {})
+    staged = s1.get("written", 0) + s1.get("read", 0) - s0.get("written", 0) - s0.get("read", 0)
+    check("GPU bytes went NIC to GPU: rdma-direct %d B written, %d B read, %d copied; %d B staged" % (wr, rd, cp, staged),
+          wr >= n and rd >= n and cp == 0 and staged == 0)
 sys.exit(0 if ok else 1)
 PY
 rc=$?
