@@ -60,10 +60,11 @@ type Options struct {
 	// failure is logged and the buffer is staged instead.
 	RegisterMemory func(mem []byte) (release func(), err error)
 	// RegisterDevice, when set, registers a client's GPU allocation with
-	// the RDMA device (GPUDirect RDMA) when the daemon opens its IPC
-	// handle, given the allocation's dma-buf fd; release runs before the
-	// handle is closed. A failure (a driver without dma-buf export) is
-	// logged once and its remote transfers are staged.
+	// the RDMA device (GPUDirect RDMA), given a dma-buf fd of it: the
+	// daemon's own export when it opens the IPC handle, else the one a
+	// registration brings (RegisterDmabuf); the registration is the
+	// opened mapping's, and release runs before the handle is closed. A
+	// failure is logged once and the remote transfers are staged.
 	RegisterDevice func(fd int, dev, n uint64) (release func(), err error)
 }
 

@@ -172,24 +172,34 @@ func (t *ipcTable) registerRDMA(ctx *cuda.Context, base cuda.DevicePtr, size uin
 }
 
 // registerDmabuf registers mapping m with the RDMA devices through
-// dmabuf, the client's export of the same allocation: nil when there is
-// nothing to do (no RDMA, or the mapping is registered already) or it
-// fails (logged once: the buffer's remote transfers are staged).
-func (t *ipcTable) registerDmabuf(m *ipcMapping, dmabuf int) func() {
+// dmabuf, the client's export of the same allocation, unless it is
+// registered already or there is no RDMA: the registration is the
+// mapping's, used by every transfer of its memory and released with its
+// last reference. A failure is logged once; the mapping's remote
+// transfers are then staged.
+func (t *ipcTable) registerDmabuf(m *ipcMapping, dmabuf int) {
+	t.mu.Lock()
+	done := t.register == nil || m.rdma != nil
+	t.mu.Unlock()
+	if done {
+		return
+	}
+	// Outside the lock: registering GiBs of GPU memory takes a while.
+	release, err := t.register(dmabuf, uint64(m.base), m.size)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.register == nil || m.rdma != nil {
-		return nil
-	}
-	release, err := t.register(dmabuf, uint64(m.base), m.size)
 	if err != nil {
 		if !t.dmabufLogged && t.log != nil {
 			t.dmabufLogged = true
 			t.log(false, err)
 		}
-		return nil
+		return
 	}
-	return release
+	if m.rdma != nil {
+		release() // another registration's came first
+		return
+	}
+	m.rdma = release
 }
 
 func (t *ipcTable) release(m *ipcMapping) error {

@@ -313,7 +313,7 @@ func (f *FS) registerCUDA(ctx context.Context, t *regTable, a *ioctl.RegisterArg
 	}
 	dmabuf := -1
 	if a.Flags&ioctl.RegisterDmabuf != 0 {
-		fd, err := takeFd(ctx, a.Fd)
+		fd, err := takeDmabuf(ctx, a.Fd)
 		if err != nil {
 			return err
 		}
@@ -332,18 +332,14 @@ func (f *FS) registerCUDA(ctx context.Context, t *regTable, a *ioctl.RegisterArg
 		_ = f.ipc.release(m)
 		return fmt.Errorf("%d B at %d of a %d B allocation: %w", a.Len, a.Offset, m.size, errDevRange)
 	}
-	r := &registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len}
 	if dmabuf >= 0 {
 		if err := checkDmabuf(dmabuf, m.size); err != nil {
 			_ = f.ipc.release(m)
 			return errors.Join(err, errBadRegister)
 		}
-		r.rdma = f.ipc.registerDmabuf(m, dmabuf)
+		f.ipc.registerDmabuf(m, dmabuf)
 	}
-	if a.ID, err = t.add(r); err != nil {
-		if r.rdma != nil {
-			r.rdma()
-		}
+	if a.ID, err = t.add(&registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len}); err != nil {
 		_ = f.ipc.release(m)
 		return err
 	}
@@ -353,6 +349,39 @@ func (f *FS) registerCUDA(ctx context.Context, t *regTable, a *ioctl.RegisterArg
 // takeFd returns the daemon's own copy of descriptor fd of the calling
 // process (pidfd_getfd); the caller closes it.
 func takeFd(ctx context.Context, fd int32) (int, error) {
+	return takeFdIf(ctx, fd, nil)
+}
+
+// takeDmabuf is takeFd for a descriptor that must be a dma-buf: one that
+// is not is refused before the daemon holds it, for the daemon's close
+// of a file on a hung file system (one the caller serves itself) would
+// hang the request.
+func takeDmabuf(ctx context.Context, fd int32) (int, error) {
+	own, err := takeFdIf(ctx, fd, func(tgid int) error {
+		if _, err := pinned.DmabufSizeOf(tgid, int(fd)); err != nil {
+			return errors.Join(err, errBadRegister)
+		}
+		return nil
+	})
+	if err != nil {
+		return -1, err
+	}
+	// The caller may have swapped the descriptor in between: look at
+	// what was taken, and let go of anything else off the request.
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(own, &sfs); err != nil || sfs.Type != dmabufMagic {
+		go unix.Close(own)
+		return -1, fmt.Errorf("fd %d is not a dma-buf: %w", fd, errBadRegister)
+	}
+	return own, nil
+}
+
+// dmabufMagic is the file system magic of dma-bufs (DMA_BUF_MAGIC).
+const dmabufMagic = 0x444d4142
+
+// takeFdIf is takeFd that first runs check on the caller's thread group
+// id, when given.
+func takeFdIf(ctx context.Context, fd int32, check func(tgid int) error) (int, error) {
 	if fd < 0 {
 		return -1, fmt.Errorf("fd %d: %w", fd, errBadRegister)
 	}
@@ -362,6 +391,11 @@ func takeFd(ctx context.Context, fd int32) (int, error) {
 	}
 	if err := p.load(); err != nil {
 		return -1, err
+	}
+	if check != nil {
+		if err := check(p.tgid); err != nil {
+			return -1, err
+		}
 	}
 	pidfd, err := unix.PidfdOpen(p.tgid, 0)
 	if err != nil {

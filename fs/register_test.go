@@ -50,13 +50,20 @@ func TestCUDARegistrationRefusals(t *testing.T) {
 	fx := newFuzzFixture(t)
 	me := callerCtx(os.Getpid())
 	before := fx.root.fs.regs.live.Load()
+	memfd, err := unix.MemfdCreate("not-a-dmabuf", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(memfd)
 	for _, c := range []struct {
 		a    ioctl.RegisterArg
 		want syscall.Errno
 	}{
 		{ioctl.RegisterArg{Header: ioctl.Header{Flags: 1 << 7}, Fd: -1, Kind: ioctl.KindCUDA, Len: 4096}, syscall.EINVAL},
 		{ioctl.RegisterArg{Header: ioctl.Header{Flags: ioctl.RegisterDmabuf}, Fd: -1, Kind: ioctl.KindCUDA, Len: 4096}, syscall.EINVAL},
-		{ioctl.RegisterArg{Header: ioctl.Header{Flags: ioctl.RegisterDmabuf}, Fd: 1 << 20, Kind: ioctl.KindCUDA, Len: 4096}, syscall.EBADF},
+		{ioctl.RegisterArg{Header: ioctl.Header{Flags: ioctl.RegisterDmabuf}, Fd: 1 << 20, Kind: ioctl.KindCUDA, Len: 4096}, syscall.EINVAL},
+		// No dma-buf: refused before the daemon takes it.
+		{ioctl.RegisterArg{Header: ioctl.Header{Flags: ioctl.RegisterDmabuf}, Fd: int32(memfd), Kind: ioctl.KindCUDA, Len: 4096}, syscall.EINVAL},
 	} {
 		out := make([]byte, ioctl.SizeRegisterArg)
 		if _, e := fx.root.Ioctl(me, fx.dh, ioctl.CmdRegisterBuffer, 0, c.a.Marshal(), out); e != c.want {
@@ -66,12 +73,7 @@ func TestCUDARegistrationRefusals(t *testing.T) {
 	if live := fx.root.fs.regs.live.Load(); live != before {
 		t.Errorf("%d registrations after the refusals, %d before", live, before)
 	}
-	fd, err := unix.MemfdCreate("not-a-dmabuf", unix.MFD_CLOEXEC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(fd)
-	if err := checkDmabuf(fd, 0); err == nil || !strings.Contains(err.Error(), "not a dma-buf") {
+	if err := checkDmabuf(memfd, 0); err == nil || !strings.Contains(err.Error(), "not a dma-buf") {
 		t.Errorf("a memfd as a dma-buf: %v", err)
 	}
 }

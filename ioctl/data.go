@@ -384,7 +384,10 @@ const KindCUDA uint32 = 2
 // with its RDMA devices (GPUDirect RDMA): the driver exports no dma-buf
 // of an allocation opened through an IPC handle. The daemon takes its
 // own copy of the descriptor; the caller may close its own once the
-// call returns. Without RDMA the daemon checks it and lets it go.
+// call returns. Without RDMA the daemon checks it and lets it go. The
+// daemon checks that it is a dma-buf of the allocation's size; one of
+// another allocation of this process of the same size cannot be told
+// apart, and makes the NIC move that memory instead.
 const RegisterDmabuf uint32 = 1 << 0
 
 // CUDAArg moves Len bytes between GPU memory of the caller and the object

@@ -53,7 +53,7 @@ struct mc_abi_version {
 
 struct mc_register {
 	struct mc_header h;
-	int32_t fd;         /* in: memfd or shm fd of the caller */
+	int32_t fd;         /* in: memfd or shm fd (MC_KIND_HOST), dma-buf fd (MC_REGISTER_DMABUF), else -1 */
 	uint32_t kind;      /* in: MC_KIND_HOST */
 	uint64_t len;       /* in */
 	uint64_t offset;    /* in: page aligned */

@@ -87,9 +87,24 @@ func (s *Shared) Close() error {
 // of it (/proc/self/fdinfo: a dma-buf's names its exporter and its
 // size); an error for a descriptor that is no dma-buf.
 func DmabufSize(fd int) (uint64, error) {
-	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	return dmabufSize("/proc/self/fdinfo/"+strconv.Itoa(fd), fd)
+}
+
+// DmabufSizeOf is DmabufSize for descriptor fd of process pid, looked at
+// without taking it.
+func DmabufSizeOf(pid, fd int) (uint64, error) {
+	if fd < 0 {
+		return 0, fmt.Errorf("pinned: fd %d is not a dma-buf", fd)
+	}
+	return dmabufSize("/proc/"+strconv.Itoa(pid)+"/fdinfo/"+strconv.Itoa(fd), fd)
+}
+
+func dmabufSize(path string, fd int) (uint64, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("pinned: dma-buf: %w", err)
+		// Not the read's errno: what the caller hears is that fd is no
+		// dma-buf it can use.
+		return 0, fmt.Errorf("pinned: fd %d: no dma-buf to read (%v)", fd, err)
 	}
 	var size uint64
 	exporter := false

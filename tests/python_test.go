@@ -141,7 +141,7 @@ func TestPythonABI(t *testing.T) {
 		"MC_KIND_HOST":       {uint64(l.Kinds["MC_KIND_HOST"]), uint64(ioctl.KindHost)},
 		"MC_KIND_CUDA":       {uint64(l.Kinds["MC_KIND_CUDA"]), uint64(ioctl.KindCUDA)},
 		"MC_KIND_VM":         {uint64(l.Kinds["MC_KIND_VM"]), uint64(ioctl.KindVM)},
-		"MC_REGISTER_DMABUF": {uint64(l.Kinds["MC_REGISTER_DMABUF"]), uint64(ioctl.RegisterDmabuf)},
+		"MC_REGISTER_DMABUF": {uint64(l.Flags["MC_REGISTER_DMABUF"]), uint64(ioctl.RegisterDmabuf)},
 		"MC_SRC_CUDA":        {l.Key["MC_SRC_CUDA"], uint64(ioctl.SrcCUDA)},
 		"MC_SRC_VM":          {l.Key["MC_SRC_VM"], uint64(ioctl.SrcVM)},
 		"MC_MAX_META":        {l.Key["MC_MAX_META"], ioctl.MaxMeta},

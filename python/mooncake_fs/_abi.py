@@ -350,10 +350,10 @@ def layout():
             }
             for name, (cls, fields) in STRUCTS.items()
         },
-        "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE, "MC_FLAG_PARENTS": FLAG_PARENTS},
-        "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
-        "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM,
+        "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE, "MC_FLAG_PARENTS": FLAG_PARENTS,
                   "MC_REGISTER_DMABUF": REGISTER_DMABUF},
+        "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
+        "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM},
         "key": {"MC_SRC_BUF": SRC_BUF, "MC_SRC_VM": SRC_VM, "MC_SRC_CUDA": SRC_CUDA, "MC_MAX_META": MAX_META,
                 "MC_MAX_GPU_REFS": MAX_GPU_REFS, "MC_MAX_SEGS": MAX_SEGS, "MC_SEG_GPU": SEG_GPU},
     }

@@ -157,18 +157,20 @@ class _Handle:
     def register_gpu(self, loc, length):
         """register_cuda of length bytes at loc (a cudadrv.IPCLocation),
         with a dma-buf of its allocation where the driver exports one, so
-        that the daemon's RDMA devices reach the memory directly; a daemon
-        older than ABI 1.5 (EINVAL for the flag) gets the plain call."""
+        that the daemon's RDMA devices reach the memory directly. Where the
+        daemon cannot take it (older than ABI 1.5, or not allowed to reach
+        into this process) the plain registration follows."""
         from . import cudadrv
 
-        fd = cudadrv.driver().dmabuf(loc.base, loc.size)
+        drv = cudadrv.driver()
+        with drv.context(loc.ordinal):
+            fd = drv.dmabuf(loc.base, loc.size)
         if fd is None:
             return self.register_cuda(loc.handle, length, loc.dev_off)
         try:
             return self.register_cuda(loc.handle, length, loc.dev_off, dmabuf=fd)
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
+        except OSError:
+            pass
         finally:
             os.close(fd)
         return self.register_cuda(loc.handle, length, loc.dev_off)

@@ -559,7 +559,9 @@ func ipcChild(hexHandle string) {
 // dmabufRegistration registers the allocation dev (size bytes, IPC
 // handle h) with a dma-buf of it (RegisterDmabuf, for the daemon's
 // GPUDirect RDMA) and moves bytes through the registration; a descriptor
-// that is no dma-buf, or one of another allocation, is EINVAL.
+// that is no dma-buf, or a dma-buf of another size, is EINVAL (one of
+// another allocation of the same size cannot be told apart: it is the
+// caller's own memory either way).
 func dmabufRegistration(ctx *cuda.Context, f *ioctl.File, dev cuda.DevicePtr, size uint64, h [64]byte, want []byte) {
 	fd, err := ctx.ExportDmabuf(dev, size)
 	if err != nil {
