@@ -922,7 +922,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 // over cur (nil: none), without replicas, and the version it replaces;
 // mtime, when not zero, is an explicit modification time, place the
 // placement the bytes were written with.
-func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, size uint64, mtime int64, place Placement, memo parentMemo) (*Object, uint64, error) {
+func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, size uint64, mtime int64, place Placement, memo *commitMemo) (*Object, uint64, error) {
 	var next *Object
 	var old uint64
 	switch {
@@ -950,7 +950,7 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		} else if has {
 			return nil, 0, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
 		}
-		next = s.newObject(o.Key, KindFile, o.Template)
+		next = s.newObjectAt(o.Key, KindFile, o.Template, memo.time(s))
 		parent.inherit(next)
 		setXattrs(next, o.SetXattrs)
 		if err := s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
@@ -958,7 +958,7 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		}
 	}
 	next.Size = size
-	next.Mtime = s.now()
+	next.Mtime = memo.time(s)
 	next.Ctime = next.Mtime
 	if mtime != 0 {
 		next.Mtime = mtime

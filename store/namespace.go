@@ -10,6 +10,11 @@ import (
 
 // newObject builds a fresh object for key from an optional template.
 func (s *Store) newObject(key string, kind Kind, t *Object) *Object {
+	return s.newObjectAt(key, kind, t, s.now())
+}
+
+// newObjectAt is newObject made at time now.
+func (s *Store) newObjectAt(key string, kind Kind, t *Object, now int64) *Object {
 	o := &Object{Key: key, Kind: kind, Mode: 0o644}
 	if kind == KindDir {
 		o.Mode = 0o755
@@ -23,8 +28,8 @@ func (s *Store) newObject(key string, kind Kind, t *Object) *Object {
 	if o.Ino == 0 {
 		o.Ino = NewIno()
 	}
-	o.Mtime = s.now()
-	o.Ctime = o.Mtime
+	o.Mtime = now
+	o.Ctime = now
 	return o
 }
 

@@ -178,17 +178,33 @@ func (pi *parentInfo) inherit(o *Object) {
 	}
 }
 
-// parentMemo keeps parentInfo per directory for the new keys of one
-// batch commit, which all see the index as it was when they were
-// checked (each key's swap still fails alone if it changed); a nil memo
-// looks each key up anew.
-type parentMemo map[string]*parentInfo
+// commitMemo is what the keys of one batch commit share, which all see
+// the index as it was when they were checked (each key's swap still
+// fails alone if it changed): one clock reading, and parentInfo per
+// directory of new keys. A nil memo reads and looks up anew each time.
+type commitMemo struct {
+	now     int64
+	parents map[string]*parentInfo
+}
+
+// time returns the commit's time.
+func (m *commitMemo) time(s *Store) int64 {
+	if m == nil {
+		return s.now()
+	}
+	if m.now == 0 {
+		m.now = s.now()
+	}
+	return m.now
+}
 
 // parent returns the parentInfo of key's directory.
-func (m parentMemo) parent(ctx context.Context, s *Store, key string) *parentInfo {
+func (m *commitMemo) parent(ctx context.Context, s *Store, key string) *parentInfo {
 	dir := Parent(key)
-	if pi, ok := m[dir]; ok {
-		return pi
+	if m != nil {
+		if pi, ok := m.parents[dir]; ok {
+			return pi
+		}
 	}
 	var pi *parentInfo
 	if err := s.checkParent(ctx, key); err != nil {
@@ -197,7 +213,10 @@ func (m parentMemo) parent(ctx context.Context, s *Store, key string) *parentInf
 		pi = s.ancestry(ctx, dir)
 	}
 	if m != nil {
-		m[dir] = pi
+		if m.parents == nil {
+			m.parents = map[string]*parentInfo{}
+		}
+		m.parents[dir] = pi
 	}
 	return pi
 }

@@ -146,7 +146,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	p.copyNs += int64(time.Since(t0))
 	var swaps []Swap
 	var at []int // spec index of each swap
-	parents := parentMemo{}
+	memo := &commitMemo{}
 	for i := range p.specs {
 		sp, st := &p.specs[i], &p.st[i]
 		if st.err != nil {
@@ -165,7 +165,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		if cur != nil {
 			o.IfVersion = cur.Version
 		}
-		next, old, err := s.nextVersion(ctx, o, cur, st.size, 0, sp.Place, parents)
+		next, old, err := s.nextVersion(ctx, o, cur, st.size, 0, sp.Place, memo)
 		if err != nil {
 			st.err = err
 			continue
