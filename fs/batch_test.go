@@ -343,4 +343,25 @@ func TestParentsInBatch(t *testing.T) {
 	if res := runBatch(t, fx, false, []batchEntry{{key: "x/y/z", data: make([]byte, 8), flags: par}}); res[0] >= 0 {
 		t.Fatalf("get with FlagParents: %v", res)
 	}
+	// The keys of a call act in order also across the chunks of a long
+	// call: a key put earlier, in a chunk whose copies are still under
+	// way, is a file where a later key's directory would go.
+	for _, chunked := range []bool{false, true} {
+		chunkAlways = chunked
+		var entries []batchEntry
+		for i := range gpuChunkKeys {
+			entries = append(entries, batchEntry{key: fmt.Sprintf("c%v/k%d", chunked, i), data: []byte("v"), flags: par})
+		}
+		entries = append(entries, batchEntry{key: fmt.Sprintf("c%v/k3/sub", chunked), data: []byte("w"), flags: par})
+		res := runBatch(t, fx, true, entries)
+		chunkAlways = false
+		for i, r := range res[:len(res)-1] {
+			if r != 1 {
+				t.Fatalf("chunked %v: key %d: %d", chunked, i, r)
+			}
+		}
+		if last := res[len(res)-1]; last != -int64(syscall.ENOTDIR) {
+			t.Fatalf("chunked %v: a key below one the call put first: %d, want ENOTDIR", chunked, last)
+		}
+	}
 }

@@ -205,15 +205,16 @@ func newOps(count uint32) []*keyOp {
 }
 
 // runPuts runs the puts of a call in order: each run of plain puts (no
-// flags but FlagExcl, at offset 0) is one transfer (batchPut), done before
-// the next put with other flags, which goes alone (putOne).
+// flags but FlagExcl and FlagParents, at offset 0) is one transfer
+// (batchPut), done before the next put with other flags, which goes
+// alone (putOne).
 func (n *node) runPuts(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	var run []*keyOp
 	for _, op := range ops {
 		if op.err != nil {
 			continue
 		}
-		if op.flags&^ioctl.FlagExcl == 0 && op.objOff == 0 {
+		if op.flags&^(ioctl.FlagExcl|ioctl.FlagParents) == 0 && op.objOff == 0 {
 			run = append(run, op)
 			continue
 		}
@@ -241,6 +242,14 @@ func (n *node) putAlone(ctx context.Context, bc *batchCall, op *keyOp) {
 // target checks op's key and resolves its segments into buffers, held
 // until the call ends (bc.release).
 func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string, bufs []transfer.Buffer, size uint64, err error) {
+	return n.targetAfter(ctx, bc, op, nil)
+}
+
+// targetAfter is target that runs beforeParents, when given, before it
+// makes a key's missing directories (FlagParents): batchPut commits the
+// keys it checked so far there, for the call's keys act in their order
+// and an earlier one may be where a directory would go.
+func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, beforeParents func()) (key string, bufs []transfer.Buffer, size uint64, err error) {
 	if err = store.ValidateKey(op.rel); err != nil {
 		return
 	}
@@ -251,6 +260,9 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 	}
 	err = bc.checkPath(ctx, n.fs, key)
 	for try := 0; errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 && try < maxParentTries; try++ {
+		if try == 0 && beforeParents != nil {
+			beforeParents()
+		}
 		// Another client may remove a directory made here before the
 		// path is checked again (an rmdir of what is still empty): make
 		// it again. Once the path checks, the put lands.
@@ -355,8 +367,8 @@ func newPutChunk(keys int) *putChunk {
 // keys returns how many keys c holds.
 func (c *putChunk) keys() int { return len(c.fast) + len(c.ps) }
 
-// batchPut runs a run of plain puts (no flags but FlagExcl, offset 0) as few
-// transfers: every key is checked and gets its draft first, then the
+// batchPut runs a run of plain puts (no flags but FlagExcl and
+// FlagParents, offset 0) as few transfers: every key is checked and gets its draft first, then the
 // bytes of all the keys move in one engine batch (one process_vm_readv
 // per run of keys of the caller's memory); from GPU memory, chunks of
 // gpuChunkKeys keys, each chunk's copies running while the chunk before
@@ -403,8 +415,20 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	dirs := map[string]dirInfo{}
 	cur := newPutChunk(len(ops))
 	chunks = append(chunks, cur)
+	// flush commits every key checked so far (FlagParents: before a key's
+	// directories are made, see targetAfter).
+	flush := func() {
+		if cur.keys() == 0 {
+			commitUpTo(len(chunks) - 1) // a chunk started, not committed
+			return
+		}
+		start(cur)
+		commitUpTo(len(chunks))
+		cur = newPutChunk(len(ops))
+		chunks = append(chunks, cur)
+	}
 	for _, op := range ops {
-		key, bufs, size, err := n.target(ctx, bc, op)
+		key, bufs, size, err := n.targetAfter(ctx, bc, op, flush)
 		if err != nil {
 			op.fail(err)
 			continue
@@ -522,8 +546,10 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 		for j, op := range c.fast {
 			err := errs[j]
 			switch {
-			case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists):
-				// Changed since checked: check it again, one key.
+			case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists),
+				errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0:
+				// Changed since checked (or a directory made for it was
+				// removed since): check it again, one key.
 				n.putAlone(ctx, bc, op)
 			case errors.Is(err, store.ErrNoSpace):
 				*again = append(*again, op)
@@ -559,8 +585,10 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 		}
 		o, err := pp.d.Commit(ctx, opts)
 		pp.d.Close() // the replaced version's space comes back now
-		if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) {
-			// Changed since checked: check it again, one key.
+		if again := errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) ||
+			errors.Is(err, store.ErrNotFound) && pp.op.flags&ioctl.FlagParents != 0; again {
+			// Changed since checked (or a directory made for it was
+			// removed since): check it again, one key.
 			n.putAlone(ctx, bc, pp.op)
 			continue
 		}
