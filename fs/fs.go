@@ -125,6 +125,7 @@ type FS struct {
 	ipcCached atomic.Int64
 	procs     procTable // client processes (proc.go)
 	neg       negatives // names answered ENOENT (negative.go)
+	suspects  fdCloser  // closes refused descriptors of callers (register.go)
 	batches   batchStats
 }
 

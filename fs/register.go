@@ -254,7 +254,13 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
+	if err := pinned.CheckShmem(fd); err != nil {
+		// Not memory: maybe a file of a hung file system, whose close
+		// would not come back.
+		f.suspects.close(fd)
+		return errors.Join(err, errBadRegister)
+	}
+	defer unix.Close(fd) // shmem: its close waits on no one
 	sh, err := pinned.MapShared(fd, a.Offset, a.Len)
 	if err != nil {
 		return errors.Join(err, errBadRegister)
@@ -313,7 +319,7 @@ func (f *FS) registerCUDA(ctx context.Context, t *regTable, a *ioctl.RegisterArg
 	}
 	dmabuf := -1
 	if a.Flags&ioctl.RegisterDmabuf != 0 {
-		fd, err := takeDmabuf(ctx, a.Fd)
+		fd, err := f.takeDmabuf(ctx, a.Fd)
 		if err != nil {
 			return err
 		}
@@ -356,7 +362,7 @@ func takeFd(ctx context.Context, fd int32) (int, error) {
 // is not is refused before the daemon holds it, for the daemon's close
 // of a file on a hung file system (one the caller serves itself) would
 // hang the request.
-func takeDmabuf(ctx context.Context, fd int32) (int, error) {
+func (f *FS) takeDmabuf(ctx context.Context, fd int32) (int, error) {
 	own, err := takeFdIf(ctx, fd, func(tgid int) error {
 		if _, err := pinned.DmabufSizeOf(tgid, int(fd)); err != nil {
 			return errors.Join(err, errBadRegister)
@@ -370,10 +376,40 @@ func takeDmabuf(ctx context.Context, fd int32) (int, error) {
 	// what was taken, and let go of anything else off the request.
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(own, &sfs); err != nil || sfs.Type != dmabufMagic {
-		go unix.Close(own)
+		f.suspects.close(own)
 		return -1, fmt.Errorf("fd %d is not a dma-buf: %w", fd, errBadRegister)
 	}
 	return own, nil
+}
+
+// fdCloser closes descriptors callers gave that failed their checks: a
+// file of a hung file system (a FUSE mount its caller serves and leaves
+// unanswered, a dead NFS server) can make close wait forever, so they
+// are closed off the request by a few goroutines. When those are all
+// stuck and their queue is full, the failing request waits: its
+// caller's, and no one else's.
+type fdCloser struct {
+	once sync.Once
+	ch   chan int
+}
+
+const (
+	fdClosers     = 4
+	fdCloserQueue = 256
+)
+
+func (c *fdCloser) close(fd int) {
+	c.once.Do(func() {
+		c.ch = make(chan int, fdCloserQueue)
+		for range fdClosers {
+			go func() {
+				for fd := range c.ch {
+					_ = unix.Close(fd)
+				}
+			}()
+		}
+	})
+	c.ch <- fd
 }
 
 // dmabufMagic is the file system magic of dma-bufs (DMA_BUF_MAGIC).
