@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,18 +49,23 @@ func (h *hungHandle) Flush(ctx context.Context) syscall.Errno {
 	return 0
 }
 
-// TestRegisterHungFileSystem: a client registers, as a buffer and as a
-// GPU allocation's dma-buf, descriptors of a file system that never
-// answers a flush (served here, by the test; the client is a child
-// process). Each is refused (EINVAL) and returns: the close that would
-// wait is not the request's. The mount keeps answering.
+// TestRegisterHungFileSystem: an unprivileged client registers, as a
+// buffer and as a GPU allocation's dma-buf, descriptors of a file system
+// that never answers a flush (served here, by the test; the client is a
+// child process). Each is refused (EINVAL) and returns: the close that
+// would wait is not the request's. The mount keeps answering.
 func TestRegisterHungFileSystem(t *testing.T) {
 	t.Parallel()
-	requireTools(t, python)
+	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB")
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
 	release := make(chan struct{})
 	hung := t.TempDir()
-	srv, err := gofs.Mount(hung, &hungRoot{release: release}, &gofs.Options{MountOptions: fuse.MountOptions{DirectMount: true, Name: "hungfs"}})
+	if err := os.Chmod(filepath.Dir(hung), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := gofs.Mount(hung, &hungRoot{release: release}, &gofs.Options{MountOptions: fuse.MountOptions{DirectMount: true, Name: "hungfs", AllowOther: true}})
 	if err != nil {
 		t.Skipf("cannot mount a second FUSE file system here: %v", err)
 	}
@@ -86,7 +92,7 @@ for i in range(8):
 print("done", flush=True)
 os._exit(0)  # its own closes of the hung files wait for the release
 `
-	cmd := exec.Command(python, "-c", script, publicPythonDir(t), d.dir, hung)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script, publicPythonDir(t), pub, hung)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
