@@ -222,6 +222,62 @@ func BenchmarkBatchPut(b *testing.B) {
 	}
 }
 
+// BenchmarkBatchPutResident is BenchmarkBatchPut in a store holding 64k
+// keys (256 MiB), as a serving engine's cache is: the index, LRU and body
+// maps are larger than the CPU's caches. "new" puts keys that are not
+// there (b.N*64 of them, at most 8192 calls), "over" replaces resident
+// ones, in an order that visits them all once in 1024 calls.
+func BenchmarkBatchPutResident(b *testing.B) {
+	const keys, maxNew = 64 << 10, 8192 * 64
+	data := bytes.Repeat([]byte{7}, 4096)
+	name := func(i int) string { return fmt.Sprintf("a/k%d", i%keys) }
+	for _, over := range []bool{false, true} {
+		b.Run(map[bool]string{false: "new", true: "over"}[over], func(b *testing.B) {
+			fx := newFixtureOf(b, (keys+maxNew)*4096+(8<<20))
+			if _, err := fx.st.Mkdir(context.Background(), "a", &store.Object{Mode: 0o755}); err != nil {
+				b.Fatal(err)
+			}
+			entries := make([]batchEntry, 64)
+			for i := 0; i < keys; i += 64 {
+				for k := range entries {
+					entries[k] = batchEntry{key: name(i + k), data: data}
+				}
+				runBatch(b, fx, true, entries)
+			}
+			b.ReportAllocs()
+			defer reportKeyWork(b, fx.root.fs)()
+			for i := 0; b.Loop(); i++ {
+				if !over && i >= maxNew/64 {
+					b.Fatal("run it with -benchtime of at most 8192x")
+				}
+				for k := range entries {
+					if over {
+						entries[k] = batchEntry{key: name((i*64 + k) * 40503), data: data}
+					} else {
+						entries[k] = batchEntry{key: fmt.Sprintf("a/n%d", i*64+k), data: data}
+					}
+				}
+				runBatch(b, fx, true, entries)
+			}
+		})
+	}
+}
+
+// reportKeyWork reports the daemon's own work per key (handler time
+// minus transfers, as the bench's key_work_us) of the calls between it
+// and the call of the function it returns.
+func reportKeyWork(b *testing.B, f *FS) func() {
+	m := (&Mount{fs: f}).Batches
+	before := m()
+	return func() {
+		after := m()
+		if keys := after.Keys - before.Keys; keys > 0 {
+			work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
+			b.ReportMetric(float64(work)/float64(keys), "work-ns/key")
+		}
+	}
+}
+
 // BenchmarkBatchGet measures one BATCH_GET of 64 4 KiB keys into the
 // caller's memory, two directories deep (per call, as BenchmarkBatchPut).
 func BenchmarkBatchGet(b *testing.B) {

@@ -28,8 +28,17 @@ type fuzzFixture struct {
 }
 
 func newFuzzFixture(t testing.TB) *fuzzFixture {
+	return newFixtureOf(t, 8<<20)
+}
+
+// newFixtureOf is newFuzzFixture with a store of size bytes.
+func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 	tab := segment.NewTable()
-	if err := tab.Add(segment.NewSegment(0, make([]byte, 8<<20))); err != nil {
+	mem := make([]byte, size)
+	for i := 0; i < size; i += 4096 {
+		mem[i] = 1 // faulted in now, as a daemon's segments are
+	}
+	if err := tab.Add(segment.NewSegment(0, mem)); err != nil {
 		t.Fatal(err)
 	}
 	eng, err := transfer.New(transfer.Options{Local: tab, Self: "local"})

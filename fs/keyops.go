@@ -41,6 +41,7 @@ type seg struct {
 // keyOp is one key of a call and its outcome.
 type keyOp struct {
 	rel    string
+	key    string // rel under the call's directory, when decoded with it ("": Join)
 	flags  uint32
 	objOff uint64
 	segs   []seg
@@ -55,6 +56,18 @@ type keyOp struct {
 	version uint64 // out
 	size    uint64 // out (get): the value's size
 	gotMeta []byte // out (get): the value's meta
+}
+
+// setKey sets op's key and rel from rel's wire bytes under directory dir:
+// one allocation, rel a part of the key.
+func (op *keyOp) setKey(dir string, rel []byte) {
+	if dir == "" {
+		op.key = string(rel)
+		op.rel = op.key
+		return
+	}
+	op.key = dir + "/" + string(rel)
+	op.rel = op.key[len(dir)+1:]
 }
 
 func (op *keyOp) fail(err error) {
@@ -253,7 +266,9 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 	if err = store.ValidateKey(op.rel); err != nil {
 		return
 	}
-	key = store.Join(bc.dir, op.rel)
+	if key = op.key; key == "" {
+		key = store.Join(bc.dir, op.rel)
+	}
 	if len(key) > store.MaxKeyLen {
 		err = store.ErrNameTooLong
 		return
@@ -736,16 +751,18 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 	}
 	defer bc.end()
 	ptrs := newOps(a.Count)
+	segs := make([]seg, a.Count) // one each, in one allocation
 	for i, op := range ptrs {
 		e := &a.Entries[i]
 		op.flags, op.objOff, op.setMeta = e.Flags, e.ObjOff, put && putMeta(e.Flags, nil)
-		s := seg{kind: segVM, off: e.Addr, n: e.Len}
+		segs[i] = seg{kind: segVM, off: e.Addr, n: e.Len}
 		if a.Source == ioctl.BatchBuf {
-			s = seg{kind: segReg, id: a.ID, off: e.Addr, n: e.Len}
+			segs[i] = seg{kind: segReg, id: a.ID, off: e.Addr, n: e.Len}
 		}
-		op.segs = []seg{s}
-		op.rel, op.err = a.Key(i)
-		if op.err == nil {
+		op.segs = segs[i : i+1 : i+1]
+		var rel []byte
+		if rel, op.err = a.KeyBytes(i); op.err == nil {
+			op.setKey(dir, rel)
 			op.err = op.check(put, nil) // a get takes no flags
 		}
 	}
@@ -783,7 +800,7 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	for i, op := range ptrs {
 		e := &a.Entries[i]
 		op.flags, op.objOff = e.Flags, e.ObjOff
-		op.err = decodeVEntry(&a, i, op, &wire, put)
+		op.err = decodeVEntry(&a, dir, i, op, &wire, put)
 	}
 	n.runOps(ctx, bc, put, ptrs)
 	for i, op := range ptrs {
@@ -795,11 +812,12 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 }
 
 // decodeVEntry fills op from entry i of a vector batch.
-func decodeVEntry(a *ioctl.VBatchArg, i int, op *keyOp, wire *[]ioctl.Seg, put bool) error {
-	var err error
-	if op.rel, err = a.Key(i); err != nil {
+func decodeVEntry(a *ioctl.VBatchArg, dir string, i int, op *keyOp, wire *[]ioctl.Seg, put bool) error {
+	rel, err := a.KeyBytes(i)
+	if err != nil {
 		return err
 	}
+	op.setKey(dir, rel)
 	meta, err := a.Meta(i)
 	if err != nil {
 		return err

@@ -317,12 +317,18 @@ func (a *BatchArg) Unmarshal(b []byte) error {
 
 // Key returns entry i's key, or an error if it lies outside Keys.
 func (a *BatchArg) Key(i int) (string, error) {
+	b, err := a.KeyBytes(i)
+	return string(b), err
+}
+
+// KeyBytes is Key without a copy: the bytes are a's.
+func (a *BatchArg) KeyBytes(i int) ([]byte, error) {
 	e := a.Entries[i]
 	end := int(e.KeyOff) + int(e.KeyLen)
 	if e.KeyLen == 0 || end > len(a.Keys) {
-		return "", fmt.Errorf("entry %d key [%d+%d) outside %d B: %w", i, e.KeyOff, e.KeyLen, len(a.Keys), ErrShortArg)
+		return nil, fmt.Errorf("entry %d key [%d+%d) outside %d B: %w", i, e.KeyOff, e.KeyLen, len(a.Keys), ErrShortArg)
 	}
-	return string(a.Keys[e.KeyOff:end]), nil
+	return a.Keys[e.KeyOff:end], nil
 }
 
 // AddKey appends key to Keys and entry Count, returning its index.

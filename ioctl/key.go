@@ -263,12 +263,17 @@ func (a *VBatchArg) area(what string, i int, off, n uint64) ([]byte, error) {
 
 // Key returns entry i's key.
 func (a *VBatchArg) Key(i int) (string, error) {
+	b, err := a.KeyBytes(i)
+	return string(b), err
+}
+
+// KeyBytes is Key without a copy: the bytes are a's.
+func (a *VBatchArg) KeyBytes(i int) ([]byte, error) {
 	e := &a.Entries[i]
 	if e.KeyLen == 0 {
-		return "", fmt.Errorf("entry %d: empty key: %w", i, ErrShortArg)
+		return nil, fmt.Errorf("entry %d: empty key: %w", i, ErrShortArg)
 	}
-	b, err := a.area("key", i, uint64(e.KeyOff), uint64(e.KeyLen))
-	return string(b), err
+	return a.area("key", i, uint64(e.KeyOff), uint64(e.KeyLen))
 }
 
 // Meta returns entry i's meta.

@@ -55,13 +55,28 @@ func newBody(ext []segment.Extent, state bodyState, since uint64) *body {
 	if len(ext) > 0 {
 		b.id = ext[0]
 	}
-	b.starts = extentStarts(ext)
+	if len(ext) == 1 {
+		b.starts = oneStart // the common case, without an allocation
+	} else {
+		b.starts = extentStarts(ext)
+	}
 	return b
 }
 
 // bodyLocked returns the body whose first extent is first, nil if none.
 // Caller holds s.mu.
 func (s *Store) bodyLocked(first segment.Extent) *body { return s.mu.bodies[first] }
+
+// bodyOfLocked is bodyLocked for the local bytes of obj, whose first
+// extent is first: the record obj was committed with, while it is not
+// freed (until then it is the one of its extents), else the map's.
+// Caller holds s.mu.
+func (s *Store) bodyOfLocked(obj *Object, first segment.Extent) *body {
+	if b := obj.body; b != nil && b.id == first && b.state != bodyFreed {
+		return b
+	}
+	return s.mu.bodies[first]
+}
 
 // readableLocked reports whether the body still holds what version held:
 // not freed, and published at or before version (a later body in the
@@ -153,6 +168,10 @@ func (s *Store) unpinLocked(first segment.Extent) {
 	}
 	s.tryFreeLocked(b)
 }
+
+// oneStart is the starts of every one-extent body, shared: bodies never
+// change their starts.
+var oneStart = []uint64{0}
 
 func extentStarts(ext []segment.Extent) []uint64 {
 	starts := make([]uint64, len(ext))

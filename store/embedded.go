@@ -26,21 +26,33 @@ type Embedded struct {
 		// probe is the search key of tree walks, reused under mu: a walk
 		// then allocates nothing.
 		probe slot
+		// lru is the head of the store's LRU (LRUKeeper), a ring of
+		// slots: lru.next the most recently used. lruLen slots are in it;
+		// lruClaimed once a store keeps its LRU here.
+		lru        slot
+		lruLen     int
+		lruClaimed bool
+		// seen and found are CompareAndSwap's scratch, reused under mu.
+		seen  map[string]struct{}
+		found []*slot
 	}
 	hub WatchHub
 }
 
 // slot is a key's place in the index: the tree orders slots by key, the
-// object in a slot changes with every version.
+// object in a slot changes with every version. A slot in the LRU is
+// linked through prev and next (nil: not in it).
 type slot struct {
-	key string
-	obj *Object
+	key        string
+	obj        *Object
+	prev, next *slot
 }
 
 var (
 	_ Index         = (*Embedded)(nil)
 	_ PrefixChecker = (*Embedded)(nil)
 	_ Finder        = (*Embedded)(nil)
+	_ LRUKeeper     = (*Embedded)(nil)
 )
 
 // probeLocked returns the reused search key for key.
@@ -54,6 +66,8 @@ func NewEmbedded() *Embedded {
 	x := &Embedded{}
 	x.mu.slots = make(map[string]*slot)
 	x.mu.tree = btree.NewG(32, func(a, b *slot) bool { return a.key < b.key })
+	x.mu.lru.prev, x.mu.lru.next = &x.mu.lru, &x.mu.lru
+	x.mu.seen = make(map[string]struct{})
 	return x
 }
 
@@ -91,27 +105,33 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	if x.mu.closed {
 		return 0, ErrClosed
 	}
-	var seen map[string]bool
-	if len(swaps) > 1 {
-		seen = make(map[string]bool, len(swaps))
-	}
-	for _, s := range swaps {
-		if seen[s.Key] {
-			return 0, fmt.Errorf("swap %q twice in one transaction: %w", s.Key, ErrInvalid)
+	found := x.mu.found[:0]
+	defer func() {
+		clear(found)
+		x.mu.found = found[:0]
+		if len(swaps) > 1 {
+			clear(x.mu.seen)
 		}
-		if seen != nil {
-			seen[s.Key] = true
+	}()
+	for _, s := range swaps {
+		if len(swaps) > 1 {
+			if _, dup := x.mu.seen[s.Key]; dup {
+				return 0, fmt.Errorf("swap %q twice in one transaction: %w", s.Key, ErrInvalid)
+			}
+			x.mu.seen[s.Key] = struct{}{}
 		}
 		if s.New != nil && s.New.Key != s.Key {
 			return 0, fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
 		}
 		var cur uint64
-		if sl := x.mu.slots[s.Key]; sl != nil {
+		sl := x.mu.slots[s.Key]
+		if sl != nil {
 			cur = sl.obj.Version
 		}
 		if cur != s.Old {
 			return 0, fmt.Errorf("swap %q: have version %d, want %d: %w", s.Key, cur, s.Old, ErrConflict)
 		}
+		found = append(found, sl)
 	}
 	x.mu.rev++
 	rev := x.mu.rev
@@ -120,12 +140,13 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	if watched {
 		events = make([]Event, 0, len(swaps))
 	}
-	for _, s := range swaps {
-		sl := x.mu.slots[s.Key]
+	for i, s := range swaps {
+		sl := found[i]
 		if s.New == nil {
 			if sl != nil {
 				delete(x.mu.slots, s.Key)
 				x.mu.tree.Delete(sl)
+				x.unlinkLocked(sl)
 				x.mu.bytes -= sl.obj.MetaBytes()
 				if watched {
 					events = append(events, Event{Type: EventDelete, Object: sl.obj, Rev: rev})
@@ -153,6 +174,72 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	}
 	x.hub.Publish(events)
 	return rev, nil
+}
+
+// ClaimLRU implements LRUKeeper: the first caller keeps its LRU here.
+func (x *Embedded) ClaimLRU() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.lruClaimed {
+		return false
+	}
+	x.mu.lruClaimed = true
+	return true
+}
+
+// Touch implements LRUKeeper.
+func (x *Embedded) Touch(keys ...string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	head := &x.mu.lru
+	for _, k := range keys {
+		sl := x.mu.slots[k]
+		if sl == nil || head.next == sl {
+			continue
+		}
+		x.unlinkLocked(sl)
+		sl.prev, sl.next = head, head.next
+		head.next.prev = sl
+		head.next = sl
+		x.mu.lruLen++
+	}
+}
+
+// Forget implements LRUKeeper.
+func (x *Embedded) Forget(key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if sl := x.mu.slots[key]; sl != nil {
+		x.unlinkLocked(sl)
+	}
+}
+
+// LRUTail implements LRUKeeper.
+func (x *Embedded) LRUTail(n int) []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]string, 0, min(n, x.mu.lruLen))
+	for sl := x.mu.lru.prev; sl != &x.mu.lru && len(out) < n; sl = sl.prev {
+		out = append(out, sl.key)
+	}
+	return out
+}
+
+// LRULen implements LRUKeeper.
+func (x *Embedded) LRULen() int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.mu.lruLen
+}
+
+// unlinkLocked takes sl out of the LRU, if it is in it.
+func (x *Embedded) unlinkLocked(sl *slot) {
+	if sl.next == nil {
+		return
+	}
+	sl.prev.next, sl.next.prev = sl.next, sl.prev
+	sl.prev, sl.next = nil, nil
+	x.mu.lruLen--
 }
 
 // MetaBytes implements MetaSizer.

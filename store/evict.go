@@ -7,12 +7,16 @@ import (
 
 // touch marks key as most recently used.
 func (s *Store) touch(key string) {
+	if s.keeper != nil {
+		s.keeper.Touch(key)
+		return
+	}
 	s.lru.Lock()
 	s.touchLocked(key)
 	s.lru.Unlock()
 }
 
-// touchLocked is touch for a caller holding s.lru.
+// touchLocked is touch for a caller holding s.lru (without a keeper).
 func (s *Store) touchLocked(key string) {
 	if e, ok := s.lru.elem[key]; ok {
 		s.lru.list.MoveToFront(e)
@@ -23,6 +27,10 @@ func (s *Store) touchLocked(key string) {
 
 // forget drops key from the LRU.
 func (s *Store) forget(key string) {
+	if s.keeper != nil {
+		s.keeper.Forget(key)
+		return
+	}
 	s.lru.Lock()
 	if e, ok := s.lru.elem[key]; ok {
 		s.lru.list.Remove(e)
@@ -33,6 +41,9 @@ func (s *Store) forget(key string) {
 
 // lruTail returns up to n keys, least recently used first.
 func (s *Store) lruTail(n int) []string {
+	if s.keeper != nil {
+		return s.keeper.LRUTail(n)
+	}
 	s.lru.Lock()
 	defer s.lru.Unlock()
 	out := make([]string, 0, n)
@@ -40,6 +51,16 @@ func (s *Store) lruTail(n int) []string {
 		out = append(out, e.Value.(string))
 	}
 	return out
+}
+
+// lruLen returns how many keys the LRU holds.
+func (s *Store) lruLen() int {
+	if s.keeper != nil {
+		return s.keeper.LRULen()
+	}
+	s.lru.Lock()
+	defer s.lru.Unlock()
+	return s.lru.list.Len()
 }
 
 // evictOne removes key if it may be evicted: a file with local bytes,

@@ -73,3 +73,22 @@ type Finder interface {
 type PrefixChecker interface {
 	HasPrefix(ctx context.Context, prefix string) (bool, error)
 }
+
+// LRUKeeper is an Index that keeps the store's least recently used order
+// of keys in its own entries (one machine's embedded index): a use then
+// costs one lookup in a table the commit has just touched, not a second
+// table of its own, and a removed key leaves the order with its entry.
+// A key without an entry has no place in the order.
+type LRUKeeper interface {
+	// ClaimLRU reports whether the caller may keep its LRU here: true
+	// once, for the first caller.
+	ClaimLRU() bool
+	// Touch makes each key, in turn, the most recently used.
+	Touch(keys ...string)
+	// Forget takes key out of the order (until its next Touch).
+	Forget(key string)
+	// LRUTail returns up to n keys, least recently used first.
+	LRUTail(n int) []string
+	// LRULen returns how many keys are in the order.
+	LRULen() int
+}

@@ -48,6 +48,12 @@ type Object struct {
 	// Xattrs holds user extended attributes (names without the "user." prefix).
 	Xattrs   map[string][]byte
 	Replicas []Replica
+	// body is the record of the local bytes that this store made for the
+	// version at its commit (a batch put's), set before the swap and
+	// never changed: a lookup that has the object then need not look the
+	// record up by extent (bodyOfLocked). Nil in clones and in objects
+	// read from elsewhere.
+	body *body
 }
 
 // objectOverhead is what an index entry costs beyond its key, xattrs and
@@ -79,6 +85,7 @@ func (o *Object) XattrBytes() int {
 // Clone returns a deep copy of o.
 func (o *Object) Clone() *Object {
 	c := *o
+	c.body = nil // another version's bytes
 	// The values too: a caller may hand in a buffer it reuses (a FUSE
 	// request), and the index keeps what it was given.
 	c.Xattrs = maps.Clone(o.Xattrs)
@@ -154,7 +161,8 @@ func ValidateName(name string) error {
 }
 
 // ValidateKey checks a whole key: slash-separated valid names, no leading or
-// trailing slash, at most MaxKeyLen bytes.
+// trailing slash, at most MaxKeyLen bytes. It answers as ValidateName on
+// the first bad name, in one pass over the bytes.
 func ValidateKey(key string) error {
 	if len(key) > MaxKeyLen {
 		return ErrNameTooLong
@@ -162,10 +170,19 @@ func ValidateKey(key string) error {
 	if key == "" {
 		return ErrInvalidName
 	}
-	for name := range strings.SplitSeq(key, "/") {
-		if err := ValidateName(name); err != nil {
-			return err
+	start, nul := 0, false
+	for i := 0; i <= len(key); i++ {
+		if i < len(key) && key[i] != '/' {
+			nul = nul || key[i] == 0
+			continue
 		}
+		switch n := i - start; {
+		case n > MaxNameLen:
+			return ErrNameTooLong
+		case nul, n == 0, n == 1 && key[start] == '.', n == 2 && key[start] == '.' && key[start+1] == '.':
+			return ErrInvalidName
+		}
+		start, nul = i+1, false
 	}
 	return nil
 }

@@ -183,7 +183,9 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	s.mu.Lock()
 	for _, i := range at {
 		if ext := p.st[i].ext; len(ext) > 0 {
-			s.mu.bodies[ext[0]] = newBody(ext, bodyRegistered, 0)
+			b := newBody(ext, bodyRegistered, 0)
+			s.mu.bodies[ext[0]] = b
+			p.st[i].obj.body = b // not yet swapped in: no one else has it
 		}
 	}
 	s.mu.Unlock()

@@ -62,10 +62,14 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 			continue
 		}
 		local := s.localExtents(obj)
-		if len(local) > 0 && s.mu.bodies[local[0]] == nil && noRecord == obj.Version {
+		var rec *body
+		if len(local) > 0 {
+			rec = s.bodyOfLocked(obj, local[0])
+		}
+		if len(local) > 0 && rec == nil && noRecord == obj.Version {
 			local = nil
 		}
-		if len(local) > 0 && s.mu.bodies[local[0]] == nil {
+		if len(local) > 0 && rec == nil {
 			// No record of the bytes here: freed since the lookup (the
 			// version moved on: look again), not yet taken over from
 			// their reservation by the follow loop, or never (it was
@@ -85,7 +89,7 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 			wait = 0
 			continue
 		}
-		if len(local) > 0 && !s.leasableLocked(local[0], obj.Version) {
+		if len(local) > 0 && !leasableLocked(rec, obj.Version) {
 			s.mu.Unlock()
 			continue
 		}
@@ -111,15 +115,14 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 	}
 }
 
-// leasableLocked reports whether the local body whose first extent is
-// first may be leased as the body of the version published at version:
-// it is not freed (live, or retired and still waiting) and was published
+// leasableLocked reports whether b, the record of a local body, may be
+// leased as the body of the version published at version: it is not freed (live, or retired and still waiting) and was published
 // then or before (a later body in the same extents belongs to another
 // object). A body whose commit is between its swap and its bookkeeping
 // is leasable once its swap returned (swapped), else not yet: the caller
 // looks again. Caller holds s.mu.
-func (s *Store) leasableLocked(first segment.Extent, version uint64) bool {
-	return s.mu.bodies[first].readableLocked(version)
+func leasableLocked(b *body, version uint64) bool {
+	return b.readableLocked(version)
 }
 
 // readerLocked opens a reader of obj: a reference on its local body, or

@@ -73,7 +73,7 @@ func (s *Store) publishedBodyLocked(obj *Object) {
 	if len(ext) == 0 {
 		return
 	}
-	b := s.mu.bodies[ext[0]]
+	b := s.bodyOfLocked(obj, ext[0])
 	if b == nil || b.state != bodyRegistered {
 		return
 	}

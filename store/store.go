@@ -149,7 +149,10 @@ type Store struct {
 		seen atomic.Uint64 // highest version the follow loop processed
 		idle atomic.Bool   // no retirement waits in the follow loop
 	}
-	lru struct {
+	// keeper keeps the LRU in the index's entries where the index can
+	// (one machine: LRUKeeper); else lru does, by key.
+	keeper LRUKeeper
+	lru    struct {
 		sync.Mutex
 		list *list.List // of string keys, most recent at front
 		elem map[string]*list.Element
@@ -202,6 +205,9 @@ func New(o Options) (*Store, error) {
 	s.mu.leases = make(map[leaseKey]*resvLease)
 	s.lru.list = list.New()
 	s.lru.elem = make(map[string]*list.Element)
+	if k, ok := idx.(LRUKeeper); ok && !o.Follow && !s.clustered() && k.ClaimLRU() {
+		s.keeper = k
+	}
 	if o.Follow {
 		if err := s.startFollow(); err != nil {
 			return nil, fmt.Errorf("store: follow the index: %w", err)
@@ -283,9 +289,7 @@ func (s *Store) Stats() Stats {
 		Commits:      s.stats.commits.Load(),
 		Revokes:      s.stats.revokes.Load(),
 	}
-	s.lru.Lock()
-	st.Objects = s.lru.list.Len()
-	s.lru.Unlock()
+	st.Objects = s.lruLen()
 	s.mu.Lock()
 	st.OpenObjects = len(s.mu.opens)
 	st.LiveBodies = len(s.mu.bodies)
@@ -361,7 +365,7 @@ func (s *Store) retireLocked(obj *Object) {
 	if len(ext) == 0 {
 		return
 	}
-	b := s.mu.bodies[ext[0]]
+	b := s.bodyOfLocked(obj, ext[0])
 	if b != nil && b.state == bodyRegistered {
 		b.doomed = max(b.doomed, obj.Version)
 		return
@@ -377,7 +381,7 @@ func (s *Store) acquireLocked(obj *Object) *body {
 	if len(ext) == 0 {
 		return nil
 	}
-	b := s.mu.bodies[ext[0]]
+	b := s.bodyOfLocked(obj, ext[0])
 	if b == nil {
 		// Every local body is registered by the commit that writes it
 		// or taken over from a reservation, and OpenReader leases none
@@ -451,11 +455,19 @@ func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
 // committedMany is committed for files put by one batch, whose replaced
 // versions were retired already.
 func (s *Store) committedMany(put []*Object) {
-	s.lru.Lock()
-	for _, o := range put {
-		s.touchLocked(o.Key)
+	if s.keeper != nil {
+		keys := make([]string, len(put))
+		for i, o := range put {
+			keys[i] = o.Key
+		}
+		s.keeper.Touch(keys...)
+	} else {
+		s.lru.Lock()
+		for _, o := range put {
+			s.touchLocked(o.Key)
+		}
+		s.lru.Unlock()
 	}
-	s.lru.Unlock()
 	s.stats.commits.Add(uint64(len(put)))
 	s.kickEvict()
 }
