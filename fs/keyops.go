@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"syscall"
 	"time"
 
@@ -207,14 +208,29 @@ func (bc *batchCall) end() {
 	bc.f.batches.handlerNs.Add(uint64(time.Since(bc.start)))
 }
 
-// newOps returns count zero keyOps.
-func newOps(count uint32) []*keyOp {
-	ops := make([]keyOp, count)
-	ptrs := make([]*keyOp, count)
-	for i := range ops {
-		ptrs[i] = &ops[i]
+// opSet is the keyOps of one call, kept between calls (opSets).
+type opSet struct {
+	ops  []keyOp
+	ptrs []*keyOp
+}
+
+var opSets = sync.Pool{New: func() any { return new(opSet) }}
+
+// newOps returns count zero keyOps; release gives them back once the
+// call's results are out.
+func newOps(count uint32) (ptrs []*keyOp, release func()) {
+	set := opSets.Get().(*opSet)
+	if cap(set.ops) < int(count) {
+		set.ops, set.ptrs = make([]keyOp, count), make([]*keyOp, count)
 	}
-	return ptrs
+	set.ops, set.ptrs = set.ops[:count], set.ptrs[:count]
+	for i := range set.ops {
+		set.ptrs[i] = &set.ops[i]
+	}
+	return set.ptrs, func() {
+		clear(set.ops)
+		opSets.Put(set)
+	}
 }
 
 // runPuts runs the puts of a call in order: each run of plain puts (no
@@ -374,9 +390,25 @@ type putChunk struct {
 	gpu    bool // some key's bytes come from GPU memory
 }
 
+// putChunks holds chunks of earlier calls (release): their slices of
+// specs are kilobytes, cheaper reused than made.
+var putChunks = sync.Pool{New: func() any { return new(putChunk) }}
+
 // newPutChunk returns an empty chunk with room for keys keys.
 func newPutChunk(keys int) *putChunk {
-	return &putChunk{fast: make([]*keyOp, 0, keys), specs: make([]store.PutSpec, 0, keys)}
+	c := putChunks.Get().(*putChunk)
+	if cap(c.fast) < keys {
+		c.fast, c.specs = make([]*keyOp, 0, keys), make([]store.PutSpec, 0, keys)
+	}
+	return c
+}
+
+// release gives c back for later calls once its keys are done.
+func (c *putChunk) release() {
+	clear(c.fast)
+	clear(c.specs)
+	*c = putChunk{fast: c.fast[:0], specs: c.specs[:0]}
+	putChunks.Put(c)
 }
 
 // keys returns how many keys c holds.
@@ -401,6 +433,9 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			}
 			for _, pp := range c.ps {
 				pp.d.Close()
+			}
+			if c.puts == nil {
+				c.release() // committed (a chunk left uncommitted by a panic is garbage)
 			}
 		}
 	}()
@@ -577,6 +612,8 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 				}
 			}
 		}
+		c.puts.Release()
+		c.puts = nil
 	}
 	if c.w == nil {
 		return // no drafts
@@ -750,7 +787,8 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 		return err
 	}
 	defer bc.end()
-	ptrs := newOps(a.Count)
+	ptrs, release := newOps(a.Count)
+	defer release()
 	segs := make([]seg, a.Count) // one each, in one allocation
 	for i, op := range ptrs {
 		e := &a.Entries[i]
@@ -777,7 +815,7 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 			}
 		}
 	}
-	copy(out, a.Marshal())
+	a.MarshalInto(out)
 	return nil
 }
 
@@ -795,7 +833,8 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		return err
 	}
 	defer bc.end()
-	ptrs := newOps(a.Count)
+	ptrs, release := newOps(a.Count)
+	defer release()
 	var wire []ioctl.Seg
 	for i, op := range ptrs {
 		e := &a.Entries[i]
@@ -807,7 +846,7 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		e := &a.Entries[i]
 		e.Result, e.Version = op.result()
 	}
-	copy(out, a.Marshal())
+	a.MarshalInto(out)
 	return nil
 }
 

@@ -184,3 +184,31 @@ func TestBatchAllocs(t *testing.T) {
 		t.Errorf("%.0f allocations per batch of one", allocs)
 	}
 }
+
+// TestMarshalInto: a reply encoded into a used buffer is Marshal's bytes
+// exactly (nothing of the buffer's past survives), and a short buffer
+// gets Marshal's first bytes.
+func TestMarshalInto(t *testing.T) {
+	var a BatchArg
+	if _, err := a.AddKey("k1", BatchEntry{Addr: 7, Len: 9}); err != nil {
+		t.Fatal(err)
+	}
+	a.Entries[0].Result, a.Entries[0].Version = 9, 3
+	var v VBatchArg
+	v.Count, v.NGPU, v.Entries[0].Result, v.Area[5] = 1, 1, -2, 'x'
+	for _, c := range []struct {
+		want []byte
+		into func([]byte)
+	}{{a.Marshal(), a.MarshalInto}, {v.Marshal(), v.MarshalInto}} {
+		buf := bytes.Repeat([]byte{0xa5}, len(c.want)+8)
+		c.into(buf)
+		if !bytes.Equal(buf[:len(c.want)], c.want) || !bytes.Equal(buf[len(c.want):], bytes.Repeat([]byte{0xa5}, 8)) {
+			t.Fatalf("MarshalInto a used buffer differs from Marshal")
+		}
+		short := make([]byte, 100)
+		c.into(short)
+		if !bytes.Equal(short, c.want[:100]) {
+			t.Fatalf("MarshalInto a short buffer differs from Marshal's start")
+		}
+	}
+}

@@ -295,6 +295,17 @@ func (a *BatchArg) Marshal() []byte {
 	return b
 }
 
+// MarshalInto encodes a into b, as much of it as b holds (a reply
+// buffer), without an encoding of its own.
+func (a *BatchArg) MarshalInto(b []byte) {
+	if len(b) < SizeBatchArg {
+		copy(b, a.Marshal())
+		return
+	}
+	clear(b[:SizeBatchArg]) // no byte of the buffer's past goes back
+	encodeBatch(b[:SizeBatchArg], a)
+}
+
 // Unmarshal decodes a from b.
 func (a *BatchArg) Unmarshal(b []byte) error {
 	h, err := getHeader(b, SizeBatchArg)

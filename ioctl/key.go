@@ -201,6 +201,17 @@ func (a *VBatchArg) Marshal() []byte {
 	return b
 }
 
+// MarshalInto encodes a into b, as much of it as b holds (a reply
+// buffer), without an encoding of its own.
+func (a *VBatchArg) MarshalInto(b []byte) {
+	if len(b) < SizeVBatchArg {
+		copy(b, a.Marshal())
+		return
+	}
+	clear(b[:SizeVBatchArg]) // no byte of the buffer's past goes back
+	a.encode(b[:SizeVBatchArg])
+}
+
 func (a *VBatchArg) encode(b []byte) {
 	putHeader(b, Header{Size: SizeVBatchArg, Flags: a.Flags})
 	le.PutUint32(b[8:], a.Count)

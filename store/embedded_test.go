@@ -1,6 +1,10 @@
 package store_test
 
 import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
@@ -13,4 +17,63 @@ func TestEmbeddedConformance(t *testing.T) {
 		t.Cleanup(func() { _ = x.Close() })
 		return x
 	})
+}
+
+// TestEmbeddedLRU: the order a store keeps in the embedded index follows
+// its touches against a model list, keys that leave the index leave the
+// order, and keys the index never had are not in it.
+func TestEmbeddedLRU(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	t.Cleanup(func() { _ = x.Close() })
+	if !x.ClaimLRU() || x.ClaimLRU() {
+		t.Fatal("ClaimLRU: want true once, then false")
+	}
+	ver := map[string]uint64{}
+	var model []string // least recently used first, as LRUTail answers
+	r := rand.New(rand.NewPCG(3, 4))
+	for step := range 3000 {
+		k := fmt.Sprintf("k%d", r.IntN(40))
+		switch r.IntN(5) {
+		case 0, 1: // put
+			rev, err := x.CompareAndSwap(ctx, store.Swap{Key: k, Old: ver[k], New: &store.Object{Key: k}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ver[k] = rev
+		case 2: // delete
+			if ver[k] == 0 {
+				continue
+			}
+			if _, err := x.CompareAndSwap(ctx, store.Swap{Key: k, Old: ver[k]}); err != nil {
+				t.Fatal(err)
+			}
+			delete(ver, k)
+			model = slices.DeleteFunc(model, func(m string) bool { return m == k })
+		case 3: // touch, one or two keys
+			keys := []string{k}
+			if r.IntN(2) == 0 {
+				keys = append(keys, fmt.Sprintf("k%d", r.IntN(40)))
+			}
+			x.Touch(keys...)
+			for _, k := range keys {
+				if ver[k] == 0 {
+					continue
+				}
+				model = append(slices.DeleteFunc(model, func(m string) bool { return m == k }), k)
+			}
+		case 4:
+			x.Forget(k)
+			model = slices.DeleteFunc(model, func(m string) bool { return m == k })
+		}
+		if got := x.LRUTail(100); !slices.Equal(got, model) {
+			t.Fatalf("step %d: LRUTail = %q, want %q", step, got, model)
+		}
+		if x.LRULen() != len(model) {
+			t.Fatalf("step %d: LRULen = %d, want %d", step, x.LRULen(), len(model))
+		}
+	}
+	if got := x.LRUTail(2); len(model) >= 2 && !slices.Equal(got, model[:2]) {
+		t.Fatalf("LRUTail(2) = %q, want %q", got, model[:2])
+	}
 }

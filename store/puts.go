@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -50,6 +51,45 @@ type Puts struct {
 	flight *transfer.Flight
 	copyNs int64
 	done   bool
+	// Scratch kept between batches (putsPool): a batch's own slices
+	// are kilobytes of pointers, whose allocation and first touch cost
+	// more than the keys' share of the index.
+	reqs  []transfer.Request
+	swaps []Swap
+	at    []int
+	objs  []*Object
+	errs  []error
+	put   []*Object
+}
+
+// putsPool holds released batches (Release).
+var putsPool = sync.Pool{New: func() any { return new(Puts) }}
+
+// Release gives p's memory back for later batches: the slices Commit
+// returned are not to be used after it. Calling it is optional.
+func (p *Puts) Release() {
+	if !p.done {
+		panic("store: Puts released before Commit")
+	}
+	clear(p.st)
+	clear(p.reqs)
+	clear(p.swaps)
+	clear(p.objs)
+	clear(p.errs)
+	clear(p.put)
+	*p = Puts{st: p.st[:0], reqs: p.reqs[:0], swaps: p.swaps[:0], at: p.at[:0], objs: p.objs[:0], errs: p.errs[:0], put: p.put[:0]}
+	putsPool.Put(p)
+}
+
+// grown returns b with length n, its first n elements zero, reusing its
+// array when it is large enough.
+func grown[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
 }
 
 // putState is one key of Puts.
@@ -67,8 +107,9 @@ type putState struct {
 // starts the copies; GPU copies may still run when it returns. The
 // caller must call Commit.
 func (s *Store) StartPuts(ctx context.Context, specs []PutSpec) *Puts {
-	p := &Puts{s: s, ctx: ctx, specs: specs, st: make([]putState, len(specs))}
-	all := make([]transfer.Request, 0, len(specs))
+	p := putsPool.Get().(*Puts)
+	p.s, p.ctx, p.specs, p.st = s, ctx, specs, grown(p.st, len(specs))
+	all := p.reqs[:0]
 	for i := range specs {
 		sp, st := &specs[i], &p.st[i]
 		if err := ValidateKey(sp.Key); err != nil {
@@ -102,6 +143,7 @@ func (s *Store) StartPuts(ctx context.Context, specs []PutSpec) *Puts {
 		all = appendPieces(all, ext, sp.Bufs, s.opts.Node, s.opts.Epoch)
 		st.span = [2]int{first, len(all)}
 	}
+	p.reqs = all
 	t0 := time.Now()
 	p.flight = s.eng.Start(ctx, all)
 	p.copyNs = int64(time.Since(t0))
@@ -128,6 +170,7 @@ func appendPieces(reqs []transfer.Request, ext []segment.Extent, bufs []transfer
 }
 
 // CopyNs returns the time spent in the engine so far, as Writes.CopyNs.
+// It may be called until Release.
 func (p *Puts) CopyNs() int64 { return p.copyNs }
 
 // Commit waits for the copies and commits every key whose copy
@@ -144,8 +187,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	t0 := time.Now()
 	each := p.flight.Wait()
 	p.copyNs += int64(time.Since(t0))
-	var swaps []Swap
-	var at []int // spec index of each swap
+	swaps, at := p.swaps[:0], p.at[:0] // at: the spec index of each swap
 	memo := &commitMemo{}
 	for i := range p.specs {
 		sp, st := &p.specs[i], &p.st[i]
@@ -205,9 +247,9 @@ func (p *Puts) Commit() ([]*Object, []error) {
 			}
 		}
 	}
-	objs := make([]*Object, len(p.specs))
-	errs := make([]error, len(p.specs))
-	var put []*Object
+	p.swaps, p.at = swaps, at
+	objs, errs, put := grown(p.objs, len(p.specs)), grown(p.errs, len(p.specs)), p.put[:0]
+	p.objs, p.errs = objs, errs
 	s.mu.Lock()
 	for i := range p.st {
 		st := &p.st[i]
@@ -240,6 +282,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		}
 	}
 	s.stats.revokes.Add(revoked)
+	p.put = put
 	if len(put) > 0 {
 		s.committedMany(put)
 	}

@@ -232,7 +232,11 @@ func (r *Reader) ReadTo(ctx context.Context, buf transfer.Buffer, off uint64) (u
 }
 
 func (r *Reader) requests(op transfer.Op, buf transfer.Buffer, off, n uint64) []transfer.Request {
-	var reqs []transfer.Request
+	return r.appendRequests(nil, op, buf, off, n)
+}
+
+// appendRequests is requests appending to reqs.
+func (r *Reader) appendRequests(reqs []transfer.Request, op transfer.Op, buf transfer.Buffer, off, n uint64) []transfer.Request {
 	span(r.b.extents, r.b.starts, off, n, func(e segment.Extent, rel uint64) bool {
 		reqs = append(reqs, transfer.Request{Op: op, Buf: buf, BufOff: rel, Extent: e})
 		return true
@@ -308,7 +312,7 @@ func (s *Store) StartReads(ctx context.Context, rs []ReaderRead) *Reads {
 			m.errs[i], m.failed = err, true
 		}
 	}
-	var all []transfer.Request
+	all := make([]transfer.Request, 0, len(rs)) // most values are one extent into one buffer
 	for i, rd := range rs {
 		r := rd.Reader
 		switch {
@@ -334,7 +338,7 @@ func (s *Store) StartReads(ctx context.Context, rs []ReaderRead) *Reads {
 			at := rd.Off
 			for _, buf := range rd.Bufs {
 				n := min(buf.Size(), r.obj.Size-at)
-				all = append(all, r.requests(transfer.Read, buf, at, n)...)
+				all = r.appendRequests(all, transfer.Read, buf, at, n)
 				if at += n; at == r.obj.Size {
 					break
 				}
