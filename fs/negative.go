@@ -78,11 +78,22 @@ func (g *negatives) found(dir uint64, name string) {
 // cached reports whether the kernel may hold a negative entry for name in
 // dir, and forgets it.
 func (g *negatives) cached(dir uint64, name string) bool {
-	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	k := negKey{dir, name}
-	t, ok := g.mu.until[k]
-	delete(g.mu.until, k)
+	var t time.Time
+	ok := false
+	if len(g.mu.until) > 0 {
+		k := negKey{dir, name}
+		if t, ok = g.mu.until[k]; ok {
+			delete(g.mu.until, k)
+		}
+	}
+	if !ok && g.mu.overflow.IsZero() {
+		return false // the common answer, without reading the clock
+	}
+	now := time.Now()
+	if !now.Before(g.mu.overflow) {
+		g.mu.overflow = time.Time{} // over
+	}
 	return ok && now.Before(t) || now.Before(g.mu.overflow)
 }

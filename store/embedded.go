@@ -19,13 +19,10 @@ type Embedded struct {
 	mu struct {
 		sync.Mutex
 		slots  map[string]*slot
-		tree   *btree.BTreeG[*slot]
+		tree   *btree.BTreeG[treeItem]
 		rev    uint64
 		bytes  uint64 // MetaBytes of every entry
 		closed bool
-		// probe is the search key of tree walks, reused under mu: a walk
-		// then allocates nothing.
-		probe slot
 		// lru is the head of the store's LRU (LRUKeeper), a ring of
 		// slots: lru.next the most recently used. lruLen slots are in it;
 		// lruClaimed once a store keeps its LRU here.
@@ -55,17 +52,18 @@ var (
 	_ LRUKeeper     = (*Embedded)(nil)
 )
 
-// probeLocked returns the reused search key for key.
-func (x *Embedded) probeLocked(key string) *slot {
-	x.mu.probe.key = key
-	return &x.mu.probe
+// treeItem is a slot in the tree, its key beside it: a comparison
+// reads the key's bytes only, not the slot first.
+type treeItem struct {
+	key string
+	sl  *slot
 }
 
 // NewEmbedded returns an empty embedded index.
 func NewEmbedded() *Embedded {
 	x := &Embedded{}
 	x.mu.slots = make(map[string]*slot)
-	x.mu.tree = btree.NewG(32, func(a, b *slot) bool { return a.key < b.key })
+	x.mu.tree = btree.NewG(32, func(a, b treeItem) bool { return a.key < b.key })
 	x.mu.lru.prev, x.mu.lru.next = &x.mu.lru, &x.mu.lru
 	x.mu.seen = make(map[string]struct{})
 	return x
@@ -145,7 +143,7 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 		if s.New == nil {
 			if sl != nil {
 				delete(x.mu.slots, s.Key)
-				x.mu.tree.Delete(sl)
+				x.mu.tree.Delete(treeItem{sl.key, sl})
 				x.unlinkLocked(sl)
 				x.mu.bytes -= sl.obj.MetaBytes()
 				if watched {
@@ -165,7 +163,7 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 		} else {
 			sl = &slot{key: o.Key, obj: o}
 			x.mu.slots[o.Key] = sl
-			x.mu.tree.ReplaceOrInsert(sl)
+			x.mu.tree.ReplaceOrInsert(treeItem{sl.key, sl})
 		}
 		x.mu.bytes += o.MetaBytes()
 		if watched {
@@ -260,11 +258,11 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 		from = prefix
 	}
 	var out []*Object
-	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(from), func(sl *slot) bool {
-		if !strings.HasPrefix(sl.key, prefix) {
+	x.mu.tree.AscendGreaterOrEqual(treeItem{key: from}, func(it treeItem) bool {
+		if !strings.HasPrefix(it.key, prefix) {
 			return false
 		}
-		out = append(out, sl.obj)
+		out = append(out, it.sl.obj)
 		return limit <= 0 || len(out) < limit
 	})
 	return out, nil
@@ -278,8 +276,8 @@ func (x *Embedded) HasPrefix(_ context.Context, prefix string) (bool, error) {
 		return false, ErrClosed
 	}
 	found := false
-	x.mu.tree.AscendGreaterOrEqual(x.probeLocked(prefix), func(sl *slot) bool {
-		found = strings.HasPrefix(sl.key, prefix)
+	x.mu.tree.AscendGreaterOrEqual(treeItem{key: prefix}, func(it treeItem) bool {
+		found = strings.HasPrefix(it.key, prefix)
 		return false
 	})
 	return found, nil
