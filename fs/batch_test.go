@@ -421,3 +421,24 @@ func TestParentsInBatch(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBatchPutOne is BenchmarkBatchPut with one key a call: what a
+// call costs beyond its keys (the caller, the directory's checks, the
+// placement, the commit's fixed work).
+func BenchmarkBatchPutOne(b *testing.B) {
+	fx, ctx := benchFixture(b)
+	data := bytes.Repeat([]byte{7}, 4096)
+	entries := make([]batchEntry, 1)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		entries[0] = batchEntry{key: fmt.Sprintf("a/b/k%d", i%1024), data: data}
+		runBatch(b, fx, true, entries)
+		if i%1024 == 1023 {
+			b.StopTimer()
+			for j := range 1024 {
+				_ = fx.st.Delete(ctx, fmt.Sprintf("a/b/k%d", j), 0)
+			}
+			b.StartTimer()
+		}
+	}
+}
