@@ -47,7 +47,7 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 	}
 	t.Cleanup(eng.Close)
 	so := store.DefaultOptions()
-	so.Index, so.Segments, so.Engine, so.Evict = store.NewEmbedded(), tab, eng, false
+	so.Index, so.Segments, so.Engine, so.Evict = store.NewEmbeddedFor(store.KeysFor(uint64(size))), tab, eng, false
 	st, err := store.New(so)
 	if err != nil {
 		t.Fatal(err)

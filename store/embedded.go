@@ -60,9 +60,14 @@ type treeItem struct {
 }
 
 // NewEmbedded returns an empty embedded index.
-func NewEmbedded() *Embedded {
+func NewEmbedded() *Embedded { return NewEmbeddedFor(0) }
+
+// NewEmbeddedFor returns an empty embedded index with room for keys keys
+// before its table grows (KeysFor): growing a table of many keys costs a
+// pause in the insert that makes it grow, and each key a rehash.
+func NewEmbeddedFor(keys int) *Embedded {
 	x := &Embedded{}
-	x.mu.slots = make(map[string]*slot)
+	x.mu.slots = make(map[string]*slot, keys)
 	x.mu.tree = btree.NewG(32, func(a, b treeItem) bool { return a.key < b.key })
 	x.mu.lru.prev, x.mu.lru.next = &x.mu.lru, &x.mu.lru
 	x.mu.seen = make(map[string]struct{})

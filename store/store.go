@@ -159,6 +159,13 @@ type Store struct {
 	}
 }
 
+// KeysFor is how many keys a store of capacity bytes makes room for in
+// its tables up front: one per 64 KiB (a KV-cache block), at least 1024,
+// at most 256k (tables of about 20 MiB).
+func KeysFor(capacity uint64) int {
+	return int(min(max(capacity/(64<<10), 1024), 256<<10))
+}
+
 // New returns a store over the given index and segments.
 func New(o Options) (*Store, error) {
 	if err := o.Validate(); err != nil {
@@ -195,7 +202,7 @@ func New(o Options) (*Store, error) {
 	if x, ok := idx.(*sharedIndex); ok {
 		x.s = s
 	}
-	s.mu.bodies = make(map[segment.Extent]*body)
+	s.mu.bodies = make(map[segment.Extent]*body, KeysFor(o.Segments.Stats().Size))
 	s.mu.opens = make(map[uint64]int)
 	s.mu.evicting = make(map[uint64]chan struct{})
 	s.mu.resv = make(map[uint64]*reservation)

@@ -286,7 +286,7 @@ func (d *daemon) start() error {
 		d.startRDMA()
 		eo.RDMA = d.rdma.path
 	} else {
-		d.idx = store.NewEmbedded()
+		d.idx = store.NewEmbeddedFor(store.KeysFor(d.segs.Stats().Size))
 	}
 	if d.eng, err = transfer.New(eo); err != nil {
 		return err
