@@ -438,6 +438,9 @@ _SEG = struct.Struct("<QQQ")
 # obj_off result version) and where the entries and the area sit.
 _VENTRY = struct.Struct("<HHIIIIIQqQ")
 _VENTRIES = _abi.VBatch.entries.offset
+# An entry's outcome (result, version), at its end.
+_VRESULT = struct.Struct("<qQ")
+_VRESULT_AT = _VENTRY.size - _VRESULT.size
 _VAREA = _abi.VBatch.area.offset
 assert _VENTRY.size == ctypes.sizeof(_abi.VBatchEntry)
 
@@ -567,7 +570,8 @@ class Directory(_Handle):
             b.count = n
             try:
                 self._ioctl(cmd, b)
-                out.extend(_VENTRY.unpack_from(raw, _VENTRIES + _VENTRY.size * i)[8:] for i in range(n))
+                res, at, step = _VRESULT.unpack_from, _VENTRIES + _VRESULT_AT, _VENTRY.size
+                out.extend([res(raw, at + step * i) for i in range(n)])
             finally:
                 raw.release()
             todo = todo[n:]

@@ -572,32 +572,47 @@ class MooncakeDistributedStore:
         groups, failed = self._groups([it[0] for it in items], create=put)
         for i, code in failed.items():
             out[i] = (code, 0)
+        regs, bases, find = self._regs, self._bases, bisect.bisect_right
+        max_gpus, max_segs, max_batch, area = _abi.MAX_GPU_REFS, _abi.MAX_SEGS, _abi.MAX_BATCH, _abi.VBATCH_AREA_BYTES
         for d, members in groups:
             todo = list(members)
             pack = _SEG.pack
             while todo:
                 gpus, entries, idx, used = [], [], [], 0
                 for i, name in todo:
-                    segs, off = items[i][1], items[i][2]
+                    _, segs, off = items[i]
                     try:
-                        blob = b"".join([pack(*s) if len(s) == 3 else pack(*self._seg(s[0], s[1], gpus)) for s in segs])
+                        parts = []
+                        for s in segs:
+                            if len(s) == 3:
+                                parts.append(pack(*s))
+                                continue
+                            # _seg, its common case inline: in a registration.
+                            ptr, size = s
+                            j = find(bases, ptr) - 1
+                            if j >= 0 and ptr + size <= regs[j].end:
+                                parts.append(pack(regs[j].id, ptr - regs[j].base, size))
+                            else:
+                                parts.append(pack(*self._seg(ptr, size, gpus)))
+                        blob = parts[0] if len(parts) == 1 else b"".join(parts)
                         k = name.encode("utf-8", "surrogateescape")
                     except (struct.error, TypeError, ValueError, OverflowError):
                         out[i] = (-errno.EINVAL, 0)
                         continue
-                    if len(gpus) > _abi.MAX_GPU_REFS:
+                    if len(gpus) > max_gpus:
                         break
-                    if not segs or len(segs) > _abi.MAX_SEGS or 7 + len(blob) + len(k) > _abi.VBATCH_AREA_BYTES \
-                            or off.__class__ is not int or not 0 <= off < 1 << 64:
+                    nseg, klen = len(segs), len(k)
+                    n = len(blob) + klen
+                    if not nseg or nseg > max_segs or 7 + n > area or off.__class__ is not int or not 0 <= off < 1 << 64:
                         out[i] = (-errno.EINVAL, 0)
                         continue
-                    end = ((used + 7) & ~7) + len(blob) + len(k)
-                    if end > _abi.VBATCH_AREA_BYTES:
+                    end = ((used + 7) & ~7) + n
+                    if end > area:
                         break  # one call's area: send_packed makes one ioctl of these
                     used = end
-                    entries.append((blob + k, len(segs), len(k), 0, flags, off))
+                    entries.append((blob + k, nseg, klen, 0, flags, off))
                     idx.append(i)
-                    if len(entries) == _abi.MAX_BATCH:
+                    if len(entries) == max_batch:
                         break
                 if not entries:
                     if todo and out[todo[0][0]] is None:  # one key names too many allocations
@@ -901,7 +916,8 @@ class MooncakeDistributedStore:
             items = [(k, s + [(_abi.SEG_VM, paddr + i, 1)] if len(s) < _abi.MAX_SEGS else s, 0)
                      for i, (k, s) in enumerate(zip(keys, segs))]
             for i, (r, _) in enumerate(self._run(False, items)):
-                room = sum(x[1] for x in segs[i])
+                sg = segs[i]
+                room = sg[0][1] if len(sg) == 1 else sum(x[1] for x in sg)
                 if r < 0:
                     out.append(error_code(r))
                 elif r > room or (r == room and len(segs[i]) >= _abi.MAX_SEGS and self.get_size(keys[i]) > room):
