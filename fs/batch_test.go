@@ -138,8 +138,8 @@ func TestBatchOverwriteNeedsNoDoubleSpace(t *testing.T) {
 // TestChunkedBatches runs the batch model tests with every call cut into
 // pipelined chunks, as calls with GPU buffers are.
 func TestChunkedBatches(t *testing.T) {
-	chunkAlways = true
-	t.Cleanup(func() { chunkAlways = false })
+	chunkAlways, chunkKeys = true, 8 // chunk boundaries every 8 keys
+	t.Cleanup(func() { chunkAlways, chunkKeys = false, gpuChunkKeys })
 	t.Run("vbatch-model", TestVBatchModel)
 	t.Run("in-order", TestBatchEntriesInOrder)
 	t.Run("overwrite", TestBatchOverwriteNeedsNoDoubleSpace)
@@ -405,7 +405,7 @@ func TestParentsInBatch(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		chunkAlways = chunked
 		var entries []batchEntry
-		for i := range gpuChunkKeys {
+		for i := range chunkKeys {
 			entries = append(entries, batchEntry{key: fmt.Sprintf("c%v/k%d", chunked, i), data: []byte("v"), flags: par})
 		}
 		entries = append(entries, batchEntry{key: fmt.Sprintf("c%v/k3/sub", chunked), data: []byte("w"), flags: par})

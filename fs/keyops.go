@@ -365,9 +365,13 @@ func metaXattrs(op *keyOp, cur *store.Object) map[string][]byte {
 // more often, a whole call of 64 waits for its copies unhidden.
 const gpuChunkKeys = 32
 
-// chunkAlways chunks calls without GPU buffers too (tests: the chunked
-// path without a GPU).
-var chunkAlways = false
+// chunkAlways chunks calls without GPU buffers too, and chunkKeys is the
+// chunk size (tests: the chunked path without a GPU, more chunk
+// boundaries than a call of MaxBatch keys has).
+var (
+	chunkAlways = false
+	chunkKeys   = gpuChunkKeys
+)
 
 // putPending is a key of batchPut between its check and its commit.
 type putPending struct {
@@ -536,11 +540,11 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		} else {
 			cur.addDraft(n.fs.st, op, key, bufs, size, old, tmpl, place)
 		}
-		if (cur.gpu || chunkAlways) && cur.keys() >= gpuChunkKeys {
+		if (cur.gpu || chunkAlways) && cur.keys() >= chunkKeys {
 			start(cur)
 			// The copies of cur run while the chunk before commits.
 			commitUpTo(len(chunks) - 1)
-			cur = newPutChunk(gpuChunkKeys)
+			cur = newPutChunk(chunkKeys)
 			chunks = append(chunks, cur)
 		}
 	}
@@ -714,9 +718,9 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		for _, b := range bufs {
 			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
 		}
-		if (cur.gpu || chunkAlways) && len(cur.at) >= gpuChunkKeys {
+		if (cur.gpu || chunkAlways) && len(cur.at) >= chunkKeys {
 			start(cur)
-			cur = &getChunk{at: make([]*keyOp, 0, gpuChunkKeys), reads: make([]store.ReaderRead, 0, gpuChunkKeys)}
+			cur = &getChunk{at: make([]*keyOp, 0, chunkKeys), reads: make([]store.ReaderRead, 0, chunkKeys)}
 			chunks = append(chunks, cur)
 		}
 	}

@@ -110,6 +110,13 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	}
 	found := x.mu.found[:0]
 	defer func() {
+		// Kept for the next commit only when small: clearing a map costs
+		// its room, not its entries, and one large commit (a rename of a
+		// big directory) would slow every later one.
+		if len(swaps) > maxScratch {
+			x.mu.found, x.mu.seen = nil, make(map[string]struct{})
+			return
+		}
 		clear(found)
 		x.mu.found = found[:0]
 		if len(swaps) > 1 {
@@ -178,6 +185,9 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	x.hub.Publish(events)
 	return rev, nil
 }
+
+// maxScratch is the largest commit whose scratch CompareAndSwap keeps.
+const maxScratch = 1024
 
 // ClaimLRU implements LRUKeeper: the first caller keeps its LRU here.
 func (x *Embedded) ClaimLRU() bool {

@@ -71,8 +71,8 @@ func (s *Store) lruLen() int {
 func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 	o, err := s.idx.Get(ctx, key)
 	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			s.forget(key)
+		if errors.Is(err, ErrNotFound) && s.keeper == nil {
+			s.forget(key) // (a keeper has no entry for a key that is gone)
 		}
 		return 0, false
 	}

@@ -447,8 +447,12 @@ func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
 		}
 	}
 	s.mu.Unlock()
-	for _, k := range deleted {
-		s.forget(k)
+	if s.keeper == nil {
+		// (A keeper's order lost the keys with their slots: a Forget now
+		// could only take out a slot a concurrent put just made.)
+		for _, k := range deleted {
+			s.forget(k)
+		}
 	}
 	for _, o := range put {
 		if o.Kind == KindFile {
