@@ -89,7 +89,11 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 			wait = 0
 			continue
 		}
-		if len(local) > 0 && !leasableLocked(rec, obj.Version) {
+		// Leasable: not freed (live, or retired and still waiting) and
+		// published then or before (a later body in the same extents is
+		// another object's); one between its swap and its bookkeeping once
+		// its swap returned, else look again.
+		if len(local) > 0 && !rec.readableLocked(obj.Version) {
 			s.mu.Unlock()
 			continue
 		}
@@ -113,16 +117,6 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 		s.touch(key)
 		return r, nil
 	}
-}
-
-// leasableLocked reports whether b, the record of a local body, may be
-// leased as the body of the version published at version: it is not freed (live, or retired and still waiting) and was published
-// then or before (a later body in the same extents belongs to another
-// object). A body whose commit is between its swap and its bookkeeping
-// is leasable once its swap returned (swapped), else not yet: the caller
-// looks again. Caller holds s.mu.
-func leasableLocked(b *body, version uint64) bool {
-	return b.readableLocked(version)
 }
 
 // readerLocked opens a reader of obj: a reference on its local body, or

@@ -381,7 +381,7 @@ func (s *Store) retireLocked(obj *Object) {
 }
 
 // acquireLocked takes a reference on the local body of obj. Caller holds
-// s.mu and checked that the body may be leased (leasableLocked), or
+// s.mu and checked that the body may be leased (readableLocked), or
 // publishes it (Commit).
 func (s *Store) acquireLocked(obj *Object) *body {
 	ext := s.localExtents(obj)
