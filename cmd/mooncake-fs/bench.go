@@ -306,6 +306,10 @@ type benchResult struct {
 	CeilingOpsPerS float64 `json:"ceiling_ops_per_s,omitempty"`
 	CeilingP50us   float64 `json:"ceiling_p50_us,omitempty"`
 	CeilingP99us   float64 `json:"ceiling_p99_us,omitempty"`
+	// DirectOpsPerS is the direct path's rate in the same repetition, and
+	// DirectRatio the case's share of it (cases of an API layered on it).
+	DirectOpsPerS float64 `json:"direct_ops_per_s,omitempty"`
+	DirectRatio   float64 `json:"direct_ratio,omitempty"`
 	// KeyWorkUs is the daemon's own work per key of batch calls (handler
 	// time minus the copies), kv cases.
 	KeyWorkUs float64 `json:"key_work_us,omitempty"`
@@ -344,6 +348,10 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.KeyWorkUs = round(float64(m.KeyWorkNs)/1e3, 2)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
+		if m.Direct != nil {
+			res.DirectOpsPerS = round(m.Direct.opsPerS(), 0)
+			res.DirectRatio = round(ratio(m.opsPerS(), m.Direct.opsPerS()), 3)
+		}
 	} else {
 		res.Ratio = round(ratio(m.gbps(), ceil.gbps()), 3)
 	}

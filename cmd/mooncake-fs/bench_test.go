@@ -139,10 +139,10 @@ func TestSelectBenchCases(t *testing.T) {
 }
 
 // inProcessCeilings are what withCopy workers measure beside the case:
-// a copy of the same bytes, the same GPU copies by the driver or torch, a
+// a copy of the same bytes, the same GPU copies by the driver, a
 // bare ioctl round trip.
 var inProcessCeilings = map[string]bool{"copy": true, "cuda-memcpy-pinned": true, "cuda-memcpy-async": true,
-	"torch-copy-async": true, "ioctl-roundtrip": true}
+	"ioctl-roundtrip": true}
 
 func TestBenchCaseTable(t *testing.T) {
 	seen := map[string]bool{}

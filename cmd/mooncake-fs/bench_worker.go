@@ -62,6 +62,9 @@ type benchSample struct {
 	// Ceiling is the same work done by plain memory copies in the same
 	// process, right after (cases with target withCopy).
 	Ceiling *benchSample `json:"ceiling,omitempty"`
+	// Direct is the same work through the direct path, where a case
+	// measures an API layered on it (the Mooncake API's cases).
+	Direct *benchSample `json:"direct,omitempty"`
 }
 
 // gbps is 1e9 bytes per second, i.e. bytes per nanosecond.

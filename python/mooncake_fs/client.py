@@ -12,6 +12,7 @@ memory registered once and reused, see ``mooncake_fs.pool.BufferPool``.
 import ctypes
 import errno
 import fcntl
+import itertools
 import os
 import struct
 import threading
@@ -443,6 +444,54 @@ _VRESULT = struct.Struct("<qQ")
 _VRESULT_AT = _VENTRY.size - _VRESULT.size
 _VAREA = _abi.VBatch.area.offset
 assert _VENTRY.size == ctypes.sizeof(_abi.VBatchEntry)
+# mc_vbatch's head: header (size, flags), count, ngpu.
+_VHEAD = struct.Struct("<IIII")
+_VGPUS = _abi.VBatch.gpus.offset
+_GPUREF = ctypes.sizeof(_abi.GPURef)
+assert _VHEAD.size == _abi.VBatch.entries.offset and ctypes.sizeof(_abi.VBatch) == _abi.BATCH_SIZE
+
+# Packed entries of send_columns batches whose keys are all of one length,
+# by (count, segments per key, flags, key length): a connector's keys are
+# of one format, so a handful of shapes serve every call.
+_column_cache = {}
+_COLUMN_SHAPES = 256
+
+
+def columns_fit(n, nseg, key_bytes):
+    """Whether n keys of nseg segments each and key_bytes of names in all
+    fit one send_columns call."""
+    return 0 < n <= _abi.MAX_BATCH and 0 < nseg <= _abi.MAX_SEGS and n * nseg * _SEG.size + key_bytes <= _abi.VBATCH_AREA_BYTES
+
+
+def _column_entries(n, nseg, flags, lens, kbase, mlens, mbase):
+    """The n entries of send_columns: segments from the area's start,
+    nseg per key, the names after them end to end, then the metas."""
+    klen, mlen = lens[0], mlens[0] if mlens else 0
+    same = lens.count(klen) == n and (not mlens or mlens.count(mlen) == n)
+    shape = (n, nseg, flags, klen, mlen)
+    if same:
+        b = _column_cache.get(shape)
+        if b is not None:
+            return b
+    f = [0] * (10 * n)
+    if same:
+        f[0::10] = range(kbase, kbase + n * klen, klen)
+    else:
+        f[0::10] = list(itertools.accumulate(lens, initial=kbase))[:-1]
+    f[1::10] = lens
+    f[2::10] = [flags] * n
+    f[3::10] = range(0, kbase, nseg * _SEG.size)
+    f[4::10] = [nseg] * n
+    if mlens:
+        if same:
+            f[5::10] = range(mbase, mbase + n * mlen, mlen) if mlen else [mbase] * n
+        else:
+            f[5::10] = list(itertools.accumulate(mlens, initial=mbase))[:-1]
+        f[6::10] = mlens
+    b = struct.pack("<" + "HHIIIIIQqQ" * n, *f)
+    if same and len(_column_cache) < _COLUMN_SHAPES:
+        _column_cache[shape] = b
+    return b
 
 
 def key_fits(key):
@@ -576,6 +625,47 @@ class Directory(_Handle):
                 raw.release()
             todo = todo[n:]
         return out
+
+    def send_columns(self, put, keys, lens, segs, nseg, flags, metas=b"", mlens=None, gpus=(), versions=False):
+        """batchv of n = len(lens) keys of nseg segments each, in one call:
+        keys is their names' bytes end to end, lens their lengths, segs the
+        (id, offset, length) triples of all their segments in key order, as
+        little-endian u64 words (array("Q") on this machine); metas and
+        mlens the same for their metas (none without), gpus the (handle,
+        device) pairs that SEG_GPU segments name; offset 0. The caller
+        keeps n <= MAX_BATCH and columns_fit(...). Returns each key's
+        result (bytes moved or a negative errno) as a list, with versions
+        (result, version) pairs. The entries of
+        keys of one length (and meta length) are packed once per shape
+        and reused: a batch costs a few calls into C, not a few per key."""
+        n = len(lens)
+        sb = memoryview(segs).cast("B")
+        kbase = n * nseg * _SEG.size
+        mbase = kbase + len(keys)
+        if len(sb) != kbase or len(keys) != sum(lens) or (mlens is not None and (len(mlens) != n or len(metas) != sum(mlens))) \
+                or (mlens is None and metas) or len(gpus) > _abi.MAX_GPU_REFS or not columns_fit(n, nseg, mbase - kbase + len(metas)):
+            raise ValueError(f"{n} keys of {nseg} segments: {len(sb)} B of segments, {len(keys)} B of names "
+                             f"and {len(metas)} of metas do not match")
+        raw = bytearray(_abi.BATCH_SIZE)
+        _VHEAD.pack_into(raw, 0, _abi.BATCH_SIZE, 0, n, len(gpus))
+        raw[_VENTRIES:_VENTRIES + _VENTRY.size * n] = _column_entries(n, nseg, flags, lens, kbase, mlens, mbase)
+        for i, (handle, device) in enumerate(gpus):
+            at = _VGPUS + _GPUREF * i
+            if len(handle) != 64 or (device is not None and len(device) != 16):
+                raise ValueError("an IPC handle is 64 bytes and a device UUID 16")
+            raw[at:at + 64] = handle
+            if device is not None:
+                raw[at + 64:at + _GPUREF] = device
+        raw[_VAREA:_VAREA + kbase] = sb
+        raw[_VAREA + kbase:_VAREA + mbase] = keys
+        raw[_VAREA + mbase:_VAREA + mbase + len(metas)] = metas
+        ioctl(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name)
+        words, at = _VENTRY.size // 8, _VRESULT_AT // 8
+        ents = memoryview(raw)[_VENTRIES:_VENTRIES + _VENTRY.size * n]
+        res = ents.cast("q")[at::words].tolist()
+        if versions:
+            return list(zip(res, ents.cast("Q")[at + 1::words].tolist()))
+        return res
 
     def batch_putv(self, items, *, meta=None, exclusive=False, check=True):
         """Put keys whose values are gathered from several buffers: items

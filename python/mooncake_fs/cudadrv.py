@@ -388,6 +388,36 @@ class HandleCache:
                              f"({blk.size} bytes at {blk.base:#x})")
         return IPCLocation(blk.handle, off, blk.device, blk.base, blk.size, blk.ordinal)
 
+    def locate_many(self, ptrs, lengths, ordinal):
+        """[(handle, device, offset)] of device pointers ptrs on device
+        ordinal, each with its length in one allocation, as locate's (and
+        raising as it does): the device's context made current once and
+        one driver query per pointer where its allocation is cached, the
+        batch calls' common case."""
+        drv = driver()
+        raw = ctypes.c_uint64(0)
+        ref, get, buf_attr = ctypes.byref(raw), drv.cuPointerGetAttribute, POINTER_ATTRIBUTE_BUFFER_ID
+        blocks, out, seen = self._blocks, [], set()
+        with drv.context(ordinal):
+            for ptr, length in zip(ptrs, lengths):
+                raw.value = 0
+                blk = None
+                if ptr and get(ref, buf_attr, ptr) == 0 and raw.value:
+                    key = (ordinal, raw.value)
+                    blk = blocks.get(key)
+                    if blk is not None and blk.base <= ptr and ptr + length <= blk.base + blk.size:
+                        if key not in seen:
+                            seen.add(key)
+                            with self._lock:
+                                self.hits += 1
+                                if key in blocks:
+                                    blocks[key] = blocks.pop(key)  # most recently used last
+                        out.append((blk.handle, blk.device, ptr - blk.base))
+                        continue
+                loc = self.locate(ptr, length, ordinal)
+                out.append((loc.handle, loc.device, loc.dev_off))
+        return out
+
 
 handles = HandleCache()
 

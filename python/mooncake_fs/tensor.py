@@ -37,6 +37,7 @@ import operator
 import os
 import re
 import threading
+from array import array
 from collections import OrderedDict
 
 from . import _abi
@@ -616,13 +617,22 @@ def _get_tensor_file(path, out, device):
     return out
 
 
+def _split(path):
+    """(parent, name) of path made absolute and normal; an absolute path
+    already normal (a batch's common case) without abspath's work."""
+    if path.__class__ is str and path[:1] == "/" and "//" not in path and "/." not in path and path[-1:] != "/":
+        parent, _, name = path.rpartition("/")
+        return parent or "/", name
+    return os.path.split(os.path.abspath(os.fspath(path)))
+
+
 def _batch_groups(paths):
     """Indexes of paths grouped by directory handle: [(Directory, [(i,
     name)])], one lookup of each directory; paths that cannot go by name
     come back under None."""
     by_parent = {}
     for i, p in enumerate(paths):
-        parent, name = os.path.split(os.path.abspath(os.fspath(p)))
+        parent, name = _split(p)
         by_parent.setdefault(parent, []).append((i, name))
     groups = {}
     for parent, members in by_parent.items():
@@ -637,56 +647,63 @@ def _batch_groups(paths):
     return list(groups.values())
 
 
-class _GPUTable:
-    """The GPU allocations of one vector batch call, at most MAX_GPU_REFS."""
-
-    def __init__(self):
-        self.refs, self.index = [], {}
-
-    def seg(self, t, nbytes):
-        """The segment of tensor t, or None when the table is full."""
-        from . import cudadrv
-
-        loc = cudadrv.ipc_location(t.data_ptr(), nbytes, t.device.index)
-        k = (loc.handle, loc.device)
-        i = self.index.get(k)
-        if i is None:
-            if len(self.refs) == _abi.MAX_GPU_REFS:
-                return None
-            i = self.index[k] = len(self.refs)
-            self.refs.append(k)
-        return (_abi.SEG_GPU | i, loc.dev_off, nbytes)
-
-
 def _run_tensor_batch(d, put, items):
     """items: [(i, name, tensor, nbytes, meta, extra)], extra the put flags
-    or, for a get, the address of a probe byte read after the tensor;
-    runs them in calls
-    of at most MAX_BATCH keys and MAX_GPU_REFS allocations, after
-    synchronizing the current stream of every device they use. Returns
-    {i: (result, version)}."""
+    (one value for all) or, for a get, the address of a probe byte read
+    after the tensor; runs them in calls of at most MAX_BATCH keys and
+    MAX_GPU_REFS allocations, after synchronizing the current stream of
+    every device they use. Returns {i: (result, version)}."""
+    from . import cudadrv
+
     torch = _torch()
-    devices = {t.device for _, _, t, n, _, _ in items if n and t.device.type == "cuda"}
-    for dev in devices:
-        torch.cuda.current_stream(dev).synchronize()
+    where = {}  # item index -> (handle, device UUID, offset) of a CUDA tensor
+    by_dev = {}
+    for j, (_, _, t, n, _, _) in enumerate(items):
+        if n and t.device.type == "cuda":
+            by_dev.setdefault(t.device.index, []).append(j)
+    for ordinal, js in by_dev.items():
+        torch.cuda.current_stream(ordinal).synchronize()
+        got = cudadrv.handles.locate_many([items[j][2].data_ptr() for j in js], [items[j][3] for j in js], ordinal)
+        where.update(zip(js, got))
+    flags = items[0][5] if put and items else 0
+    nseg = 1 if put else 2
+    step, room = 3 * nseg, _abi.VBATCH_AREA_BYTES
     out = {}
     pos = 0
     while pos < len(items):
-        table, entries, idx = _GPUTable(), [], []
-        while pos < len(items) and len(entries) < _abi.MAX_BATCH:
+        refs, gidx, idx, words, names, lens, metas, mlens = [], {}, [], [], [], [], [], []
+        used = 0
+        while pos < len(items) and len(idx) < _abi.MAX_BATCH:
             i, name, t, n, meta, extra = items[pos]
-            if n and t.device.type == "cuda":
-                seg = table.seg(t, n)
-                if seg is None:
-                    break
+            k = name.encode("utf-8", "surrogateescape") if name.__class__ is str else bytes(name)
+            used += step * 8 + len(k) + len(meta)
+            if used > room:
+                break
+            loc = where.get(pos)
+            if loc is not None:
+                ref = loc[:2]
+                g = gidx.get(ref)
+                if g is None:
+                    if len(refs) == _abi.MAX_GPU_REFS:
+                        break
+                    g = gidx[ref] = len(refs)
+                    refs.append(ref)
+                words += (_abi.SEG_GPU | g, loc[2], n)
             else:
-                seg = (_abi.SEG_VM, t.data_ptr() if n else 0, n)
-            segs = [seg] if put else [seg, (_abi.SEG_VM, extra, 1)]
-            entries.append((name, segs, meta, extra if put else 0, 0))
+                words += (_abi.SEG_VM, t.data_ptr() if n else 0, n)
+            if not put:
+                words += (_abi.SEG_VM, extra, 1)
+            names.append(k)
+            lens.append(len(k))
+            metas.append(meta)
+            mlens.append(len(meta))
             idx.append(i)
             pos += 1
-        for i, r in zip(idx, d.batchv(put, entries, table.refs)):
-            out[i] = r
+        if not idx:
+            raise ValueError(f"{items[pos][1]!r}: too large for one batch")
+        res = d.send_columns(put, b"".join(names), lens, array("Q", words), nseg, flags, b"".join(metas), mlens, refs,
+                             versions=True)
+        out.update(zip(idx, res))
     return out
 
 
@@ -701,8 +718,9 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
         raise ValueError(f"{len(paths)} paths for {len(ts)} tensors")
     flags = _abi.FLAG_EXCL if exclusive else 0
     if makedirs:
-        for parent in {os.path.dirname(os.path.abspath(os.fspath(p))) for p in paths}:
-            os.makedirs(parent, exist_ok=True)
+        for parent in {_split(p)[0] for p in paths}:
+            if not os.path.isdir(parent):  # a stat the kernel answers from its cache; mkdir goes to the daemon
+                os.makedirs(parent, exist_ok=True)
     results = [None] * len(paths)
     for d, members in _batch_groups(paths):
         if d is None:

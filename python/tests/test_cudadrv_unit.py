@@ -218,6 +218,30 @@ class TestFakeDriver(unittest.TestCase):
         self.assertNotEqual(h1, h2)
         self.assertEqual(self.var("fake_handles"), 2)
 
+    def test_locate_many_as_locate(self):
+        # Hits and misses, a block freed and made again at its address, and
+        # each error: what locate says, pointer by pointer, the context
+        # stack balanced (tearDown) and a handle made once per allocation.
+        self.add(0x7F0000000000, 20 * MB, buf_id=31)
+        self.add(0x7F0002000000, 2 * MB, buf_id=32)
+        ptrs = [0x7F0000000000, 0x7F0000100000, 0x7F0002000100, 0x7F0000000000 + 5]
+        lens = [1, 4096, 100, 10]
+        many = self.cache.locate_many(ptrs, lens, 0)
+        one = [self.cache.locate(p, n, 0) for p, n in zip(ptrs, lens)]
+        self.assertEqual(many, [(loc.handle, loc.device, loc.dev_off) for loc in one])
+        self.assertEqual(self.var("fake_handles"), 2)
+        self.fake.fake_free(ctypes.c_uint64(0x7F0002000000))
+        self.add(0x7F0002000000, 2 * MB, buf_id=33)
+        again = self.cache.locate_many(ptrs[2:3], lens[2:3], 0)
+        self.assertNotEqual(again[0][0], many[2][0])
+        self.assertEqual(self.var("fake_handles"), 3)
+        with self.assertRaisesRegex(ValueError, "run past the end"):
+            self.cache.locate_many([0x7F0000000000, 0x7F0000000000 + 19 * MB], [1, 2 * MB], 0)
+        with self.assertRaisesRegex(ValueError, "is not device memory"):
+            self.cache.locate_many([0x7F0000000000, 0x1234], [1, 1], 0)
+        with self.assertRaisesRegex(ValueError, "null"):
+            self.cache.locate_many([0], [1], 0)
+
     def test_without_buffer_ids(self):
         flag = ctypes.c_int.in_dll(self.fake, "fake_no_buffer_id")
         flag.value = 1

@@ -309,6 +309,72 @@ class Store(unittest.TestCase):
         self.assertEqual(self.s.batch_is_exist(sorted(model)), [1] * len(model))
 
 
+    def test_fast_path_as_general(self):
+        # The batch engine's fast path (whole columns for plain names in
+        # one registration) against the general engine, key by key: the
+        # same codes and the same bytes for random batches of every shape.
+        rng = random.Random(11)
+        general = MooncakeDistributedStore()
+        self.assertEqual(general.setup("localhost", "x", 0, 0, "tcp", "", "", tenant_id=self.tenant + "-g"), 0)
+        general._columns = lambda *a, **k: None
+        fast = self.s
+        src, other = Pool(1 << 20), Pool(1 << 16)
+        src.fill(0, bytes(rng.randrange(256) for _ in range(src.n)))
+        other.fill(0, os.urandom(other.n))
+        outs = {}
+        for st in (fast, general):
+            outs[st] = Pool(1 << 20)
+            self.assertEqual(st.register_buffer(src.addr, src.n), 0)
+            self.assertEqual(st.register_buffer(outs[st].addr, outs[st].n), 0)
+        names = [f"k{i}" for i in range(90)] + ["L" * 250 + f"{i:05d}" for i in range(4)] + \
+                ["a/b", ".hidden", "x" * 300, "p%c", "\u00e9t\u00e9"]
+        seen = set()
+        try:
+            for rnd in range(60):
+                n = rng.choice([1, 3, 64, 65, 130])
+                odd = rng.random() < 0.2  # a name the fast path leaves to the general one
+                keys = [rng.choice(names[:94]) for _ in range(n)]
+                if odd:
+                    keys[rng.randrange(n)] = rng.choice(names[94:])
+                m = rng.choice([1, 1, 2, 3])
+                sizes = [[rng.randrange(1, 3000) for _ in range(m)] for _ in keys]
+                unreg = rng.random() < 0.1
+                offs = [[rng.randrange(src.n - 3000) for _ in range(m)] for _ in keys]
+                op = rng.choice(["put", "upsert", "get", "get"])
+                by_ptr = m == 1 and rng.random() < 0.5  # batch_*_from, not *_multi_buffers
+                codes = {}
+                for st in (fast, general):
+                    if op == "get":
+                        out = outs[st]
+                        ctypes.memset(out.addr, 0, out.n)
+                        ptrs = [[out.addr + o for o in os_] for os_ in offs]
+                        if m == 1:
+                            codes[st] = st.batch_get_into(keys, [p[0] for p in ptrs], [z[0] for z in sizes])
+                        else:
+                            codes[st] = st.batch_get_into_multi_buffers(keys, ptrs, sizes)
+                        continue
+                    base = other.addr if unreg else src.addr
+                    ptrs = [[base + (o % (other.n - 3000) if unreg else o) for o in os_] for os_ in offs]
+                    if by_ptr:
+                        fn = st.batch_put_from if op == "put" else st.batch_upsert_from
+                        codes[st] = fn(keys, [p[0] for p in ptrs], [z[0] for z in sizes])
+                    elif op == "put":
+                        codes[st] = st.batch_put_from_multi_buffers(keys, ptrs, sizes)
+                    else:
+                        codes[st] = [st.upsert_parts(k, *[ctypes.string_at(p, z) for p, z in zip(ps, zs)])
+                                     for k, ps, zs in zip(keys, ptrs, sizes)]
+                if op != "get":
+                    seen.update(keys)
+                self.assertEqual(codes[fast], codes[general], f"round {rnd}: {op} of {n} keys, {m} buffers each")
+                if op == "get":
+                    self.assertEqual(outs[fast].read(0, outs[fast].n), outs[general].read(0, outs[general].n), f"round {rnd}")
+            for k in sorted(seen):
+                self.assertEqual(fast.get(k), general.get(k), k)
+        finally:
+            general.remove_all(force=True)
+            general.close()
+
+
 if __name__ == "__main__":
     unittest.main()
 
