@@ -32,7 +32,7 @@ def batches(mount):
     if not mount:
         return None
     st = json.loads(os.getxattr(mount, "user.mooncake.status"))
-    return dict(st["batches"], gpu_copies=st["transfer"]["GPUCopies"])
+    return dict(st["batches"], gpu_copies=st.get("transfer", {}).get("GPUCopies", 0))
 
 
 def daemon_figures(out, before, after):

@@ -404,14 +404,16 @@ class HandleCache:
                 blk = None
                 if ptr and get(ref, buf_attr, ptr) == 0 and raw.value:
                     key = (ordinal, raw.value)
-                    blk = blocks.get(key)
-                    if blk is not None and blk.base <= ptr and ptr + length <= blk.base + blk.size:
-                        if key not in seen:
-                            seen.add(key)
-                            with self._lock:
-                                self.hits += 1
-                                if key in blocks:
-                                    blocks[key] = blocks.pop(key)  # most recently used last
+                    with self._lock:
+                        blk = blocks.get(key)
+                        if blk is not None and blk.base <= ptr and ptr + length <= blk.base + blk.size:
+                            self.hits += 1
+                            if key not in seen:
+                                seen.add(key)
+                                blocks[key] = blocks.pop(key)  # most recently used last
+                        else:
+                            blk = None
+                    if blk is not None:
                         out.append((blk.handle, blk.device, ptr - blk.base))
                         continue
                 loc = self.locate(ptr, length, ordinal)

@@ -344,6 +344,7 @@ class MooncakeDistributedStore:
         self._regs = []        # _Reg sorted by base
         self._bases = []       # their bases, for bisect
         self._parents = False  # the daemon makes long keys' directories (ABI 1.4)
+        self._probe = ctypes.create_string_buffer(1)  # the fast path's gets read a byte past each value here
 
     # --- lifecycle ---
 
@@ -640,27 +641,29 @@ class MooncakeDistributedStore:
         errno) of keys of m segments each, ptrs and sizes flat in key order,
         when every key is its own file name, every size above 0 and every
         segment in one registration; a get with probe reads one byte more
-        per key into probe + its index. Whole columns go to send_columns,
-        a call's worth at a time, without a Python loop per key. None
-        where that does not hold: the general engine then takes the call."""
+        per key into the byte at probe (what it holds is never read: a
+        result past the buffers says the value did not fit). Whole columns
+        go to send_columns, a call's worth at a time, without a Python loop
+        per key. None where that does not hold: the general engine then
+        takes the call."""
         n, d = len(keys), self._dir
         if d is None or not n or m < 1 or len(ptrs) != n * m or len(sizes) != n * m or not _LITTLE:
             return None
+        regs = self._regs
         try:
             names = "/" + "/".join(keys)
             lo, small = min(ptrs), min(sizes)
             hi = max(map(operator.add, ptrs, sizes))
-        except TypeError:
+            i = bisect.bisect_right(self._bases, lo) - 1
+            if i < 0 or small <= 0 or hi > regs[i].end:
+                return None
+        except TypeError:  # not numbers: the general engine says which
             return None
         if not names.isascii() or names.count("/") != n or "/." in names or "//" in names or names[-1] == "/" \
                 or "%" in names or "\0" in names:
             return None
         lens = list(map(len, keys))
         if max(lens) > _NAME_MAX:
-            return None
-        regs = self._regs
-        i = bisect.bisect_right(self._bases, lo) - 1
-        if i < 0 or small <= 0 or hi > regs[i].end:
             return None
         reg = regs[i]
         try:
@@ -670,14 +673,18 @@ class MooncakeDistributedStore:
             return None
         nseg = m + 1 if probe else m
         step = 3 * nseg
-        out = []
-        at = 0
+        # The calls' bounds first: nothing goes out unless every key fits.
+        bounds, at = [], 0
         while at < n:
             c = min(n - at, _abi.MAX_BATCH)
             while c > 1 and not columns_fit(c, nseg, sum(lens[at:at + c])):
                 c //= 2
             if not columns_fit(c, nseg, sum(lens[at:at + c])):
-                return None if not out else out + [-errno.E2BIG] * (n - at)
+                return None
+            bounds.append((at, c))
+            at += c
+        out = []
+        for at, c in bounds:
             segs = array("Q", bytes(8 * step * c))
             lo_seg, hi_seg = at * m, (at + c) * m
             for t in range(m):
@@ -686,14 +693,13 @@ class MooncakeDistributedStore:
                 segs[3 * t + 2::step] = sz[lo_seg + t:hi_seg:m]
             if probe:
                 # segs[3m::step] stays SEG_VM (0)
-                segs[3 * m + 1::step] = array("Q", range(probe + at, probe + at + c))
+                segs[3 * m + 1::step] = array("Q", [probe]) * c
                 segs[3 * m + 2::step] = array("Q", [1]) * c
             try:
                 res = d.send_columns(put, "".join(keys[at:at + c]).encode("ascii"), lens[at:at + c], segs, nseg, flags)
             except OSError as e:
                 res = [-(e.errno or errno.EIO)] * c
             out.extend(res)
-            at += c
         return out
 
     def _put_columns(self, keys, ptrs, sizes, m, config, upsert):
@@ -717,9 +723,7 @@ class MooncakeDistributedStore:
         fit (INVALID_PARAMS)."""
         if not keys or m >= _abi.MAX_SEGS or self._dir is None:
             return None
-        probe = bytearray(len(keys))
-        with pinned(probe, writable=True) as (paddr, _):
-            res = self._columns(False, keys, ptrs, sizes, m, 0, probe=paddr)
+        res = self._columns(False, keys, ptrs, sizes, m, 0, probe=ctypes.addressof(self._probe))
         if res is None:
             return None
         room = sizes if m == 1 else list(map(sum, zip(*[iter(sizes)] * m)))

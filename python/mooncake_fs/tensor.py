@@ -182,8 +182,12 @@ _metas = {}
 
 def format_meta(dtype, shape):
     """The meta of a tensor: "dtype=float32 shape=2,3,4"."""
-    k = (dtype, tuple(shape))
-    m = _metas.get(k)
+    k = (dtype, shape)  # a torch.Size hashes and compares as its tuple
+    try:
+        m = _metas.get(k)
+    except TypeError:  # a list
+        k = (dtype, tuple(shape))
+        m = _metas.get(k)
     if m is None:
         m = f"dtype={dtype_name(dtype)} shape={format_shape(shape)}".encode()
         if len(_metas) < 4096:
@@ -258,7 +262,10 @@ def torch_dtype(name):
 
 
 def _nbytes(t):
-    return t.numel() * t.element_size()
+    try:
+        return t.nbytes  # one call into torch (PyTorch 1.11 on)
+    except AttributeError:
+        return t.numel() * t.element_size()
 
 
 def _device_kind(t):
@@ -659,8 +666,8 @@ def _run_tensor_batch(d, put, items):
     where = {}  # item index -> (handle, device UUID, offset) of a CUDA tensor
     by_dev = {}
     for j, (_, _, t, n, _, _) in enumerate(items):
-        if n and t.device.type == "cuda":
-            by_dev.setdefault(t.device.index, []).append(j)
+        if n and t.is_cuda:
+            by_dev.setdefault(t.get_device(), []).append(j)
     for ordinal, js in by_dev.items():
         torch.cuda.current_stream(ordinal).synchronize()
         got = cudadrv.handles.locate_many([items[j][2].data_ptr() for j in js], [items[j][3] for j in js], ordinal)
@@ -730,7 +737,7 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
             continue
         items = []
         for i, name in members:
-            meta = format_meta(ts[i].dtype, tuple(ts[i].shape))
+            meta = format_meta(ts[i].dtype, ts[i].shape)
             if len(meta) > _abi.MAX_META:
                 results[i] = _alone(lambda i=i: (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive,
                                                                             makedirs=makedirs)))
@@ -803,7 +810,7 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
             continue
         items = []
         for i, name in members:
-            meta = format_meta(out[i].dtype, tuple(out[i].shape))
+            meta = format_meta(out[i].dtype, out[i].shape)
             if len(meta) > _abi.MAX_META:
                 results[i] = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0))
                 continue

@@ -445,6 +445,15 @@ class Review(unittest.TestCase):
         self.assertEqual(self.s.put("\udcc3\udca9", b"x"), -600)  # a lone surrogate: not "é"'s name
         self.assertEqual(self.s.put("é", b"one"), 0)
         self.assertEqual(self.s.is_exist("\udcc3\udca9"), -600)
+        # Pointers and sizes that are not numbers, with a buffer registered
+        # (the batch engine's fast path looks them up there first).
+        self.assertEqual(self.s.register_buffer(a, 16), 0)
+        for bad in ("x", b"x", (1,), [1], None, 1.5):
+            self.assertEqual(self.s.batch_put_from_multi_buffers(["rb"], [[bad]], [[bad]]), [-600], bad)
+            self.assertEqual(self.s.batch_get_into_multi_buffers(["ra"], [[bad]], [[bad]]), [-600], bad)
+            self.assertEqual(self.s.batch_put_from(["rb"], [bad], [bad]), [-600], bad)
+            self.assertEqual(self.s.batch_get_into(["ra"], [bad], [bad]), [-600], bad)
+        self.assertEqual(self.s.is_exist("rb"), 0)
 
     def test_failed_configured_put_leaves_nothing(self):
         cfg = ReplicateConfig()
