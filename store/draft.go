@@ -935,7 +935,7 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 	case o.IfVersion != 0 && (cur == nil || cur.Version != o.IfVersion):
 		return nil, 0, fmt.Errorf("commit %q: not at version %d: %w", o.Key, o.IfVersion, ErrConflict)
 	case cur != nil:
-		next = cur.Clone()
+		next = cur.cloneBare()
 		old = cur.Version
 		setXattrs(next, o.SetXattrs)
 	default:

@@ -84,20 +84,28 @@ func (o *Object) XattrBytes() int {
 
 // Clone returns a deep copy of o.
 func (o *Object) Clone() *Object {
-	c := *o
-	c.body = nil // another version's bytes
-	// The values too: a caller may hand in a buffer it reuses (a FUSE
-	// request), and the index keeps what it was given.
-	c.Xattrs = maps.Clone(o.Xattrs)
-	for k, v := range c.Xattrs {
-		c.Xattrs[k] = slices.Clone(v)
-	}
+	c := o.cloneBare()
 	c.Replicas = make([]Replica, len(o.Replicas))
 	for i, r := range o.Replicas {
 		c.Replicas[i] = Replica{Node: r.Node, Epoch: r.Epoch, Extents: slices.Clone(r.Extents)}
 	}
 	if len(o.Replicas) == 0 {
 		c.Replicas = nil
+	}
+	return c
+}
+
+// cloneBare is Clone without the replicas: what a new version of o starts
+// from (its bytes are its own).
+func (o *Object) cloneBare() *Object {
+	c := *o
+	c.body = nil // another version's bytes
+	c.Replicas = nil
+	// The values too: a caller may hand in a buffer it reuses (a FUSE
+	// request), and the index keeps what it was given.
+	c.Xattrs = maps.Clone(o.Xattrs)
+	for k, v := range c.Xattrs {
+		c.Xattrs[k] = slices.Clone(v)
 	}
 	return &c
 }
