@@ -450,16 +450,17 @@ _VGPUS = _abi.VBatch.gpus.offset
 _GPUREF = ctypes.sizeof(_abi.GPURef)
 assert _VHEAD.size == _abi.VBatch.entries.offset and ctypes.sizeof(_abi.VBatch) == _abi.BATCH_SIZE
 
-# Packed entries of send_columns batches whose keys are all of one length,
-# by (count, segments per key, flags, key length): a connector's keys are
-# of one format, so a handful of shapes serve every call.
+# Packed entries of send_columns batches whose keys (and metas) are all of
+# one length, by (count, segments per key, flags, key length, meta length):
+# a connector's keys are of one format, so a handful of shapes serve every
+# call.
 _column_cache = {}
 _COLUMN_SHAPES = 256
 
 
 def columns_fit(n, nseg, key_bytes):
-    """Whether n keys of nseg segments each and key_bytes of names in all
-    fit one send_columns call."""
+    """Whether n keys of nseg segments each and key_bytes of names (and
+    metas) in all fit one send_columns call."""
     return 0 < n <= _abi.MAX_BATCH and 0 < nseg <= _abi.MAX_SEGS and n * nseg * _SEG.size + key_bytes <= _abi.VBATCH_AREA_BYTES
 
 
@@ -634,10 +635,10 @@ class Directory(_Handle):
         mlens the same for their metas (none without), gpus the (handle,
         device) pairs that SEG_GPU segments name; offset 0. The caller
         keeps n <= MAX_BATCH and columns_fit(...). Returns each key's
-        result (bytes moved or a negative errno) as a list, with versions
-        (result, version) pairs. The entries of
-        keys of one length (and meta length) are packed once per shape
-        and reused: a batch costs a few calls into C, not a few per key."""
+        result (bytes moved or a negative errno) as a list; with versions,
+        (result, version) pairs. The entries of keys of one length (and
+        meta length) are packed once per shape and reused: a batch costs a
+        few calls into C, not a few per key."""
         n = len(lens)
         sb = memoryview(segs).cast("B")
         kbase = n * nseg * _SEG.size
