@@ -825,9 +825,15 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 	return nil
 }
 
+// vbatchArgs keeps decoded vector batches between calls: 16 KiB each,
+// which would otherwise be made and cleared on the heap every call (the
+// call's keys and GPU table point into it). Unmarshal sets every field.
+var vbatchArgs = sync.Pool{New: func() any { return new(ioctl.VBatchArg) }}
+
 // vbatch serves BATCH_PUTV and BATCH_GETV on directory dir.
 func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
-	var a ioctl.VBatchArg
+	a := vbatchArgs.Get().(*ioctl.VBatchArg)
+	defer vbatchArgs.Put(a) // after the call's ops and batchCall, which use it
 	if err := a.Unmarshal(in); err != nil {
 		return err
 	}
@@ -845,7 +851,7 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	for i, op := range ptrs {
 		e := &a.Entries[i]
 		op.flags, op.objOff = e.Flags, e.ObjOff
-		op.err = decodeVEntry(&a, dir, i, op, &wire, put)
+		op.err = decodeVEntry(a, dir, i, op, &wire, put)
 	}
 	n.runOps(ctx, bc, put, ptrs)
 	for i, op := range ptrs {
