@@ -1,8 +1,10 @@
 package ioctl
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -157,26 +159,124 @@ func (f *File) batch(op string, cmd uint32, source uint32, id uint64, items []Ba
 }
 
 // batchOnce packs items and sends them; done gets each entry's result.
+// The calls of a batch of more than MaxBatch keys overlap, up to
+// BatchInFlight at a time, when their order cannot show (independent);
+// otherwise they go one after the other.
 func (f *File) batchOnce(op string, cmd uint32, source uint32, id uint64, items []BatchItem, done func(j int, result int64, version uint64)) error {
 	chunks, err := packBatch(source, id, items)
 	if err != nil {
 		return f.err(op, err, "%d items", len(items))
 	}
 	defer releaseChunks(chunks)
-	for ci := range chunks {
-		c := &chunks[ci]
+	send := func(c *batchChunk) error {
 		b := c.sc.raw[:]
 		encodeBatch(b, &c.sc.arg)
 		if err := call(f.f, cmd, b); err != nil {
 			first := c.items[0]
 			return f.err(op, err, "items %d..%d of %d (%q...)", first, len(items)-1, len(items), items[first].Key)
 		}
+		return nil
+	}
+	report := func(c *batchChunk) {
 		for j, i := range c.items {
-			r, v := batchEntryOut(b, j)
+			r, v := batchEntryOut(c.sc.raw[:], j)
 			done(i, r, v)
 		}
 	}
-	return nil
+	if len(chunks) == 1 || BatchInFlight < 2 || !independent(cmd, items) {
+		for ci := range chunks {
+			if err := send(&chunks[ci]); err != nil {
+				return err
+			}
+			report(&chunks[ci])
+		}
+		return nil
+	}
+	// Workers take the chunks in order; once one fails no new one starts
+	// (those running finish: the daemon ends every request it began).
+	var (
+		mu    sync.Mutex
+		next  int
+		first error
+		wg    sync.WaitGroup
+	)
+	for range min(BatchInFlight, len(chunks)) {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				ci := next
+				if first != nil || ci == len(chunks) {
+					mu.Unlock()
+					return
+				}
+				next++
+				mu.Unlock()
+				err := send(&chunks[ci])
+				mu.Lock()
+				if err != nil {
+					if first == nil {
+						first = err
+					}
+				} else {
+					report(&chunks[ci])
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// BatchInFlight is how many calls of one batch of more than MaxBatch keys
+// may be in the daemon at once: while one call's reply travels back and
+// the next is being sent, another is at work there. 1 sends them one after
+// the other. Set it before any batch runs, not while one does.
+var BatchInFlight = 4
+
+// independent says whether the calls of a batch may overlap: gets when
+// no two items' destinations overlap (the later one's bytes must stay);
+// puts when no key comes twice (a later entry of a key must land last)
+// and FlagParents is on every key or on none (a key without it may need a
+// directory that an earlier key's put makes).
+func independent(cmd uint32, items []BatchItem) bool {
+	if cmd != CmdBatchPut {
+		type span struct{ lo, hi uint64 }
+		spans := make([]span, 0, len(items))
+		for _, it := range items {
+			lo, n := it.BufOff, it.Len
+			if it.Data != nil {
+				lo, n = addrOf(it.Data), uint64(len(it.Data))
+			}
+			if n > 0 {
+				spans = append(spans, span{lo, lo + n})
+			}
+		}
+		slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+		var end uint64 // the furthest end of the spans before
+		for i, s := range spans {
+			if i > 0 && s.lo < end {
+				return false
+			}
+			end = max(end, s.hi)
+		}
+		return true
+	}
+	seen := make(map[string]struct{}, len(items))
+	parents := 0
+	for _, it := range items {
+		if _, dup := seen[it.Key]; dup {
+			return false
+		}
+		seen[it.Key] = struct{}{}
+		if it.Flags&FlagParents != 0 {
+			parents++
+		}
+	}
+	return parents == 0 || parents == len(items)
 }
 
 // BatchPut stores each item's Data as the value of its key (relative to

@@ -212,3 +212,40 @@ func TestMarshalInto(t *testing.T) {
 		}
 	}
 }
+
+// TestIndependent: the calls of a batch overlap only when their order
+// cannot show.
+func TestIndependent(t *testing.T) {
+	items := func(keys string, flags ...uint32) []BatchItem {
+		var its []BatchItem
+		for i, k := range strings.Fields(keys) {
+			it := BatchItem{Key: k}
+			if i < len(flags) {
+				it.Flags = flags[i]
+			}
+			its = append(its, it)
+		}
+		return its
+	}
+	for _, c := range []struct {
+		name  string
+		cmd   uint32
+		items []BatchItem
+		want  bool
+	}{
+		{"distinct puts", CmdBatchPut, items("a b c"), true},
+		{"a put twice", CmdBatchPut, items("a b a"), false},
+		{"gets of a key twice", CmdBatchGet, items("a b a"), true},
+		{"gets into apart ranges", CmdBatchGet, []BatchItem{{Key: "a", BufOff: 0, Len: 10}, {Key: "b", BufOff: 10, Len: 5}}, true},
+		{"gets into overlapping ranges", CmdBatchGet, []BatchItem{{Key: "a", BufOff: 20, Len: 10}, {Key: "b", BufOff: 5, Len: 16}}, false},
+		{"gets into a range holding two", CmdBatchGet, []BatchItem{{Key: "a", BufOff: 0, Len: 100}, {Key: "b", BufOff: 10, Len: 5}, {Key: "c", BufOff: 50, Len: 5}}, false},
+		{"gets into one slice twice", CmdBatchGet, []BatchItem{{Key: "a", Data: make([]byte, 8)}, {Key: "b", Data: make([]byte, 8)}}, true},
+		{"parents on every key", CmdBatchPut, items("a b", FlagParents, FlagParents|FlagExcl), true},
+		{"parents on some", CmdBatchPut, items("x/a y", FlagParents, 0), false},
+		{"exclusive", CmdBatchPut, items("a b", FlagExcl), true},
+	} {
+		if got := independent(c.cmd, c.items); got != c.want {
+			t.Errorf("%s: independent %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -421,6 +421,12 @@ func testIoctlBatchMissing(t *testing.T, d *daemon, dir string) {
 			want(t, m, "key:"+k, "OK")
 		}
 	}
+	// Batches of more calls than one, their calls overlapping (distinct
+	// keys) or in order (a key twice: the later value stays).
+	_, m = client(t, "batch-order", dir)
+	for _, s := range []string{"distinct", "twice", "read"} {
+		want(t, m, s, "OK")
+	}
 	// What a batch put, read(2) reads.
 	out := sh(t, `wc -c < "$1/e/f"`, dir)
 	if strings.TrimSpace(out) != fmt.Sprint(keyValueLen("e/f")) {

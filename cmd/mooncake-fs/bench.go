@@ -32,6 +32,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
 // benchConfig is everything "bench" takes from its flags.
@@ -43,6 +45,7 @@ type benchConfig struct {
 	tmpfsSize uint64
 	reps      int
 	files     int
+	inFlight  int
 	keepGoing bool
 	// daemonCPUs is passed to the benchmark's daemon as --cpus.
 	daemonCPUs string
@@ -66,6 +69,7 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	fl.Var(sizeFlag{&c.storeSize}, "store-size", "capacity of the benchmark's own mount; default max(3 GiB, 2*size+1 GiB)")
 	fl.IntVar(&c.reps, "reps", 3, "repetitions of each side of each case; the median is reported")
 	fl.IntVar(&c.files, "files", 5000, "files per pass of fuse-small-files")
+	fl.IntVar(&c.inFlight, "in-flight", ioctl.BatchInFlight, "calls of one batch in the daemon at once (kv cases; 1: one after the other)")
 	fl.BoolVar(&c.keepGoing, "keep-going", false, "report a failed case and run the next instead of stopping")
 	fl.StringVar(&c.daemonMetrics, "daemon-metrics", "", "serve the benchmark's daemon's metrics and profiles (/debug/pprof) at ADDR")
 	fl.StringVar(&c.daemonCPUs, "daemon-cpus", "", "run the benchmark's daemon with --cpus LIST (the workers stay where the scheduler puts them)")
@@ -90,6 +94,9 @@ func parseBenchFlags(args []string) (*benchConfig, error) {
 	}
 	if c.reps < 1 {
 		errs = append(errs, fmt.Errorf("--reps %d: at least 1", c.reps))
+	}
+	if c.inFlight < 1 {
+		errs = append(errs, fmt.Errorf("--in-flight %d: at least 1", c.inFlight))
 	}
 	if c.files < 1 {
 		errs = append(errs, fmt.Errorf("--files %d: at least 1", c.files))
@@ -161,6 +168,9 @@ func runBench(args []string) error {
 			continue
 		}
 		res.DaemonCPUs = cfg.daemonCPUs
+		if strings.HasPrefix(c.name, "kv-") {
+			res.InFlight = cfg.inFlight
+		}
 		out.result(res)
 	}
 	if failed > 0 {
@@ -219,7 +229,7 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 	case inMemory:
 		sides = []benchSide{{c.name, "", nil, "run"}}
 	}
-	p := benchParams{Size: r.cfg.size, Block: benchBlock, Files: r.cfg.files, FileSize: benchFileSize}
+	p := benchParams{Size: r.cfg.size, Block: benchBlock, Files: r.cfg.files, FileSize: benchFileSize, InFlight: r.cfg.inFlight}
 	if c.setup != nil {
 		for _, s := range sides {
 			if _, err := r.env.worker(ctx, "setup", c.name, s.dir, p, nil); err != nil {
@@ -313,6 +323,10 @@ type benchResult struct {
 	// KeyWorkUs is the daemon's own work per key of batch calls (handler
 	// time minus the copies), kv cases.
 	KeyWorkUs float64 `json:"key_work_us,omitempty"`
+	// KeyCPUUs is the daemon's CPU time per key of the pass (kv cases):
+	// with several calls in flight, their handler times overlap and
+	// key_work_us adds up waits; this does not.
+	KeyCPUUs float64 `json:"key_cpu_us,omitempty"`
 	// TransferUs is the batches' transfer time per key (kv cases).
 	TransferUs float64 `json:"transfer_us,omitempty"`
 	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
@@ -324,6 +338,9 @@ type benchResult struct {
 	// reported mooncake repetition ran (1 = one core busy).
 	DaemonCPU float64 `json:"daemon_cpu,omitempty"`
 	Reps      int     `json:"reps"`
+	// InFlight is how many calls of one batch may be in the daemon at
+	// once (--in-flight; kv cases).
+	InFlight int `json:"in_flight,omitempty"`
 	// DaemonCPUs is the daemon's --cpus, when the run set one.
 	DaemonCPUs string `json:"daemon_cpus,omitempty"`
 }
@@ -346,6 +363,7 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.CeilingP50us, res.CeilingP99us = round(float64(ceil.P50ns)/1e3, 1), round(float64(ceil.P99ns)/1e3, 1)
 		res.Ratio = round(ratio(m.opsPerS(), ceil.opsPerS()), 3)
 		res.KeyWorkUs = round(float64(m.KeyWorkNs)/1e3, 2)
+		res.KeyCPUUs = round(float64(m.KeyCPUNs)/1e3, 2)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
 		if m.Direct != nil {

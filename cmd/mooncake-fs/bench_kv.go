@@ -18,11 +18,16 @@ import (
 // way an inference engine saves and loads the blocks of its KV cache.
 // kv-{put,get}-host-SIZE moves them from and into one registered buffer
 // (the engine's pool); kv-{put,get}-host-vm-SIZE from and into plain
-// process memory. Each pass puts --files new keys, kvBatch per call (a
-// get pass puts them first, untimed). The ceiling is the same values
-// written as files to tmpfs and read back, one process.
+// process memory. Each pass puts --files new keys, kvPass keys per
+// client call, which the client sends as ioctls of kvBatch keys, up to
+// ioctl.BatchInFlight of them at once (a get pass puts them first,
+// untimed). The ceiling is the same values written as files to tmpfs and
+// read back, one process.
 
-const kvBatch = 64
+const (
+	kvBatch = ioctl.MaxBatch
+	kvPass  = 1024
+)
 
 var kvHostSizes = []uint64{4 << 10, 64 << 10}
 
@@ -153,8 +158,8 @@ func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (bench
 		keys := smallNames(p.Files)
 		pass := func(put bool) (time.Duration, error) {
 			t0 := time.Now()
-			for i := 0; i < len(keys); i += kvBatch {
-				if err := src.batch(d, put, keys, i, min(i+kvBatch, len(keys)), size); err != nil {
+			for i := 0; i < len(keys); i += kvPass {
+				if err := src.batch(d, put, keys, i, min(i+kvPass, len(keys)), size); err != nil {
 					return 0, err
 				}
 			}
@@ -184,7 +189,8 @@ func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (bench
 		if err := removeSmall(sub, keys); err != nil {
 			return benchSample{}, err
 		}
-		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files, KeyWorkNs: keyWork(before, after), TransferNs: transferWork(before, after)}, nil
+		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files, KeyWorkNs: keyWork(before, after),
+			KeyCPUNs: keyCPU(before, after), TransferNs: transferWork(before, after)}, nil
 	}
 }
 
@@ -197,6 +203,16 @@ func keyWork(before, after mfs.BatchStats) int64 {
 	}
 	work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
 	return max(work, 0) / int64(keys)
+}
+
+// keyCPU is the daemon's CPU time per key between two readings of its
+// batch figures.
+func keyCPU(before, after mfs.BatchStats) int64 {
+	keys := after.Keys - before.Keys
+	if keys == 0 {
+		return 0
+	}
+	return int64(after.CPUNs-before.CPUNs) / int64(keys)
 }
 
 // transferWork is the batches' transfer time per key between two

@@ -3,8 +3,10 @@ package main
 // KV-cache cases on GPU memory. kv-{put,get}-gpu-SIZE move at least
 // kvGPUBytes of blocks of SIZE between one CUDA allocation of the worker,
 // registered once on the directory (MC_KIND_CUDA), and the store, 64 keys
-// per BATCH_PUT/BATCH_GET: the daemon pipelines a call's chunks on its
-// streams and merges copies of blocks that are neighbours on both sides.
+// per BATCH_PUT/BATCH_GET (kvPass keys per client call, its ioctls
+// overlapping as bench_kv.go says): the daemon pipelines a call's chunks
+// on its streams and merges copies of blocks that are neighbours on both
+// sides.
 // The ceiling, measured right after in the same process, is the same
 // blocks copied with cuMemcpyAsync between the allocation and pinned host
 // memory of the worker, one copy per block, one stream, one synchronize.
@@ -17,11 +19,13 @@ package main
 // timed pass after a first one that opened those handles.
 // kv-{put,get}-mooncake-gpu-256KiB run vLLM's pattern through
 // MooncakeDistributedStore (kv_bench.py --api mooncake): one GPU KV tensor
-// registered once, 64 blocks per batch_put_from_multi_buffers /
-// batch_get_into_multi_buffers. After the script, the same repetition runs
-// kv-{put,get}-gpu-256KiB: its ceiling (cuMemcpyAsync of the same blocks)
-// is theirs, and its rate is the mooncake cases' direct path
-// (direct_ops_per_s, direct_ratio: their target is 0.9 of it).
+// registered once, 1024 blocks per batch_put_from_multi_buffers /
+// batch_get_into_multi_buffers (as many as the direct path's client calls
+// carry, each sent as ioctls of 64 keys, several at once). After the
+// script, the same repetition runs kv-{put,get}-gpu-256KiB: its ceiling
+// (cuMemcpyAsync of the same blocks) is theirs, and its rate is the
+// mooncake cases' direct path (direct_ops_per_s, direct_ratio: their
+// target is 0.9 of it).
 
 import (
 	"encoding/json"
@@ -72,7 +76,7 @@ func kvGPUCases() []benchCase {
 			small: true, needs: needTorchOnly, run: kvTensorRun(op, "tensor")})
 	}
 	// The vLLM connector's pattern through MooncakeDistributedStore: one
-	// registered GPU KV tensor, 64 blocks a call (its target: 0.9 of the
+	// registered GPU KV tensor, 1024 blocks a call (its target: 0.9 of the
 	// direct path, kv-*-gpu-256KiB).
 	for _, op := range []string{"put", "get"} {
 		cs = append(cs, benchCase{name: "kv-mooncake-" + op + "-gpu-256KiB", target: withCopy, ceiling: "cuda-memcpy-async",
@@ -110,11 +114,11 @@ func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (b
 		}
 		names := smallNames(keys)
 		pass := func(put bool) (time.Duration, error) {
-			items := make([]ioctl.BatchItem, 0, kvBatch)
+			items := make([]ioctl.BatchItem, 0, kvPass)
 			t0 := time.Now()
-			for i := 0; i < keys; i += kvBatch {
+			for i := 0; i < keys; i += kvPass {
 				items = items[:0]
-				for k := i; k < min(i+kvBatch, keys); k++ {
+				for k := i; k < min(i+kvPass, keys); k++ {
 					items = append(items, ioctl.BatchItem{Key: names[k], BufOff: at[k] * size, Len: size})
 				}
 				var res []ioctl.BatchResult
@@ -175,7 +179,7 @@ func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (b
 		if err := checkPattern("gpu blocks", check); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys, KeyWorkNs: keyWork(before, after),
+		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys, KeyWorkNs: keyWork(before, after), KeyCPUNs: keyCPU(before, after),
 			TransferNs: transferWork(before, after), CopiesPerKey: float64(copies1-copies0) / float64(keys)}
 		// The ceiling: the same blocks, async copies on one stream, one
 		// synchronize, between the allocation and pinned host memory.
@@ -299,6 +303,7 @@ func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, e
 			MooncakeNs int64  `json:"mooncake_ns"`
 			// The daemon's, per key of the timed pass.
 			KeyWorkNs    int64   `json:"key_work_ns"`
+			KeyCPUNs     int64   `json:"key_cpu_ns"`
 			TransferNs   int64   `json:"transfer_ns"`
 			CopiesPerKey float64 `json:"copies_per_key"`
 		}
@@ -308,7 +313,7 @@ func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, e
 		if err := unix.Rmdir(sub); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: r.Keys, KeyWorkNs: r.KeyWorkNs, TransferNs: r.TransferNs, CopiesPerKey: r.CopiesPerKey}
+		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: r.Keys, KeyWorkNs: r.KeyWorkNs, KeyCPUNs: r.KeyCPUNs, TransferNs: r.TransferNs, CopiesPerKey: r.CopiesPerKey}
 		// The ceiling, and for the Mooncake API the direct path: the same
 		// blocks through kv-*-gpu-256KiB, in this repetition.
 		direct, err := kvGPURun(256<<10, op == "put", false)(dir, p)

@@ -25,10 +25,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
 // benchParams are the inputs of every case; each case reads what it needs.
@@ -38,6 +41,7 @@ type benchParams struct {
 	Files    int    `json:"files"`     // files per small-file pass
 	FileSize uint64 `json:"file_size"` // bytes per small file
 	Rep      int    `json:"rep"`       // repetition number, for fresh names
+	InFlight int    `json:"in_flight"` // calls of one batch at once (ioctl.BatchInFlight)
 }
 
 // benchSample is what one run of one side reports.
@@ -50,6 +54,9 @@ type benchSample struct {
 	// KeyWorkNs is the daemon's own work per key of batch calls: handler
 	// time minus the batches' transfers, from its status (kv cases).
 	KeyWorkNs int64 `json:"key_work_ns,omitempty"`
+	// KeyCPUNs is the daemon's CPU time per key of the pass (its
+	// process's, copies and FUSE included; kv cases).
+	KeyCPUNs int64 `json:"key_cpu_ns,omitempty"`
 	// TransferNs is the batches' transfers per key (started and waited
 	// for), the rest of the handler time.
 	TransferNs int64 `json:"transfer_ns,omitempty"`
@@ -225,6 +232,13 @@ func runBenchWorker(args []string) error {
 	var p benchParams
 	if err := json.Unmarshal([]byte(raw), &p); err != nil {
 		return fmt.Errorf("worker: params: %w", err)
+	}
+	if p.InFlight > 0 {
+		// This process's batches, and those of the Python scripts it runs.
+		ioctl.BatchInFlight = p.InFlight
+		if err := os.Setenv("MOONCAKE_FS_IN_FLIGHT", strconv.Itoa(p.InFlight)); err != nil {
+			return err
+		}
 	}
 	// One thread for the whole loop: no migration between system calls.
 	runtime.LockOSThread()

@@ -71,6 +71,70 @@ def ioctl(fd, cmd, arg, name=None):
         raise OSError(e.errno, os.strerror(e.errno), name) from None
 
 
+# IN_FLIGHT is how many calls of one batch of more than MAX_BATCH keys
+# may be in the daemon at once (the Go client's ioctl.BatchInFlight;
+# environment MOONCAKE_FS_IN_FLIGHT): while one call's reply travels back
+# and the next is being built, others are at work there. 1 sends them one
+# after the other.
+IN_FLIGHT = max(1, int(os.environ.get("MOONCAKE_FS_IN_FLIGHT") or 4))
+
+_pool_lock = threading.Lock()
+_pool = (0, None)  # (pid, executor): a forked child makes its own
+
+
+def _executor():
+    global _pool
+    from concurrent.futures import ThreadPoolExecutor
+
+    with _pool_lock:
+        pid, ex = _pool
+        if ex is None or pid != os.getpid():
+            ex = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="mooncake-fs-batch")
+            _pool = (os.getpid(), ex)
+        return ex
+
+
+def overlapped(calls):
+    """Run the callables (each one ioctl, which releases the GIL), up to
+    IN_FLIGHT at a time, and return their results in order. The callables
+    are taken as the iterable yields them, so building the next call
+    overlaps the ones in flight; a lone one runs in this thread. Every one
+    has finished when this returns (their buffers may be freed then); the
+    first exception is raised."""
+    it = iter(calls)
+    first = next(it, None)
+    if first is None:
+        return []
+    second = next(it, None)
+    if second is None or IN_FLIGHT < 2:
+        return [first()] + ([] if second is None else [second()] + [c() for c in it])
+    from concurrent.futures import wait
+
+    ex = _executor()
+    futs = [ex.submit(first), ex.submit(second)]
+    try:
+        for c in it:
+            futs.append(ex.submit(c))
+    finally:
+        wait(futs)
+    return [f.result() for f in futs]
+
+
+_libc_ioctl = ctypes.CDLL(None, use_errno=True).ioctl
+_libc_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+_libc_ioctl.restype = ctypes.c_int
+
+
+def ioctl_released(fd, cmd, raw, name=None):
+    """ioctl with the bytearray raw as in/out buffer, the GIL released for
+    the call (fcntl.ioctl holds it for a buffer over 1 KiB: calls from
+    several threads would go one at a time); errors as ioctl's."""
+    buf = (ctypes.c_char * len(raw)).from_buffer(raw)
+    if _libc_ioctl(fd, cmd, ctypes.addressof(buf)) < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), name)
+
+
 def _put_flags(exclusive, update):
     return (_abi.FLAG_EXCL if exclusive else 0) | (_abi.FLAG_UPDATE if update else 0)
 
@@ -660,7 +724,7 @@ class Directory(_Handle):
         raw[_VAREA:_VAREA + kbase] = sb
         raw[_VAREA + kbase:_VAREA + mbase] = keys
         raw[_VAREA + mbase:_VAREA + mbase + len(metas)] = metas
-        ioctl(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name)
+        ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name)
         words, at = _VENTRY.size // 8, _VRESULT_AT // 8
         ents = memoryview(raw)[_VENTRIES:_VENTRIES + _VENTRY.size * n]
         res = ents.cast("q")[at::words].tolist()

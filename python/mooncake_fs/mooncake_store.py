@@ -22,6 +22,7 @@ each as one file named by key_to_path.
 import bisect
 import ctypes
 import errno
+import functools
 import itertools
 import logging
 import operator
@@ -37,7 +38,7 @@ from enum import IntEnum
 
 from . import _abi
 from ._buffer import new_bytes, pinned
-from .client import _SEG, Directory, _contiguous, columns_fit
+from .client import _SEG, Directory, _contiguous, columns_fit, overlapped
 
 __all__ = [
     "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicateConfig", "SoftPinAction", "ObjectDataType",
@@ -324,6 +325,13 @@ def _once(what, value):
     if what not in _warned and value not in (None, "", 0, False):
         _warned.add(what)
         log.info("mooncake-fs store: %s=%r means nothing here, ignored", what, value)
+
+
+def _overlap(ptrs, sizes):
+    """Whether any two of the ranges (ptrs[i], sizes[i]) share a byte."""
+    spans = sorted(zip(ptrs, sizes))
+    ends = itertools.accumulate(map(operator.add, *zip(*spans)), max)  # the furthest end so far
+    return any(map(operator.lt, [p for p, _ in spans[1:]], ends))
 
 
 class _Reg:
@@ -683,8 +691,7 @@ class MooncakeDistributedStore:
                 return None
             bounds.append((at, c))
             at += c
-        out = []
-        for at, c in bounds:
+        def call(at, c):
             segs = array("Q", bytes(8 * step * c))
             lo_seg, hi_seg = at * m, (at + c) * m
             for t in range(m):
@@ -696,11 +703,15 @@ class MooncakeDistributedStore:
                 segs[3 * m + 1::step] = array("Q", [probe]) * c
                 segs[3 * m + 2::step] = array("Q", [1]) * c
             try:
-                res = d.send_columns(put, "".join(keys[at:at + c]).encode("ascii"), lens[at:at + c], segs, nseg, flags)
+                return d.send_columns(put, "".join(keys[at:at + c]).encode("ascii"), lens[at:at + c], segs, nseg, flags)
             except OSError as e:
-                res = [-(e.errno or errno.EIO)] * c
-            out.extend(res)
-        return out
+                return [-(e.errno or errno.EIO)] * c
+
+        if len(bounds) == 1 or (len(set(keys)) != n if put else _overlap(ptrs, sizes)):
+            # One call, puts of a key twice or gets into buffers that
+            # overlap: in order, the later last.
+            return [r for at, c in bounds for r in call(at, c)]
+        return [r for res in overlapped(functools.partial(call, at, c) for at, c in bounds) for r in res]
 
     def _put_columns(self, keys, ptrs, sizes, m, config, upsert):
         """Codes of a put on the fast path (_columns), None off it."""

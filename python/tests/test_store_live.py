@@ -309,6 +309,31 @@ class Store(unittest.TestCase):
         self.assertEqual(self.s.batch_is_exist(sorted(model)), [1] * len(model))
 
 
+    def test_overlapped_calls(self):
+        # A batch of more calls than one: distinct keys go in calls that
+        # overlap, a key upserted twice in calls apart keeps the later
+        # value (its calls go in order); every key reads back whole.
+        rng = random.Random(13)
+        src, dst = Pool(1 << 20), Pool(1 << 20)
+        src.fill(0, os.urandom(src.n))
+        for p in (src, dst):
+            self.assertEqual(self.s.register_buffer(p.addr, p.n), 0)
+        keys = [f"o{i}" for i in range(300)]
+        offs = [rng.randrange(src.n - 3000) for _ in keys]
+        lens = [rng.randrange(1, 3000) for _ in keys]
+        self.assertEqual(self.s.batch_put_from(keys, [src.addr + o for o in offs], lens), [0] * len(keys))
+        # o5 in the first call and again in the second, which would start
+        # with it if they overlapped.
+        twice, lens2 = keys[:70] + ["o5"] + keys[70:], lens[:70] + [777] + lens[70:]
+        offs2 = [rng.randrange(src.n - 3000) for _ in twice]
+        self.assertEqual(self.s.batch_upsert_from(twice, [src.addr + o for o in offs2], lens2), [0] * len(twice))
+        want = {k: src.read(o, n) for k, o, n in zip(twice, offs2, lens2)}  # o5: the later
+        at = [i * 3000 for i in range(len(keys))]
+        got = self.s.batch_get_into(keys, [dst.addr + a for a in at], [3000] * len(keys))
+        self.assertEqual(got, [len(want[k]) for k in keys])
+        for k, a in zip(keys, at):
+            self.assertEqual(dst.read(a, len(want[k])), want[k], k)
+
     def test_fast_path_as_general(self):
         # The batch engine's fast path (whole columns for plain names in
         # one registration) against the general engine, key by key: the

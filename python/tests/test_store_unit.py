@@ -4,6 +4,8 @@ before setup."""
 
 import os
 import sys
+import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -138,6 +140,54 @@ class HostAllocator(unittest.TestCase):
         self.assertEqual(a.free(p + 1), -600)
         self.assertEqual(a.free(p), 0)
         self.assertEqual(a.free(p), -600)
+
+
+class OverlappedCalls(unittest.TestCase):
+    """The fast path's calls of one batch, against a directory that records
+    them: they overlap for distinct keys (and for gets), one after the
+    other for a put of a key twice."""
+
+    class Dir:
+        def __init__(self):
+            self.lock = threading.Lock()
+            self.busy = self.most = 0
+            self.calls = []
+
+        def send_columns(self, put, keys, lens, segs, nseg, flags):
+            with self.lock:
+                self.busy += 1
+                self.most = max(self.most, self.busy)
+                self.calls.append(keys)
+            time.sleep(0.02)
+            with self.lock:
+                self.busy -= 1
+            return [7] * len(lens)
+
+    def run_batch(self, put, keys, step=10):
+        s = ms.MooncakeDistributedStore()
+        s._dir, s._regs, s._bases = self.Dir(), [ms._Reg(1 << 20, 2 << 20, 9, False)], [1 << 20]
+        res = s._columns(put, keys, [(1 << 20) + step * i for i in range(len(keys))], [10] * len(keys), 1, 0)
+        self.assertEqual(res, [7] * len(keys))
+        self.assertEqual(b"".join(s._dir.calls).decode().count("k"), len(keys))
+        return s._dir
+
+    def test_distinct_keys_overlap(self):
+        d = self.run_batch(True, [f"k{i}" for i in range(200)])
+        self.assertEqual(len(d.calls), 4)
+        self.assertGreater(d.most, 1)
+
+    def test_gets_overlap(self):
+        self.assertGreater(self.run_batch(False, [f"k{i % 3}" for i in range(200)]).most, 1)
+
+    def test_gets_into_shared_bytes_in_order(self):
+        self.assertEqual(self.run_batch(False, [f"k{i}" for i in range(200)], step=9).most, 1)
+
+    def test_put_twice_in_order(self):
+        keys = [f"k{i}" for i in range(200)]
+        keys[150] = "k3"
+        d = self.run_batch(True, keys)
+        self.assertEqual(d.most, 1)
+        self.assertTrue(d.calls[0].startswith(b"k0k1k2k3"))  # in order
 
 
 class CompatPackage(unittest.TestCase):

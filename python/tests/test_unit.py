@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import mooncake_fs as mc  # noqa: E402
 from mooncake_fs import _abi  # noqa: E402
 from mooncake_fs._buffer import new_bytes, pinned  # noqa: E402
-from mooncake_fs.client import Entry, _chunks, pack_batch  # noqa: E402
+from mooncake_fs.client import Entry, _chunks, overlapped, pack_batch  # noqa: E402
 from mooncake_fs.pool import Lease, PoolClosed, PoolExhausted, _Slots  # noqa: E402
 
 try:
@@ -77,6 +77,34 @@ class TestBuffer(unittest.TestCase):
         self.assertEqual(b, b"filled")
         self.assertEqual(hash(b), hash(b"filled"))
         self.assertEqual(new_bytes(0), (b"", 0))
+
+
+class TestOverlapped(unittest.TestCase):
+    def test_results_in_order_and_all_done(self):
+        done = []
+
+        def call(i):
+            time.sleep(0.01 * (5 - i))
+            done.append(i)
+            if i == 1:
+                raise OSError(errno.EIO, "call 1")
+            return i
+
+        self.assertEqual(overlapped(lambda i=i: i * i for i in range(9)), [i * i for i in range(9)])
+        with self.assertRaises(OSError):
+            overlapped(lambda i=i: call(i) for i in range(5))
+        self.assertEqual(sorted(done), list(range(5)))  # every call finished before the error came out
+
+    def test_forked_child(self):
+        overlapped([lambda: 1, lambda: 2])  # the parent's pool exists
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os._exit(0 if overlapped([lambda: 1, lambda: 2]) == [1, 2] else 1)
+            finally:
+                os._exit(2)
+        _, st = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(st), 0)
 
 
 class TestBatchPacking(unittest.TestCase):

@@ -39,6 +39,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -110,6 +111,9 @@ func main() {
 	case "batch-get":
 		need(2)
 		batchGet(args[0], args[1:])
+	case "batch-order":
+		need(1)
+		batchOrder(args[0])
 	case "hold":
 		need(1)
 		hold(args[0])
@@ -532,6 +536,57 @@ func batchGet(dir string, keys []string) {
 		}
 		emit("key:"+keys[i], r.N, r.Version, err)
 	}
+}
+
+// batchOrder puts batches of more calls than one: of distinct keys (their
+// calls overlap) and with a key twice, in different calls (they go in
+// order: the later value stays), then reads every key back.
+func batchOrder(dir string) {
+	d := must(ioctl.OpenDir(dir))
+	defer d.Close()
+	val := func(k string, round int) []byte {
+		return fmt.Appendf(nil, "%s round %d %s", k, round, strings.Repeat("x", round*37))
+	}
+	var items []ioctl.BatchItem
+	for i := range 3*ioctl.MaxBatch + 5 {
+		k := fmt.Sprintf("o-%03d", i)
+		items = append(items, ioctl.BatchItem{Key: k, Data: val(k, 1)})
+	}
+	step := func(name string, items []ioctl.BatchItem) {
+		res, err := d.BatchPut(items)
+		if err == nil {
+			err = errors.Join(func() (errs []error) {
+				for _, r := range res {
+					errs = append(errs, r.Err)
+				}
+				return
+			}()...)
+		}
+		emit(name, uint64(len(res)), 0, err)
+	}
+	step("distinct", items)
+	// Round 2 of every key, and o-007 once more at the end (round 3),
+	// calls later: o-007 ends at round 3.
+	for i := range items {
+		items[i].Data = val(items[i].Key, 2)
+	}
+	items = append(items, ioctl.BatchItem{Key: "o-007", Data: val("o-007", 3)})
+	step("twice", items)
+	got := make([]ioctl.BatchItem, len(items)-1)
+	for i := range got {
+		got[i] = ioctl.BatchItem{Key: items[i].Key, Data: make([]byte, 512)}
+	}
+	res, err := d.BatchGet(got)
+	for i := 0; err == nil && i < len(got); i++ {
+		round := 2
+		if got[i].Key == "o-007" {
+			round = 3
+		}
+		if err = res[i].Err; err == nil && !bytes.Equal(got[i].Data[:res[i].N], val(got[i].Key, round)) {
+			err = mismatch("%s: %q", got[i].Key, got[i].Data[:res[i].N])
+		}
+	}
+	emit("read", uint64(len(res)), 0, err)
 }
 
 // hold registers four buffers (two on a file, one on a directory, one pool)
