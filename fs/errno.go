@@ -56,6 +56,7 @@ var errnoTable = []struct {
 	{errBadBatch, syscall.EINVAL},
 	{errNoGPU, syscall.ENODEV},
 	{errMetaMismatch, syscall.EBADMSG},
+	{errValueTooLong, syscall.EOVERFLOW},
 	{errDevRange, syscall.EFAULT},
 	{cuda.ErrUnavailable, syscall.ENODEV},
 	{cuda.ErrInvalid, syscall.EINVAL},

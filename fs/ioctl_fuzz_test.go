@@ -104,7 +104,7 @@ var allowedErrnos = map[syscall.Errno]bool{
 	syscall.EPERM: true, syscall.ERANGE: true, syscall.ENOENT: true, syscall.EEXIST: true,
 	syscall.ENOSPC: true, syscall.ENOTDIR: true, syscall.EISDIR: true, syscall.ESRCH: true,
 	syscall.ENAMETOOLONG: true, syscall.EACCES: true, syscall.EFBIG: true,
-	syscall.ENODEV: true, syscall.ENOMEM: true, syscall.EBADMSG: true,
+	syscall.ENODEV: true, syscall.ENOMEM: true, syscall.EBADMSG: true, syscall.EOVERFLOW: true,
 }
 
 // FuzzIoctl drives the ioctl dispatch with arbitrary commands and bytes:
@@ -119,6 +119,9 @@ func FuzzIoctl(f *testing.F) {
 	f.Add(uint8(200), uint32(0xdeadbeef), false, []byte{1, 2, 3})
 	f.Add(uint8(13), uint32(0), true, (&ioctl.KeyArg{KeyLen: 1, Len: 8}).Marshal())
 	f.Add(uint8(15), uint32(0), true, (&ioctl.VBatchArg{Count: 1}).Marshal())
+	whole := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole}, Source: ioctl.SrcVM, KeyLen: 1, Len: 8}
+	whole.Key[0] = 'f'
+	f.Add(uint8(14), uint32(0), true, whole.Marshal()) // GET_KEY of f, FlagWhole
 	fx := newFuzzFixture(f)
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, pick uint8, raw uint32, dir bool, in []byte) {

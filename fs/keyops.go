@@ -21,6 +21,9 @@ import (
 
 var errMetaMismatch = errors.New("fs: the value's meta is not the one asked for")
 
+// errValueTooLong fails a get with FlagWhole whose value does not fit.
+var errValueTooLong = errors.New("fs: the value is longer than the buffers")
+
 // segKind says where a segment's bytes are.
 type segKind uint8
 
@@ -76,14 +79,14 @@ func (op *keyOp) fail(err error) {
 }
 
 // check refuses flags the command does not take (puts: FlagExcl and
-// FlagUpdate, the latter for an offset; gets: none) and takes meta (copied)
-// as op's.
+// FlagUpdate, the latter for an offset; gets: FlagWhole) and takes meta
+// (copied) as op's.
 func (op *keyOp) check(put bool, meta []byte) error {
 	if put {
 		if err := checkPut(op.flags, op.objOff); err != nil {
 			return err
 		}
-	} else if op.flags != 0 {
+	} else if op.flags&^ioctl.FlagWhole != 0 {
 		return fmt.Errorf("get flags %#x: %w", op.flags, ioctl.ErrFlags)
 	}
 	if len(meta) > 0 {
@@ -692,7 +695,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		if op.err != nil {
 			continue
 		}
-		key, bufs, _, err := n.target(ctx, bc, op)
+		key, bufs, room, err := n.target(ctx, bc, op)
 		if err != nil {
 			op.fail(err)
 			continue
@@ -709,6 +712,10 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			continue
 		}
 		op.size, op.gotMeta = o.Size, o.Xattrs[xattrMeta]
+		if op.flags&ioctl.FlagWhole != 0 && o.Size > op.objOff && o.Size-op.objOff > room {
+			op.fail(fmt.Errorf("%s: %d B from %d, %d B of buffers: %w", key, o.Size, op.objOff, room, errValueTooLong))
+			continue
+		}
 		if op.meta != nil && !bytes.Equal(op.meta, op.gotMeta) {
 			op.fail(fmt.Errorf("%s: meta %q, asked for %q: %w", key, op.gotMeta, op.meta, errMetaMismatch))
 			continue

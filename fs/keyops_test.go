@@ -401,3 +401,36 @@ func TestRegisterByAddress(t *testing.T) {
 		t.Fatal("a failed put changed the key")
 	}
 }
+
+// TestGetWhole: a get with FlagWhole moves a value that fits its buffers
+// (from its offset on) and fails one that does not with EOVERFLOW, moving
+// nothing; other get flags stay refused.
+func TestGetWhole(t *testing.T) {
+	fx := newFuzzFixture(t)
+	val := []byte("0123456789")
+	put := ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(val), Len: uint64(len(val))}
+	if e := keyCall(t, fx, true, "w", &put); e != 0 {
+		t.Fatal(e)
+	}
+	dst := make([]byte, 12)
+	for _, c := range []struct {
+		room, off uint64
+		want      syscall.Errno
+	}{{12, 0, 0}, {10, 0, 0}, {9, 0, syscall.EOVERFLOW}, {7, 3, 0}, {6, 3, syscall.EOVERFLOW}, {0, 10, 0}} {
+		clear(dst)
+		get := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole}, Source: ioctl.SrcVM, Addr: addr(dst), Len: c.room, ObjOff: c.off}
+		e := keyCall(t, fx, false, "w", &get)
+		switch {
+		case e != c.want:
+			t.Errorf("%d B from %d: %v, want %v", c.room, c.off, e, c.want)
+		case e != 0 && !bytes.Equal(dst, make([]byte, 12)):
+			t.Errorf("%d B from %d: failed but moved %q", c.room, c.off, dst)
+		case e == 0 && (get.Result != 10-c.off || !bytes.Equal(dst[:get.Result], val[c.off:])):
+			t.Errorf("%d B from %d: %d B %q", c.room, c.off, get.Result, dst[:get.Result])
+		}
+	}
+	other := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole << 1}, Source: ioctl.SrcVM, Addr: addr(dst), Len: 12}
+	if e := keyCall(t, fx, false, "w", &other); e != syscall.EINVAL {
+		t.Errorf("a get with flag %#x: %v, want EINVAL", ioctl.FlagWhole<<1, e)
+	}
+}

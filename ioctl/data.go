@@ -37,6 +37,15 @@ const (
 	putFlags = FlagExcl | FlagUpdate | FlagParents
 )
 
+// Flags of batch gets (BATCH_GET, BATCH_GETV entries) and GET_KEY.
+const (
+	// FlagWhole (ABI 1.6) fails the key with EOVERFLOW, moving nothing,
+	// when its value from ObjOff on is longer than the key's buffers: a
+	// get that must have the whole value learns it did without reading a
+	// byte past it. Other gets take no flags (EINVAL).
+	FlagWhole uint32 = 1 << 3
+)
+
 // Buffer kinds of REGISTER_BUFFER.
 const (
 	// KindHost is a memfd or shm file descriptor of the caller.

@@ -41,6 +41,7 @@ int main(void) {
 	printf("const MC_MAX_META %d\nconst MC_MAX_GPU_REFS %d\nconst MC_MAX_SEGS %d\nconst MC_KIND_VM %u\nconst MC_SRC_CUDA %u\nconst MC_SEG_GPU %llu\n", MC_MAX_META, MC_MAX_GPU_REFS, MC_MAX_SEGS, MC_KIND_VM, MC_SRC_CUDA, MC_SEG_GPU);
 	printf("const MC_MAX_BATCH %d\nconst MC_ABI_MINOR %d\nconst MC_ABI_MAJOR %d\n", MC_MAX_BATCH, MC_ABI_MINOR, MC_ABI_MAJOR);
 	printf("const MC_FLAG_EXCL %u\nconst MC_FLAG_UPDATE %u\nconst MC_FLAG_PARENTS %u\nconst MC_REGISTER_DMABUF %u\n", MC_FLAG_EXCL, MC_FLAG_UPDATE, MC_FLAG_PARENTS, MC_REGISTER_DMABUF);
+	printf("const MC_FLAG_WHOLE %u\n", MC_FLAG_WHOLE);
 	printf("const MC_MAGIC %llu\n", (unsigned long long)MC_MAGIC);
 	return 0;
 }
@@ -77,6 +78,7 @@ int main(void) {
 		"const MC_MAX_BATCH": MaxBatch, "const MC_ABI_MINOR": ABIMinor, "const MC_ABI_MAJOR": ABIMajor,
 		"const MC_MAGIC":     MagicValue,
 		"const MC_FLAG_EXCL": uint64(FlagExcl), "const MC_FLAG_UPDATE": uint64(FlagUpdate), "const MC_FLAG_PARENTS": uint64(FlagParents),
+		"const MC_FLAG_WHOLE":      uint64(FlagWhole),
 		"const MC_REGISTER_DMABUF": uint64(RegisterDmabuf),
 	}
 	for name, off := range fieldOffsets {

@@ -20,7 +20,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 5
+#define MC_ABI_MINOR 6
 
 struct mc_header {
 	uint32_t size;
@@ -75,6 +75,12 @@ struct mc_unregister {
  * goes). A put through an open file refuses the flag with EINVAL.
  */
 #define MC_FLAG_PARENTS (1u << 2)
+/*
+ * ABI 1.6: MC_FLAG_WHOLE on a batch get entry or a MC_IOC_GET_KEY fails
+ * that key with EOVERFLOW, moving nothing, when its value from obj_off on
+ * is longer than the key's buffers. Other gets take no flags (EINVAL).
+ */
+#define MC_FLAG_WHOLE (1u << 3)
 
 struct mc_buf {
 	struct mc_header h;

@@ -133,6 +133,7 @@ func TestPythonABI(t *testing.T) {
 	}
 	consts := map[string][2]uint64{
 		"MC_FLAG_EXCL":       {uint64(l.Flags["MC_FLAG_EXCL"]), uint64(ioctl.FlagExcl)},
+		"MC_FLAG_WHOLE":      {uint64(l.Flags["MC_FLAG_WHOLE"]), uint64(ioctl.FlagWhole)},
 		"MC_FLAG_UPDATE":     {uint64(l.Flags["MC_FLAG_UPDATE"]), uint64(ioctl.FlagUpdate)},
 		"MC_MAX_BATCH":       {uint64(l.Batch["MC_MAX_BATCH"]), ioctl.MaxBatch},
 		"MC_BATCH_BUF":       {uint64(l.Batch["MC_BATCH_BUF"]), uint64(ioctl.BatchBuf)},

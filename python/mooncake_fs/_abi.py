@@ -33,7 +33,7 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 5
+ABI_MINOR = 6
 
 KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
 KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
@@ -43,6 +43,7 @@ REGISTER_DMABUF = 1 << 0  # KIND_CUDA flag (1.5): fd = dma-buf of the whole allo
 FLAG_EXCL = 1 << 0    # put: EEXIST if the key exists (first writer wins)
 FLAG_UPDATE = 1 << 1  # put: write at obj_off into a copy of the current version
 FLAG_PARENTS = 1 << 2  # batch/key put (ABI 1.4): create the key's missing parent directories
+FLAG_WHOLE = 1 << 3  # batch/key get (ABI 1.6): EOVERFLOW, nothing moved, if the value is longer than the buffers
 
 MAX_BATCH = 64
 BATCH_BUF = 0  # entry addr is an offset in the registered buffer ``id``
@@ -350,7 +351,7 @@ def layout():
             }
             for name, (cls, fields) in STRUCTS.items()
         },
-        "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE, "MC_FLAG_PARENTS": FLAG_PARENTS,
+        "flags": {"MC_FLAG_EXCL": FLAG_EXCL, "MC_FLAG_UPDATE": FLAG_UPDATE, "MC_FLAG_PARENTS": FLAG_PARENTS, "MC_FLAG_WHOLE": FLAG_WHOLE,
                   "MC_REGISTER_DMABUF": REGISTER_DMABUF},
         "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
         "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM},

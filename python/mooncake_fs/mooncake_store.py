@@ -240,6 +240,7 @@ _ERRNO = {
     errno.EFAULT: ErrorCode.INVALID_PARAMS,
     errno.E2BIG: ErrorCode.INVALID_PARAMS,
     errno.ERANGE: ErrorCode.INVALID_PARAMS,
+    errno.EOVERFLOW: ErrorCode.INVALID_PARAMS,  # FLAG_WHOLE: the value does not fit the buffers
     errno.ENAMETOOLONG: ErrorCode.INVALID_KEY,
     errno.EISDIR: ErrorCode.INVALID_KEY,
     errno.ENOTDIR: ErrorCode.INVALID_KEY,
@@ -353,6 +354,7 @@ class MooncakeDistributedStore:
         self._bases = []       # their bases, for bisect
         self._parents = False  # the daemon makes long keys' directories (ABI 1.4)
         self._probe = ctypes.create_string_buffer(1)  # the fast path's gets read a byte past each value here
+        self._whole = False  # the daemon takes FLAG_WHOLE (ABI 1.6): no probe byte
 
     # --- lifecycle ---
 
@@ -411,6 +413,9 @@ class MooncakeDistributedStore:
             # daemon (FLAG_PARENTS): no other client's prune can come
             # between.
             self._parents = abi >= (1, 4)
+            # ABI 1.6: a get that must have the whole value says so
+            # (FLAG_WHOLE), instead of reading a probe byte past it.
+            self._whole = abi >= (1, 6)
         return 0
 
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
@@ -729,10 +734,18 @@ class MooncakeDistributedStore:
         return [0 if r >= 0 or r in ok else error_code(r) for r in res]
 
     def _get_columns(self, keys, ptrs, sizes, m):
-        """Codes of a get on the fast path (_columns), None off it: a
-        probe byte after each key's buffers tells a value that does not
-        fit (INVALID_PARAMS)."""
-        if not keys or m >= _abi.MAX_SEGS or self._dir is None:
+        """Codes of a get on the fast path (_columns), None off it: a value
+        that does not fit its buffers is INVALID_PARAMS, which the daemon
+        says (FLAG_WHOLE, ABI 1.6) or, from an older one, a probe byte
+        after each key's buffers tells."""
+        if not keys or self._dir is None:
+            return None
+        if self._whole:
+            res = self._columns(False, keys, ptrs, sizes, m, _abi.FLAG_WHOLE)
+            if res is None or min(res) >= 0:
+                return res
+            return [error_code(r) if r < 0 else r for r in res]
+        if m >= _abi.MAX_SEGS:
             return None
         res = self._columns(False, keys, ptrs, sizes, m, 0, probe=ctypes.addressof(self._probe))
         if res is None:
@@ -1045,7 +1058,11 @@ class MooncakeDistributedStore:
             return []
         if not _valid_segs(segs):
             return [int(ErrorCode.INVALID_PARAMS)] * len(keys)
-        # One byte past the buffers tells a value that does not fit (a key
+        if self._whole:
+            # The daemon fails a value that does not fit (ABI 1.6).
+            res = self._run(False, [(k, s, 0) for k, s in zip(keys, segs)], _abi.FLAG_WHOLE)
+            return [r if r >= 0 else error_code(r) for r, _ in res]
+        # From an older daemon, one byte past the buffers tells a value that does not fit (a key
         # with the most segments a call takes is asked for its size).
         probe = bytearray(len(keys))
         out = []

@@ -334,6 +334,32 @@ class Store(unittest.TestCase):
         for k, a in zip(keys, at):
             self.assertEqual(dst.read(a, len(want[k])), want[k], k)
 
+    def test_whole_as_probe(self):
+        # Gets that ask the daemon for the whole value (ABI 1.6) answer as
+        # those that read a probe byte past it (older daemons): the same
+        # codes, on the fast path and the general one, values that fit and
+        # values that do not.
+        rng = random.Random(17)
+        src, dst = Pool(1 << 18), Pool(1 << 18)
+        src.fill(0, os.urandom(src.n))
+        for p in (src, dst):
+            self.assertEqual(self.s.register_buffer(p.addr, p.n), 0)
+        keys = [f"w{i}" for i in range(100)]
+        lens = [rng.randrange(1, 2000) for _ in keys]
+        self.assertEqual(self.s.batch_put_from(keys, [src.addr + 2000 * i for i in range(100)], lens), [0] * 100)
+        room = [n + rng.choice([-1, 0, 0, 5]) for n in lens]
+        self.assertTrue(self.s._whole)
+        codes = {}
+        for whole in (True, False):
+            self.s._whole = whole
+            fast = self.s.batch_get_into(keys, [dst.addr + 2000 * i for i in range(100)], room)
+            general = self.s._get_many(keys, [[(dst.addr + 2000 * i, z)] for i, z in enumerate(room)])
+            self.assertEqual(fast, general)
+            codes[whole] = fast
+        self.assertEqual(codes[True], codes[False])
+        self.assertEqual(codes[True], [n if z >= n else -600 for n, z in zip(lens, room)])
+        self.s._whole = True
+
     def test_fast_path_as_general(self):
         # The batch engine's fast path (whole columns for plain names in
         # one registration) against the general engine, key by key: the
