@@ -225,14 +225,17 @@ func BenchmarkBatchPut(b *testing.B) {
 // BenchmarkBatchPutResident is BenchmarkBatchPut in a store holding 64k
 // keys (256 MiB), as a serving engine's cache is: the index, LRU and body
 // maps are larger than the CPU's caches. "new" puts keys that are not
-// there (b.N*64 of them, at most 8192 calls), "over" replaces resident
-// ones, in an order that visits them all once in 1024 calls.
+// there (b.N*64 of them, at most 8192 calls; "new-steady" removes each
+// 16 calls' keys after them, untimed, so the store stays at 64k keys and
+// its tables do not grow), "over" replaces resident ones, in an order
+// that visits them all once in 1024 calls.
 func BenchmarkBatchPutResident(b *testing.B) {
 	const keys, maxNew = 64 << 10, 8192 * 64
 	data := bytes.Repeat([]byte{7}, 4096)
 	name := func(i int) string { return fmt.Sprintf("a/k%d", i%keys) }
-	for _, over := range []bool{false, true} {
-		b.Run(map[bool]string{false: "new", true: "over"}[over], func(b *testing.B) {
+	for _, mode := range []string{"new", "new-steady", "over"} {
+		over, steady := mode == "over", mode == "new-steady"
+		b.Run(mode, func(b *testing.B) {
 			fx := newFixtureOf(b, (keys+maxNew)*4096+(8<<20))
 			if _, err := fx.st.Mkdir(context.Background(), "a", &store.Object{Mode: 0o755}); err != nil {
 				b.Fatal(err)
@@ -258,6 +261,15 @@ func BenchmarkBatchPutResident(b *testing.B) {
 					}
 				}
 				runBatch(b, fx, true, entries)
+				if steady && i%16 == 15 {
+					b.StopTimer()
+					for j := (i - 15) * 64; j < (i+1)*64; j++ {
+						if err := fx.st.Delete(context.Background(), fmt.Sprintf("a/n%d", j), 0); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StartTimer()
+				}
 			}
 		})
 	}

@@ -712,12 +712,12 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			continue
 		}
 		op.size, op.gotMeta = o.Size, o.Xattrs[xattrMeta]
-		if op.flags&ioctl.FlagWhole != 0 && o.Size > op.objOff && o.Size-op.objOff > room {
-			op.fail(fmt.Errorf("%s: %d B from %d, %d B of buffers: %w", key, o.Size, op.objOff, room, errValueTooLong))
-			continue
-		}
 		if op.meta != nil && !bytes.Equal(op.meta, op.gotMeta) {
 			op.fail(fmt.Errorf("%s: meta %q, asked for %q: %w", key, op.gotMeta, op.meta, errMetaMismatch))
+			continue
+		}
+		if op.flags&ioctl.FlagWhole != 0 && o.Size > op.objOff && o.Size-op.objOff > room {
+			op.fail(fmt.Errorf("%s: %d B from %d, %d B of buffers: %w", key, o.Size, op.objOff, room, errValueTooLong))
 			continue
 		}
 		cur.at = append(cur.at, op)

@@ -429,6 +429,17 @@ func TestGetWhole(t *testing.T) {
 			t.Errorf("%d B from %d: %d B %q", c.room, c.off, get.Result, dst[:get.Result])
 		}
 	}
+	// Another meta says so first, whatever the room.
+	withMeta := ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(val), Len: uint64(len(val)), MetaLen: 3}
+	copy(withMeta.Meta[:], "f32")
+	if e := keyCall(t, fx, true, "m", &withMeta); e != 0 {
+		t.Fatal(e)
+	}
+	small := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole}, Source: ioctl.SrcVM, Addr: addr(dst), Len: 4, MetaLen: 3}
+	copy(small.Meta[:], "f16")
+	if e := keyCall(t, fx, false, "m", &small); e != syscall.EBADMSG {
+		t.Errorf("a get of another meta into too little room: %v, want EBADMSG", e)
+	}
 	other := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole << 1}, Source: ioctl.SrcVM, Addr: addr(dst), Len: 12}
 	if e := keyCall(t, fx, false, "w", &other); e != syscall.EINVAL {
 		t.Errorf("a get with flag %#x: %v, want EINVAL", ioctl.FlagWhole<<1, e)

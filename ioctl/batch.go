@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -13,7 +14,7 @@ import (
 // BatchItem is one key of a batch.
 type BatchItem struct {
 	Key    string // relative to the directory of the batch
-	Flags  uint32 // puts: FlagExcl, FlagUpdate
+	Flags  uint32 // puts: FlagExcl, FlagUpdate, FlagParents; gets: FlagWhole
 	ObjOff uint64 // puts with FlagUpdate, and gets
 	// Data is the value (BatchPut) or the destination (BatchGet) in this
 	// process's memory; only the VM forms read it.
@@ -172,8 +173,8 @@ func (f *File) batchOnce(op string, cmd uint32, source uint32, id uint64, items 
 		b := c.sc.raw[:]
 		encodeBatch(b, &c.sc.arg)
 		if err := call(f.f, cmd, b); err != nil {
-			first := c.items[0]
-			return f.err(op, err, "items %d..%d of %d (%q...)", first, len(items)-1, len(items), items[first].Key)
+			first, last := c.items[0], c.items[len(c.items)-1]
+			return f.err(op, err, "items %d..%d of %d (%q...)", first, last, len(items), items[first].Key)
 		}
 		return nil
 	}
@@ -239,9 +240,11 @@ var BatchInFlight = 4
 
 // independent says whether the calls of a batch may overlap: gets when
 // no two items' destinations overlap (the later one's bytes must stay);
-// puts when no key comes twice (a later entry of a key must land last)
-// and FlagParents is on every key or on none (a key without it may need a
-// directory that an earlier key's put makes).
+// puts when no key comes twice (a later entry of a key must land last),
+// no key is a directory of another ("x" and "x/y": which one fails
+// depends on which lands first) and FlagParents is on every key or on
+// none (a key without it may need a directory that an earlier key's put
+// makes).
 func independent(cmd uint32, items []BatchItem) bool {
 	if cmd != CmdBatchPut {
 		type span struct{ lo, hi uint64 }
@@ -266,7 +269,7 @@ func independent(cmd uint32, items []BatchItem) bool {
 		return true
 	}
 	seen := make(map[string]struct{}, len(items))
-	parents := 0
+	parents, nested := 0, false
 	for _, it := range items {
 		if _, dup := seen[it.Key]; dup {
 			return false
@@ -274,6 +277,18 @@ func independent(cmd uint32, items []BatchItem) bool {
 		seen[it.Key] = struct{}{}
 		if it.Flags&FlagParents != 0 {
 			parents++
+		}
+		nested = nested || strings.IndexByte(it.Key, '/') >= 0
+	}
+	if nested {
+		for _, it := range items {
+			for i := range len(it.Key) {
+				if it.Key[i] == '/' {
+					if _, dir := seen[it.Key[:i]]; dir {
+						return false
+					}
+				}
+			}
 		}
 	}
 	return parents == 0 || parents == len(items)

@@ -216,6 +216,7 @@ func TestMarshalInto(t *testing.T) {
 // TestIndependent: the calls of a batch overlap only when their order
 // cannot show.
 func TestIndependent(t *testing.T) {
+	one := make([]byte, 8)
 	items := func(keys string, flags ...uint32) []BatchItem {
 		var its []BatchItem
 		for i, k := range strings.Fields(keys) {
@@ -239,7 +240,10 @@ func TestIndependent(t *testing.T) {
 		{"gets into apart ranges", CmdBatchGet, []BatchItem{{Key: "a", BufOff: 0, Len: 10}, {Key: "b", BufOff: 10, Len: 5}}, true},
 		{"gets into overlapping ranges", CmdBatchGet, []BatchItem{{Key: "a", BufOff: 20, Len: 10}, {Key: "b", BufOff: 5, Len: 16}}, false},
 		{"gets into a range holding two", CmdBatchGet, []BatchItem{{Key: "a", BufOff: 0, Len: 100}, {Key: "b", BufOff: 10, Len: 5}, {Key: "c", BufOff: 50, Len: 5}}, false},
-		{"gets into one slice twice", CmdBatchGet, []BatchItem{{Key: "a", Data: make([]byte, 8)}, {Key: "b", Data: make([]byte, 8)}}, true},
+		{"gets into two slices", CmdBatchGet, []BatchItem{{Key: "a", Data: make([]byte, 8)}, {Key: "b", Data: make([]byte, 8)}}, true},
+		{"gets into one slice twice", CmdBatchGet, []BatchItem{{Key: "a", Data: one}, {Key: "b", Data: one[4:]}}, false},
+		{"a key and its directory", CmdBatchPut, items("b x/y x", FlagParents, FlagParents, FlagParents), false},
+		{"keys below one directory", CmdBatchPut, items("x/a x/b xy"), true},
 		{"parents on every key", CmdBatchPut, items("a b", FlagParents, FlagParents|FlagExcl), true},
 		{"parents on some", CmdBatchPut, items("x/a y", FlagParents, 0), false},
 		{"exclusive", CmdBatchPut, items("a b", FlagExcl), true},

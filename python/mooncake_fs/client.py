@@ -76,21 +76,40 @@ def ioctl(fd, cmd, arg, name=None):
 # environment MOONCAKE_FS_IN_FLIGHT): while one call's reply travels back
 # and the next is being built, others are at work there. 1 sends them one
 # after the other.
-IN_FLIGHT = max(1, int(os.environ.get("MOONCAKE_FS_IN_FLIGHT") or 4))
+def _in_flight_env():
+    try:
+        return max(1, int(os.environ.get("MOONCAKE_FS_IN_FLIGHT") or 4))
+    except ValueError:
+        return 4
+
+
+IN_FLIGHT = _in_flight_env()
 
 _pool_lock = threading.Lock()
-_pool = (0, None)  # (pid, executor): a forked child makes its own
+_pool = (0, 0, None)  # (pid, workers, executor): a forked child makes its own
+
+
+def _new_pool_lock():
+    global _pool_lock
+    _pool_lock = threading.Lock()  # a fork while another thread held it
+
+
+os.register_at_fork(after_in_child=_new_pool_lock)
 
 
 def _executor():
+    """The pool of IN_FLIGHT workers, made on first use (again after a fork
+    or a change of IN_FLIGHT)."""
     global _pool
     from concurrent.futures import ThreadPoolExecutor
 
     with _pool_lock:
-        pid, ex = _pool
-        if ex is None or pid != os.getpid():
+        pid, workers, ex = _pool
+        if ex is None or pid != os.getpid() or workers != IN_FLIGHT:
+            if ex is not None and pid == os.getpid():
+                ex.shutdown(wait=False)  # its queued calls still run
             ex = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="mooncake-fs-batch")
-            _pool = (os.getpid(), ex)
+            _pool = (os.getpid(), IN_FLIGHT, ex)
         return ex
 
 
@@ -98,9 +117,13 @@ def overlapped(calls):
     """Run the callables (each one ioctl, which releases the GIL), up to
     IN_FLIGHT at a time, and return their results in order. The callables
     are taken as the iterable yields them, so building the next call
-    overlaps the ones in flight; a lone one runs in this thread. Every one
-    has finished when this returns (their buffers may be freed then); the
-    first exception is raised."""
+    overlaps the ones in flight; a lone one runs in this thread, and so do
+    all once the interpreter shuts down (no new threads then). Once one
+    raises, no later one starts. Every one that started has finished when
+    this returns or raises, an interrupt (Ctrl-C) included: their buffers
+    may be freed then. The first exception is raised."""
+    from concurrent.futures import wait
+
     it = iter(calls)
     first = next(it, None)
     if first is None:
@@ -108,16 +131,35 @@ def overlapped(calls):
     second = next(it, None)
     if second is None or IN_FLIGHT < 2:
         return [first()] + ([] if second is None else [second()] + [c() for c in it])
-    from concurrent.futures import wait
-
-    ex = _executor()
-    futs = [ex.submit(first), ex.submit(second)]
+    futs, inline, failed = [], [], None
+    todo = itertools.chain((first, second), it)
     try:
-        for c in it:
-            futs.append(ex.submit(c))
-    finally:
-        wait(futs)
-    return [f.result() for f in futs]
+        c = None
+        try:
+            ex = _executor()
+            for c in todo:
+                if any(f.done() and f.exception() is not None for f in futs):
+                    c = None
+                    break  # a call failed: send no more
+                futs.append(ex.submit(c))
+                c = None
+        except RuntimeError:
+            # No new threads (the interpreter shuts down): the rest, from
+            # the one not taken, in this thread.
+            inline = [f() for f in ([c] if c is not None else []) + list(todo)]
+    except BaseException as e:  # an interrupt while sending
+        failed = e
+    while True:
+        try:
+            wait(futs)
+            break
+        except BaseException as e:  # an interrupt: the calls in flight still end first
+            failed = failed or e
+            for f in futs:
+                f.cancel()  # those not started
+    if failed is not None:
+        raise failed
+    return [f.result() for f in futs] + inline
 
 
 _libc_ioctl = ctypes.CDLL(None, use_errno=True).ioctl

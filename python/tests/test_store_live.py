@@ -322,8 +322,8 @@ class Store(unittest.TestCase):
         offs = [rng.randrange(src.n - 3000) for _ in keys]
         lens = [rng.randrange(1, 3000) for _ in keys]
         self.assertEqual(self.s.batch_put_from(keys, [src.addr + o for o in offs], lens), [0] * len(keys))
-        # o5 in the first call and again in the second, which would start
-        # with it if they overlapped.
+        # o5 in the first call and again in the second (the key twice: its
+        # calls go one after the other).
         twice, lens2 = keys[:70] + ["o5"] + keys[70:], lens[:70] + [777] + lens[70:]
         offs2 = [rng.randrange(src.n - 3000) for _ in twice]
         self.assertEqual(self.s.batch_upsert_from(twice, [src.addr + o for o in offs2], lens2), [0] * len(twice))
@@ -350,15 +350,17 @@ class Store(unittest.TestCase):
         room = [n + rng.choice([-1, 0, 0, 5]) for n in lens]
         self.assertTrue(self.s._whole)
         codes = {}
-        for whole in (True, False):
-            self.s._whole = whole
-            fast = self.s.batch_get_into(keys, [dst.addr + 2000 * i for i in range(100)], room)
-            general = self.s._get_many(keys, [[(dst.addr + 2000 * i, z)] for i, z in enumerate(room)])
-            self.assertEqual(fast, general)
-            codes[whole] = fast
+        try:
+            for whole in (True, False):
+                self.s._whole = whole
+                fast = self.s.batch_get_into(keys, [dst.addr + 2000 * i for i in range(100)], room)
+                general = self.s._get_many(keys, [[(dst.addr + 2000 * i, z)] for i, z in enumerate(room)])
+                self.assertEqual(fast, general)
+                codes[whole] = fast
+        finally:
+            self.s._whole = True
         self.assertEqual(codes[True], codes[False])
         self.assertEqual(codes[True], [n if z >= n else -600 for n, z in zip(lens, room)])
-        self.s._whole = True
 
     def test_fast_path_as_general(self):
         # The batch engine's fast path (whole columns for plain names in

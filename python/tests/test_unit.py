@@ -7,6 +7,7 @@ import errno
 import gc
 import mmap
 import os
+import signal
 import struct
 import sys
 import tempfile
@@ -94,6 +95,47 @@ class TestOverlapped(unittest.TestCase):
         with self.assertRaises(OSError):
             overlapped(lambda i=i: call(i) for i in range(5))
         self.assertEqual(sorted(done), list(range(5)))  # every call finished before the error came out
+
+    def test_interrupt_waits_for_calls_in_flight(self):
+        started, ended = [], []
+
+        def call(i):
+            started.append(i)
+            time.sleep(0.2)
+            ended.append(i)
+
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with self.assertRaises(KeyboardInterrupt):
+            overlapped(lambda i=i: call(i) for i in range(12))
+        self.assertEqual(sorted(started), sorted(ended))  # none still running
+        seen = list(started)
+        time.sleep(0.3)
+        self.assertEqual(started, seen)  # and none started after
+
+    def test_no_call_after_a_failure(self):
+        ran = []
+
+        def calls():
+            yield lambda: (_ for _ in ()).throw(OSError(errno.EIO, "first"))
+            for i in range(1, 6):
+                time.sleep(0.05)  # building the next call
+                yield lambda i=i: ran.append(i)
+
+        with self.assertRaises(OSError):
+            overlapped(calls())
+        self.assertLess(len(ran), 3)
+
+    def test_no_threads(self):
+        real = mc.client._executor
+
+        def refuse():
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+        mc.client._executor = refuse
+        try:
+            self.assertEqual(overlapped(lambda i=i: i for i in range(5)), list(range(5)))
+        finally:
+            mc.client._executor = real
 
     def test_forked_child(self):
         overlapped([lambda: 1, lambda: 2])  # the parent's pool exists

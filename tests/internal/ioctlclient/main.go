@@ -544,8 +544,11 @@ func batchGet(dir string, keys []string) {
 func batchOrder(dir string) {
 	d := must(ioctl.OpenDir(dir))
 	defer d.Close()
+	// Every key's value has its own length: a result given to another
+	// key shows in its byte count.
 	val := func(k string, round int) []byte {
-		return fmt.Appendf(nil, "%s round %d %s", k, round, strings.Repeat("x", round*37))
+		n, _ := strconv.Atoi(k[2:])
+		return fmt.Appendf(nil, "%s round %d %s", k, round, strings.Repeat("x", n%97+round*37))
 	}
 	var items []ioctl.BatchItem
 	for i := range 3*ioctl.MaxBatch + 5 {
@@ -556,8 +559,11 @@ func batchOrder(dir string) {
 		res, err := d.BatchPut(items)
 		if err == nil {
 			err = errors.Join(func() (errs []error) {
-				for _, r := range res {
+				for i, r := range res {
 					errs = append(errs, r.Err)
+					if r.Err == nil && r.N != uint64(len(items[i].Data)) {
+						errs = append(errs, mismatch("%s: %d B put, its value is %d", items[i].Key, r.N, len(items[i].Data)))
+					}
 				}
 				return
 			}()...)
