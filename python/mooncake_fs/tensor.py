@@ -261,18 +261,28 @@ def torch_dtype(name):
     return dt
 
 
+_HAS = {}  # what this PyTorch's tensors have, looked at once
+
+
+def _has(attr):
+    h = _HAS.get(attr)
+    if h is None:
+        h = _HAS[attr] = hasattr(_torch().Tensor, attr)
+    return h
+
+
 def _nbytes(t):
-    try:
-        return t.nbytes  # one call into torch (PyTorch 1.11 on)
-    except AttributeError:
-        return t.numel() * t.element_size()
+    if _has("nbytes"):
+        return t.nbytes  # one call into torch (PyTorch 2.1 on)
+    return t.numel() * t.element_size()
 
 
 def _device_kind(t):
-    kind = t.device.type
-    if kind not in ("cpu", "cuda"):
-        raise ValueError(f"tensor on {t.device}: only CPU and CUDA tensors are supported")
-    return kind
+    if t.is_cuda:
+        return "cuda"
+    if (t.is_cpu if _has("is_cpu") else t.device.type == "cpu"):  # t.device makes an object: slower
+        return "cpu"
+    raise ValueError(f"tensor on {t.device}: only CPU and CUDA tensors are supported")
 
 
 def _source(tensor):
@@ -287,7 +297,7 @@ def _source(tensor):
     if tensor.is_quantized:
         raise ValueError("quantized tensors are not supported")
     _device_kind(tensor)
-    if tensor.is_contiguous() and not (hasattr(tensor, "is_conj") and (tensor.is_conj() or tensor.is_neg())):
+    if tensor.is_contiguous() and not (_has("is_conj") and (tensor.is_conj() or tensor.is_neg())):
         return tensor  # its memory as it is (the common case: no copy, no new tensor)
     t = tensor.detach()
     if hasattr(t, "resolve_conj"):
@@ -304,7 +314,7 @@ def _check_target(out):
     _device_kind(out)
     if not out.is_contiguous():
         raise ValueError("out: not contiguous (read into a contiguous tensor, then copy)")
-    if hasattr(out, "is_conj") and (out.is_conj() or out.is_neg()):
+    if _has("is_conj") and (out.is_conj() or out.is_neg()):
         raise ValueError("out: a lazily conjugated or negated view (use resolve_conj()/resolve_neg())")
 
 
@@ -433,6 +443,8 @@ def _dir_of(path):
     if (dst.st_dev, dst.st_ino) != ident or abi < (1, 3):
         d.close()
         d = False
+    else:
+        d.abi = abi
     with _dirs_lock:
         # Handles dropped here are not closed: a caller may still use one;
         # each closes when the last reference to it goes.
@@ -633,21 +645,29 @@ def _split(path):
     return os.path.split(os.path.abspath(os.fspath(path)))
 
 
-def _batch_groups(paths):
-    """Indexes of paths grouped by directory handle: [(Directory, [(i,
-    name)])], one lookup of each directory; paths that cannot go by name
-    come back under None."""
+def _by_parent(paths):
+    """{parent: [(i, name)]} of paths, each split once."""
     by_parent = {}
     for i, p in enumerate(paths):
         parent, name = _split(p)
         by_parent.setdefault(parent, []).append((i, name))
+    return by_parent
+
+
+def _batch_groups(paths, by_parent=None):
+    """Indexes of paths grouped by directory handle: [(Directory, [(i,
+    name)])], one lookup of each directory; paths that cannot go by name
+    come back under None. by_parent: _by_parent(paths), when made."""
+    if by_parent is None:
+        by_parent = _by_parent(paths)
     groups = {}
     for parent, members in by_parent.items():
-        fit = next((name for _, name in members if key_fits(name)), members[0][1])
+        fits = [key_fits(name) for _, name in members]
+        fit = next((name for (_, name), ok in zip(members, fits) if ok), members[0][1])
         d, _ = _dir_of(os.path.join(parent, fit))
         g = groups.setdefault(id(d) if d else None, (d, []))[1]
-        for i, name in members:
-            if d is not None and not key_fits(name):
+        for (i, name), ok in zip(members, fits):
+            if d is not None and not ok:
                 groups.setdefault(None, (None, []))[1].append((i, name))
             else:
                 g.append((i, name))
@@ -657,7 +677,8 @@ def _batch_groups(paths):
 def _run_tensor_batch(d, put, items):
     """items: [(i, name, tensor, nbytes, meta, extra)], extra the put flags
     (one value for all) or, for a get, the address of a probe byte read
-    after the tensor; runs them in calls of at most MAX_BATCH keys and
+    after the tensor, or None for all (the gets ask for whole values:
+    FLAG_WHOLE); runs them in calls of at most MAX_BATCH keys and
     MAX_GPU_REFS allocations, after synchronizing the current stream of
     every device they use. Returns {i: (result, version)}."""
     from . import cudadrv
@@ -672,15 +693,18 @@ def _run_tensor_batch(d, put, items):
         torch.cuda.current_stream(ordinal).synchronize()
         got = cudadrv.handles.locate_many([items[j][2].data_ptr() for j in js], [items[j][3] for j in js], ordinal)
         where.update(zip(js, got))
-    flags = items[0][5] if put and items else 0
-    nseg = 1 if put else 2
+    probe = not put and items and items[0][5] is not None
+    flags = items[0][5] if put and items else (0 if probe else _abi.FLAG_WHOLE)
+    nseg = 2 if probe else 1
     step, room = 3 * nseg, _abi.VBATCH_AREA_BYTES
     # Calls of MAX_BATCH keys: while the first are in the daemon the next
-    # are built, and the daemon works on several at once (smaller calls,
-    # to overlap the calls of 64 tensors, were slower on the H200 host:
-    # each call's fixed work is more than the overlap saves); puts of a
-    # name twice, and gets into tensors that share bytes, go one call
-    # after the other.
+    # are built, and the daemon works on several at once. Smaller calls, to
+    # overlap the calls of 64 tensors, were slower on the H200 host (16 a
+    # call, four at once: 0.28-0.29 of the ceiling against 0.32 whole; each
+    # call's GPU work, its streams and mappings, is more than the overlap
+    # saves), though faster for CPU tensors on the 2-core VM. Puts of a
+    # name twice, and gets into tensors that share bytes, go one call after
+    # the other.
     per = _abi.MAX_BATCH
     if put:
         serial = len({it[1] for it in items}) != len(items)
@@ -714,7 +738,7 @@ def _run_tensor_batch(d, put, items):
                     words += (_abi.SEG_GPU | g, loc[2], n)
                 else:
                     words += (_abi.SEG_VM, t.data_ptr() if n else 0, n)
-                if not put:
+                if probe:
                     words += (_abi.SEG_VM, extra, 1)
                 names.append(k)
                 lens.append(len(k))
@@ -754,12 +778,13 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
     if len(paths) != len(ts):
         raise ValueError(f"{len(paths)} paths for {len(ts)} tensors")
     flags = _abi.FLAG_EXCL if exclusive else 0
+    by_parent = _by_parent(paths)
     if makedirs:
-        for parent in {_split(p)[0] for p in paths}:
+        for parent in by_parent:
             if not os.path.isdir(parent):  # a stat the kernel answers from its cache; mkdir goes to the daemon
                 os.makedirs(parent, exist_ok=True)
     results = [None] * len(paths)
-    for d, members in _batch_groups(paths):
+    for d, members in _batch_groups(paths, by_parent):
         if d is None:
             for i, _ in members:
                 results[i] = _alone(lambda i=i: (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive,
@@ -829,8 +854,9 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
         for o in out:
             _check_target(o)
     todo = [i for i in range(len(paths)) if results[i] is None]
-    # One byte past each tensor: an object longer than its meta says
-    # fills it, and fails instead of being cut short.
+    # An object longer than its meta says fails instead of being cut
+    # short: the daemon says so (FLAG_WHOLE, ABI 1.6), or, from an older
+    # one, the byte past each tensor fills its probe.
     probe = (ctypes.c_ubyte * max(len(paths), 1))()
     for d, members in _batch_groups([paths[i] for i in todo]):
         members = [(todo[j], name) for j, name in members]
@@ -838,16 +864,17 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
             for i, _ in members:
                 results[i] = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0))
             continue
+        whole = getattr(d, "abi", (1, 3)) >= (1, 6)
         items = []
         for i, name in members:
             meta = format_meta(out[i].dtype, out[i].shape)
             if len(meta) > _abi.MAX_META:
                 results[i] = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0))
                 continue
-            items.append((i, name, out[i], _nbytes(out[i]), meta, ctypes.addressof(probe) + i))
+            items.append((i, name, out[i], _nbytes(out[i]), meta, None if whole else ctypes.addressof(probe) + i))
         for i, r in _run_tensor_batch(d, False, items).items():
             n = _nbytes(out[i])
-            if r[0] == n + 1:
+            if r[0] == n + 1 or r[0] == -errno.EOVERFLOW:
                 r = (-errno.EIO, 0)  # longer than its meta says
             elif 0 <= r[0] < n:
                 r = (-errno.EIO, 0)  # shorter

@@ -319,6 +319,30 @@ class RoundTrips:
         with self.assertRaises(mc.BatchError):
             mt.batch_put_tensor([self.path("batch/0")], [ts[0]], exclusive=True)
 
+    def test_batch_get_of_a_value_its_meta_does_not_size(self):
+        # A value longer or shorter than its meta says fails alone (EIO),
+        # whether the daemon checks the length (ABI 1.6) or a probe byte
+        # does; the others are read.
+        t = random_tensor(torch.float32, (10,), self.device, seed=3)
+        paths = [self.path(f"sized/{i}") for i in range(3)]
+        mt.batch_put_tensor(paths, [t, t, t])
+        os.setxattr(paths[0], mt.META_XATTR, mt.format_meta(torch.float32, (8,)))   # 40 B stored, 32 said
+        os.setxattr(paths[2], mt.META_XATTR, mt.format_meta(torch.float32, (12,)))  # 40 B stored, 48 said
+        for whole in (True, False):
+            outs = [torch.empty(8, device=self.device), torch.empty(10, device=self.device),
+                    torch.empty(12, device=self.device)]
+            d, _ = mt._dir_of(paths[0])
+            abi = d.abi
+            if not whole:
+                d.abi = (1, 5)  # as an older daemon: the probe byte
+            try:
+                res = mt.batch_get_tensor(paths, out=outs, check=False)
+            finally:
+                d.abi = abi
+            self.assertEqual(res[0], -errno.EIO, whole)
+            self.assertEqual(res[2], -errno.EIO, whole)
+            self.assertBitsEqual(res[1], t)
+
     def test_renamed_directory_is_not_written(self):
         a, b = self.path("dir-a"), self.path("dir-b")
         os.makedirs(a)
