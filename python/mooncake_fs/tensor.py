@@ -273,7 +273,7 @@ def _has(attr):
 
 def _nbytes(t):
     if _has("nbytes"):
-        return t.nbytes  # one call into torch (PyTorch 2.1 on)
+        return t.nbytes  # one call into torch (a PyTorch that has it)
     return t.numel() * t.element_size()
 
 
