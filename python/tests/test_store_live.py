@@ -308,16 +308,21 @@ class Store(unittest.TestCase):
                 self.assertEqual(self.s.get(k), model.get(k, b""), k)
         self.assertEqual(self.s.batch_is_exist(sorted(model)), [1] * len(model))
 
+    def registered_pair(self, n):
+        """Two pools of n bytes registered on the store: a source of
+        random bytes and an empty destination."""
+        src, dst = Pool(n), Pool(n)
+        src.fill(0, os.urandom(src.n))
+        for p in (src, dst):
+            self.assertEqual(self.s.register_buffer(p.addr, p.n), 0)
+        return src, dst
 
     def test_overlapped_calls(self):
         # A batch of more calls than one: distinct keys go in calls that
         # overlap, a key upserted twice in calls apart keeps the later
         # value (its calls go in order); every key reads back whole.
         rng = random.Random(13)
-        src, dst = Pool(1 << 20), Pool(1 << 20)
-        src.fill(0, os.urandom(src.n))
-        for p in (src, dst):
-            self.assertEqual(self.s.register_buffer(p.addr, p.n), 0)
+        src, dst = self.registered_pair(1 << 20)
         keys = [f"o{i}" for i in range(300)]
         offs = [rng.randrange(src.n - 3000) for _ in keys]
         lens = [rng.randrange(1, 3000) for _ in keys]
@@ -340,10 +345,7 @@ class Store(unittest.TestCase):
         # codes, on the fast path and the general one, values that fit and
         # values that do not.
         rng = random.Random(17)
-        src, dst = Pool(1 << 18), Pool(1 << 18)
-        src.fill(0, os.urandom(src.n))
-        for p in (src, dst):
-            self.assertEqual(self.s.register_buffer(p.addr, p.n), 0)
+        src, dst = self.registered_pair(1 << 18)
         keys = [f"w{i}" for i in range(100)]
         lens = [rng.randrange(1, 2000) for _ in keys]
         self.assertEqual(self.s.batch_put_from(keys, [src.addr + 2000 * i for i in range(100)], lens), [0] * 100)
