@@ -251,12 +251,35 @@ while True:
         print("ready", flush=True)
     i += 1
 `, publicPythonDir(t), d.dir)
+	// And one whose batches of 320 keys go as calls in flight together
+	// (the Mooncake API's pool threads), killed with some in the daemon.
+	s := background(t, python, "-c", keysPrelude+`
+import ctypes
+os.environ["MOONCAKE_FS_MOUNT"] = mnt
+from mooncake_fs.mooncake_store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+assert s.setup("localhost", "x", 0, 0, "tcp", "", "", tenant_id="killstore") == 0
+pool = (ctypes.c_char * (8 << 20))()
+assert s.register_buffer(ctypes.addressof(pool), 8 << 20) == 0
+keys = [f"s{i}" for i in range(320)]
+ptrs = [ctypes.addressof(pool) + i * 16384 for i in range(320)]
+i = 0
+while True:
+    assert s.batch_upsert_from(keys, ptrs, [16384] * 320) == [0] * 320
+    assert s.batch_get_into(keys, ptrs, [16384] * 320) == [16384] * 320
+    if i == 0:
+        print("ready", flush=True)
+    i += 1
+`, publicPythonDir(t), d.dir)
 	b.waitOutput(t, "ready")
+	s.waitOutput(t, "ready")
 	time.Sleep(200 * time.Millisecond)
-	if err := b.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
+	for _, c := range []*bg{b, s} {
+		if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		c.wait()
 	}
-	b.wait()
 	type clients struct {
 		Registrations regStatus `json:"registrations"`
 		Clients       struct {
@@ -277,7 +300,7 @@ while True:
 		c, s := get()
 		return c.Registrations.Live == 0 && c.Clients.Procs == 0 && c.Clients.IPC == 0, s
 	})
-	run(t, "rm", "-r", d.path("kill"))
+	run(t, "rm", "-r", d.path("kill"), d.path("killstore"))
 	waitFor(t, "no byte in use", func() (bool, string) {
 		c, s := get()
 		return c.Used == 0, s
