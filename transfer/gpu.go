@@ -36,6 +36,9 @@ const gpuChunk = 256 << 20
 
 // streamPool keeps a few streams per GPU context: copies of one batch go
 // to one stream, in order; concurrent batches use different streams.
+// Spreading one batch over two or four streams was no faster on the H200
+// host (64 separate 256 KiB tensors a call: 19.8 us a tensor on one
+// stream, 21.9 on two, 23.3 on four).
 type streamPool struct {
 	mu   sync.Mutex
 	free map[*cuda.Context][]*cuda.Stream

@@ -391,33 +391,48 @@ class HandleCache:
     def locate_many(self, ptrs, lengths, ordinal):
         """[(handle, device, offset)] of device pointers ptrs on device
         ordinal, each with its length in one allocation, as locate's (and
-        raising as it does): the device's context made current once and
-        one driver query per pointer where its allocation is cached, the
-        batch calls' common case."""
+        raising as it does): the device's context made current once, and
+        one driver query per allocation of the call where it is cached,
+        the batch calls' common case. The caller holds the memory of every
+        pointer for the call, so an allocation checked here (by its buffer
+        id) stays where it is: a later pointer inside its range is in it,
+        as allocations do not overlap, and needs no query of its own."""
         drv = driver()
         raw = ctypes.c_uint64(0)
         ref, get, buf_attr = ctypes.byref(raw), drv.cuPointerGetAttribute, POINTER_ATTRIBUTE_BUFFER_ID
-        blocks, out, seen = self._blocks, [], set()
+        blocks, out, checked = self._blocks, [], []  # checked: blocks this call confirmed, the latest first
+        append = out.append
         with drv.context(ordinal):
             for ptr, length in zip(ptrs, lengths):
+                end = ptr + length
+                for blk in checked:
+                    if blk.base <= ptr and end <= blk.base + blk.size:
+                        break
+                else:
+                    blk = None
+                if blk is not None and ptr:
+                    if blk is not checked[0]:
+                        checked.remove(blk)
+                        checked.insert(0, blk)
+                    append((blk.handle, blk.device, ptr - blk.base))
+                    continue
                 raw.value = 0
-                blk = None
                 if ptr and get(ref, buf_attr, ptr) == 0 and raw.value:
                     key = (ordinal, raw.value)
                     with self._lock:
                         blk = blocks.get(key)
-                        if blk is not None and blk.base <= ptr and ptr + length <= blk.base + blk.size:
+                        if blk is not None and blk.base <= ptr and end <= blk.base + blk.size:
                             self.hits += 1
-                            if key not in seen:
-                                seen.add(key)
-                                blocks[key] = blocks.pop(key)  # most recently used last
+                            blocks[key] = blocks.pop(key)  # most recently used last
                         else:
                             blk = None
                     if blk is not None:
-                        out.append((blk.handle, blk.device, ptr - blk.base))
+                        checked.insert(0, blk)
+                        append((blk.handle, blk.device, ptr - blk.base))
                         continue
                 loc = self.locate(ptr, length, ordinal)
-                out.append((loc.handle, loc.device, loc.dev_off))
+                checked.insert(0, _Block(loc.handle, loc.base, loc.size, loc.device, loc.ordinal))
+                append((loc.handle, loc.device, loc.dev_off))
         return out
 
 

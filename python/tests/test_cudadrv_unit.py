@@ -34,9 +34,9 @@ struct alloc { CUdeviceptr base; size_t size; int dev; unsigned long long id; un
 static struct alloc allocs[64];
 static int nallocs;
 static __thread int depth, ctx_dev = -1, stack[16]; /* the current context is per thread */
-int fake_init_result, fake_handles, fake_retains, fake_max_depth, fake_ndev = 2, fake_no_buffer_id;
+int fake_init_result, fake_handles, fake_retains, fake_max_depth, fake_ndev = 2, fake_no_buffer_id, fake_queries;
 
-void fake_reset(void) { nallocs = 0; depth = 0; ctx_dev = -1; fake_handles = fake_retains = fake_max_depth = 0; fake_no_buffer_id = 0; }
+void fake_reset(void) { nallocs = 0; depth = 0; ctx_dev = -1; fake_handles = fake_retains = fake_max_depth = fake_queries = 0; fake_no_buffer_id = 0; }
 void fake_add(CUdeviceptr base, size_t size, int dev, unsigned long long id, unsigned mtype, unsigned managed, unsigned capable) {
 	struct alloc a = {base, size, dev, id, mtype, managed, capable};
 	allocs[nallocs++] = a;
@@ -46,6 +46,7 @@ void fake_free(CUdeviceptr base) {
 		if (allocs[i].base == base) { allocs[i] = allocs[--nallocs]; return; }
 }
 int fake_depth(void) { return depth; }
+void fake_reset_queries(void) { fake_queries = 0; }
 
 static struct alloc *find(CUdeviceptr p) {
 	for (int i = 0; i < nallocs; i++)
@@ -97,6 +98,7 @@ CUresult cuCtxPopCurrent_v2(void **ctx) {
 	return 0;
 }
 CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+	fake_queries++;
 	struct alloc *a = find(p);
 	if (!a)
 		return 1; /* as the real one answers for plain host memory */
@@ -241,6 +243,23 @@ class TestFakeDriver(unittest.TestCase):
             self.cache.locate_many([0x7F0000000000, 0x1234], [1, 1], 0)
         with self.assertRaisesRegex(ValueError, "null"):
             self.cache.locate_many([0], [1], 0)
+
+    def test_locate_many_queries_each_allocation_once(self):
+        # 64 tensors in 8 cached allocations, interleaved: one driver query
+        # per allocation (the others fall inside a range the call checked),
+        # the answers as locate's.
+        self.cache = cudadrv.HandleCache(max_entries=16)
+        for b in range(8):
+            self.add(0x7F0000000000 + b * 2 * MB, 2 * MB, buf_id=40 + b)
+        ptrs = [0x7F0000000000 + (i % 8) * 2 * MB + (i // 8) * 256 * 1024 for i in range(64)]
+        lens = [256 * 1024] * 64
+        want = [(loc.handle, loc.device, loc.dev_off) for loc in (self.cache.locate(p, n, 0) for p, n in zip(ptrs, lens))]
+        self.fake.fake_reset_queries()
+        self.assertEqual(self.cache.locate_many(ptrs, lens, 0), want)
+        self.assertEqual(self.var("fake_queries"), 8)
+        # A pointer past a checked block's end is not taken for it.
+        with self.assertRaisesRegex(ValueError, "run past the end"):
+            self.cache.locate_many([0x7F0000000000, 0x7F0000000000 + MB], [1, 2 * MB], 0)
 
     def test_without_buffer_ids(self):
         flag = ctypes.c_int.in_dll(self.fake, "fake_no_buffer_id")
