@@ -25,8 +25,10 @@ var (
 
 // regBuffer returns [off, off+n) of registration id as a transfer buffer
 // for a request of thread tid, held until the caller calls
-// r.inflight.Done.
-func regBuffer(t *regTable, tid int, id, off, n uint64) (buf transfer.Buffer, r *registration, err error) {
+// r.inflight.Done. checked is a registration of process memory that the
+// same request already found tid may use (nil: none): the thread stays
+// blocked in the request, so the answer holds for all of it.
+func regBuffer(t *regTable, tid int, id, off, n uint64, checked *registration) (buf transfer.Buffer, r *registration, err error) {
 	r, err = t.get(id)
 	if err != nil {
 		return transfer.Buffer{}, nil, err
@@ -39,7 +41,7 @@ func regBuffer(t *regTable, tid int, id, off, n uint64) (buf transfer.Buffer, r 
 		// Memory of the process that registered it, reached through the
 		// caller's thread: only its own threads may use it, and while one
 		// is blocked in this request the process and its memory stay.
-		if tid == 0 || !inGroup(r.vmTgid, tid) {
+		if r != checked && (tid == 0 || !inGroup(r.vmTgid, tid)) {
 			r.inflight.Done()
 			return transfer.Buffer{}, nil, fmt.Errorf("buffer of process %d used by thread %d: %w", r.vmTgid, tid, errNotOwner)
 		}
@@ -258,7 +260,7 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		if c, ok := fuse.FromContext(ctx); ok {
 			tid = int(c.Pid)
 		}
-		buf, r, err := regBuffer(regs, tid, a.ID, a.BufOff, a.Len)
+		buf, r, err := regBuffer(regs, tid, a.ID, a.BufOff, a.Len, nil)
 		if err != nil {
 			return err
 		}

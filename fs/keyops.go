@@ -127,6 +127,9 @@ type batchCall struct {
 	mapErr []error
 	// held are the registrations the call's segments use.
 	held []*registration
+	// vmChecked is the last registration of process memory the call's
+	// thread was found to belong to (regBuffer).
+	vmChecked *registration
 	// arena holds the keys' buffer lists (buffers).
 	arena []transfer.Buffer
 	// searched caches checkPath per parent directory for the call: the
@@ -185,7 +188,7 @@ func (bc *batchCall) release(f *FS) {
 	for _, r := range bc.held {
 		r.inflight.Done()
 	}
-	bc.held = nil
+	bc.held, bc.vmChecked = nil, nil
 	for _, m := range bc.mapped {
 		if m != nil {
 			f.releaseMapping(m)
@@ -319,8 +322,11 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 			b = transfer.VMBuffer(bc.p.tid, s.off, s.n)
 		case segReg:
 			var r *registration
-			if b, r, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n); err == nil {
+			if b, r, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n, bc.vmChecked); err == nil {
 				bc.held = append(bc.held, r)
+				if r.vmTgid != 0 {
+					bc.vmChecked = r
+				}
 			}
 		case segGPU:
 			b, err = bc.gpuBuffer(n.fs, s.gpu, s.off, s.n)
@@ -472,6 +478,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		err   error
 	}
 	dirs := map[string]dirInfo{}
+	dirPlaces := map[string]store.Placement{} // of the directories of replaced keys
 	cur := newPutChunk(len(ops))
 	chunks = append(chunks, cur)
 	// flush commits every key checked so far (FlagParents: before a key's
@@ -522,7 +529,13 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				}
 			}
 		} else if err = n.mayPut(ctx, bc.p, key, old); err == nil {
-			place = n.fs.st.PlacementFor(ctx, key)
+			parent := store.Parent(key)
+			dp, ok := dirPlaces[parent]
+			if !ok {
+				dp = n.fs.st.PlacementFor(ctx, parent)
+				dirPlaces[parent] = dp
+			}
+			place = store.PlacementOf(old, dp)
 		}
 		if err != nil {
 			op.fail(err)

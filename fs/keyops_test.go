@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -384,6 +385,35 @@ func TestRegisterByAddress(t *testing.T) {
 	out := make([]byte, ioctl.SizeKeyArg)
 	if _, e := fx.root.Ioctl(callerCtx(other.Process.Pid), fx.dh, ioctl.CmdGetKey, 0, a.Marshal(), out); e != syscall.EPERM {
 		t.Fatalf("another process: %v", e)
+	}
+	// A batch checks the caller once and holds the answer for its keys:
+	// every key of the other process's batch is refused, every key of
+	// this one's moves.
+	batch := func(pid int) []int64 {
+		ba := ioctl.BatchArg{Source: ioctl.BatchBuf, ID: id}
+		for i := range 3 {
+			if _, err := ba.AddKey(fmt.Sprintf("b%d", i), ioctl.BatchEntry{Addr: uint64(i) * 100, Len: 100}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := make([]byte, ioctl.Size(ioctl.CmdBatchPut))
+		if _, e := fx.root.Ioctl(callerCtx(pid), fx.dh, ioctl.CmdBatchPut, 0, ba.Marshal(), out); e != 0 {
+			t.Fatalf("batch of %d: %v", pid, e)
+		}
+		if err := ba.Unmarshal(out); err != nil {
+			t.Fatal(err)
+		}
+		return []int64{ba.Entries[0].Result, ba.Entries[1].Result, ba.Entries[2].Result}
+	}
+	eperm := -int64(syscall.EPERM)
+	if got := batch(other.Process.Pid); !slices.Equal(got, []int64{eperm, eperm, eperm}) {
+		t.Fatalf("another process's batch: %v", got)
+	}
+	if got := batch(os.Getpid()); !slices.Equal(got, []int64{100, 100, 100}) {
+		t.Fatalf("own batch: %v", got)
+	}
+	if got := readKey(t, fx, "b2"); !bytes.Equal(got, mem[200:300]) {
+		t.Fatal("batch stored other bytes")
 	}
 	if err := unix.Munmap(mem); err != nil {
 		t.Fatal(err)

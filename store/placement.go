@@ -122,6 +122,21 @@ func (s *Store) PlacementFor(ctx context.Context, key string) Placement {
 	return p
 }
 
+// PlacementOf resolves the choice for o given dir, PlacementFor of o's
+// directory: o's own attributes over dir's, as PlacementFor of o's key
+// says without walking up again (a batch resolves each directory once).
+func PlacementOf(o *Object, dir Placement) Placement {
+	var q Placement
+	repl, pol := placementOf(o, &q)
+	if repl {
+		dir.Replicas = q.Replicas
+	}
+	if pol {
+		dir.Policy, dir.Node = q.Policy, q.Node
+	}
+	return dir
+}
+
 // inheritedXattrs are the attributes a new object takes from its nearest
 // ancestor that has them, when it brings none of its own.
 var inheritedXattrs = [...]string{XattrReplicas, XattrPlacement}

@@ -400,3 +400,36 @@ type noHolds struct{ transfer.Transport }
 func (noHolds) Hold(context.Context, string, uint64, segment.Extent, uint64, time.Duration) (uint64, error) {
 	return 0, errors.New("test: holds refused")
 }
+
+// TestPlacementOf: an object's placement from its directory's is what
+// PlacementFor of its key says, whichever attributes each has.
+func TestPlacementOf(t *testing.T) {
+	ctx := context.Background()
+	s := newTestStore(t, 8<<20)
+	dirX := map[string][]byte{store.XattrReplicas: []byte("2"), store.XattrPlacement: []byte("spread")}
+	seen := map[store.Placement]bool{}
+	for i, dx := range []map[string][]byte{nil, dirX, {store.XattrPlacement: []byte("node:b")}} {
+		dir := fmt.Sprintf("d%d", i)
+		if _, err := s.Mkdir(ctx, dir, &store.Object{Mode: 0o755, Xattrs: dx}); err != nil {
+			t.Fatal(err)
+		}
+		for j, kx := range []map[string][]byte{nil, {store.XattrReplicas: []byte("3")}, {store.XattrPlacement: []byte("node:c")},
+			{store.XattrReplicas: []byte("1"), store.XattrPlacement: []byte("local")}, {store.XattrReplicas: []byte("x")}} {
+			key := fmt.Sprintf("%s/k%d", dir, j)
+			d := s.NewDraft(store.NewIno(), nil, true)
+			o, err := d.Commit(ctx, store.CommitOptions{Key: key, SetXattrs: kx})
+			d.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := s.PlacementFor(ctx, key)
+			seen[want] = true
+			if got := store.PlacementOf(o, s.PlacementFor(ctx, dir)); got != want {
+				t.Errorf("%s (dir %v, own %v): %+v, PlacementFor says %+v", key, dx, kx, got, want)
+			}
+		}
+	}
+	if len(seen) < 6 {
+		t.Fatalf("only %d placements among the keys: the attributes did not take", len(seen))
+	}
+}
