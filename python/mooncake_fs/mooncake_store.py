@@ -329,7 +329,10 @@ def _once(what, value):
 
 
 def _overlap(ptrs, sizes):
-    """Whether any two of the ranges (ptrs[i], sizes[i]) share a byte."""
+    """Whether any two of the ranges (ptrs[i], sizes[i]) (sizes of 0 or
+    more) share a byte."""
+    if all(map(operator.le, map(operator.add, ptrs, sizes), itertools.islice(ptrs, 1, None))):
+        return False  # each ends before the next begins: blocks in order, the common case, with no sort
     spans = sorted(zip(ptrs, sizes))
     ends = itertools.accumulate(map(operator.add, *zip(*spans)), max)  # the furthest end so far
     return any(map(operator.lt, [p for p, _ in spans[1:]], ends))

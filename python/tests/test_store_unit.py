@@ -182,6 +182,18 @@ class OverlappedCalls(unittest.TestCase):
     def test_gets_into_shared_bytes_in_order(self):
         self.assertEqual(self.run_batch(False, [f"k{i}" for i in range(200)], step=9).most, 1)
 
+    def test_overlap(self):
+        for ptrs, sizes, want in [
+            ([0, 10, 20], [10, 10, 10], False),   # in order, touching
+            ([0, 10, 19], [10, 10, 10], True),    # in order, the last two share a byte
+            ([20, 0, 10], [10, 10, 10], False),   # out of order, apart
+            ([20, 0, 5], [10, 10, 10], True),     # out of order, sharing
+            ([0, 100, 50], [200, 1, 1], True),    # one holds the others
+            ([5, 5, 6], [0, 1, 1], False),        # an empty range shares nothing
+            ([], [], False), ([7], [3], False),
+        ]:
+            self.assertEqual(ms._overlap(ptrs, sizes), want, (ptrs, sizes))
+
     def test_put_twice_in_order(self):
         keys = [f"k{i}" for i in range(200)]
         keys[150] = "k3"
