@@ -101,7 +101,8 @@
 // (Options.MaxOpen, ENFILE), registered buffers per open file and per
 // mount, by count and bytes (Options.MaxRegistrations and the others,
 // EMFILE), xattrs per file (128 KiB, ENOSPC),
-// and index metadata as a whole (store.Options.MetaLimit, ENOSPC). Only
+// and index metadata as a whole (store.Options.MetaLimit, ENOSPC unless
+// eviction makes room). Only
 // shmem and hugetlbfs memory can be registered: a file of a FUSE mount
 // (this one above all) would make a copy wait on that mount's daemon.
 //

@@ -137,9 +137,31 @@ func (s *Store) evictFor(need uint64) bool {
 // evictUntil evicts until target bytes are free or nothing evictable is
 // left.
 func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
+	return s.evictWhile(ctx, "",
+		func() bool { return s.segs.Stats().Free+uint64(max(s.stats.delayed.Load(), 0)) < target },
+		func() bool { return s.segs.Stats().Free >= target })
+}
+
+// evictMetaUntil evicts, keep aside, until the index's entries take at
+// most target bytes (Options.MetaLimit's measure) or nothing evictable is
+// left: a store of many small values runs out of room for their entries
+// before it runs out of bytes, and a cache must make room for new keys
+// then too.
+func (s *Store) evictMetaUntil(ctx context.Context, target uint64, keep string) bool {
+	over := func() bool { return s.metaBytes() > target }
+	return s.evictWhile(ctx, keep, over, func() bool { return !over() })
+}
+
+// evictWhile evicts least recently used objects but keep ("": none)
+// while more says so, stopping as soon as enough does or nothing
+// evictable is left. It reports whether it evicted any.
+func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func() bool) bool {
 	any := false
 	tried := map[string]bool{}
-	for s.segs.Stats().Free+uint64(max(s.stats.delayed.Load(), 0)) < target {
+	if keep != "" {
+		tried[keep] = true
+	}
+	for more() {
 		keys := s.lruTail(64 + len(tried))
 		progress := false
 		for _, k := range keys {
@@ -149,7 +171,7 @@ func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
 			tried[k] = true
 			if _, ok := s.evictOne(ctx, k); ok {
 				any, progress = true, true
-				if s.segs.Stats().Free >= target {
+				if enough() {
 					return true
 				}
 			}
@@ -173,6 +195,9 @@ func (s *Store) evictLoop() {
 		if s.aboveHighWater() {
 			st := s.segs.Stats()
 			s.evictUntil(context.Background(), st.Size-uint64(s.opts.LowWater*float64(st.Size)))
+		}
+		if s.metaAboveHighWater() {
+			s.evictMetaUntil(context.Background(), uint64(s.opts.LowWater*float64(s.opts.MetaLimit)), "")
 		}
 	}
 }

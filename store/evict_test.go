@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -303,4 +304,83 @@ type slowSwaps struct {
 func (x slowSwaps) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64, error) {
 	time.Sleep(x.delay)
 	return x.Index.CompareAndSwap(ctx, swaps...)
+}
+
+// TestEvictForMetadata: a store of many small values runs out of room for
+// their index entries first; with eviction on, a new key evicts the least
+// recently used files (never a pinned or open one) and every put lands,
+// the entries staying under the limit; with eviction off it fails with
+// ErrNoSpace and changes nothing.
+func TestEvictForMetadata(t *testing.T) {
+	const limit = 32 << 10
+	for _, evict := range []bool{true, false} {
+		s := newTestStore(t, 4<<20, withOptions(func(o *store.Options) {
+			o.MetaLimit, o.HighWater, o.Evict = limit, 1, evict // HighWater 1: no background eviction
+		}))
+		ctx := context.Background()
+		s.put(t, "pinned", pattern(1, 100))
+		s.pin(t, "pinned")
+		s.put(t, "open", pattern(2, 100))
+		r, err := s.OpenReader(ctx, "open")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		var failed error
+		for i := range 500 {
+			k := fmt.Sprintf("k%03d", i)
+			if _, err := s.tryPut(k, pattern(byte(i), 100)); err != nil {
+				failed = err
+				break
+			}
+			keys = append(keys, k)
+		}
+		st := s.Stats()
+		if st.MetaBytes > limit {
+			t.Errorf("evict %v: entries take %d B of a %d B limit", evict, st.MetaBytes, limit)
+		}
+		if !evict {
+			if !errors.Is(failed, store.ErrNoSpace) || len(keys) >= 500 {
+				t.Fatalf("no eviction: %d puts, then %v", len(keys), failed)
+			}
+			if in, _ := s.present(t, keys); len(in) != len(keys) {
+				t.Fatalf("no eviction: %d of %d keys left", len(in), len(keys))
+			}
+			r.Close()
+			continue
+		}
+		if failed != nil {
+			t.Fatalf("after %d puts: %v", len(keys), failed)
+		}
+		in, out := s.present(t, keys)
+		if len(out) == 0 || len(in) == 0 || in[len(in)-1] != "k499" || !slices.Contains(out, "k000") {
+			t.Fatalf("evicted %v, kept %v: want the oldest gone and the newest there", out, in)
+		}
+		if got := s.read(t, "k499"); !bytes.Equal(got, pattern(byte(499%256), 100)) {
+			t.Fatal("the newest key reads other bytes")
+		}
+		if kept, _ := s.present(t, []string{"pinned", "open"}); len(kept) != 2 {
+			t.Fatalf("pinned and open files: kept %v", kept)
+		}
+		r.Close()
+		s.checkAlloc(t)
+	}
+}
+
+// TestEvictForMetadataInBackground: past the high watermark of the
+// metadata limit the eviction loop takes the entries down to the low one.
+func TestEvictForMetadataInBackground(t *testing.T) {
+	const limit = 32 << 10
+	s := newTestStore(t, 4<<20, withOptions(func(o *store.Options) { o.MetaLimit = limit }))
+	d := store.DefaultOptions()
+	high, low := uint64(d.HighWater*limit), uint64(d.LowWater*limit)
+	last := ""
+	for i := 0; s.Stats().MetaBytes <= high; i++ { // the put that passes it kicks the loop
+		last = fmt.Sprintf("k%03d", i)
+		s.put(t, last, pattern(byte(i), 100))
+	}
+	waitFor(t, "entries under the low watermark", func() bool { return s.Stats().MetaBytes <= low })
+	if in, _ := s.present(t, []string{last}); len(in) != 1 {
+		t.Fatal("the newest key was evicted")
+	}
 }

@@ -323,14 +323,23 @@ func (s *Store) metaBytes() uint64 {
 }
 
 // metaRoom fails with ErrNoSpace when grow more bytes of metadata would
-// pass Options.MetaLimit. Concurrent callers may pass it by what they add
-// between check and swap: a bound, not an exact quota.
+// pass Options.MetaLimit, after evicting least recently used files to
+// make room when the store evicts (the background loop then takes use
+// down to the low watermark). Concurrent callers may pass it by what they
+// add between check and swap: a bound, not an exact quota.
 func (s *Store) metaRoom(op, key string, grow uint64) error {
 	if grow == 0 {
 		return nil
 	}
-	if used := s.metaBytes(); used+grow > s.opts.MetaLimit {
-		return fmt.Errorf("%s %q: metadata would take %d B of its %d B limit: %w", op, key, used+grow, s.opts.MetaLimit, ErrNoSpace)
+	limit := s.opts.MetaLimit
+	used := s.metaBytes()
+	if used+grow > limit && s.opts.Evict && grow <= limit {
+		s.evictMetaUntil(context.Background(), limit-grow, key) // not the key that needs the room
+		s.kickEvict()
+		used = s.metaBytes()
+	}
+	if used+grow > limit {
+		return fmt.Errorf("%s %q: metadata would take %d B of its %d B limit: %w", op, key, used+grow, limit, ErrNoSpace)
 	}
 	return nil
 }
@@ -483,9 +492,10 @@ func (s *Store) committedMany(put []*Object) {
 	s.kickEvict()
 }
 
-// kickEvict wakes the eviction loop when use passed the high watermark.
+// kickEvict wakes the eviction loop when use, of bytes or of metadata,
+// passed the high watermark.
 func (s *Store) kickEvict() {
-	if s.opts.Evict && s.aboveHighWater() {
+	if s.opts.Evict && (s.aboveHighWater() || s.metaAboveHighWater()) {
 		select {
 		case s.kick <- struct{}{}:
 		default:
@@ -496,4 +506,10 @@ func (s *Store) kickEvict() {
 // aboveHighWater reports whether use passed the high watermark.
 func (s *Store) aboveHighWater() bool {
 	return float64(s.segs.Used()) > s.opts.HighWater*float64(s.segs.Size())
+}
+
+// metaAboveHighWater reports whether the index's entries passed the high
+// watermark of Options.MetaLimit.
+func (s *Store) metaAboveHighWater() bool {
+	return float64(s.metaBytes()) > s.opts.HighWater*float64(s.opts.MetaLimit)
 }
