@@ -206,3 +206,32 @@ func TestCapacityEvictOpen(t *testing.T) {
 		run(t, "cmp", src(n), d.path(n))
 	}
 }
+
+// TestCapacityEvictForMetadata fills an evicting store with small files
+// from a child process: their index entries reach the metadata limit (a
+// sixteenth of --size, at least 16 MiB) long before their bytes fill it,
+// and every put
+// still lands, the oldest files evicted for room, the entries under the
+// limit, the newest files intact.
+func TestCapacityEvictForMetadata(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB") // 16 MiB of entries: about 54k files, 4 KiB of bytes each
+	out := py(t, keysPrelude+`
+n, per = 80000, 1000
+failed = 0
+for b in range(0, n, per):
+    r = c.batch_put({f"m{b // 10000}/k{i:06d}": bytes([i % 251]) * 128 for i in range(b, b + per)}, check=False)
+    failed += sum(1 for v in r.values() if v != 128)
+print(f"failed={failed}")
+print(f"newest_ok={c.get('m7/k079999') == bytes([79999 % 251]) * 128}")
+print(f"oldest_gone={not os.path.exists(mnt + '/m0/k000000')}")
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"failed": "0", "newest_ok": "True", "oldest_gone": "True"})
+	st := d.checkAlive(t)
+	if st.Evict.Evictions == 0 || st.Metadata.Used > st.Metadata.Limit {
+		t.Fatalf("evictions %d, metadata %d of %d B", st.Evict.Evictions, st.Metadata.Used, st.Metadata.Limit)
+	}
+	if st.Used > st.Capacity*9/10 {
+		t.Errorf("%d of %d B used: the bytes, not the entries, ran out", st.Used, st.Capacity)
+	}
+}
