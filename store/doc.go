@@ -36,10 +36,12 @@
 // Index entries cost daemon memory (keys, xattrs, extent lists:
 // Object.MetaBytes). With an Index that counts them (MetaSizer: both
 // indexes do), creates, new keys and growing updates past
-// Options.MetaLimit fail with ErrNoSpace; with eviction on they first
-// evict least recently used files for room (never the key that needs it),
-// and past the high watermark of the limit the eviction loop takes the
-// entries down to the low one, as it does for bytes.
+// Options.MetaLimit fail with ErrNoSpace; with eviction on and an index
+// of this node alone (not Follow) they first evict least recently used
+// files for room (never the key that needs it, at most 64), and past the
+// high watermark of the limit the eviction loop takes the entries down to
+// the low one, as it does for bytes. Files with no bytes here to evict
+// (empty ones) leave the LRU until a commit writes some.
 //
 // # Indexes
 //

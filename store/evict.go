@@ -76,8 +76,14 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 		}
 		return 0, false
 	}
-	if o.Kind != KindFile || o.Pinned || o.Size == 0 || len(s.localExtents(o)) == 0 {
+	if o.Kind != KindFile || o.Size == 0 || len(s.localExtents(o)) == 0 {
+		// Nothing here to evict until a commit writes bytes here, which
+		// puts it back: out of the LRU (empty files cost metadata too).
+		s.forget(key)
 		return 0, false
+	}
+	if o.Pinned {
+		return 0, false // stays in the LRU: an unpin makes it evictable again
 	}
 	// Not open, and no open may start until the swap below has landed or
 	// failed: an open that looked the key up meanwhile waits and looks
@@ -143,14 +149,22 @@ func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
 }
 
 // evictMetaUntil evicts, keep aside, until the index's entries take at
-// most target bytes (Options.MetaLimit's measure) or nothing evictable is
-// left: a store of many small values runs out of room for their entries
-// before it runs out of bytes, and a cache must make room for new keys
-// then too.
-func (s *Store) evictMetaUntil(ctx context.Context, target uint64, keep string) bool {
+// most target bytes (Options.MetaLimit's measure), at most most files (0:
+// no bound), or nothing evictable is left: a store of many small values
+// runs out of room for their entries before it runs out of bytes, and a
+// cache must make room for new keys then too. Only for an index of this
+// node alone (metaEvicts).
+func (s *Store) evictMetaUntil(ctx context.Context, target uint64, keep string, most int) bool {
 	over := func() bool { return s.metaBytes() > target }
-	return s.evictWhile(ctx, keep, over, func() bool { return !over() })
+	n := 0
+	return s.evictWhile(ctx, keep, over, func() bool { n++; return !over() || n == most })
 }
+
+// metaEvicts says whether eviction makes room for metadata: with an index
+// that other nodes share, its entries are mostly theirs and this node's
+// evictions could empty its cache without making room (and the index's
+// figure follows its writes late).
+func (s *Store) metaEvicts() bool { return s.opts.Evict && !s.opts.Follow }
 
 // evictWhile evicts least recently used objects but keep ("": none)
 // while more says so, stopping as soon as enough does or nothing
@@ -161,8 +175,9 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 	if keep != "" {
 		tried[keep] = true
 	}
-	for more() {
-		keys := s.lruTail(64 + len(tried))
+	for more() && len(tried) < maxEvictTries {
+		want := 64 + len(tried)
+		keys := s.lruTail(want)
 		progress := false
 		for _, k := range keys {
 			if tried[k] {
@@ -176,12 +191,15 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 				}
 			}
 		}
-		if !progress {
-			break
+		if !progress && len(keys) < want {
+			break // every key of the LRU tried
 		}
 	}
 	return any
 }
+
+// maxEvictTries bounds the keys one eviction pass looks at.
+const maxEvictTries = 4096
 
 // evictLoop keeps use under the high watermark in the background.
 func (s *Store) evictLoop() {
@@ -196,8 +214,8 @@ func (s *Store) evictLoop() {
 			st := s.segs.Stats()
 			s.evictUntil(context.Background(), st.Size-uint64(s.opts.LowWater*float64(st.Size)))
 		}
-		if s.metaAboveHighWater() {
-			s.evictMetaUntil(context.Background(), uint64(s.opts.LowWater*float64(s.opts.MetaLimit)), "")
+		if s.metaEvicts() && s.metaAboveHighWater() {
+			s.evictMetaUntil(context.Background(), uint64(s.opts.LowWater*float64(s.opts.MetaLimit)), "", 0)
 		}
 	}
 }

@@ -384,3 +384,33 @@ func TestEvictForMetadataInBackground(t *testing.T) {
 		t.Fatal("the newest key was evicted")
 	}
 }
+
+// TestEvictForMetadataPastEmptyFiles: empty files, which cost entries but
+// hold no bytes to evict, at the old end of the LRU do not stop eviction
+// from reaching the files behind them; a store whose index other nodes
+// share (Follow) does not evict for metadata and says ErrNoSpace.
+func TestEvictForMetadataPastEmptyFiles(t *testing.T) {
+	const limit = 48 << 10
+	for _, follow := range []bool{false, true} {
+		s := newTestStore(t, 4<<20, withOptions(func(o *store.Options) {
+			o.MetaLimit, o.HighWater, o.Follow = limit, 1, follow
+		}))
+		for i := range 100 {
+			s.put(t, fmt.Sprintf("empty%03d", i), nil)
+		}
+		var err error
+		n := 0
+		for ; n < 300 && err == nil; n++ {
+			_, err = s.tryPut(fmt.Sprintf("k%03d", n), pattern(byte(n), 100))
+		}
+		switch {
+		case follow && !errors.Is(err, store.ErrNoSpace):
+			t.Fatalf("shared index: %d puts, then %v", n, err)
+		case !follow && err != nil:
+			t.Fatalf("after %d puts past 100 empty files: %v", n-1, err)
+		}
+		if in, _ := s.present(t, []string{"empty000", "empty099"}); len(in) != 2 {
+			t.Fatalf("empty files evicted: kept %v", in)
+		}
+	}
+}

@@ -322,10 +322,13 @@ func (s *Store) metaBytes() uint64 {
 	return 0
 }
 
+// maxMetaEvictions bounds the files one new entry evicts for its room.
+const maxMetaEvictions = 64
+
 // metaRoom fails with ErrNoSpace when grow more bytes of metadata would
 // pass Options.MetaLimit, after evicting least recently used files to
-// make room when the store evicts (the background loop then takes use
-// down to the low watermark). Concurrent callers may pass it by what they
+// make room when the store evicts and its index is its own (metaEvicts;
+// the background loop then takes use down to the low watermark). Concurrent callers may pass it by what they
 // add between check and swap: a bound, not an exact quota.
 func (s *Store) metaRoom(op, key string, grow uint64) error {
 	if grow == 0 {
@@ -333,8 +336,10 @@ func (s *Store) metaRoom(op, key string, grow uint64) error {
 	}
 	limit := s.opts.MetaLimit
 	used := s.metaBytes()
-	if used+grow > limit && s.opts.Evict && grow <= limit {
-		s.evictMetaUntil(context.Background(), limit-grow, key) // not the key that needs the room
+	if used+grow > limit && s.metaEvicts() && grow <= limit {
+		// Not the key that needs the room; a bounded number of files, the
+		// loop (kicked) doing the rest.
+		s.evictMetaUntil(context.Background(), limit-grow, key, maxMetaEvictions)
 		s.kickEvict()
 		used = s.metaBytes()
 	}
@@ -495,7 +500,7 @@ func (s *Store) committedMany(put []*Object) {
 // kickEvict wakes the eviction loop when use, of bytes or of metadata,
 // passed the high watermark.
 func (s *Store) kickEvict() {
-	if s.opts.Evict && (s.aboveHighWater() || s.metaAboveHighWater()) {
+	if s.opts.Evict && (s.aboveHighWater() || s.metaEvicts() && s.metaAboveHighWater()) {
 		select {
 		case s.kick <- struct{}{}:
 		default:

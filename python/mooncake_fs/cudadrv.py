@@ -400,13 +400,13 @@ class HandleCache:
         drv = driver()
         raw = ctypes.c_uint64(0)
         ref, get, buf_attr = ctypes.byref(raw), drv.cuPointerGetAttribute, POINTER_ATTRIBUTE_BUFFER_ID
-        blocks, out, checked = self._blocks, [], []  # checked: blocks this call confirmed, the latest first
+        blocks, out, checked = self._blocks, [], []  # checked: blocks this call confirmed, most recent first
         append = out.append
         with drv.context(ordinal):
             for ptr, length in zip(ptrs, lengths):
                 end = ptr + length
-                for blk in checked:
-                    if blk.base <= ptr and end <= blk.base + blk.size:
+                for blk in checked[:8]:  # the latest few: consecutive tensors share one
+                    if blk.base <= ptr < blk.base + blk.size and end <= blk.base + blk.size:
                         break
                 else:
                     blk = None

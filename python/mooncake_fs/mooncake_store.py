@@ -333,7 +333,9 @@ def _overlap(ptrs, sizes):
     more) share a byte."""
     if all(map(operator.le, map(operator.add, ptrs, sizes), itertools.islice(ptrs, 1, None))):
         return False  # each ends before the next begins: blocks in order, the common case, with no sort
-    spans = sorted(zip(ptrs, sizes))
+    spans = sorted((p, z) for p, z in zip(ptrs, sizes) if z)  # an empty range shares no byte
+    if len(spans) < 2:
+        return False
     ends = itertools.accumulate(map(operator.add, *zip(*spans)), max)  # the furthest end so far
     return any(map(operator.lt, [p for p, _ in spans[1:]], ends))
 

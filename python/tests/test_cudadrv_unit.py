@@ -257,6 +257,9 @@ class TestFakeDriver(unittest.TestCase):
         self.fake.fake_reset_queries()
         self.assertEqual(self.cache.locate_many(ptrs, lens, 0), want)
         self.assertEqual(self.var("fake_queries"), 8)
+        # An empty range right at a checked block's end is in the next one.
+        got = self.cache.locate_many([0x7F0000000000, 0x7F0000000000 + 2 * MB], [1, 0], 0)
+        self.assertEqual(got[1], want[1][:2] + (0,))
         # A pointer past a checked block's end is not taken for it.
         with self.assertRaisesRegex(ValueError, "run past the end"):
             self.cache.locate_many([0x7F0000000000, 0x7F0000000000 + MB], [1, 2 * MB], 0)

@@ -190,6 +190,8 @@ class OverlappedCalls(unittest.TestCase):
             ([20, 0, 5], [10, 10, 10], True),     # out of order, sharing
             ([0, 100, 50], [200, 1, 1], True),    # one holds the others
             ([5, 5, 6], [0, 1, 1], False),        # an empty range shares nothing
+            ([0, 5], [10, 0], False),             # not even inside another
+            ([5, 0], [0, 0], False),              # all empty, out of order
             ([], [], False), ([7], [3], False),
         ]:
             self.assertEqual(ms._overlap(ptrs, sizes), want, (ptrs, sizes))
