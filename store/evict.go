@@ -149,15 +149,15 @@ func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
 }
 
 // evictMetaUntil evicts, keep aside, until the index's entries take at
-// most target bytes (Options.MetaLimit's measure), at most most files (0:
-// no bound), or nothing evictable is left: a store of many small values
+// most target bytes (Options.MetaLimit's measure), upTo files have gone
+// (0: no bound) or nothing evictable is left: a store of many small values
 // runs out of room for their entries before it runs out of bytes, and a
 // cache must make room for new keys then too. Only for an index of this
 // node alone (metaEvicts).
-func (s *Store) evictMetaUntil(ctx context.Context, target uint64, keep string, most int) bool {
+func (s *Store) evictMetaUntil(ctx context.Context, target uint64, keep string, upTo int) bool {
 	over := func() bool { return s.metaBytes() > target }
 	n := 0
-	return s.evictWhile(ctx, keep, over, func() bool { n++; return !over() || n == most })
+	return s.evictWhile(ctx, keep, over, func() bool { n++; return !over() || n == upTo })
 }
 
 // metaEvicts says whether eviction makes room for metadata: with an index
@@ -175,7 +175,8 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 	if keep != "" {
 		tried[keep] = true
 	}
-	for more() && len(tried) < maxEvictTries {
+	misses := 0 // keys looked at and kept
+	for more() && misses < maxEvictMisses {
 		want := 64 + len(tried)
 		keys := s.lruTail(want)
 		progress := false
@@ -184,11 +185,13 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 				continue
 			}
 			tried[k] = true
-			if _, ok := s.evictOne(ctx, k); ok {
-				any, progress = true, true
-				if enough() {
-					return true
-				}
+			if _, ok := s.evictOne(ctx, k); !ok {
+				misses++
+				continue
+			}
+			any, progress = true, true
+			if enough() {
+				return true
 			}
 		}
 		if !progress && len(keys) < want {
@@ -198,8 +201,9 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 	return any
 }
 
-// maxEvictTries bounds the keys one eviction pass looks at.
-const maxEvictTries = 4096
+// maxEvictMisses bounds the keys one eviction pass looks at and cannot
+// evict (pinned, open, being written).
+const maxEvictMisses = 4096
 
 // evictLoop keeps use under the high watermark in the background.
 func (s *Store) evictLoop() {

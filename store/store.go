@@ -328,8 +328,9 @@ const maxMetaEvictions = 64
 // metaRoom fails with ErrNoSpace when grow more bytes of metadata would
 // pass Options.MetaLimit, after evicting least recently used files to
 // make room when the store evicts and its index is its own (metaEvicts;
-// the background loop then takes use down to the low watermark). Concurrent callers may pass it by what they
-// add between check and swap: a bound, not an exact quota.
+// the background loop then takes use down to the low watermark).
+// Concurrent callers may pass it by what they add between check and
+// swap: a bound, not an exact quota.
 func (s *Store) metaRoom(op, key string, grow uint64) error {
 	if grow == 0 {
 		return nil
