@@ -400,12 +400,12 @@ class HandleCache:
         drv = driver()
         raw = ctypes.c_uint64(0)
         ref, get, buf_attr = ctypes.byref(raw), drv.cuPointerGetAttribute, POINTER_ATTRIBUTE_BUFFER_ID
-        blocks, out, checked = self._blocks, [], []  # checked: blocks this call confirmed, most recent first
+        blocks, out, checked = self._blocks, [], []  # checked: the 8 blocks this call confirmed last, latest first
         append = out.append
         with drv.context(ordinal):
             for ptr, length in zip(ptrs, lengths):
                 end = ptr + length
-                for blk in checked[:8]:  # the latest few: consecutive tensors share one
+                for blk in checked:  # the latest few: consecutive tensors share one
                     if blk.base <= ptr < blk.base + blk.size and end <= blk.base + blk.size:
                         break
                 else:
@@ -428,10 +428,12 @@ class HandleCache:
                             blk = None
                     if blk is not None:
                         checked.insert(0, blk)
+                        del checked[8:]
                         append((blk.handle, blk.device, ptr - blk.base))
                         continue
                 loc = self.locate(ptr, length, ordinal)
                 checked.insert(0, _Block(loc.handle, loc.base, loc.size, loc.device, loc.ordinal))
+                del checked[8:]
                 append((loc.handle, loc.device, loc.dev_off))
         return out
 
