@@ -33,6 +33,7 @@ parse_shape, escape_key, unescape_key, ...) need neither torch nor a mount.
 """
 
 import errno
+import itertools
 import operator
 import os
 import re
@@ -674,98 +675,165 @@ def _batch_groups(paths, by_parent=None):
     return list(groups.values())
 
 
-def _run_tensor_batch(d, put, items):
-    """items: [(i, name, tensor, nbytes, meta, extra)], extra the put flags
-    (one value for all) or, for a get, the address of a probe byte read
-    after the tensor, or None for all (the gets ask for whole values:
-    FLAG_WHOLE); runs them in calls of at most MAX_BATCH keys and
-    MAX_GPU_REFS allocations, after synchronizing the current stream of
-    every device they use. Returns {i: (result, version)}."""
+def _run_tensor_batch(d, put, names, ts, sizes, metas, extra):
+    """Put (put) or get the keys of directory d whose columns are names
+    (bytes), ts (contiguous tensors), sizes (their bytes) and metas; extra
+    is the put flags (one value for all), or for a get None (whole values:
+    FLAG_WHOLE) or the address of a probe byte read after each tensor, one
+    per key. Runs them in calls of at most MAX_BATCH keys and MAX_GPU_REFS
+    allocations, after synchronizing the current stream of every device
+    they use. Returns [(result, version)] in order."""
     from . import cudadrv
 
-    torch = _torch()
-    where = {}  # item index -> (handle, device UUID, offset) of a CUDA tensor
+    count = len(ts)
+    out = [None] * count
+    if not count:
+        return out
+    locs = [None] * count  # (handle, device UUID, offset) of each CUDA tensor
     by_dev = {}
-    for j, (_, _, t, n, _, _) in enumerate(items):
-        if n and t.is_cuda:
+    for j, t in enumerate(ts):
+        if t.is_cuda and sizes[j]:
             by_dev.setdefault(t.get_device(), []).append(j)
-    for ordinal, js in by_dev.items():
-        torch.cuda.current_stream(ordinal).synchronize()
-        got = cudadrv.handles.locate_many([items[j][2].data_ptr() for j in js], [items[j][3] for j in js], ordinal)
-        where.update(zip(js, got))
-    probe = not put and items and items[0][5] is not None
-    flags = items[0][5] if put and items else (0 if probe else _abi.FLAG_WHOLE)
+    if by_dev:
+        torch = _torch()
+        for ordinal, js in by_dev.items():
+            torch.cuda.current_stream(ordinal).synchronize()
+            got = cudadrv.handles.locate_many([ts[j].data_ptr() for j in js], [sizes[j] for j in js], ordinal)
+            for j, loc in zip(js, got):
+                locs[j] = loc
+    probe = not put and extra is not None
+    flags = extra if put else (0 if probe else _abi.FLAG_WHOLE)
     nseg = 2 if probe else 1
-    step, room = 3 * nseg, _abi.VBATCH_AREA_BYTES
+    step, room, per = 24 * nseg, _abi.VBATCH_AREA_BYTES, _abi.MAX_BATCH
+    seg_gpu, seg_vm, max_refs = _abi.SEG_GPU, _abi.SEG_VM, _abi.MAX_GPU_REFS
+
+    def calls():
+        pos = 0
+        while pos < count:
+            refs, gidx, words = [], {}, []
+            used, end = 0, pos
+            while end < count and end - pos < per:
+                used += step + len(names[end]) + len(metas[end])
+                if used > room:
+                    break
+                loc = locs[end]
+                if loc is None:
+                    n = sizes[end]
+                    words += (seg_vm, ts[end].data_ptr() if n else 0, n)
+                else:
+                    ref = loc[:2]
+                    g = gidx.get(ref)
+                    if g is None:
+                        if len(refs) == max_refs:
+                            break
+                        g = gidx[ref] = len(refs)
+                        refs.append(ref)
+                    words += (seg_gpu | g, loc[2], sizes[end])
+                if probe:
+                    words += (seg_vm, extra[end], 1)
+                end += 1
+            if end == pos:
+                raise ValueError(f"{names[pos]!r}: too large for one batch")
+            ns, ms = names[pos:end], metas[pos:end]
+            args = (put, b"".join(ns), [len(k) for k in ns], array("Q", words), nseg, flags,
+                    b"".join(ms), [len(m) for m in ms], refs)
+            yield pos, end, lambda args=args: d.send_columns(*args, versions=True)
+            pos = end
+
+    todo = calls()
+    first = next(todo)
+    second = next(todo, None)
+    if second is None:
+        out[first[0]:first[1]] = first[2]()
+        return out
     # Calls of MAX_BATCH keys: while the first are in the daemon the next
     # are built, and the daemon works on several at once. Smaller calls, to
-    # overlap the calls of 64 tensors, were slower on the H200 host (16 a
-    # call, four at once: 0.28-0.29 of the ceiling against 0.32 whole; each
-    # call's GPU work, its streams and mappings, is more than the overlap
-    # saves), though faster for CPU tensors on the 2-core VM. Puts of a
-    # name twice, and gets into tensors that share bytes, go one call after
-    # the other.
-    per = _abi.MAX_BATCH
+    # overlap the calls of 64 tensors, were slower on the H200 host (32 a
+    # call, two at once: 0.35 of the ceiling against 0.39 whole, 2026-12-02;
+    # each call's fixed work, its FUSE round trip and GPU streams, is more
+    # than the overlap saves), though faster for CPU tensors on the 2-core
+    # VM. Puts of a name twice, and gets into tensors that share bytes, go
+    # one call after the other.
     if put:
-        serial = len({it[1] for it in items}) != len(items)
+        serial = len(set(names)) != count
     else:
-        spans = sorted((it[2].data_ptr(), it[3]) for it in items if it[3])
+        spans = sorted((t.data_ptr(), n) for t, n in zip(ts, sizes) if n)
         end, serial = 0, False  # end: the furthest end of the spans before
         for i, (p, z) in enumerate(spans):
             serial = serial or (i > 0 and p < end)
             end = max(end, p + z)
-
-    def calls():
-        pos = 0
-        while pos < len(items):
-            refs, gidx, idx, words, names, lens, metas, mlens = [], {}, [], [], [], [], [], []
-            used = 0
-            while pos < len(items) and len(idx) < per:
-                i, name, t, n, meta, extra = items[pos]
-                k = name.encode("utf-8", "surrogateescape") if name.__class__ is str else bytes(name)
-                used += step * 8 + len(k) + len(meta)
-                if used > room:
-                    break
-                loc = where.get(pos)
-                if loc is not None:
-                    ref = loc[:2]
-                    g = gidx.get(ref)
-                    if g is None:
-                        if len(refs) == _abi.MAX_GPU_REFS:
-                            break
-                        g = gidx[ref] = len(refs)
-                        refs.append(ref)
-                    words += (_abi.SEG_GPU | g, loc[2], n)
-                else:
-                    words += (_abi.SEG_VM, t.data_ptr() if n else 0, n)
-                if probe:
-                    words += (_abi.SEG_VM, extra, 1)
-                names.append(k)
-                lens.append(len(k))
-                metas.append(meta)
-                mlens.append(len(meta))
-                idx.append(i)
-                pos += 1
-            if not idx:
-                raise ValueError(f"{items[pos][1]!r}: too large for one batch")
-            args = (put, b"".join(names), lens, array("Q", words), nseg, flags, b"".join(metas), mlens, refs)
-            yield idx, lambda args=args: d.send_columns(*args, versions=True)
-
-    out = {}
+    todo = itertools.chain((first, second), todo)
     if serial:
-        for idx, send in calls():
-            out.update(zip(idx, send()))
+        for a, b, send in todo:
+            out[a:b] = send()
         return out
     order = []
 
     def sends():
-        for idx, send in calls():
-            order.append(idx)
+        for a, b, send in todo:
+            order.append((a, b))
             yield send
 
-    for idx, res in zip(order, overlapped(sends())):
-        out.update(zip(idx, res))
+    for (a, b), res in zip(order, overlapped(sends())):
+        out[a:b] = res
     return out
+
+
+def _one_dir(paths):
+    """(parent, names) when every path is an absolute, normal str path in
+    one directory (a batch's common case), its name not starting with a
+    dot; else None, for _by_parent and _batch_groups to sort out."""
+    p = paths[0] if paths else None
+    if p.__class__ is not str or p[:1] != "/" or "//" in p or "/." in p:
+        return None
+    cut = p.rfind("/") + 1
+    prefix = p[:cut]
+    names = [q[cut:] for q in paths]
+    for q, name in zip(paths, names):
+        if q.__class__ is not str or not q.startswith(prefix) or not name or name[0] == "." or "/" in name:
+            return None
+    return prefix[:-1] or "/", names
+
+
+def _plain_tensors(ts):
+    """Whether every one of ts is a torch.Tensor (not a subclass) that a
+    batch moves as it is: dense, contiguous, not quantized, no lazy
+    conjugate or negative bit, on the CPU or a CUDA device. Anything else
+    goes through _source / _check_target, which copy or say why not."""
+    torch = _torch()
+    cls, strided, conj, cpu = torch.Tensor, torch.strided, _has("is_conj"), _has("is_cpu")
+    for t in ts:
+        if t.__class__ is not cls or t.layout is not strided or t.is_quantized or not t.is_contiguous():
+            return False
+        if conj and (t.is_conj() or t.is_neg()):
+            return False
+        if not (t.is_cuda or (t.is_cpu if cpu else t.device.type == "cpu")):
+            return False
+    return True
+
+
+def _fast_batch(paths, ts, makedirs):
+    """(Directory, name bytes, sizes, metas) of a batch whose paths are in
+    one directory that goes by name and whose tensors are plain
+    (_plain_tensors), each meta fitting a call; None otherwise (the
+    general path)."""
+    one = _one_dir(paths)
+    if one is None or not _plain_tensors(ts):
+        return None
+    parent, names = one
+    keys = [name.encode("utf-8", "surrogateescape") for name in names]
+    if max(map(len, keys)) > _abi.KEY_KEY_BYTES:
+        return None
+    if makedirs and not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    d, _ = _dir_of(paths[0])
+    if d is None:
+        return None
+    metas = [format_meta(t.dtype, t.shape) for t in ts]
+    if max(map(len, metas)) > _abi.MAX_META:
+        return None
+    sizes = [t.nbytes for t in ts] if _has("nbytes") else [_nbytes(t) for t in ts]
+    return d, keys, sizes, metas
 
 
 def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=True):
@@ -774,10 +842,16 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
     together and synchronized once. Returns the list of versions, or with
     check=False the results (bytes written, or -errno) in order; with
     check, BatchError if any failed."""
-    paths, ts = list(paths), [_source(t) for t in tensors]
+    paths, ts = list(paths), list(tensors)
     if len(paths) != len(ts):
         raise ValueError(f"{len(paths)} paths for {len(ts)} tensors")
     flags = _abi.FLAG_EXCL if exclusive else 0
+    fast = _fast_batch(paths, ts, makedirs) if paths else None
+    if fast is not None:
+        d, keys, sizes, metas = fast
+        return _batch_outcome(paths, _run_tensor_batch(d, True, keys, ts, sizes, metas, flags), check,
+                              "batch put_tensor")
+    ts = [_source(t) for t in ts]
     by_parent = _by_parent(paths)
     if makedirs:
         for parent in by_parent:
@@ -790,16 +864,18 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
                 results[i] = _alone(lambda i=i: (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive,
                                                                             makedirs=makedirs)))
             continue
-        items = []
+        idx, keys, metas = [], [], []
         for i, name in members:
             meta = format_meta(ts[i].dtype, ts[i].shape)
             if len(meta) > _abi.MAX_META:
                 results[i] = _alone(lambda i=i: (_nbytes(ts[i]), put_tensor(paths[i], ts[i], exclusive=exclusive,
                                                                             makedirs=makedirs)))
                 continue
-            items.append((i, name, ts[i], _nbytes(ts[i]), meta, flags))
-        got = _run_tensor_batch(d, True, items)
-        for i, r in got.items():
+            idx.append(i)
+            keys.append(name.encode("utf-8", "surrogateescape") if name.__class__ is str else bytes(name))
+            metas.append(meta)
+        got = _run_tensor_batch(d, True, keys, [ts[i] for i in idx], [_nbytes(ts[i]) for i in idx], metas, flags)
+        for i, r in zip(idx, got):
             results[i] = r
     return _batch_outcome(paths, results, check, "batch put_tensor")
 
@@ -851,6 +927,12 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
         out = list(out)
         if len(out) != len(paths):
             raise ValueError(f"{len(paths)} paths for {len(out)} out tensors")
+        fast = _fast_batch(paths, out, False) if paths else None
+        if fast is not None and getattr(fast[0], "abi", (1, 3)) >= (1, 6):
+            d, keys, sizes, metas = fast
+            got = _run_tensor_batch(d, False, keys, out, sizes, metas, None)
+            results = [_got_tensor(p, o, n, r) for p, o, n, r in zip(paths, out, sizes, got)]
+            return _get_outcome(paths, out, results, check)
         for o in out:
             _check_target(o)
     todo = [i for i in range(len(paths)) if results[i] is None]
@@ -865,23 +947,38 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
                 results[i] = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0))
             continue
         whole = getattr(d, "abi", (1, 3)) >= (1, 6)
-        items = []
+        idx, keys, metas = [], [], []
         for i, name in members:
             meta = format_meta(out[i].dtype, out[i].shape)
             if len(meta) > _abi.MAX_META:
                 results[i] = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0))
                 continue
-            items.append((i, name, out[i], _nbytes(out[i]), meta, None if whole else ctypes.addressof(probe) + i))
-        for i, r in _run_tensor_batch(d, False, items).items():
-            n = _nbytes(out[i])
-            if r[0] == n + 1 or r[0] == -errno.EOVERFLOW:
-                r = (-errno.EIO, 0)  # longer than its meta says
-            elif 0 <= r[0] < n:
-                r = (-errno.EIO, 0)  # shorter
-            elif r[0] == -errno.EBADMSG:
-                # An older client's xattrs, or a tensor that does not fit.
-                r = _alone(lambda i=i: (_nbytes(get_tensor(paths[i], out=out[i])), 0)) if _legacy(paths[i]) else r
-            results[i] = r
+            idx.append(i)
+            keys.append(name.encode("utf-8", "surrogateescape") if name.__class__ is str else bytes(name))
+            metas.append(meta)
+        sizes = [_nbytes(out[i]) for i in idx]
+        extra = None if whole else [ctypes.addressof(probe) + i for i in idx]
+        got = _run_tensor_batch(d, False, keys, [out[i] for i in idx], sizes, metas, extra)
+        for i, n, r in zip(idx, sizes, got):
+            results[i] = _got_tensor(paths[i], out[i], n, r)
+    return _get_outcome(paths, out, results, check)
+
+
+def _got_tensor(path, out, n, r):
+    """The (result, version) of a batch get of n bytes into out: -EIO for
+    an object longer or shorter than its meta says, and an older client's
+    tensor (xattrs, no meta) read on its own."""
+    if r[0] == n + 1 or r[0] == -errno.EOVERFLOW:
+        return (-errno.EIO, 0)  # longer than its meta says
+    if 0 <= r[0] < n:
+        return (-errno.EIO, 0)  # shorter
+    if r[0] == -errno.EBADMSG and _legacy(path):
+        # An older client's xattrs (else a tensor that does not fit).
+        return _alone(lambda: (_nbytes(get_tensor(path, out=out)), 0))
+    return r
+
+
+def _get_outcome(paths, out, results, check):
     if check and any(r[0] < 0 for r in results):
         raise BatchError({p: r[0] for p, r in zip(paths, results)}, "batch get_tensor")
     return out if check else [o if r[0] >= 0 else r[0] for o, r in zip(out, results)]

@@ -319,6 +319,38 @@ class RoundTrips:
         with self.assertRaises(mc.BatchError):
             mt.batch_put_tensor([self.path("batch/0")], [ts[0]], exclusive=True)
 
+    def test_batches_outside_the_plain_case(self):
+        # A batch goes the quick way only when its paths share one
+        # directory and its tensors are plain; any other batch (a view to
+        # copy, a Parameter, a dot name, two directories) goes the general
+        # way, with the same outcome.
+        base = random_tensor("float32", (6, 4), self.device, seed=7)
+        ts = [base.t(), torch.nn.Parameter(base.clone()), base[1], random_tensor("int16", (9,), self.device, seed=8)]
+        for paths in ([self.path(f"gen1/{n}") for n in ("a", "b", ".c", "d")],
+                      [self.path(n) for n in ("gen2/a", "gen3/b", "gen2/c", "gen3/d")],
+                      [self.path(f"gen4/{n}") for n in ("a", "b", "c", "d")]):
+            with self.subTest(paths=paths):
+                mt.batch_put_tensor(paths, ts)
+                for p, t in zip(paths, ts):
+                    self.assertBitsEqual(mt.get_tensor(p, device=self.device), t.detach().contiguous(), p)
+                outs = [torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in ts]
+                mt.batch_get_tensor(paths, out=outs)
+                self.sync()
+                for o, t in zip(outs, ts):
+                    self.assertBitsEqual(o, t.detach().contiguous())
+        with self.assertRaisesRegex(ValueError, "not contiguous"):
+            mt.batch_get_tensor([self.path("gen4/a")], out=[torch.empty(4, 6, device=self.device).t()])
+
+    def test_batch_of_more_calls_with_a_name_twice(self):
+        # 150 keys in one directory: three calls, in order, as a name put
+        # twice needs (the later value stays).
+        ts = [random_tensor("float32", (33,), self.device, seed=i) for i in range(150)]
+        paths = [self.path(f"twice/{i % 120}") for i in range(150)]
+        mt.batch_put_tensor(paths, ts)
+        for i in range(120):
+            want = ts[i + 120] if i < 30 else ts[i]
+            self.assertBitsEqual(mt.get_tensor(paths[i], device=self.device), want, paths[i])
+
     def test_batch_get_of_a_value_its_meta_does_not_size(self):
         # A value longer or shorter than its meta says fails alone (EIO),
         # whether the daemon checks the length (ABI 1.6) or a probe byte
