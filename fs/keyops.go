@@ -868,10 +868,11 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	ptrs, release := newOps(a.Count)
 	defer release()
 	var wire []ioctl.Seg
+	var arena []seg // the keys' segments, cut from blocks shared by the call's keys
 	for i, op := range ptrs {
 		e := &a.Entries[i]
 		op.flags, op.objOff = e.Flags, e.ObjOff
-		op.err = decodeVEntry(a, dir, i, op, &wire, put)
+		op.err = decodeVEntry(a, dir, i, op, &wire, &arena, put)
 	}
 	n.runOps(ctx, bc, put, ptrs)
 	for i, op := range ptrs {
@@ -882,8 +883,9 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	return nil
 }
 
-// decodeVEntry fills op from entry i of a vector batch.
-func decodeVEntry(a *ioctl.VBatchArg, dir string, i int, op *keyOp, wire *[]ioctl.Seg, put bool) error {
+// decodeVEntry fills op from entry i of a vector batch, its segments cut
+// from *arena (grown by blocks for many keys).
+func decodeVEntry(a *ioctl.VBatchArg, dir string, i int, op *keyOp, wire *[]ioctl.Seg, arena *[]seg, put bool) error {
 	rel, err := a.KeyBytes(i)
 	if err != nil {
 		return err
@@ -899,7 +901,13 @@ func decodeVEntry(a *ioctl.VBatchArg, dir string, i int, op *keyOp, wire *[]ioct
 	if *wire, err = a.Segs((*wire)[:0], i); err != nil {
 		return err
 	}
-	op.segs = make([]seg, len(*wire))
+	k := len(*wire)
+	if cap(*arena)-len(*arena) < k {
+		*arena = make([]seg, 0, max(k, 4*int(a.Count)))
+	}
+	at := len(*arena)
+	*arena = (*arena)[:at+k]
+	op.segs = (*arena)[at : at+k : at+k]
 	for k, w := range *wire {
 		switch {
 		case w.ID == ioctl.SegVM:

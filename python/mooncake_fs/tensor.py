@@ -675,30 +675,42 @@ def _batch_groups(paths, by_parent=None):
     return list(groups.values())
 
 
-def _run_tensor_batch(d, put, names, ts, sizes, metas, extra):
+def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=None):
     """Put (put) or get the keys of directory d whose columns are names
     (bytes), ts (contiguous tensors), sizes (their bytes) and metas; extra
     is the put flags (one value for all), or for a get None (whole values:
     FLAG_WHOLE) or the address of a probe byte read after each tensor, one
-    per key. Runs them in calls of at most MAX_BATCH keys and MAX_GPU_REFS
-    allocations, after synchronizing the current stream of every device
-    they use. Returns [(result, version)] in order."""
+    per key; ptrs and devs, when the caller has them, the tensors'
+    data_ptr() and CUDA device (-1: CPU). Runs them in calls of at most
+    MAX_BATCH keys and MAX_GPU_REFS allocations, after synchronizing the
+    current stream of every device they use. Returns [(result, version)]
+    in order."""
     from . import cudadrv
 
     count = len(ts)
     out = [None] * count
     if not count:
         return out
+    if ptrs is None:
+        ptrs = [t.data_ptr() for t in ts]
+        devs = [t.get_device() if t.is_cuda else -1 for t in ts]
     locs = [None] * count  # (handle, device UUID, offset) of each CUDA tensor
-    by_dev = {}
-    for j, t in enumerate(ts):
-        if t.is_cuda and sizes[j]:
-            by_dev.setdefault(t.get_device(), []).append(j)
-    if by_dev:
+    lo, hi = min(devs), max(devs)
+    if hi >= 0:
+        if lo == hi and min(sizes) > 0:
+            by_dev = {devs[0]: range(count)}  # the common case: one device, no empty tensor
+        else:
+            by_dev = {}
+            for j, (dv, n) in enumerate(zip(devs, sizes)):
+                if dv >= 0 and n:
+                    by_dev.setdefault(dv, []).append(j)
         torch = _torch()
         for ordinal, js in by_dev.items():
             torch.cuda.current_stream(ordinal).synchronize()
-            got = cudadrv.handles.locate_many([ts[j].data_ptr() for j in js], [sizes[j] for j in js], ordinal)
+            if js.__class__ is range:
+                locs = cudadrv.handles.locate_many(ptrs, sizes, ordinal)
+                continue
+            got = cudadrv.handles.locate_many([ptrs[j] for j in js], [sizes[j] for j in js], ordinal)
             for j, loc in zip(js, got):
                 locs[j] = loc
     probe = not put and extra is not None
@@ -706,6 +718,22 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra):
     nseg = 2 if probe else 1
     step, room, per = 24 * nseg, _abi.VBATCH_AREA_BYTES, _abi.MAX_BATCH
     seg_gpu, seg_vm, max_refs = _abi.SEG_GPU, _abi.SEG_VM, _abi.MAX_GPU_REFS
+    if count <= per and not probe and step * count + sum(map(len, names)) + sum(map(len, metas)) <= room:
+        # One call, its segments made column by column: all on one kind
+        # of memory, no empty tensor, few enough allocations.
+        words, refs = None, []
+        if lo == hi >= 0 and min(sizes) > 0:
+            gi = {}
+            g = [gi.setdefault((loc[0], loc[1]), len(gi)) for loc in locs]
+            if len(gi) <= max_refs:
+                words = zip([seg_gpu | x for x in g], [loc[2] for loc in locs], sizes)
+                refs = list(gi)
+        elif hi < 0 and min(sizes) > 0:
+            words = zip(itertools.repeat(seg_vm), ptrs, sizes)
+        if words is not None:
+            return d.send_columns(put, b"".join(names), list(map(len, names)),
+                                  array("Q", itertools.chain.from_iterable(words)), nseg, flags,
+                                  b"".join(metas), list(map(len, metas)), refs, versions=True)
 
     def calls():
         pos = 0
@@ -719,7 +747,7 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra):
                 loc = locs[end]
                 if loc is None:
                     n = sizes[end]
-                    words += (seg_vm, ts[end].data_ptr() if n else 0, n)
+                    words += (seg_vm, ptrs[end] if n else 0, n)
                 else:
                     ref = loc[:2]
                     g = gidx.get(ref)
@@ -795,30 +823,58 @@ def _one_dir(paths):
     return prefix[:-1] or "/", names
 
 
-def _plain_tensors(ts):
-    """Whether every one of ts is a torch.Tensor (not a subclass) that a
-    batch moves as it is: dense, contiguous, not quantized, no lazy
-    conjugate or negative bit, on the CPU or a CUDA device. Anything else
-    goes through _source / _check_target, which copy or say why not."""
+_QDTYPES = None  # this PyTorch's quantized dtypes, looked at once
+
+
+def _columns_of(ts):
+    """(metas, sizes, ptrs, devs) of ts when every one is a torch.Tensor
+    (not a subclass) that a batch moves as it is: dense, contiguous, not
+    quantized, no lazy conjugate or negative bit, on the CPU or a CUDA
+    device (devs: its index, -1 for the CPU), its meta fitting a call;
+    else None, and _source / _check_target copy it or say why not. One
+    pass, each tensor asked each thing once (a call into torch costs more
+    than the key's share of the ioctl)."""
+    global _QDTYPES
     torch = _torch()
-    cls, strided, conj, cpu = torch.Tensor, torch.strided, _has("is_conj"), _has("is_cpu")
+    if _QDTYPES is None:
+        _QDTYPES = frozenset(getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+                               if hasattr(torch, n))
+    cls, strided, quantized, metas_of = torch.Tensor, torch.strided, _QDTYPES, _metas.get
+    conj, cpu, nb = _has("is_conj"), _has("is_cpu"), _has("nbytes")
+    metas, sizes, ptrs, devs = [], [], [], []
     for t in ts:
-        if t.__class__ is not cls or t.layout is not strided or t.is_quantized or not t.is_contiguous():
-            return False
+        if t.__class__ is not cls or t.layout is not strided or not t.is_contiguous():
+            return None
         if conj and (t.is_conj() or t.is_neg()):
-            return False
-        if not (t.is_cuda or (t.is_cpu if cpu else t.device.type == "cpu")):
-            return False
-    return True
+            return None
+        dt = t.dtype
+        if dt in quantized:
+            return None
+        if t.is_cuda:
+            devs.append(t.get_device())
+        elif t.is_cpu if cpu else t.device.type == "cpu":
+            devs.append(-1)
+        else:
+            return None
+        shape = t.shape
+        m = metas_of((dt, shape)) or format_meta(dt, shape)
+        if len(m) > _abi.MAX_META:
+            return None
+        metas.append(m)
+        sizes.append(t.nbytes if nb else t.numel() * t.element_size())
+        ptrs.append(t.data_ptr())
+    return metas, sizes, ptrs, devs
 
 
 def _fast_batch(paths, ts, makedirs):
-    """(Directory, name bytes, sizes, metas) of a batch whose paths are in
-    one directory that goes by name and whose tensors are plain
-    (_plain_tensors), each meta fitting a call; None otherwise (the
-    general path)."""
+    """(Directory, name bytes, metas, sizes, ptrs, devs) of a batch whose
+    paths are in one directory that goes by name and whose tensors are
+    plain (_columns_of); None otherwise (the general path)."""
     one = _one_dir(paths)
-    if one is None or not _plain_tensors(ts):
+    if one is None:
+        return None
+    cols = _columns_of(ts)
+    if cols is None:
         return None
     parent, names = one
     keys = [name.encode("utf-8", "surrogateescape") for name in names]
@@ -829,11 +885,7 @@ def _fast_batch(paths, ts, makedirs):
     d, _ = _dir_of(paths[0])
     if d is None:
         return None
-    metas = [format_meta(t.dtype, t.shape) for t in ts]
-    if max(map(len, metas)) > _abi.MAX_META:
-        return None
-    sizes = [t.nbytes for t in ts] if _has("nbytes") else [_nbytes(t) for t in ts]
-    return d, keys, sizes, metas
+    return (d, keys) + cols
 
 
 def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=True):
@@ -848,8 +900,8 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
     flags = _abi.FLAG_EXCL if exclusive else 0
     fast = _fast_batch(paths, ts, makedirs) if paths else None
     if fast is not None:
-        d, keys, sizes, metas = fast
-        return _batch_outcome(paths, _run_tensor_batch(d, True, keys, ts, sizes, metas, flags), check,
+        d, keys, metas, sizes, ptrs, devs = fast
+        return _batch_outcome(paths, _run_tensor_batch(d, True, keys, ts, sizes, metas, flags, ptrs, devs), check,
                               "batch put_tensor")
     ts = [_source(t) for t in ts]
     by_parent = _by_parent(paths)
@@ -929,8 +981,8 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
             raise ValueError(f"{len(paths)} paths for {len(out)} out tensors")
         fast = _fast_batch(paths, out, False) if paths else None
         if fast is not None and getattr(fast[0], "abi", (1, 3)) >= (1, 6):
-            d, keys, sizes, metas = fast
-            got = _run_tensor_batch(d, False, keys, out, sizes, metas, None)
+            d, keys, metas, sizes, ptrs, devs = fast
+            got = _run_tensor_batch(d, False, keys, out, sizes, metas, None, ptrs, devs)
             results = [_got_tensor(p, o, n, r) for p, o, n, r in zip(paths, out, sizes, got)]
             return _get_outcome(paths, out, results, check)
         for o in out:

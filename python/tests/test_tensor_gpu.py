@@ -340,6 +340,12 @@ class RoundTrips:
                     self.assertBitsEqual(o, t.detach().contiguous())
         with self.assertRaisesRegex(ValueError, "not contiguous"):
             mt.batch_get_tensor([self.path("gen4/a")], out=[torch.empty(4, 6, device=self.device).t()])
+        # What no batch moves is refused before anything is written.
+        odd = [torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8), torch.randn(3).to_sparse()]
+        for t in odd:
+            with self.subTest(layout=t.layout, dtype=t.dtype), self.assertRaises(ValueError):
+                mt.batch_put_tensor([self.path("gen5/a"), self.path("gen5/b")], [ts[3], t])
+        self.assertFalse(os.path.exists(self.path("gen5/a")))
 
     def test_batch_of_more_calls_with_a_name_twice(self):
         # 150 keys in one directory: three calls, in order, as a name put
