@@ -167,12 +167,17 @@ _libc_ioctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
 _libc_ioctl.restype = ctypes.c_int
 
 
-def ioctl_released(fd, cmd, raw, name=None):
+def ioctl_released(fd, cmd, raw, name=None, started=None):
     """ioctl with the bytearray raw as in/out buffer, the GIL released for
     the call (fcntl.ioctl holds it for a buffer over 1 KiB: calls from
-    several threads would go one at a time); errors as ioctl's."""
+    several threads would go one at a time); errors as ioctl's. started,
+    an Event, is set just before the call: a thread that waits on it gets
+    the GIL back once this one is in the daemon."""
     buf = (ctypes.c_char * len(raw)).from_buffer(raw)
-    if _libc_ioctl(fd, cmd, ctypes.addressof(buf)) < 0:
+    addr = ctypes.addressof(buf)
+    if started is not None:
+        started.set()
+    if _libc_ioctl(fd, cmd, addr) < 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), name)
 
@@ -733,7 +738,8 @@ class Directory(_Handle):
             todo = todo[n:]
         return out
 
-    def send_columns(self, put, keys, lens, segs, nseg, flags, metas=b"", mlens=None, gpus=(), versions=False):
+    def send_columns(self, put, keys, lens, segs, nseg, flags, metas=b"", mlens=None, gpus=(), versions=False,
+                     started=None):
         """batchv of n = len(lens) keys of nseg segments each, in one call:
         keys is their names' bytes end to end, lens their lengths, segs the
         (id, offset, length) triples of all their segments in key order, as
@@ -744,7 +750,7 @@ class Directory(_Handle):
         result (bytes moved or a negative errno) as a list; with versions,
         (result, version) pairs. The entries of keys of one length (and
         meta length) are packed once per shape and reused: a batch costs a
-        few calls into C, not a few per key."""
+        few calls into C, not a few per key. started: as ioctl_released's."""
         n = len(lens)
         sb = memoryview(segs).cast("B")
         kbase = n * nseg * _SEG.size
@@ -766,7 +772,7 @@ class Directory(_Handle):
         raw[_VAREA:_VAREA + kbase] = sb
         raw[_VAREA + kbase:_VAREA + mbase] = keys
         raw[_VAREA + mbase:_VAREA + mbase + len(metas)] = metas
-        ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name)
+        ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name, started)
         words, at = _VENTRY.size // 8, _VRESULT_AT // 8
         ents = memoryview(raw)[_VENTRIES:_VENTRIES + _VENTRY.size * n]
         res = ents.cast("q")[at::words].tolist()

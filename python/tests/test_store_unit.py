@@ -153,11 +153,14 @@ class OverlappedCalls(unittest.TestCase):
             self.busy = self.most = 0
             self.calls = []
 
-        def send_columns(self, put, keys, lens, segs, nseg, flags):
+        def send_columns(self, put, keys, lens, segs, nseg, flags, started=None):
             with self.lock:
                 self.busy += 1
                 self.most = max(self.most, self.busy)
                 self.calls.append(keys)
+            if started is not None:
+                self.started = True
+                started.set()
             time.sleep(0.02)
             with self.lock:
                 self.busy -= 1
@@ -181,6 +184,20 @@ class OverlappedCalls(unittest.TestCase):
 
     def test_gets_into_shared_bytes_in_order(self):
         self.assertEqual(self.run_batch(False, [f"k{i}" for i in range(200)], step=9).most, 1)
+
+    def test_get_sends_its_first_call_first(self):
+        # A get of many keys sends its first 64 before it looks at the
+        # rest, and waits for it to end whatever the rest does.
+        d = self.run_batch(False, [f"k{i}" for i in range(200)])
+        self.assertTrue(getattr(d, "started", False))
+        self.assertTrue(d.calls[0].startswith(b"k0k1k2") and d.calls[0].endswith(b"k63"), d.calls[0][:40])
+        s = ms.MooncakeDistributedStore()
+        s._dir, s._regs, s._bases = self.Dir(), [ms._Reg(1 << 20, 2 << 20, 9, False)], [1 << 20]
+        keys = [f"k{i}" for i in range(200)]
+        keys[150] = "k%1"  # not a file name of its own: the general engine takes the batch
+        self.assertIsNone(s._columns(False, keys, [(1 << 20) + 10 * i for i in range(200)], [10] * 200, 1, 0))
+        self.assertEqual(len(s._dir.calls), 1)
+        self.assertEqual(s._dir.busy, 0)  # the first call had ended
 
     def test_overlap(self):
         for ptrs, sizes, want in [
