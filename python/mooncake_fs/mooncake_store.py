@@ -1464,6 +1464,11 @@ def _flat(all_ptrs, all_sizes, n):
         if n == 0 or len(all_ptrs) != n or len(all_sizes) != n:
             return None
         m = len(all_ptrs[0])
+        if m == 1:
+            try:  # one buffer a key, the common case: a third of the work of the general check
+                return [p for (p,) in all_ptrs], [z for (z,) in all_sizes], 1
+            except ValueError:
+                return None  # some key has another count
         if set(map(len, all_ptrs)) != {m} or set(map(len, all_sizes)) != {m}:
             return None
         return list(itertools.chain.from_iterable(all_ptrs)), list(itertools.chain.from_iterable(all_sizes)), m

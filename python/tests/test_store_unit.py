@@ -213,6 +213,13 @@ class OverlappedCalls(unittest.TestCase):
         ]:
             self.assertEqual(ms._overlap(ptrs, sizes), want, (ptrs, sizes))
 
+    def test_flat(self):
+        self.assertEqual(ms._flat([[1], [2]], [[3], [4]], 2), ([1, 2], [3, 4], 1))
+        self.assertEqual(ms._flat([(1, 5), (2, 6)], [[3, 7], [4, 8]], 2), ([1, 5, 2, 6], [3, 7, 4, 8], 2))
+        for ptrs, sizes in [([[1], [2, 3]], [[3], [4, 5]]), ([[1], [2]], [[3], [4, 5]]), ([[1, 2], [3]], [[1, 2], [3]]),
+                            ([[1], []], [[3], []]), ([[1], 2], [[3], [4]]), ([[1]], [[3], [4]])]:
+            self.assertIsNone(ms._flat(ptrs, sizes, 2), (ptrs, sizes))
+
     def test_put_twice_in_order(self):
         keys = [f"k{i}" for i in range(200)]
         keys[150] = "k3"
