@@ -122,8 +122,6 @@ def overlapped(calls):
     raises, no later one starts. Every one that started has finished when
     this returns or raises, an interrupt (Ctrl-C) included: their buffers
     may be freed then. The first exception is raised."""
-    from concurrent.futures import wait
-
     it = iter(calls)
     first = next(it, None)
     if first is None:
@@ -149,6 +147,17 @@ def overlapped(calls):
             inline = [f() for f in ([c] if c is not None else []) + list(todo)]
     except BaseException as e:  # an interrupt while sending
         failed = e
+    wait_all(futs, failed)
+    return [f.result() for f in futs] + inline
+
+
+def wait_all(futs, failed=None):
+    """Wait until every one of the futures futs has ended, through
+    interrupts (Ctrl-C): their calls use the caller's buffers; on one,
+    those not started are cancelled. Then raise failed, or the first
+    interrupt, if any."""
+    from concurrent.futures import wait
+
     while True:
         try:
             wait(futs)
@@ -159,7 +168,6 @@ def overlapped(calls):
                 f.cancel()  # those not started
     if failed is not None:
         raise failed
-    return [f.result() for f in futs] + inline
 
 
 _libc_ioctl = ctypes.CDLL(None, use_errno=True).ioctl

@@ -39,7 +39,7 @@ from enum import IntEnum
 from . import _abi
 from ._buffer import new_bytes, pinned
 from . import client as _client
-from .client import _SEG, Directory, _contiguous, columns_fit, overlapped
+from .client import _SEG, Directory, _contiguous, columns_fit, overlapped, wait_all
 
 __all__ = [
     "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicateConfig", "SoftPinAction", "ObjectDataType",
@@ -327,22 +327,6 @@ def _once(what, value):
     if what not in _warned and value not in (None, "", 0, False):
         _warned.add(what)
         log.info("mooncake-fs store: %s=%r means nothing here, ignored", what, value)
-
-
-def _wait_all(futs):
-    """Wait until every one of futs has ended, through interrupts (their
-    calls use the caller's buffers); the first interrupt is raised then."""
-    from concurrent.futures import wait
-
-    failed = None
-    while True:
-        try:
-            wait(futs)
-            break
-        except BaseException as e:  # an interrupt: the calls in flight still end first
-            failed = failed or e
-    if failed is not None:
-        raise failed
 
 
 def _overlap(ptrs, sizes):
@@ -717,7 +701,7 @@ class MooncakeDistributedStore:
                 try:
                     started.wait()  # the GIL to that thread until it is in the daemon
                 except BaseException:
-                    _wait_all([first])
+                    wait_all([first])
                     raise
         return self._columns_after(first, keys, ptrs, sizes, m, flags, probe)
 
@@ -734,21 +718,21 @@ class MooncakeDistributedStore:
             call, bounds = plan
             if first is None or bounds[0] != (0, c):
                 if first is not None:
-                    _wait_all([first])
+                    wait_all([first])
                     first = None
                 if len(bounds) == 1 or _overlap(ptrs, sizes):
                     return [r for at, cc in bounds for r in call(at, cc)]
                 return [r for res in overlapped(functools.partial(call, at, cc) for at, cc in bounds) for r in res]
             if _overlap(ptrs, sizes):
-                _wait_all([first])  # in order: the rest after the first
+                wait_all([first])  # in order: the rest after the first
                 rest = [r for at, cc in bounds[1:] for r in call(at, cc)]
             else:
                 rest = [r for res in overlapped(functools.partial(call, at, cc) for at, cc in bounds[1:]) for r in res]
-            _wait_all([first])
+            wait_all([first])
             return first.result() + rest
         finally:
             if first is not None:
-                _wait_all([first])  # its buffers are the caller's once this returns
+                wait_all([first])  # its buffers are the caller's once this returns
 
     def _plan(self, put, keys, ptrs, sizes, m, flags, probe):
         """(call, bounds) of _columns' fast path for keys, or None: bounds
