@@ -13,6 +13,7 @@ import ctypes
 import errno
 import fcntl
 import itertools
+import operator
 import os
 import struct
 import threading
@@ -149,6 +150,18 @@ def overlapped(calls):
         failed = e
     wait_all(futs, failed)
     return [f.result() for f in futs] + inline
+
+
+def spans_overlap(ptrs, sizes):
+    """Whether any two of the ranges (ptrs[i], sizes[i]) (sizes of 0 or
+    more) share a byte."""
+    if all(map(operator.le, map(operator.add, ptrs, sizes), itertools.islice(ptrs, 1, None))):
+        return False  # each ends before the next begins: blocks in order, the common case, with no sort
+    spans = sorted((p, z) for p, z in zip(ptrs, sizes) if z)  # an empty range shares no byte
+    if len(spans) < 2:
+        return False
+    ends = itertools.accumulate(map(operator.add, *zip(*spans)), max)  # the furthest end so far
+    return any(map(operator.lt, [p for p, _ in spans[1:]], ends))
 
 
 def wait_all(futs, failed=None):

@@ -39,7 +39,7 @@ from enum import IntEnum
 from . import _abi
 from ._buffer import new_bytes, pinned
 from . import client as _client
-from .client import _SEG, Directory, _contiguous, columns_fit, overlapped, wait_all
+from .client import _SEG, Directory, _contiguous, columns_fit, overlapped, spans_overlap as _overlap, wait_all
 
 __all__ = [
     "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicateConfig", "SoftPinAction", "ObjectDataType",
@@ -327,18 +327,6 @@ def _once(what, value):
     if what not in _warned and value not in (None, "", 0, False):
         _warned.add(what)
         log.info("mooncake-fs store: %s=%r means nothing here, ignored", what, value)
-
-
-def _overlap(ptrs, sizes):
-    """Whether any two of the ranges (ptrs[i], sizes[i]) (sizes of 0 or
-    more) share a byte."""
-    if all(map(operator.le, map(operator.add, ptrs, sizes), itertools.islice(ptrs, 1, None))):
-        return False  # each ends before the next begins: blocks in order, the common case, with no sort
-    spans = sorted((p, z) for p, z in zip(ptrs, sizes) if z)  # an empty range shares no byte
-    if len(spans) < 2:
-        return False
-    ends = itertools.accumulate(map(operator.add, *zip(*spans)), max)  # the furthest end so far
-    return any(map(operator.lt, [p for p, _ in spans[1:]], ends))
 
 
 class _Reg:
