@@ -133,23 +133,76 @@ def overlapped(calls):
     futs, inline, failed = [], [], None
     todo = itertools.chain((first, second), it)
     try:
-        c = None
         try:
             ex = _executor()
-            for c in todo:
-                if any(f.done() and f.exception() is not None for f in futs):
-                    c = None
-                    break  # a call failed: send no more
-                futs.append(ex.submit(c))
-                c = None
-        except RuntimeError:
-            # No new threads (the interpreter shuts down): the rest, from
-            # the one not taken, in this thread.
-            inline = [f() for f in ([c] if c is not None else []) + list(todo)]
+        except RuntimeError:  # no new threads (the interpreter shuts down)
+            ex = None
+        for c in todo:
+            if any(f.done() and f.exception() is not None for f in futs):
+                break  # a call failed: send no more
+            f = submit(ex, c) if ex is not None else None
+            if f is None:
+                # No new threads (the interpreter shuts down): the rest,
+                # from this one, in this thread.
+                inline = [g() for g in itertools.chain((c,), todo)]
+                break
+            futs.append(f)
     except BaseException as e:  # an interrupt while sending
         failed = e
     wait_all(futs, failed)
     return [f.result() for f in futs] + inline
+
+
+def submit(ex, fn):
+    """ex.submit(fn), except that a pool that refuses it never runs fn
+    behind the caller's back: submit raises RuntimeError once the pool is
+    shut down, but also when the work was queued and no thread could be
+    started for it, when a worker may still take it. The work is then
+    withdrawn (None: fn did not run, the caller may run it), or, if a
+    worker took it already, awaited (its future, done)."""
+    from concurrent.futures import Future
+
+    gate, state, done, box = threading.Lock(), ["queued"], threading.Event(), []
+
+    def run():
+        with gate:
+            if state[0] == "withdrawn":
+                return None
+            state[0] = "running"
+        try:
+            box.append((True, fn()))
+        except BaseException as e:
+            box.append((False, e))
+        finally:
+            done.set()
+        ok, v = box[0]
+        if not ok:
+            raise v
+        return v
+
+    try:
+        return ex.submit(run)
+    except RuntimeError:
+        with gate:
+            took, state[0] = state[0] == "running", "withdrawn"
+        if not took:
+            return None
+        interrupted = None
+        while True:
+            try:
+                done.wait()
+                break
+            except BaseException as e:  # an interrupt: the call still ends first
+                interrupted = interrupted or e
+        if interrupted is not None:
+            raise interrupted
+        f = Future()
+        ok, v = box[0]
+        if ok:
+            f.set_result(v)
+        else:
+            f.set_exception(v)
+        return f
 
 
 def spans_overlap(ptrs, sizes):

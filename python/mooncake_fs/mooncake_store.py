@@ -671,8 +671,10 @@ class MooncakeDistributedStore:
                 return [r for at, c in bounds for r in call(at, c)]
             return [r for res in overlapped(functools.partial(call, at, c) for at, c in bounds) for r in res]
         c, k = _abi.MAX_BATCH, _abi.MAX_BATCH * m
+        # Early only when the general engine, if it takes the call, reads
+        # every key too (it refuses a call with a bad buffer whole).
         head, first = self._plan(False, keys[:c], ptrs[:k], sizes[:k], m, flags, probe), None
-        if head is not None and len(head[1]) == 1:
+        if head is not None and len(head[1]) == 1 and _all_positive(ptrs, sizes):
             started = threading.Event()
 
             def go():
@@ -682,15 +684,13 @@ class MooncakeDistributedStore:
                     started.set()
 
             try:
-                first = _client._executor().submit(go)
-            except RuntimeError:  # no new threads (the interpreter shuts down)
-                pass
-            if first is not None:
-                try:
+                first = _client.submit(_client._executor(), go)  # None: no new threads
+                if first is not None:
                     started.wait()  # the GIL to that thread until it is in the daemon
-                except BaseException:
+            except BaseException:
+                if first is not None:
                     wait_all([first])
-                    raise
+                raise
         return self._columns_after(first, keys, ptrs, sizes, m, flags, probe)
 
     def _columns_after(self, first, keys, ptrs, sizes, m, flags, probe):
@@ -698,8 +698,8 @@ class MooncakeDistributedStore:
         flight as the future first (None: not sent): the rest checked,
         then sent while it runs, or after it where buffers overlap. Every
         call has ended when this returns or raises."""
-        c = _abi.MAX_BATCH
         try:
+            c = _abi.MAX_BATCH
             plan = self._plan(False, keys, ptrs, sizes, m, flags, probe)
             if plan is None:
                 return None  # the general engine reads every key, the first call's again
@@ -1427,6 +1427,16 @@ def _path_or(key):
         return key_to_path(key)
     except (ValueError, TypeError):
         return ""
+
+
+def _all_positive(ptrs, sizes):
+    """Whether every pointer and size is an int above 0 (what the general
+    engine's check, _valid_segs, takes and more)."""
+    try:
+        return min(sizes) > 0 and min(ptrs) > 0 and len(array("Q", ptrs)) == len(ptrs) and \
+            len(array("Q", sizes)) == len(sizes)
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _flat(all_ptrs, all_sizes, n):

@@ -213,6 +213,18 @@ class OverlappedCalls(unittest.TestCase):
         ]:
             self.assertEqual(ms._overlap(ptrs, sizes), want, (ptrs, sizes))
 
+    def test_get_with_a_bad_buffer_sends_nothing(self):
+        # The general engine refuses a call with a bad buffer whole, so the
+        # first 64 keys do not go early either: no buffer is written.
+        for bad in [(-1, "size"), (0, "ptr"), (1.5, "ptr")]:
+            with self.subTest(bad=bad):
+                s = ms.MooncakeDistributedStore()
+                s._dir, s._regs, s._bases = self.Dir(), [ms._Reg(1 << 20, 2 << 20, 9, False)], [1 << 20]
+                ptrs, sizes = [(1 << 20) + 10 * i for i in range(200)], [10] * 200
+                (sizes if bad[1] == "size" else ptrs)[150] = bad[0]
+                self.assertIsNone(s._columns(False, [f"k{i}" for i in range(200)], ptrs, sizes, 1, 0))
+                self.assertEqual(s._dir.calls, [])
+
     def test_flat(self):
         self.assertEqual(ms._flat([[1], [2]], [[3], [4]], 2), ([1, 2], [3, 4], 1))
         self.assertEqual(ms._flat([(1, 5), (2, 6)], [[3, 7], [4, 8]], 2), ([1, 5, 2, 6], [3, 7, 4, 8], 2))

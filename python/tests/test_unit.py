@@ -137,6 +137,39 @@ class TestOverlapped(unittest.TestCase):
         finally:
             mc.client._executor = real
 
+    def test_submit_withdraws_or_awaits_refused_work(self):
+        # A pool that queues the work and then cannot start a thread for
+        # it raises; a worker may take it later. submit withdraws it (it
+        # never runs) or, when a worker took it already, waits for it.
+        class Pool:
+            def __init__(self, take):
+                self.take, self.queued = take, []
+
+            def submit(self, fn):
+                self.queued.append(fn)
+                if self.take:
+                    threading.Thread(target=fn).start()
+                    time.sleep(0.05)  # the worker is in fn
+                raise RuntimeError("can't start new thread")
+
+        ran = []
+
+        def work():
+            time.sleep(0.1)
+            ran.append(1)
+            return 7
+
+        p = Pool(take=False)
+        self.assertIsNone(mc.client.submit(p, work))
+        p.queued[0]()  # the worker that takes it late
+        self.assertEqual(ran, [])
+        p = Pool(take=True)
+        f = mc.client.submit(p, work)
+        self.assertEqual(ran, [1])  # ended before submit returned
+        self.assertEqual(f.result(timeout=0), 7)
+        p.queued[0]()  # taken once only
+        self.assertEqual(ran, [1])
+
     def test_forked_child(self):
         overlapped([lambda: 1, lambda: 2])  # the parent's pool exists
         pid = os.fork()
