@@ -684,7 +684,11 @@ class MooncakeDistributedStore:
                     started.set()
 
             try:
-                first = _client.submit(_client._executor(), go)  # None: no new threads
+                try:
+                    ex = _client._executor()
+                except RuntimeError:  # no new threads (the interpreter shuts down)
+                    ex = None
+                first = _client.submit(ex, go) if ex is not None else None  # None: not sent
                 if first is not None:
                     started.wait()  # the GIL to that thread until it is in the daemon
             except BaseException:
