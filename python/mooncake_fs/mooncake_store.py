@@ -665,11 +665,9 @@ class MooncakeDistributedStore:
             if plan is None:
                 return None
             call, bounds = plan
-            if len(bounds) == 1 or (len(set(keys)) != n if put else _overlap(ptrs, sizes)):
-                # One call, puts of a key twice or gets into buffers that
-                # overlap: in order, the later last.
-                return [r for at, c in bounds for r in call(at, c)]
-            return [r for res in overlapped(functools.partial(call, at, c) for at, c in bounds) for r in res]
+            # One call, puts of a key twice or gets into buffers that
+            # overlap: in order, the later last.
+            return _send(call, bounds, len(bounds) == 1 or (len(set(keys)) != n if put else _overlap(ptrs, sizes)))
         c, k = _abi.MAX_BATCH, _abi.MAX_BATCH * m
         # Early only when the general engine, if it takes the call, reads
         # every key too (it refuses a call with a bad buffer whole).
@@ -712,14 +710,11 @@ class MooncakeDistributedStore:
                 if first is not None:
                     wait_all([first])
                     first = None
-                if len(bounds) == 1 or _overlap(ptrs, sizes):
-                    return [r for at, cc in bounds for r in call(at, cc)]
-                return [r for res in overlapped(functools.partial(call, at, cc) for at, cc in bounds) for r in res]
-            if _overlap(ptrs, sizes):
+                return _send(call, bounds, len(bounds) == 1 or _overlap(ptrs, sizes))
+            serial = _overlap(ptrs, sizes)
+            if serial:
                 wait_all([first])  # in order: the rest after the first
-                rest = [r for at, cc in bounds[1:] for r in call(at, cc)]
-            else:
-                rest = [r for res in overlapped(functools.partial(call, at, cc) for at, cc in bounds[1:]) for r in res]
+            rest = _send(call, bounds[1:], serial)
             wait_all([first])
             return first.result() + rest
         finally:
@@ -1431,6 +1426,14 @@ def _path_or(key):
         return key_to_path(key)
     except (ValueError, TypeError):
         return ""
+
+
+def _send(call, bounds, serial):
+    """The results of call(at, count) for each of bounds, in order: one
+    after the other (serial), or overlapped."""
+    if serial:
+        return [r for at, c in bounds for r in call(at, c)]
+    return [r for res in overlapped(functools.partial(call, at, c) for at, c in bounds) for r in res]
 
 
 def _all_positive(ptrs, sizes):
