@@ -654,72 +654,77 @@ class MooncakeDistributedStore:
         Python loop per key. None where that does not hold: the general
         engine then takes the call.
 
-        A get of many keys sends its first call before it looks at the
-        rest (about a millisecond of checks for 1024 keys on the H200
-        host, in which the copy engines would idle): a get read twice
-        reads the same, so if the rest then goes the general way, that
-        call's keys go again with it."""
+        A call of many keys is checked and sent a daemon call at a time by
+        IN_FLIGHT threads (this one among them), each taking the next part
+        of 64 keys as its last call ends: the first goes as soon as its
+        keys are checked (checking 1024 keys took about a millisecond on
+        the H200 host, in which the copy engines idled), and no thread
+        waits on another between calls. If a later part must go the
+        general way, the general engine does the whole call again, which
+        stores or reads the same: a get read twice reads the same; a put's
+        keys already stored are there (an existing key keeps its value, or
+        an upsert writes the same bytes again)."""
+        n, serial = len(keys), None
+        if n > 2 * _abi.MAX_BATCH and _client.IN_FLIGHT > 1 and _all_positive(ptrs, sizes):
+            # (The general engine refuses a call with a bad buffer whole:
+            # nothing may go before every buffer is checked.) Puts of a key
+            # twice and gets into buffers that share bytes go in order, the
+            # later last.
+            serial = len(set(keys)) != n if put else _overlap(ptrs, sizes)
+            if not serial:
+                return self._streamed(put, keys, ptrs, sizes, m, flags, probe)
+        plan = self._plan(put, keys, ptrs, sizes, m, flags, probe)
+        if plan is None:
+            return None
+        call, bounds = plan
+        if serial is None:
+            serial = len(bounds) == 1 or (len(set(keys)) != n if put else _overlap(ptrs, sizes))
+        return _send(call, bounds, serial)
+
+    def _streamed(self, put, keys, ptrs, sizes, m, flags, probe):
+        """_columns of many keys whose calls may overlap: parts of MAX_BATCH
+        keys, each checked and sent by whichever of IN_FLIGHT threads is
+        free."""
         n = len(keys)
-        if put or n <= 2 * _abi.MAX_BATCH or _client.IN_FLIGHT < 2:
-            plan = self._plan(put, keys, ptrs, sizes, m, flags, probe)
-            if plan is None:
-                return None
-            call, bounds = plan
-            # One call, puts of a key twice or gets into buffers that
-            # overlap: in order, the later last.
-            return _send(call, bounds, len(bounds) == 1 or (len(set(keys)) != n if put else _overlap(ptrs, sizes)))
-        c, k = _abi.MAX_BATCH, _abi.MAX_BATCH * m
-        # Early only when the general engine, if it takes the call, reads
-        # every key too (it refuses a call with a bad buffer whole).
-        head, first = self._plan(False, keys[:c], ptrs[:k], sizes[:k], m, flags, probe), None
-        if head is not None and len(head[1]) == 1 and _all_positive(ptrs, sizes):
-            started = threading.Event()
+        parts = range(0, n, _abi.MAX_BATCH)
+        out, stop, taken = [None] * len(parts), [], itertools.count()  # next(taken): one thread each, under the GIL
 
-            def go():
-                try:
-                    return head[0](0, c, started)
-                finally:
-                    started.set()
-
+        def run():
             try:
-                try:
-                    ex = _client._executor()
-                except RuntimeError:  # no new threads (the interpreter shuts down)
-                    ex = None
-                first = _client.submit(ex, go) if ex is not None else None  # None: not sent
-                if first is not None:
-                    started.wait()  # the GIL to that thread until it is in the daemon
+                for i in taken:
+                    if stop or i >= len(parts):
+                        return
+                    lo = parts[i]
+                    hi = min(n, lo + _abi.MAX_BATCH)
+                    plan = self._plan(put, keys[lo:hi], ptrs[lo * m:hi * m], sizes[lo * m:hi * m], m, flags, probe)
+                    if plan is None:
+                        stop.append(i)  # the general engine takes every key
+                        return
+                    call, bounds = plan
+                    out[i] = [r for at, c in bounds for r in call(at, c)]
             except BaseException:
-                if first is not None:
-                    wait_all([first])
+                stop.append(-1)  # the others send no more; wait_all or result() raises it
                 raise
-        return self._columns_after(first, keys, ptrs, sizes, m, flags, probe)
 
-    def _columns_after(self, first, keys, ptrs, sizes, m, flags, probe):
-        """_columns of a get whose first call of MAX_BATCH keys is in
-        flight as the future first (None: not sent): the rest checked,
-        then sent while it runs, or after it where buffers overlap. Every
-        call has ended when this returns or raises."""
+        futs = []
         try:
-            c = _abi.MAX_BATCH
-            plan = self._plan(False, keys, ptrs, sizes, m, flags, probe)
-            if plan is None:
-                return None  # the general engine reads every key, the first call's again
-            call, bounds = plan
-            if first is None or bounds[0] != (0, c):
-                if first is not None:
-                    wait_all([first])
-                    first = None
-                return _send(call, bounds, len(bounds) == 1 or _overlap(ptrs, sizes))
-            serial = _overlap(ptrs, sizes)
-            if serial:
-                wait_all([first])  # in order: the rest after the first
-            rest = _send(call, bounds[1:], serial)
-            wait_all([first])
-            return first.result() + rest
-        finally:
-            if first is not None:
-                wait_all([first])  # its buffers are the caller's once this returns
+            try:
+                ex = _client._executor()
+            except RuntimeError:  # no new threads (the interpreter shuts down): all in this one
+                ex = None
+            for _ in range(_client.IN_FLIGHT - 1 if ex is not None else 0):
+                f = _client.submit(ex, run)
+                if f is None:
+                    break
+                futs.append(f)
+            run()
+        except BaseException as e:
+            stop.append(-1)
+            wait_all(futs, e)  # every call has ended: the buffers are the caller's again
+        wait_all(futs)
+        for f in futs:
+            f.result()  # a worker's exception
+        return None if stop else list(itertools.chain.from_iterable(out))
 
     def _plan(self, put, keys, ptrs, sizes, m, flags, probe):
         """(call, bounds) of _columns' fast path for keys, or None: bounds

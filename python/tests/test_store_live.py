@@ -381,20 +381,28 @@ class Store(unittest.TestCase):
             outs[st] = Pool(1 << 20)
             self.assertEqual(st.register_buffer(src.addr, src.n), 0)
             self.assertEqual(st.register_buffer(outs[st].addr, outs[st].n), 0)
-        names = [f"k{i}" for i in range(90)] + ["L" * 250 + f"{i:05d}" for i in range(4)] + \
-                ["a/b", ".hidden", "x" * 300, "p%c", "\u00e9t\u00e9"]
+        plain = [f"k{i}" for i in range(300)] + ["L" * 250 + f"{i:05d}" for i in range(4)]
+        odd_names = ["a/b", ".hidden", "x" * 300, "p%c", "\u00e9t\u00e9"]
         seen = set()
         try:
-            for rnd in range(60):
-                n = rng.choice([1, 3, 64, 65, 130])
+            for rnd in range(70):
+                n = rng.choice([1, 3, 64, 65, 130, 300])
                 odd = rng.random() < 0.2  # a name the fast path leaves to the general one
-                keys = [rng.choice(names[:94]) for _ in range(n)]
-                if odd:
-                    keys[rng.randrange(n)] = rng.choice(names[94:])
                 m = rng.choice([1, 1, 2, 3])
-                sizes = [[rng.randrange(1, 3000) for _ in range(m)] for _ in keys]
+                if n == 300:
+                    # Distinct keys, buffers apart: calls that overlap, each
+                    # sent as soon as its keys are checked (an odd name
+                    # anywhere sends the whole batch the general way).
+                    keys = rng.sample(plain, n)
+                    sizes = [[rng.randrange(1, 1000) for _ in range(m)] for _ in keys]
+                    offs = [[(i * m + t) * 1000 for t in range(m)] for i in range(n)]
+                else:
+                    keys = [rng.choice(plain[:94]) for _ in range(n)]
+                    sizes = [[rng.randrange(1, 3000) for _ in range(m)] for _ in keys]
+                    offs = [[rng.randrange(src.n - 3000) for _ in range(m)] for _ in keys]
+                if odd:
+                    keys[rng.randrange(n)] = rng.choice(odd_names)
                 unreg = rng.random() < 0.1
-                offs = [[rng.randrange(src.n - 3000) for _ in range(m)] for _ in keys]
                 op = rng.choice(["put", "upsert", "get", "get"])
                 by_ptr = m == 1 and rng.random() < 0.5  # batch_*_from, not *_multi_buffers
                 codes = {}
