@@ -106,6 +106,28 @@ func TestMedian(t *testing.T) {
 	}
 }
 
+func TestDirectRunsHaveTheirOwnMedian(t *testing.T) {
+	// The median layered run's own direct pass was the slowest of the
+	// three: the reported direct rate is the direct passes' median.
+	d := func(ns int64) *benchSample { return &benchSample{Bytes: 100, Ns: ns, Ops: 10} }
+	runs := []sideRun{
+		{sample: benchSample{Bytes: 100, Ns: 10, Ops: 10, Direct: d(9)}},
+		{sample: benchSample{Bytes: 100, Ns: 20, Ops: 10, Direct: d(40)}},
+		{sample: benchSample{Bytes: 100, Ns: 30, Ops: 10, Direct: d(11)}},
+		{sample: benchSample{Bytes: 100, Ns: 30, Ops: 10}}, // no direct pass: left out
+	}
+	ds := directRuns(runs)
+	if len(ds) != 3 {
+		t.Fatalf("%d direct runs, want 3", len(ds))
+	}
+	if got := median(ds, true).sample.Ns; got != 11 {
+		t.Errorf("direct median picked ns=%d, want 11", got)
+	}
+	if m := median(runs, true).sample; m.Ns != 20 || m.Direct.Ns != 40 {
+		t.Errorf("layered median %+v", m)
+	}
+}
+
 func TestSelectBenchCases(t *testing.T) {
 	names := func(cs []benchCase) string {
 		var s []string
