@@ -153,6 +153,51 @@ def overlapped(calls):
     return [f.result() for f in futs] + inline
 
 
+def in_parts(count, part):
+    """[part(0), ..., part(count - 1)], each call one or more ioctls (which
+    let go of the GIL), run by up to IN_FLIGHT threads, this one among
+    them: each takes the next part as its last ends, so none waits on
+    another between calls and the first part goes at once. Once a part
+    returns None (it cannot go this way) or raises, no later part starts;
+    every part that started has ended when this returns or raises (their
+    buffers are the caller's then). None where a part returned None; the
+    first exception is raised. A part must not use the pool itself."""
+    out, stop, taken = [None] * count, [], itertools.count()  # next(taken): one thread each, under the GIL
+
+    def run():
+        try:
+            for i in taken:
+                if stop or i >= count:
+                    return
+                out[i] = part(i)
+                if out[i] is None:
+                    stop.append(i)
+                    return
+        except BaseException:
+            stop.append(-1)  # the others start no more; result() below raises it
+            raise
+
+    futs = []
+    try:
+        try:
+            ex = _executor()
+        except RuntimeError:  # no new threads (the interpreter shuts down): all in this one
+            ex = None
+        for _ in range(IN_FLIGHT - 1 if ex is not None and count > 1 else 0):
+            f = submit(ex, run)
+            if f is None:
+                break
+            futs.append(f)
+        run()
+    except BaseException as e:
+        stop.append(-1)
+        wait_all(futs, e)
+    wait_all(futs)
+    for f in futs:
+        f.result()  # a worker's exception
+    return None if stop else out
+
+
 def submit(ex, fn):
     """ex.submit(fn), except that a pool that refuses it never runs fn
     behind the caller's back: submit raises RuntimeError once the pool is

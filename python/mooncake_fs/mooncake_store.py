@@ -684,47 +684,19 @@ class MooncakeDistributedStore:
     def _streamed(self, put, keys, ptrs, sizes, m, flags, probe):
         """_columns of many keys whose calls may overlap: parts of MAX_BATCH
         keys, each checked and sent by whichever of IN_FLIGHT threads is
-        free."""
-        n = len(keys)
-        parts = range(0, n, _abi.MAX_BATCH)
-        out, stop, taken = [None] * len(parts), [], itertools.count()  # next(taken): one thread each, under the GIL
+        free (client.in_parts)."""
+        n, per = len(keys), _abi.MAX_BATCH
 
-        def run():
-            try:
-                for i in taken:
-                    if stop or i >= len(parts):
-                        return
-                    lo = parts[i]
-                    hi = min(n, lo + _abi.MAX_BATCH)
-                    plan = self._plan(put, keys[lo:hi], ptrs[lo * m:hi * m], sizes[lo * m:hi * m], m, flags, probe)
-                    if plan is None:
-                        stop.append(i)  # the general engine takes every key
-                        return
-                    call, bounds = plan
-                    out[i] = [r for at, c in bounds for r in call(at, c)]
-            except BaseException:
-                stop.append(-1)  # the others send no more; wait_all or result() raises it
-                raise
+        def part(i):
+            lo, hi = i * per, min(n, (i + 1) * per)
+            plan = self._plan(put, keys[lo:hi], ptrs[lo * m:hi * m], sizes[lo * m:hi * m], m, flags, probe)
+            if plan is None:
+                return None  # the general engine takes every key
+            call, bounds = plan
+            return [r for at, c in bounds for r in call(at, c)]
 
-        futs = []
-        try:
-            try:
-                ex = _client._executor()
-            except RuntimeError:  # no new threads (the interpreter shuts down): all in this one
-                ex = None
-            for _ in range(_client.IN_FLIGHT - 1 if ex is not None else 0):
-                f = _client.submit(ex, run)
-                if f is None:
-                    break
-                futs.append(f)
-            run()
-        except BaseException as e:
-            stop.append(-1)
-            wait_all(futs, e)  # every call has ended: the buffers are the caller's again
-        wait_all(futs)
-        for f in futs:
-            f.result()  # a worker's exception
-        return None if stop else list(itertools.chain.from_iterable(out))
+        out = _client.in_parts((n + per - 1) // per, part)
+        return None if out is None else list(itertools.chain.from_iterable(out))
 
     def _plan(self, put, keys, ptrs, sizes, m, flags, probe):
         """(call, bounds) of _columns' fast path for keys, or None: bounds

@@ -42,6 +42,7 @@ from array import array
 from collections import OrderedDict
 
 from . import _abi
+from . import client as _client
 from .client import BatchError, Directory, File, key_fits, overlapped, spans_overlap
 
 DTYPE_XATTR = "user.mooncake.dtype"
@@ -675,7 +676,7 @@ def _batch_groups(paths, by_parent=None):
     return list(groups.values())
 
 
-def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=None):
+def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=None, in_part=False):
     """Put (put) or get the keys of directory d whose columns are names
     (bytes), ts (contiguous tensors), sizes (their bytes) and metas; extra
     is the put flags (one value for all), or for a get None (whole values:
@@ -684,7 +685,11 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
     data_ptr() and CUDA device (-1: CPU). Runs them in calls of at most
     MAX_BATCH keys and MAX_GPU_REFS allocations, after synchronizing the
     current stream of every device they use. Returns [(result, version)]
-    in order."""
+    in order. A batch of many keys whose calls may overlap goes
+    in parts of MAX_BATCH keys, each made ready and sent by whichever of
+    IN_FLIGHT threads is free (client.in_parts): made ready all in this
+    thread first, the calls waited for it, and workers woken for the
+    first ones waited for the GIL until all were."""
     from . import cudadrv
 
     count = len(ts)
@@ -694,6 +699,24 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
     if ptrs is None:
         ptrs = [t.data_ptr() for t in ts]
         devs = [t.get_device() if t.is_cuda else -1 for t in ts]
+    per = _abi.MAX_BATCH
+    if not in_part and count > 2 * per and _client.IN_FLIGHT > 1 and \
+            not (len(set(names)) != count if put else spans_overlap(ptrs, sizes)):
+        probes = not put and extra is not None
+        torch = _torch()
+        for ordinal in set(devs):
+            if ordinal >= 0:
+                # Here: the current stream is this thread's (the parts run
+                # in others, whose current streams are the default ones).
+                torch.cuda.current_stream(ordinal).synchronize()
+
+        def part(i):
+            lo, hi = i * per, min(count, (i + 1) * per)
+            return _run_tensor_batch(d, put, names[lo:hi], ts[lo:hi], sizes[lo:hi], metas[lo:hi],
+                                     extra[lo:hi] if probes else extra, ptrs[lo:hi], devs[lo:hi], in_part=True)
+
+        parts = _client.in_parts((count + per - 1) // per, part)
+        return list(itertools.chain.from_iterable(parts))
     locs = [None] * count  # (handle, device UUID, offset) of each CUDA tensor
     lo, hi = min(devs), max(devs)
     if hi >= 0:
@@ -706,7 +729,8 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
                     by_dev.setdefault(dv, []).append(j)
         torch = _torch()
         for ordinal, js in by_dev.items():
-            torch.cuda.current_stream(ordinal).synchronize()
+            if not in_part:  # (a part's caller synchronized)
+                torch.cuda.current_stream(ordinal).synchronize()
             if js.__class__ is range:
                 locs = cudadrv.handles.locate_many(ptrs, sizes, ordinal)
                 continue
@@ -785,7 +809,7 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
     # 21.6 a get, interleaved), though that was 10% faster for 256 KiB CPU
     # tensors on the 2-core VM. Puts of a name twice, and gets into tensors
     # that share bytes, go one call after the other.
-    serial = len(set(names)) != count if put else spans_overlap(ptrs, sizes)
+    serial = in_part or (len(set(names)) != count if put else spans_overlap(ptrs, sizes))  # a part: in its thread
     todo = itertools.chain((first, second), todo)
     if serial:
         for a, b, send in todo:

@@ -492,6 +492,25 @@ class CUDATensors(RoundTrips, Base):
         self.assertBitsEqual(w[5:105], t[400:500])
         self.assertTrue(bool((w[:5] == -2).all()) and bool((w[105:] == -2).all()))
 
+    def test_big_batch_after_kernels_on_a_side_stream(self):
+        # A batch of many tensors goes in parts from several threads; the
+        # caller's current stream (a side stream here, its kernels still
+        # queued) is waited for first, not the workers' default streams.
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            a = torch.randn(2048, 2048, device="cuda")
+            for _ in range(6):
+                a = torch.tanh(a @ a)  # queued on s
+            ts = list(a.view(-1).split(4096))  # 1024 tensors of 16 KiB
+            paths = [self.path(f"side/{i}") for i in range(len(ts))]
+            mt.batch_put_tensor(paths, ts)
+        torch.cuda.synchronize()
+        outs = [torch.empty_like(t) for t in ts]
+        mt.batch_get_tensor(paths, out=outs)
+        self.sync()
+        for o, t, p in zip(outs, ts, paths):
+            self.assertBitsEqual(o, t, p)
+
     def test_many_tensors_one_block(self):
         # Small tensors share blocks of the caching allocator: one handle each.
         from mooncake_fs import cudadrv

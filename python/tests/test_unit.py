@@ -137,6 +137,79 @@ class TestOverlapped(unittest.TestCase):
         finally:
             mc.client._executor = real
 
+    def test_in_parts(self):
+        # Parts run by several threads, the caller's among them, results in
+        # order; a part that raises or says None stops the later ones, and
+        # every part that started has ended when in_parts returns or raises.
+        from mooncake_fs.client import in_parts
+
+        threads = set()
+
+        def square(i):
+            threads.add(threading.get_ident())
+            time.sleep(0.01)
+            return i * i
+
+        self.assertEqual(in_parts(20, square), [i * i for i in range(20)])
+        self.assertGreater(len(threads), 1)
+        self.assertIn(threading.get_ident(), threads)
+        for stop in ("raise", "none"):
+            started, ended = [], []
+
+            def part(i):
+                started.append(i)
+                time.sleep(0.02)
+                ended.append(i)
+                if i == 2:
+                    if stop == "raise":
+                        raise OSError(errno.EIO, "part 2")
+                    return None
+                return i
+
+            if stop == "raise":
+                with self.assertRaises(OSError):
+                    in_parts(40, part)
+            else:
+                self.assertIsNone(in_parts(40, part))
+            self.assertEqual(sorted(started), sorted(ended))
+            self.assertLess(len(started), 12, started)  # no part started once the failure was seen
+            seen = list(started)
+            time.sleep(0.1)
+            self.assertEqual(started, seen)
+
+    def test_in_parts_interrupted(self):
+        from mooncake_fs.client import in_parts
+
+        started, ended = [], []
+
+        def part(i):
+            started.append(i)
+            time.sleep(0.2)
+            ended.append(i)
+            return i
+
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with self.assertRaises(KeyboardInterrupt):
+            in_parts(12, part)
+        self.assertEqual(len(started) - len(ended), 1)  # only this thread's part, cut short; the others ended
+        seen = list(started)
+        time.sleep(0.3)
+        self.assertEqual(started, seen)  # and none started after
+
+    def test_in_parts_without_threads(self):
+        from mooncake_fs.client import in_parts
+
+        real = mc.client._executor
+
+        def refuse():
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+        mc.client._executor = refuse
+        try:
+            self.assertEqual(in_parts(5, lambda i: i), list(range(5)))
+        finally:
+            mc.client._executor = real
+
     def test_submit_withdraws_or_awaits_refused_work(self):
         # A pool that queues the work and then cannot start a thread for
         # it raises; a worker may take it later. submit withdraws it (it
