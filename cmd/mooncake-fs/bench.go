@@ -269,7 +269,7 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 	case c.target == withCopy:
 		// Each side's own median: the ceiling is a measurement of its
 		// own, taken in the same processes.
-		ceil, label = median(copyCeilings(runs[0]), c.small), c.ceiling
+		ceil, label = median(alongside(runs[0], ceilingOf), c.small), c.ceiling
 	case len(sides) > 1:
 		ceil = median(runs[1], c.small)
 	}
@@ -277,7 +277,7 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 		// The direct path too: its own median over the repetitions, as
 		// the ceiling's (one disturbed direct pass moved the ratio by a
 		// fifth on the shared GPU host).
-		d := median(directRuns(runs[0]), c.small).sample
+		d := median(alongside(runs[0], directOf), c.small).sample
 		m.sample.Direct = &d
 	}
 	res := makeBenchResult(c, label, m.sample, ceil.sample, len(runs[0]))
@@ -287,29 +287,22 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 	return res, nil
 }
 
-// copyCeilings returns the ceilings that withCopy workers measured
-// alongside runs, as runs of their own.
-func copyCeilings(runs []sideRun) []sideRun {
-	var cs []sideRun
-	for _, r := range runs {
-		if r.sample.Ceiling != nil {
-			cs = append(cs, sideRun{sample: *r.sample.Ceiling})
+// alongside returns the samples that workers measured alongside runs
+// and pick finds in theirs (the ceiling of withCopy cases, the direct
+// path of cases layered on it), as runs of their own.
+func alongside(runs []sideRun, pick func(*benchSample) *benchSample) []sideRun {
+	var out []sideRun
+	for i := range runs {
+		if s := pick(&runs[i].sample); s != nil {
+			out = append(out, sideRun{sample: *s})
 		}
 	}
-	return cs
+	return out
 }
 
-// directRuns returns the direct-path samples that workers measured
-// alongside runs (cases of an API layered on it), as runs of their own.
-func directRuns(runs []sideRun) []sideRun {
-	var ds []sideRun
-	for _, r := range runs {
-		if r.sample.Direct != nil {
-			ds = append(ds, sideRun{sample: *r.sample.Direct})
-		}
-	}
-	return ds
-}
+func ceilingOf(s *benchSample) *benchSample { return s.Ceiling }
+
+func directOf(s *benchSample) *benchSample { return s.Direct }
 
 // median returns the run with the median rate (ops/s for small-operation
 // cases, bytes/s otherwise); with an even count, the faster of the middle

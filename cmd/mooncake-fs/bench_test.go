@@ -116,7 +116,7 @@ func TestDirectRunsHaveTheirOwnMedian(t *testing.T) {
 		{sample: benchSample{Bytes: 100, Ns: 30, Ops: 10, Direct: d(11)}},
 		{sample: benchSample{Bytes: 100, Ns: 30, Ops: 10}}, // no direct pass: left out
 	}
-	ds := directRuns(runs)
+	ds := alongside(runs, directOf)
 	if len(ds) != 3 {
 		t.Fatalf("%d direct runs, want 3", len(ds))
 	}
@@ -276,7 +276,7 @@ func TestCopyCeilings(t *testing.T) {
 	if got := median(runs, false).sample.Ns; got != 20 {
 		t.Errorf("mooncake median ns=%d, want 20", got)
 	}
-	cs := copyCeilings(runs)
+	cs := alongside(runs, ceilingOf)
 	if len(cs) != 3 {
 		t.Fatalf("%d ceilings", len(cs))
 	}

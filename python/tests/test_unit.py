@@ -134,6 +134,7 @@ class TestOverlapped(unittest.TestCase):
         mc.client._executor = refuse
         try:
             self.assertEqual(overlapped(lambda i=i: i for i in range(5)), list(range(5)))
+            self.assertEqual(mc.client.in_parts(5, lambda i: i), list(range(5)))
         finally:
             mc.client._executor = real
 
@@ -195,20 +196,6 @@ class TestOverlapped(unittest.TestCase):
         seen = list(started)
         time.sleep(0.3)
         self.assertEqual(started, seen)  # and none started after
-
-    def test_in_parts_without_threads(self):
-        from mooncake_fs.client import in_parts
-
-        real = mc.client._executor
-
-        def refuse():
-            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
-
-        mc.client._executor = refuse
-        try:
-            self.assertEqual(in_parts(5, lambda i: i), list(range(5)))
-        finally:
-            mc.client._executor = real
 
     def test_submit_withdraws_or_awaits_refused_work(self):
         # A pool that queues the work and then cannot start a thread for
