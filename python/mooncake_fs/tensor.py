@@ -685,11 +685,12 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
     data_ptr() and CUDA device (-1: CPU). Runs them in calls of at most
     MAX_BATCH keys and MAX_GPU_REFS allocations, after synchronizing the
     current stream of every device they use. Returns [(result, version)]
-    in order. A batch of many keys whose calls may overlap goes
-    in parts of MAX_BATCH keys, each made ready and sent by whichever of
-    IN_FLIGHT threads is free (client.in_parts): made ready all in this
-    thread first, the calls waited for it, and workers woken for the
-    first ones waited for the GIL until all were."""
+    in order. A batch of more than 2 * MAX_BATCH keys whose calls may
+    overlap goes in parts of MAX_BATCH keys, each made ready and sent by
+    whichever of IN_FLIGHT threads is free (client.in_parts; in_part: one
+    of those, its streams synchronized by the caller, its calls in
+    order). Made ready all in one thread, the calls would wait for it
+    and the workers woken for the first ones for the GIL."""
     from . import cudadrv
 
     count = len(ts)
