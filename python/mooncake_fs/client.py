@@ -160,24 +160,44 @@ def in_parts(count, part):
     another between calls and the first part goes at once. Once a part
     returns None (it cannot go this way) or raises, no later part starts;
     every part that started has ended when this returns or raises (their
-    buffers are the caller's then). None where a part returned None; the
-    first exception is raised. A part must not use the pool itself."""
-    out, stop, taken = [None] * count, [], itertools.count()  # next(taken): one thread each, under the GIL
+    buffers are the caller's then), whatever interrupts it: the threads
+    that run parts are counted, not their futures (work a pool queued
+    behind another caller's is withdrawn, not waited for, and work queued
+    by a submit that an interrupt cut short is still counted if it runs).
+    None where a part returned None; the first exception is raised. A
+    part must not use the pool itself."""
+    out, taken = [None] * count, itertools.count()
+    cv = threading.Condition()
+    st = {"active": 0, "closed": False, "none": False, "error": None}
 
     def run():
+        with cv:
+            if st["closed"]:
+                return
+            st["active"] += 1
         try:
-            for i in taken:
-                if stop or i >= count:
+            while True:
+                with cv:
+                    if st["closed"] or st["none"] or st["error"] is not None:
+                        return
+                    i = next(taken)
+                if i >= count:
                     return
-                out[i] = part(i)
-                if out[i] is None:
-                    stop.append(i)
+                r = part(i)
+                if r is None:
+                    with cv:
+                        st["none"] = True
                     return
-        except BaseException:
-            stop.append(-1)  # the others start no more; result() below raises it
-            raise
+                out[i] = r
+        except BaseException as e:
+            with cv:
+                st["error"] = st["error"] or e
+        finally:
+            with cv:
+                st["active"] -= 1
+                cv.notify_all()
 
-    futs = []
+    futs, interrupted = [], None
     try:
         try:
             ex = _executor()
@@ -190,12 +210,23 @@ def in_parts(count, part):
             futs.append(f)
         run()
     except BaseException as e:
-        stop.append(-1)
-        wait_all(futs, e)
-    wait_all(futs)
-    for f in futs:
-        f.result()  # a worker's exception
-    return None if stop else out
+        interrupted = e
+    while True:
+        try:
+            with cv:
+                st["closed"] = True  # a thread that has not begun a part never will
+                for f in futs:
+                    f.cancel()  # queued behind other callers' work: gone from the pool
+                while st["active"]:
+                    cv.wait()
+            break
+        except BaseException as e:  # an interrupt: the parts running still end first
+            interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
+    if st["error"] is not None:
+        raise st["error"]
+    return None if st["none"] else out
 
 
 def submit(ex, fn):
@@ -275,8 +306,9 @@ def wait_all(futs, failed=None):
             break
         except BaseException as e:  # an interrupt: the calls in flight still end first
             failed = failed or e
-            for f in futs:
-                f.cancel()  # those not started
+            # Those not started will not start: waiting for them would wait
+            # until a worker takes them off the queue.
+            futs = [f for f in futs if not f.cancel()]
     if failed is not None:
         raise failed
 

@@ -670,7 +670,10 @@ class MooncakeDistributedStore:
             # nothing may go before every buffer is checked.) Puts of a key
             # twice and gets into buffers that share bytes go in order, the
             # later last.
-            serial = len(set(keys)) != n if put else _overlap(ptrs, sizes)
+            try:
+                serial = len(set(keys)) != n if put else _overlap(ptrs, sizes)
+            except TypeError:  # a key that is no str: the general engine says which
+                return None
             if not serial:
                 return self._streamed(put, keys, ptrs, sizes, m, flags, probe)
         plan = self._plan(put, keys, ptrs, sizes, m, flags, probe)

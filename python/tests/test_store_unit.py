@@ -207,6 +207,17 @@ class OverlappedCalls(unittest.TestCase):
                 self.assertFalse(any(b"k%1" in c for c in s._dir.calls))
                 self.assertEqual(s._dir.busy, 0)
 
+    def test_a_key_that_is_no_str(self):
+        # The general engine says which (INVALID_PARAMS for it), as for a
+        # batch of few keys; the fast path sends nothing.
+        for put in (True, False):
+            s = ms.MooncakeDistributedStore()
+            s._dir, s._regs, s._bases = self.Dir(), [ms._Reg(1 << 20, 2 << 20, 9, False)], [1 << 20]
+            keys = [f"k{i}" for i in range(200)]
+            keys[5] = bytearray(b"kb")
+            self.assertIsNone(s._columns(put, keys, [(1 << 20) + 10 * i for i in range(200)], [10] * 200, 1, 0))
+            self.assertEqual(s._dir.calls, [])
+
     def test_a_call_that_raises_stops_the_batch(self):
         class Failing(self.Dir):
             def send_columns(self, put, keys, lens, segs, nseg, flags, started=None):

@@ -197,6 +197,37 @@ class TestOverlapped(unittest.TestCase):
         time.sleep(0.3)
         self.assertEqual(started, seen)  # and none started after
 
+    def test_in_parts_counts_threads_not_futures(self):
+        # An interrupt inside submit, after the pool queued the work (its
+        # future never returned), still waits for that work's part.
+        from concurrent.futures import thread as cft
+        from mooncake_fs.client import in_parts
+
+        busy = []
+
+        def part(i):
+            busy.append(i)
+            time.sleep(0.1)
+            busy.remove(i)
+            return i
+
+        mc.client._executor()
+        orig = cft.ThreadPoolExecutor._adjust_thread_count
+
+        def adjust(pool):
+            orig(pool)
+            cft.ThreadPoolExecutor._adjust_thread_count = orig
+            time.sleep(0.02)  # a worker takes the work
+            raise KeyboardInterrupt
+
+        cft.ThreadPoolExecutor._adjust_thread_count = adjust
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                in_parts(6, part)
+        finally:
+            cft.ThreadPoolExecutor._adjust_thread_count = orig
+        self.assertEqual(busy, [])  # no part still running
+
     def test_submit_withdraws_or_awaits_refused_work(self):
         # A pool that queues the work and then cannot start a thread for
         # it raises; a worker may take it later. submit withdraws it (it
