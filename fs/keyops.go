@@ -156,10 +156,11 @@ func (bc *batchCall) checkPath(ctx context.Context, f *FS, key string) error {
 }
 
 // buffers returns an empty slice with room for n buffers, cut from
-// blocks shared by the call's keys (one allocation for many keys).
+// blocks shared by the call's keys (one allocation for many keys, sized
+// for the call: a one-key call does not clear a block of 64).
 func (bc *batchCall) buffers(n int) []transfer.Buffer {
 	if cap(bc.arena)-len(bc.arena) < n {
-		bc.arena = make([]transfer.Buffer, 0, max(n, 64))
+		bc.arena = make([]transfer.Buffer, 0, max(n, min(bc.keys, 64)))
 	}
 	at := len(bc.arena)
 	bc.arena = bc.arena[:at+n]

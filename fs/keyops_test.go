@@ -28,7 +28,7 @@ func callerCtx(tid int) context.Context {
 func addr(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
 
 // keyCall runs PUT_KEY or GET_KEY a for key on the fixture's root.
-func keyCall(t *testing.T, fx *fuzzFixture, put bool, key string, a *ioctl.KeyArg) syscall.Errno {
+func keyCall(t testing.TB, fx *fuzzFixture, put bool, key string, a *ioctl.KeyArg) syscall.Errno {
 	t.Helper()
 	a.KeyLen = uint16(copy(a.Key[:], key))
 	cmd := ioctl.CmdGetKey
@@ -473,5 +473,33 @@ func TestGetWhole(t *testing.T) {
 	other := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole << 1}, Source: ioctl.SrcVM, Addr: addr(dst), Len: 12}
 	if e := keyCall(t, fx, false, "w", &other); e != syscall.EINVAL {
 		t.Errorf("a get with flag %#x: %v, want EINVAL", ioctl.FlagWhole<<1, e)
+	}
+}
+
+// BenchmarkKeyCall measures one PUT_KEY (replacing a resident key) and
+// one GET_KEY of 4 KiB from the caller's memory, with no kernel in the
+// way: a one-key call's fixed cost in the daemon.
+func BenchmarkKeyCall(b *testing.B) {
+	data := bytes.Repeat([]byte{7}, 4096)
+	for _, put := range []bool{true, false} {
+		name := map[bool]string{true: "put", false: "get"}[put]
+		b.Run(name, func(b *testing.B) {
+			fx := newFixtureOf(b, 64<<20)
+			var a ioctl.KeyArg
+			for i := range 1024 {
+				a = ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(data), Len: 4096}
+				if e := keyCall(b, fx, true, fmt.Sprintf("k%d", i), &a); e != 0 {
+					b.Fatal(e)
+				}
+			}
+			b.ReportAllocs()
+			defer reportKeyWork(b, fx.root.fs)()
+			for i := 0; b.Loop(); i++ {
+				a = ioctl.KeyArg{Source: ioctl.SrcVM, Addr: addr(data), Len: 4096}
+				if e := keyCall(b, fx, put, fmt.Sprintf("k%d", i%1024), &a); e != 0 {
+					b.Fatal(e)
+				}
+			}
+		})
 	}
 }
