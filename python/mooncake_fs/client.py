@@ -114,6 +114,48 @@ def _executor():
         return ex
 
 
+class _Running:
+    """The threads running a batch's calls, counted, so that the caller can
+    wait for every call that started whatever became of its future (an
+    interrupt inside a pool's submit, after the work was queued, loses it)
+    and keep any from starting once it closes."""
+
+    def __init__(self):
+        self.cv = threading.Condition()
+        self.closed = False
+        self._active = 0
+
+    def enter(self):
+        """Whether a call may start now (it then calls leave when it ends)."""
+        with self.cv:
+            if self.closed:
+                return False
+            self._active += 1
+            return True
+
+    def leave(self):
+        with self.cv:
+            self._active -= 1
+            self.cv.notify_all()
+
+    def close(self, futs=()):
+        """Let no call start, withdraw the futures futs still queued, and
+        wait, through interrupts, until every call that started has ended;
+        the first interrupt, or None."""
+        interrupted = None
+        while True:
+            try:
+                with self.cv:
+                    self.closed = True
+                    for f in futs:
+                        f.cancel()  # queued behind other callers' work: gone from the pool
+                    while self._active:
+                        self.cv.wait()
+                return interrupted
+            except BaseException as e:  # an interrupt: the calls running still end first
+                interrupted = interrupted or e
+
+
 def overlapped(calls):
     """Run the callables (each one ioctl, which releases the GIL), up to
     IN_FLIGHT at a time, and return their results in order. The callables
@@ -121,8 +163,9 @@ def overlapped(calls):
     overlaps the ones in flight; a lone one runs in this thread, and so do
     all once the interpreter shuts down (no new threads then). Once one
     raises, no later one starts. Every one that started has finished when
-    this returns or raises, an interrupt (Ctrl-C) included: their buffers
-    may be freed then. The first exception is raised."""
+    this returns or raises, an interrupt (Ctrl-C) included, even one inside
+    a pool's submit (the threads running calls are counted, as in_parts
+    does): their buffers may be freed then. The first exception is raised."""
     it = iter(calls)
     first = next(it, None)
     if first is None:
@@ -130,7 +173,19 @@ def overlapped(calls):
     second = next(it, None)
     if second is None or IN_FLIGHT < 2:
         return [first()] + ([] if second is None else [second()] + [c() for c in it])
-    futs, inline, failed = [], [], None
+    running = _Running()
+
+    def counted(c):
+        def run():
+            if not running.enter():
+                return None  # the batch failed or was interrupted: no one reads this
+            try:
+                return c()
+            finally:
+                running.leave()
+        return run
+
+    futs, inline = [], []
     todo = itertools.chain((first, second), it)
     try:
         try:
@@ -140,16 +195,17 @@ def overlapped(calls):
         for c in todo:
             if any(f.done() and f.exception() is not None for f in futs):
                 break  # a call failed: send no more
-            f = submit(ex, c) if ex is not None else None
+            f = submit(ex, counted(c)) if ex is not None else None
             if f is None:
                 # No new threads (the interpreter shuts down): the rest,
                 # from this one, in this thread.
                 inline = [g() for g in itertools.chain((c,), todo)]
                 break
             futs.append(f)
-    except BaseException as e:  # an interrupt while sending
-        failed = e
-    wait_all(futs, failed)
+    except BaseException as e:  # an interrupt while sending, or an inline call's error
+        running.close(futs)
+        raise e
+    wait_all(futs)
     return [f.result() for f in futs] + inline
 
 
@@ -167,18 +223,17 @@ def in_parts(count, part):
     None where a part returned None; the first exception is raised. A
     part must not use the pool itself."""
     out, taken = [None] * count, itertools.count()
-    cv = threading.Condition()
-    st = {"active": 0, "closed": False, "none": False, "error": None}
+    running = _Running()
+    cv = running.cv
+    st = {"none": False, "error": None}
 
     def run():
-        with cv:
-            if st["closed"]:
-                return
-            st["active"] += 1
+        if not running.enter():
+            return
         try:
             while True:
                 with cv:
-                    if st["closed"] or st["none"] or st["error"] is not None:
+                    if running.closed or st["none"] or st["error"] is not None:
                         return
                     i = next(taken)
                 if i >= count:
@@ -193,9 +248,7 @@ def in_parts(count, part):
             with cv:
                 st["error"] = st["error"] or e
         finally:
-            with cv:
-                st["active"] -= 1
-                cv.notify_all()
+            running.leave()
 
     futs, interrupted = [], None
     try:
@@ -211,17 +264,8 @@ def in_parts(count, part):
         run()
     except BaseException as e:
         interrupted = e
-    while True:
-        try:
-            with cv:
-                st["closed"] = True  # a thread that has not begun a part never will
-                for f in futs:
-                    f.cancel()  # queued behind other callers' work: gone from the pool
-                while st["active"]:
-                    cv.wait()
-            break
-        except BaseException as e:  # an interrupt: the parts running still end first
-            interrupted = interrupted or e
+    late = running.close(futs)  # a thread that has not begun a part never will
+    interrupted = interrupted or late
     if interrupted is not None:
         raise interrupted
     if st["error"] is not None:

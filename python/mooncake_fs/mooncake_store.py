@@ -39,7 +39,7 @@ from enum import IntEnum
 from . import _abi
 from ._buffer import new_bytes, pinned
 from . import client as _client
-from .client import _SEG, Directory, _contiguous, columns_fit, overlapped, spans_overlap as _overlap, wait_all
+from .client import _SEG, Directory, _contiguous, columns_fit, overlapped, spans_overlap as _overlap
 
 __all__ = [
     "MooncakeDistributedStore", "MooncakeHostMemAllocator", "ReplicateConfig", "SoftPinAction", "ObjectDataType",

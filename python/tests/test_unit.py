@@ -197,9 +197,10 @@ class TestOverlapped(unittest.TestCase):
         time.sleep(0.3)
         self.assertEqual(started, seen)  # and none started after
 
-    def test_in_parts_counts_threads_not_futures(self):
+    def test_interrupt_inside_submit_still_waits(self):
         # An interrupt inside submit, after the pool queued the work (its
-        # future never returned), still waits for that work's part.
+        # future never returned), still waits for that work's part (call),
+        # in in_parts and in overlapped.
         from concurrent.futures import thread as cft
         from mooncake_fs.client import in_parts
 
@@ -220,13 +221,14 @@ class TestOverlapped(unittest.TestCase):
             time.sleep(0.02)  # a worker takes the work
             raise KeyboardInterrupt
 
-        cft.ThreadPoolExecutor._adjust_thread_count = adjust
-        try:
-            with self.assertRaises(KeyboardInterrupt):
-                in_parts(6, part)
-        finally:
-            cft.ThreadPoolExecutor._adjust_thread_count = orig
-        self.assertEqual(busy, [])  # no part still running
+        for run in (lambda: in_parts(6, part), lambda: overlapped(lambda i=i: part(i) for i in range(6))):
+            cft.ThreadPoolExecutor._adjust_thread_count = adjust
+            try:
+                with self.assertRaises(KeyboardInterrupt):
+                    run()
+            finally:
+                cft.ThreadPoolExecutor._adjust_thread_count = orig
+            self.assertEqual(busy, [])  # no part still running
 
     def test_submit_withdraws_or_awaits_refused_work(self):
         # A pool that queues the work and then cannot start a thread for
