@@ -12,16 +12,21 @@ import (
 // Embedded is the in-process Index for a single machine. Every key has a
 // slot holding its current object: a hash map finds a key's slot (point
 // lookups, the common case, cost one probe), and a B-tree orders the slots
-// for scans; replacing an object changes its slot only. Every successful
-// swap bumps one revision counter, which becomes the version of the
-// objects it wrote.
+// for scans; replacing an object changes its slot only. A second, small
+// table counts the keys under each directory, so that asking whether a
+// new key is an implicit directory costs a probe, not a walk down the
+// tree. Every successful swap bumps one revision counter, which becomes
+// the version of the objects it wrote.
 type Embedded struct {
 	mu struct {
 		sync.Mutex
-		slots  map[string]*slot
-		tree   *btree.BTreeG[treeItem]
+		slots map[string]*slot
+		tree  *btree.BTreeG[treeItem]
+		// under counts, for every d such that some key starts with d+"/",
+		// the keys that do (HasChildren).
+		under  map[string]int
 		rev    uint64
-		bytes  uint64 // MetaBytes of every entry
+		bytes  uint64 // MetaBytes of every entry and of under's entries
 		closed bool
 		// lru is the head of the store's LRU (LRUKeeper), a ring of
 		// slots: lru.next the most recently used. lruLen slots are in it;
@@ -46,10 +51,10 @@ type slot struct {
 }
 
 var (
-	_ Index         = (*Embedded)(nil)
-	_ PrefixChecker = (*Embedded)(nil)
-	_ Finder        = (*Embedded)(nil)
-	_ LRUKeeper     = (*Embedded)(nil)
+	_ Index        = (*Embedded)(nil)
+	_ ChildChecker = (*Embedded)(nil)
+	_ Finder       = (*Embedded)(nil)
+	_ LRUKeeper    = (*Embedded)(nil)
 )
 
 // treeItem is a slot in the tree, its key beside it: a comparison
@@ -69,6 +74,7 @@ func NewEmbeddedFor(keys int) *Embedded {
 	x := &Embedded{}
 	x.mu.slots = make(map[string]*slot, keys)
 	x.mu.tree = btree.NewG(32, func(a, b treeItem) bool { return a.key < b.key })
+	x.mu.under = make(map[string]int)
 	x.mu.lru.prev, x.mu.lru.next = &x.mu.lru, &x.mu.lru
 	x.mu.seen = make(map[string]struct{})
 	return x
@@ -156,6 +162,7 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			if sl != nil {
 				delete(x.mu.slots, s.Key)
 				x.mu.tree.Delete(treeItem{sl.key, sl})
+				x.countUnderLocked(sl.key, -1)
 				x.unlinkLocked(sl)
 				x.mu.bytes -= sl.obj.MetaBytes()
 				if watched {
@@ -176,6 +183,7 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			sl = &slot{key: o.Key, obj: o}
 			x.mu.slots[o.Key] = sl
 			x.mu.tree.ReplaceOrInsert(treeItem{sl.key, sl})
+			x.countUnderLocked(sl.key, 1)
 		}
 		x.mu.bytes += o.MetaBytes()
 		if watched {
@@ -283,19 +291,44 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 	return out, nil
 }
 
-// HasPrefix implements PrefixChecker.
-func (x *Embedded) HasPrefix(_ context.Context, prefix string) (bool, error) {
+// HasChildren implements ChildChecker.
+func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.mu.closed {
 		return false, ErrClosed
 	}
-	found := false
-	x.mu.tree.AscendGreaterOrEqual(treeItem{key: prefix}, func(it treeItem) bool {
-		found = strings.HasPrefix(it.key, prefix)
-		return false
-	})
-	return found, nil
+	return x.mu.under[dir] > 0, nil
+}
+
+// underEntryBytes is what an entry of under costs beyond its name: the
+// table's slot and its share of the room a table keeps free.
+const underEntryBytes = 48
+
+// countUnderLocked adds delta to the count of every directory key is
+// under: each d such that key starts with d+"/".
+func (x *Embedded) countUnderLocked(key string, delta int) {
+	for i := 0; i < len(key); i++ {
+		if key[i] != '/' {
+			continue
+		}
+		d := key[:i]
+		n, ok := x.mu.under[d]
+		switch {
+		case !ok && delta < 0:
+			panic(fmt.Sprintf("index: key %q leaves directory %q, which counts no keys", key, d))
+		case !ok:
+			// Its own copy: a slice of key would keep all of key (up to
+			// a path's length) for as long as the directory has keys.
+			x.mu.under[strings.Clone(d)] = delta
+			x.mu.bytes += uint64(underEntryBytes + len(d))
+		case n+delta == 0:
+			delete(x.mu.under, d)
+			x.mu.bytes -= uint64(underEntryBytes + len(d))
+		default:
+			x.mu.under[d] = n + delta
+		}
+	}
 }
 
 // Watch implements Index. Events are queued per watcher without bound, so

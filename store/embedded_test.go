@@ -77,3 +77,78 @@ func TestEmbeddedLRU(t *testing.T) {
 		t.Fatalf("LRUTail(2) = %q, want %q", got, model[:2])
 	}
 }
+
+// TestEmbeddedHasChildren: whether a directory has keys under it follows
+// a model of the keys through puts, deletes and multi-key swaps, for
+// directories, their prefixes that are not directories ("a/b" of
+// "a/bc/x"), keys that are files, the root and odd names ("a//b",
+// "/x"); once every key is gone the entries cost nothing again.
+func TestEmbeddedHasChildren(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	t.Cleanup(func() { _ = x.Close() })
+	empty := x.MetaBytes()
+	names := []string{"a", "a/b", "a/b/c", "a/bc/x", "a/b/c/d/e", "b/x", "a//b", "/x", "x/", "c/d/e/f"}
+	ver := map[string]uint64{}
+	r := rand.New(rand.NewPCG(5, 6))
+	hasUnder := func(dir string) bool {
+		for k := range ver {
+			if len(k) > len(dir) && k[:len(dir)] == dir && k[len(dir)] == '/' {
+				return true
+			}
+		}
+		return false
+	}
+	probes := []string{"", "a", "a/b", "a/bc", "a/b/c", "a/b/c/d", "a/", "b", "c", "c/d", "c/d/e", "x", "/", "a/bc/x"}
+	for step := range 4000 {
+		var swaps []store.Swap
+		seen := map[string]bool{}
+		for range 1 + r.IntN(3) {
+			k := names[r.IntN(len(names))]
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			if ver[k] != 0 && r.IntN(2) == 0 {
+				swaps = append(swaps, store.Swap{Key: k, Old: ver[k]})
+			} else {
+				swaps = append(swaps, store.Swap{Key: k, Old: ver[k], New: &store.Object{Key: k}})
+			}
+		}
+		if r.IntN(10) == 0 { // a failing swap changes nothing
+			swaps = append(swaps, store.Swap{Key: "never", Old: 99, New: &store.Object{Key: "never"}})
+			if _, err := x.CompareAndSwap(ctx, swaps...); err == nil {
+				t.Fatal("a swap of a wrong version passed")
+			}
+		} else {
+			rev, err := x.CompareAndSwap(ctx, swaps...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range swaps {
+				if s.New == nil {
+					delete(ver, s.Key)
+				} else {
+					ver[s.Key] = rev
+				}
+			}
+		}
+		for _, d := range probes {
+			got, err := x.HasChildren(ctx, d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := hasUnder(d); got != want {
+				t.Fatalf("step %d: HasChildren(%q) = %v, want %v (keys %v)", step, d, got, want, ver)
+			}
+		}
+	}
+	for k, v := range ver {
+		if _, err := x.CompareAndSwap(ctx, store.Swap{Key: k, Old: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := x.MetaBytes(); got != empty {
+		t.Fatalf("MetaBytes with every key gone = %d, want %d", got, empty)
+	}
+}

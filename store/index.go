@@ -67,11 +67,12 @@ type Finder interface {
 	Find(ctx context.Context, key string) (*Object, error)
 }
 
-// PrefixChecker is an Index that can tell whether any key starts with a
-// prefix without listing one (the store asks on every new key: is it an
-// implicit directory?). Indexes without it answer through Scan.
-type PrefixChecker interface {
-	HasPrefix(ctx context.Context, prefix string) (bool, error)
+// ChildChecker is an Index that can tell whether any key is under a
+// directory (starts with dir+"/") without listing one (the store asks on
+// every new key: is it an implicit directory?). Indexes without it answer
+// through Scan.
+type ChildChecker interface {
+	HasChildren(ctx context.Context, dir string) (bool, error)
 }
 
 // LRUKeeper is an Index that keeps the store's least recently used order

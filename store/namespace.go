@@ -247,8 +247,8 @@ func (s *Store) Mkdir(ctx context.Context, key string, t *Object) (*Object, erro
 }
 
 func (s *Store) hasChildren(ctx context.Context, key string) (bool, error) {
-	if pc, ok := s.idx.(PrefixChecker); ok {
-		return pc.HasPrefix(ctx, key+"/")
+	if cc, ok := s.idx.(ChildChecker); ok {
+		return cc.HasChildren(ctx, key)
 	}
 	kids, err := s.idx.Scan(ctx, key+"/", "", 1)
 	return len(kids) > 0, err
