@@ -196,8 +196,32 @@ func notifyLater(invs []invalidation) {
 // key that changed between its check and its commit.
 const maxPutRetries = 8
 
-// ioctlData serves the data-path commands. It returns errno and fills out.
-func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte) error {
+// ioctlData serves the data-path commands: it fills out and returns the
+// ioctl's value (a submitted call's number) and its error.
+func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte) (int32, error) {
+	switch cmd {
+	case ioctl.CmdBatchPutV, ioctl.CmdBatchGetV, ioctl.CmdBatchWait:
+		dh, ok := fh.(*dirHandle)
+		if !ok {
+			if _, file := fh.(*handle); file {
+				return 0, errNotDirFd
+			}
+			return 0, syscall.EBADF
+		}
+		key, ok := n.key()
+		if !ok {
+			return 0, store.ErrStale
+		}
+		if cmd == ioctl.CmdBatchWait {
+			return 0, dh.async.wait(in, out)
+		}
+		return n.vbatch(ctx, dh, key, cmd == ioctl.CmdBatchPutV, in, out)
+	}
+	return 0, n.ioctlFixed(ctx, fh, cmd, in, out)
+}
+
+// ioctlFixed serves the data-path commands whose value is 0.
+func (n *node) ioctlFixed(ctx context.Context, fh any, cmd uint32, in, out []byte) error {
 	var regs *regTable
 	var h *handle
 	var dh *dirHandle
@@ -235,11 +259,6 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 			return errNotDirFd
 		}
 		return n.batch(ctx, dh, key, cmd == ioctl.CmdBatchPut, in, out)
-	case ioctl.CmdBatchPutV, ioctl.CmdBatchGetV:
-		if dh == nil {
-			return errNotDirFd
-		}
-		return n.vbatch(ctx, dh, key, cmd == ioctl.CmdBatchPutV, in, out)
 	case ioctl.CmdPutKey, ioctl.CmdGetKey:
 		if dh == nil {
 			return errNotDirFd

@@ -12,10 +12,11 @@ import (
 // dirHandle is an open directory: a listing made at the first read, and
 // the buffers registered on it for batch ioctls.
 type dirHandle struct {
-	n    *node
-	regs regTable
-	mu   sync.Mutex
-	ds   gofs.DirStream
+	n     *node
+	regs  regTable
+	async asyncTable
+	mu    sync.Mutex
+	ds    gofs.DirStream
 }
 
 var (
@@ -81,5 +82,6 @@ func (h *dirHandle) Releasedir(ctx context.Context, releaseFlags uint32) {
 		h.ds = nil
 	}
 	h.mu.Unlock()
+	h.async.close()
 	h.regs.closeAll()
 }

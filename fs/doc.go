@@ -72,7 +72,11 @@
 // ref-counted, kept per client process by proc.go until it exits). Keys by
 // name on directories (keyops.go: the batches, their vector forms and the
 // one-key commands, all as keyOps of one or more segments) check mode bits
-// themselves (access.go), since the kernel never looked those keys up.
+// themselves (access.go), since the kernel never looked those keys up. A
+// vector batch submitted with ioctl.VBatchAsync runs in a goroutine of its
+// own and waits, results and all, in its directory handle's table
+// (async.go) until BATCH_WAIT collects it; unmounting waits for the ones
+// still running.
 //
 // # Errors
 //

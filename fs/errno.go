@@ -54,6 +54,7 @@ var errnoTable = []struct {
 	{errNotWritable, syscall.EBADF},
 	{errNotDirFd, syscall.ENOTDIR},
 	{errBadBatch, syscall.EINVAL},
+	{errNoCall, syscall.EINVAL},
 	{errNoGPU, syscall.ENODEV},
 	{errMetaMismatch, syscall.EBADMSG},
 	{errValueTooLong, syscall.EOVERFLOW},

@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -129,6 +130,9 @@ type FS struct {
 	neg       negatives // names answered ENOENT (negative.go)
 	suspects  fdCloser  // closes refused descriptors of callers (register.go)
 	batches   batchStats
+	// async counts the submitted vector batches still running (async.go):
+	// unmounting waits for them.
+	async sync.WaitGroup
 }
 
 // batchStats count the keys of batch ioctls and where their time went:

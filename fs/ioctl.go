@@ -37,15 +37,17 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 		return 0, 0
 	case ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer, ioctl.CmdPutBuf, ioctl.CmdGetBuf,
 		ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat, ioctl.CmdBatchPut, ioctl.CmdBatchGet,
-		ioctl.CmdPutCUDA, ioctl.CmdGetCUDA, ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV:
+		ioctl.CmdPutCUDA, ioctl.CmdGetCUDA, ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV,
+		ioctl.CmdBatchWait:
 		// The kernel passes an input buffer for _IOW commands and an output
 		// buffer for _IOR ones, each of the size the command encodes.
 		size := int(ioctl.Size(cmd))
 		if ioctl.Dir(cmd)&1 != 0 && len(input) < size || ioctl.Dir(cmd)&2 != 0 && len(output) < size {
 			return 0, syscall.EINVAL
 		}
-		err = n.ioctlData(ctx, fh, cmd, input, output)
-		return 0, toErrno(err)
+		var res int32
+		res, err = n.ioctlData(ctx, fh, cmd, input, output)
+		return res, toErrno(err)
 	}
 	return 0, syscall.ENOTTY
 }

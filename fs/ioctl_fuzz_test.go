@@ -88,6 +88,7 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 	dh := &dirHandle{n: root}
 	dh.regs.fs = f
 	t.Cleanup(func() { h.regs.closeAll() })
+	t.Cleanup(func() { dh.async.close(); f.async.Wait() }) // before the store closes
 	return &fuzzFixture{st: st, root: root, file: fn, fh: h, dh: dh}
 }
 
@@ -95,7 +96,7 @@ var fuzzCmds = []uint32{
 	ioctl.CmdGetMagic, ioctl.CmdGetABIVersion, ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer,
 	ioctl.CmdPutBuf, ioctl.CmdGetBuf, ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat,
 	ioctl.CmdBatchPut, ioctl.CmdBatchGet, ioctl.CmdPutCUDA, ioctl.CmdGetCUDA,
-	ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV,
+	ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV, ioctl.CmdBatchWait,
 }
 
 // allowedErrnos are the answers bad input may get.
@@ -105,6 +106,7 @@ var allowedErrnos = map[syscall.Errno]bool{
 	syscall.ENOSPC: true, syscall.ENOTDIR: true, syscall.EISDIR: true, syscall.ESRCH: true,
 	syscall.ENAMETOOLONG: true, syscall.EACCES: true, syscall.EFBIG: true,
 	syscall.ENODEV: true, syscall.ENOMEM: true, syscall.EBADMSG: true, syscall.EOVERFLOW: true,
+	syscall.EBUSY: true,
 }
 
 // FuzzIoctl drives the ioctl dispatch with arbitrary commands and bytes:
@@ -119,6 +121,8 @@ func FuzzIoctl(f *testing.F) {
 	f.Add(uint8(200), uint32(0xdeadbeef), false, []byte{1, 2, 3})
 	f.Add(uint8(13), uint32(0), true, (&ioctl.KeyArg{KeyLen: 1, Len: 8}).Marshal())
 	f.Add(uint8(15), uint32(0), true, (&ioctl.VBatchArg{Count: 1}).Marshal())
+	f.Add(uint8(15), uint32(0), true, (&ioctl.VBatchArg{Header: ioctl.Header{Flags: ioctl.VBatchAsync}, Count: 1}).Marshal())
+	f.Add(uint8(17), uint32(0), true, (&ioctl.VBatchArg{Count: 1}).Marshal()) // BATCH_WAIT of call 1
 	whole := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole}, Source: ioctl.SrcVM, KeyLen: 1, Len: 8}
 	whole.Key[0] = 'f'
 	f.Add(uint8(14), uint32(0), true, whole.Marshal()) // GET_KEY of f, FlagWhole
@@ -144,6 +148,7 @@ func FuzzIoctl(f *testing.F) {
 			fh, n = fx.dh, fx.root
 		}
 		_, errno := n.Ioctl(ctx, fh, cmd, 0, in, out)
+		fx.root.fs.async.Wait() // a submitted call's changes are in before the check
 		if !allowedErrnos[errno] {
 			t.Fatalf("cmd %#x: errno %v", cmd, errno)
 		}

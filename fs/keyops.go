@@ -3,6 +3,7 @@ package fs
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -851,23 +852,26 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 // call's keys and GPU table point into it). Unmarshal sets every field.
 var vbatchArgs = sync.Pool{New: func() any { return new(ioctl.VBatchArg) }}
 
-// vbatch serves BATCH_PUTV and BATCH_GETV on directory dir.
-func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
+// vbatch serves BATCH_PUTV and BATCH_GETV on directory dir: at once, or
+// with ioctl.VBatchAsync started in its own goroutine, returning the
+// call's number (see asyncTable).
+func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) (int32, error) {
 	a := vbatchArgs.Get().(*ioctl.VBatchArg)
-	defer vbatchArgs.Put(a) // after the call's ops and batchCall, which use it
 	if err := a.Unmarshal(in); err != nil {
-		return err
+		vbatchArgs.Put(a)
+		return 0, err
 	}
-	if a.Count > ioctl.MaxBatch || a.NGPU > ioctl.MaxGPURefs || a.Flags != 0 {
-		return fmt.Errorf("count %d, %d GPUs, flags %#x: %w", a.Count, a.NGPU, a.Flags, errBadBatch)
+	async := a.Flags == ioctl.VBatchAsync
+	if a.Count > ioctl.MaxBatch || a.NGPU > ioctl.MaxGPURefs || a.Flags != 0 && !async {
+		vbatchArgs.Put(a)
+		return 0, fmt.Errorf("count %d, %d GPUs, flags %#x: %w", a.Count, a.NGPU, a.Flags, errBadBatch)
 	}
 	bc, err := n.newBatchCall(ctx, dh, dir, a.GPUs[:a.NGPU], int(a.Count))
 	if err != nil {
-		return err
+		vbatchArgs.Put(a)
+		return 0, err
 	}
-	defer bc.end()
 	ptrs, release := newOps(a.Count)
-	defer release()
 	var wire []ioctl.Seg
 	var arena []seg // the keys' segments, cut from blocks shared by the call's keys
 	for i, op := range ptrs {
@@ -875,13 +879,44 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		op.flags, op.objOff = e.Flags, e.ObjOff
 		op.err = decodeVEntry(a, dir, i, op, &wire, &arena, put)
 	}
-	n.runOps(ctx, bc, put, ptrs)
-	for i, op := range ptrs {
-		e := &a.Entries[i]
-		e.Result, e.Version = op.result()
+	run := func(ctx context.Context) {
+		// The call's ops and batchCall use a (its keys, GPU table): it
+		// goes back to the pool after them.
+		n.runOps(ctx, bc, put, ptrs)
+		for i, op := range ptrs {
+			e := &a.Entries[i]
+			e.Result, e.Version = op.result()
+		}
+		release()
+		bc.end()
 	}
-	a.MarshalInto(out)
-	return nil
+	if !async {
+		run(ctx)
+		a.MarshalInto(out)
+		vbatchArgs.Put(a)
+		return 0, nil
+	}
+	c := &asyncCall{a: a, done: make(chan struct{})}
+	id, err := dh.async.add(c)
+	if err != nil {
+		release()
+		bc.end()
+		vbatchArgs.Put(a)
+		return 0, err
+	}
+	n.fs.async.Add(1)
+	go func() {
+		defer n.fs.async.Done()
+		// Not the request's context: the request is over, and its
+		// caller's details (in bc) were taken while it ran.
+		run(context.Background())
+		dh.async.finish(id, c)
+	}()
+	// The reply carries no results (nor any byte of an earlier request).
+	clear(out[:ioctl.SizeVBatchArg])
+	binary.LittleEndian.PutUint32(out[0:], ioctl.SizeVBatchArg)
+	binary.LittleEndian.PutUint32(out[4:], ioctl.VBatchAsync)
+	return int32(id), nil
 }
 
 // decodeVEntry fills op from entry i of a vector batch, its segments cut

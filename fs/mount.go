@@ -120,6 +120,7 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	m.server.Wait()
+	m.fs.async.Wait() // submitted calls, after their requests
 	if m.stopFollow != nil {
 		m.stopFollow()
 	}

@@ -82,6 +82,7 @@ func TestDataCommandNumbers(t *testing.T) {
 		{"GET_KEY", CmdGetKey, 0xc4004d1c},
 		{"BATCH_PUTV", CmdBatchPutV, 0xfff84d1d},
 		{"BATCH_GETV", CmdBatchGetV, 0xfff84d1e},
+		{"BATCH_WAIT", CmdBatchWait, 0xfff84d1f},
 	} {
 		if c.cmd != c.want {
 			t.Errorf("%s = %#x, want %#x", c.name, c.cmd, c.want)

@@ -26,24 +26,32 @@ var (
 // finishes every request it started, so a signal never leaves one half
 // done to retry.
 func call(f *os.File, cmd uint32, arg []byte) error {
+	_, err := callResult(f, cmd, arg)
+	return err
+}
+
+// callResult is call returning the ioctl's value (BATCH_PUTV's and
+// BATCH_GETV's call number with VBatchAsync).
+func callResult(f *os.File, cmd uint32, arg []byte) (int, error) {
 	if uint32(len(arg)) != Size(cmd) {
-		return fmt.Errorf("ioctl %#x: buffer %d B, command wants %d: %w", cmd, len(arg), Size(cmd), ErrArgSize)
+		return 0, fmt.Errorf("ioctl %#x: buffer %d B, command wants %d: %w", cmd, len(arg), Size(cmd), ErrArgSize)
 	}
 	rc, err := f.SyscallConn()
 	if err != nil {
-		return err
+		return 0, err
 	}
+	var r uintptr
 	var errno unix.Errno
 	cerr := rc.Control(func(fd uintptr) {
-		_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&arg[0])))
+		r, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(cmd), uintptr(unsafe.Pointer(&arg[0])))
 	})
 	if cerr != nil {
-		return cerr
+		return 0, cerr
 	}
 	if errno != 0 {
-		return errno
+		return 0, errno
 	}
-	return nil
+	return int(int32(r)), nil
 }
 
 // Probe checks that f is on mooncake-fs and returns the daemon's ABI

@@ -59,7 +59,10 @@
 // for the daemon's GPUDirect RDMA), RegisterAddr this process's own
 // memory by address.
 // A key by name may be a path below the directory; with FlagParents (ABI
-// 1.4) its put makes the missing directories first.
+// 1.4) its put makes the missing directories first. StartBatchPutV and
+// StartBatchGetV (ABI 1.7) submit one vector batch and return while the
+// daemon runs it; PendingV.Wait collects its results and WaitCalls waits
+// for every call submitted on the File before it.
 //
 // PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
 // caller's pages a folio at a time: buffers backed by transparent huge

@@ -37,11 +37,11 @@ int main(void) {
 	O(mc_vbatch_entry, key_off) O(mc_vbatch_entry, key_len) O(mc_vbatch_entry, flags) O(mc_vbatch_entry, seg_off) O(mc_vbatch_entry, nseg) O(mc_vbatch_entry, meta_off) O(mc_vbatch_entry, meta_len) O(mc_vbatch_entry, obj_off) O(mc_vbatch_entry, result) O(mc_vbatch_entry, version)
 	O(mc_vbatch, count) O(mc_vbatch, ngpu) O(mc_vbatch, entries) O(mc_vbatch, gpus) O(mc_vbatch, area)
 	C(MC_IOC_GET_MAGIC) C(MC_IOC_GET_ABI_VERSION) C(MC_IOC_REGISTER_BUFFER) C(MC_IOC_UNREGISTER_BUFFER)
-	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA) C(MC_IOC_PUT_KEY) C(MC_IOC_GET_KEY) C(MC_IOC_BATCH_PUTV) C(MC_IOC_BATCH_GETV)
+	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA) C(MC_IOC_PUT_KEY) C(MC_IOC_GET_KEY) C(MC_IOC_BATCH_PUTV) C(MC_IOC_BATCH_GETV) C(MC_IOC_BATCH_WAIT)
 	printf("const MC_MAX_META %d\nconst MC_MAX_GPU_REFS %d\nconst MC_MAX_SEGS %d\nconst MC_KIND_VM %u\nconst MC_SRC_CUDA %u\nconst MC_SEG_GPU %llu\n", MC_MAX_META, MC_MAX_GPU_REFS, MC_MAX_SEGS, MC_KIND_VM, MC_SRC_CUDA, MC_SEG_GPU);
 	printf("const MC_MAX_BATCH %d\nconst MC_ABI_MINOR %d\nconst MC_ABI_MAJOR %d\n", MC_MAX_BATCH, MC_ABI_MINOR, MC_ABI_MAJOR);
 	printf("const MC_FLAG_EXCL %u\nconst MC_FLAG_UPDATE %u\nconst MC_FLAG_PARENTS %u\nconst MC_REGISTER_DMABUF %u\n", MC_FLAG_EXCL, MC_FLAG_UPDATE, MC_FLAG_PARENTS, MC_REGISTER_DMABUF);
-	printf("const MC_FLAG_WHOLE %u\n", MC_FLAG_WHOLE);
+	printf("const MC_FLAG_WHOLE %u\nconst MC_VBATCH_ASYNC %u\nconst MC_MAX_ASYNC_CALLS %d\n", MC_FLAG_WHOLE, MC_VBATCH_ASYNC, MC_MAX_ASYNC_CALLS);
 	printf("const MC_MAGIC %llu\n", (unsigned long long)MC_MAGIC);
 	return 0;
 }
@@ -67,7 +67,9 @@ int main(void) {
 		"sizeof mc_vbatch_entry": SizeVBatchEntry, "sizeof mc_vbatch": SizeVBatchArg,
 		"cmd MC_IOC_PUT_KEY": uint64(CmdPutKey), "cmd MC_IOC_GET_KEY": uint64(CmdGetKey),
 		"cmd MC_IOC_BATCH_PUTV": uint64(CmdBatchPutV), "cmd MC_IOC_BATCH_GETV": uint64(CmdBatchGetV),
-		"const MC_MAX_META": MaxMeta, "const MC_MAX_GPU_REFS": MaxGPURefs, "const MC_MAX_SEGS": MaxSegs,
+		"cmd MC_IOC_BATCH_WAIT": uint64(CmdBatchWait), "const MC_VBATCH_ASYNC": uint64(VBatchAsync),
+		"const MC_MAX_ASYNC_CALLS": MaxAsyncCalls,
+		"const MC_MAX_META":        MaxMeta, "const MC_MAX_GPU_REFS": MaxGPURefs, "const MC_MAX_SEGS": MaxSegs,
 		"const MC_KIND_VM": uint64(KindVM), "const MC_SRC_CUDA": uint64(SrcCUDA), "const MC_SEG_GPU": SegGPU,
 		"cmd MC_IOC_PUT_CUDA": uint64(CmdPutCUDA), "cmd MC_IOC_GET_CUDA": uint64(CmdGetCUDA),
 		"cmd MC_IOC_GET_MAGIC": uint64(CmdGetMagic), "cmd MC_IOC_GET_ABI_VERSION": uint64(CmdGetABIVersion),

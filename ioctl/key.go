@@ -12,6 +12,31 @@ var (
 	CmdBatchGetV = ioc(dirRead|dirWrite, 0x1e, SizeVBatchArg)
 )
 
+// ABI 1.7: vector batches that run while the caller goes on.
+//
+// BATCH_PUTV or BATCH_GETV with VBatchAsync in the header's flags checks
+// the call's shape, starts it and returns at once: the ioctl's value is
+// the call's number on that directory handle (1 to 2^31-1), and the
+// entries' results are not filled. The call's memory must stay as it is
+// until BATCH_WAIT returns for it, and the thread that submitted it must
+// not exit before (process memory moves by its thread id). BATCH_WAIT,
+// with Count set to the call's number, blocks until that call is done and
+// returns its VBatchArg with every result filled, as the synchronous call
+// would have; each call is waited for once (EINVAL for a number that is
+// not outstanding). With Count 0 it waits for every call submitted on the
+// handle before it and consumes none (a barrier, for a caller that must
+// know its memory is no longer used). A handle holds at most
+// MaxAsyncCalls calls not waited for (EBUSY beyond); closing it waits for
+// nothing and drops their results, and unmounting waits for them to end.
+var CmdBatchWait = ioc(dirRead|dirWrite, 0x1f, SizeVBatchArg)
+
+const (
+	// VBatchAsync in a vector batch's header flags submits it (ABI 1.7).
+	VBatchAsync uint32 = 1 << 0
+	// MaxAsyncCalls is the most submitted calls a handle holds.
+	MaxAsyncCalls = 16
+)
+
 // KindVM registers an address range of the caller's own memory
 // (RegisterArg.Offset is the address, Fd is -1): memory that is not a
 // memfd, such as a torch pinned tensor or a numpy array. Its bytes move

@@ -137,6 +137,31 @@ type vbatchScratch struct {
 var vbatchArgs = sync.Pool{New: func() any { return new(vbatchScratch) }}
 
 func (f *File) vbatch(op string, cmd uint32, gpus []GPURef, items []VItem) ([]BatchResult, error) {
+	segs, err := f.vsegs(op, gpus, items)
+	if err != nil {
+		return nil, err
+	}
+	res := make([]BatchResult, len(items))
+	sc := vbatchArgs.Get().(*vbatchScratch)
+	defer vbatchArgs.Put(sc)
+	for start := 0; start < len(items); {
+		end := sc.pack(gpus, items, segs, start)
+		if err := call(f.f, cmd, sc.raw[:]); err != nil {
+			err = f.err(op, err, "items %d..%d of %d (%q...)", start, len(items)-1, len(items), items[start].Key)
+			for i := start; i < len(items); i++ {
+				res[i].Err = err
+			}
+			return res, err
+		}
+		f.vresults(op, sc.raw[:], items[start:end], res[start:end])
+		start = end
+	}
+	runtime.KeepAlive(items)
+	return res, nil
+}
+
+// vsegs checks items and returns each one's segments.
+func (f *File) vsegs(op string, gpus []GPURef, items []VItem) ([][]Seg, error) {
 	if len(gpus) > MaxGPURefs {
 		return nil, f.err(op, ErrBadItem, "%d GPU allocations (at most %d)", len(gpus), MaxGPURefs)
 	}
@@ -166,38 +191,119 @@ func (f *File) vbatch(op string, cmd uint32, gpus []GPURef, items []VItem) ([]Ba
 			segs[i] = it.Segs
 		}
 	}
-	res := make([]BatchResult, len(items))
+	return segs, nil
+}
+
+// pack encodes into sc.raw the items from start on that fit one call and
+// returns the end of them.
+func (sc *vbatchScratch) pack(gpus []GPURef, items []VItem, segs [][]Seg, start int) int {
+	sc.arg = VBatchArg{NGPU: uint32(len(gpus))}
+	copy(sc.arg.GPUs[:], gpus)
+	p := vbatchPacker{a: &sc.arg}
+	end := start
+	for end < len(items) && p.add(items[end].Key, items[end].Meta, segs[end],
+		VBatchEntry{Flags: items[end].Flags, ObjOff: items[end].ObjOff}) {
+		end++
+	}
+	sc.arg.encode(sc.raw[:])
+	return end
+}
+
+// vresults reads the results of one call's items from raw into res.
+func (f *File) vresults(op string, raw []byte, items []VItem, res []BatchResult) {
+	for j := range items {
+		o := raw[16+j*SizeVBatchEntry:]
+		r, v := int64(le.Uint64(o[32:])), le.Uint64(o[40:])
+		if r < 0 {
+			res[j] = BatchResult{Err: fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, items[j].Key, unix.Errno(-r))}
+		} else {
+			res[j] = BatchResult{N: uint64(r), Version: v}
+		}
+	}
+}
+
+// PendingV is a vector batch started with StartBatchPutV or
+// StartBatchGetV and not yet waited for: its items' memory is in use by
+// the daemon until Wait returns.
+type PendingV struct {
+	f     *File
+	op    string
+	items []VItem
+	call  int
+	sc    *vbatchScratch
+}
+
+// StartBatchPutV submits BatchPutV of items that fit one call (at most
+// MaxBatch keys whose segments, keys and metas fit the area) and returns
+// while the daemon runs it (ABI 1.7). The items' memory must stay as it
+// is, and this goroutine's thread alive, until Wait.
+func (f *File) StartBatchPutV(gpus []GPURef, items []VItem) (*PendingV, error) {
+	return f.startV("batch_putv", CmdBatchPutV, gpus, items)
+}
+
+// StartBatchGetV submits BatchGetV of items that fit one call, as
+// StartBatchPutV.
+func (f *File) StartBatchGetV(gpus []GPURef, items []VItem) (*PendingV, error) {
+	return f.startV("batch_getv", CmdBatchGetV, gpus, items)
+}
+
+func (f *File) startV(op string, cmd uint32, gpus []GPURef, items []VItem) (*PendingV, error) {
+	if len(items) == 0 {
+		return nil, f.err(op, ErrBadItem, "no items")
+	}
+	segs, err := f.vsegs(op, gpus, items)
+	if err != nil {
+		return nil, err
+	}
+	sc := vbatchArgs.Get().(*vbatchScratch)
+	if end := sc.pack(gpus, items, segs, 0); end != len(items) {
+		vbatchArgs.Put(sc)
+		return nil, f.err(op, ErrBadItem, "%d items, of which %d fit one call", len(items), end)
+	}
+	le.PutUint32(sc.raw[4:], VBatchAsync)
+	// The thread that submits is the one the daemon reads process memory
+	// by: this goroutine stays on it until Wait.
+	runtime.LockOSThread()
+	n, err := callResult(f.f, cmd, sc.raw[:])
+	if err != nil {
+		runtime.UnlockOSThread()
+		vbatchArgs.Put(sc)
+		return nil, f.err(op, err, "start %d items (%q...)", len(items), items[0].Key)
+	}
+	return &PendingV{f: f, op: op, items: items, call: n, sc: sc}, nil
+}
+
+// Wait blocks until the call is done and returns each item's result, as
+// BatchPutV or BatchGetV would have. Call it once, from the goroutine
+// that started the call.
+func (p *PendingV) Wait() ([]BatchResult, error) {
+	if p.sc == nil {
+		return nil, p.f.err(p.op, ErrBadItem, "call %d waited for already", p.call)
+	}
+	defer runtime.UnlockOSThread()
+	sc := p.sc
+	p.sc = nil
+	defer vbatchArgs.Put(sc)
+	putHeader(sc.raw[:], Header{Size: SizeVBatchArg})
+	le.PutUint32(sc.raw[8:], uint32(p.call))
+	if err := call(p.f.f, CmdBatchWait, sc.raw[:]); err != nil {
+		return nil, p.f.err(p.op, err, "wait for call %d", p.call)
+	}
+	res := make([]BatchResult, len(p.items))
+	p.f.vresults(p.op, sc.raw[:], p.items, res)
+	runtime.KeepAlive(p.items)
+	return res, nil
+}
+
+// WaitCalls blocks until every call started on f before it is done,
+// consuming none of their results (BATCH_WAIT of call 0).
+func (f *File) WaitCalls() error {
 	sc := vbatchArgs.Get().(*vbatchScratch)
 	defer vbatchArgs.Put(sc)
-	for start := 0; start < len(items); {
-		sc.arg = VBatchArg{NGPU: uint32(len(gpus))}
-		copy(sc.arg.GPUs[:], gpus)
-		p := vbatchPacker{a: &sc.arg}
-		end := start
-		for end < len(items) && p.add(items[end].Key, items[end].Meta, segs[end],
-			VBatchEntry{Flags: items[end].Flags, ObjOff: items[end].ObjOff}) {
-			end++
-		}
-		sc.arg.encode(sc.raw[:])
-		if err := call(f.f, cmd, sc.raw[:]); err != nil {
-			err = f.err(op, err, "items %d..%d of %d (%q...)", start, len(items)-1, len(items), items[start].Key)
-			for i := start; i < len(items); i++ {
-				res[i].Err = err
-			}
-			return res, err
-		}
-		for j := range end - start {
-			o := sc.raw[16+j*SizeVBatchEntry:]
-			r, v := int64(le.Uint64(o[32:])), le.Uint64(o[40:])
-			i := start + j
-			if r < 0 {
-				res[i] = BatchResult{Err: fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, items[i].Key, unix.Errno(-r))}
-			} else {
-				res[i] = BatchResult{N: uint64(r), Version: v}
-			}
-		}
-		start = end
+	putHeader(sc.raw[:], Header{Size: SizeVBatchArg})
+	le.PutUint32(sc.raw[8:], 0)
+	if err := call(f.f, CmdBatchWait, sc.raw[:]); err != nil {
+		return f.err("batch_wait", err, "all calls")
 	}
-	runtime.KeepAlive(items)
-	return res, nil
+	return nil
 }

@@ -20,7 +20,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 6
+#define MC_ABI_MINOR 7
 
 struct mc_header {
 	uint32_t size;
@@ -224,6 +224,23 @@ struct mc_vbatch {
 	uint8_t area[16376 - 16 - MC_MAX_BATCH * 48 - MC_MAX_GPU_REFS * 80];
 };
 
+/*
+ * ABI 1.7: vector batches that run while the caller goes on. A
+ * BATCH_PUTV or BATCH_GETV with MC_VBATCH_ASYNC in h.flags checks the
+ * call's shape, starts it and returns at once: the ioctl's value is the
+ * call's number on that directory fd (1 to 2^31-1); results are not
+ * filled. Its memory must stay as it is until MC_IOC_BATCH_WAIT returns
+ * for it, and the submitting thread must not exit before. BATCH_WAIT
+ * takes a struct mc_vbatch whose count is the call's number, blocks until
+ * the call is done and returns the call's struct with every result
+ * filled; each call is waited for once (EINVAL otherwise). count 0 waits
+ * for every call submitted on the fd before it and consumes none. An fd
+ * holds at most MC_MAX_ASYNC_CALLS calls not waited for (EBUSY beyond);
+ * closing it drops their results.
+ */
+#define MC_VBATCH_ASYNC (1u << 0)
+#define MC_MAX_ASYNC_CALLS 16
+
 #define MC_IOC_GET_MAGIC _IOR(MC_IOC_TYPE, 0x01, struct mc_magic)
 #define MC_IOC_GET_ABI_VERSION _IOR(MC_IOC_TYPE, 0x02, struct mc_abi_version)
 #define MC_IOC_REGISTER_BUFFER _IOWR(MC_IOC_TYPE, 0x10, struct mc_register)
@@ -241,5 +258,6 @@ struct mc_vbatch {
 #define MC_IOC_GET_KEY _IOWR(MC_IOC_TYPE, 0x1c, struct mc_key)
 #define MC_IOC_BATCH_PUTV _IOWR(MC_IOC_TYPE, 0x1d, struct mc_vbatch)
 #define MC_IOC_BATCH_GETV _IOWR(MC_IOC_TYPE, 0x1e, struct mc_vbatch)
+#define MC_IOC_BATCH_WAIT _IOWR(MC_IOC_TYPE, 0x1f, struct mc_vbatch)
 
 #endif /* MOONCAKE_FS_H */

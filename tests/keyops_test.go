@@ -1,12 +1,16 @@
 package tests
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
 // The one-key and vector-batch commands (ABI 1.3) from child processes.
@@ -228,9 +232,10 @@ res("key_unmapped", lambda: d.key_call(False, "u", a).result)
 }
 
 // TestKilledBatchClientLeaksNothing: a client killed with SIGKILL in the
-// middle of vector batches, with a memfd and an address range registered,
-// leaves no registration, no client state and, once its keys are removed,
-// no byte of the store in use.
+// middle of vector batches, with a memfd and an address range registered
+// (one of them with calls submitted and not waited for), leaves no
+// registration, no client state and, once its keys are removed, no byte
+// of the store in use.
 func TestKilledBatchClientLeaksNothing(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, "--size", "128MiB")
@@ -271,10 +276,37 @@ while True:
         print("ready", flush=True)
     i += 1
 `, publicPythonDir(t), d.dir)
+	// And one that keeps calls submitted (ABI 1.7) in the daemon, killed
+	// with several not waited for.
+	run(t, "mkdir", d.path("killasync"))
+	a := background(t, python, "-c", keysPrelude+`
+import array, collections
+from mooncake_fs import _abi
+d = mc.Directory(mnt + "/killasync")
+fd = os.memfd_create("kv")
+os.ftruncate(fd, 4 << 20)
+mid = d.register(fd, 4 << 20)
+m = mmap.mmap(-1, 4 << 20)
+vm = addr(m)
+q = collections.deque()
+i = 0
+while True:
+    names = [f"a{(i * 8 + j) % 300}".encode() for j in range(8)]
+    words = array.array("Q")
+    for j in range(8):
+        words.extend((mid, j * 65536, 65536) if j % 2 else (_abi.SEG_VM, vm + j * 65536, 65536))
+    q.append(d.submit_columns(i % 3 != 2, b"".join(names), [len(n) for n in names], words, 1, 0))
+    if len(q) == _abi.MAX_ASYNC_CALLS:
+        d.wait_columns(q.popleft())
+    if i == 40:
+        print("ready", flush=True)
+    i += 1
+`, publicPythonDir(t), d.dir)
 	b.waitOutput(t, "ready")
 	s.waitOutput(t, "ready")
+	a.waitOutput(t, "ready")
 	time.Sleep(200 * time.Millisecond)
-	for _, c := range []*bg{b, s} {
+	for _, c := range []*bg{b, s, a} {
 		if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -300,12 +332,78 @@ while True:
 		c, s := get()
 		return c.Registrations.Live == 0 && c.Clients.Procs == 0 && c.Clients.IPC == 0, s
 	})
-	run(t, "rm", "-r", d.path("kill"), d.path("killstore"))
+	run(t, "rm", "-r", d.path("kill"), d.path("killstore"), d.path("killasync"))
 	waitFor(t, "no byte in use", func() (bool, string) {
 		c, s := get()
 		return c.Used == 0, s
 	})
 	d.checkAlive(t)
+}
+
+// TestSubmittedCalls: the Go client's submitted vector batches through
+// the mount: several in the daemon at once, waited for in any order,
+// each once, with the bytes of the same calls made one by one.
+func TestSubmittedCalls(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	f, err := ioctl.OpenDir(d.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	vals := make([][]byte, 24)
+	var pend []*ioctl.PendingV
+	for c := range 3 {
+		var items []ioctl.VItem
+		for j := range 8 {
+			i := c*8 + j
+			vals[i] = bytes.Repeat([]byte{byte(i + 1)}, 1000+i*100)
+			items = append(items, ioctl.VItem{Key: fmt.Sprintf("s%d", i), Data: [][]byte{vals[i][:500], vals[i][500:]}})
+		}
+		p, err := f.StartBatchPutV(nil, items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pend = append(pend, p)
+	}
+	for c := 2; c >= 0; c-- {
+		res, err := pend[c].Wait()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, r := range res {
+			if i := c*8 + j; r.Err != nil || r.N != uint64(len(vals[i])) {
+				t.Fatalf("s%d: %+v", i, r)
+			}
+		}
+		if _, err := pend[c].Wait(); err == nil {
+			t.Fatal("a call waited for twice")
+		}
+	}
+	for i, v := range vals {
+		if got, err := os.ReadFile(d.path(fmt.Sprintf("s%d", i))); err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("s%d: %v", i, err)
+		}
+	}
+	dst := make([]byte, 2000)
+	p, err := f.StartBatchGetV(nil, []ioctl.VItem{{Key: "s3", Data: [][]byte{dst}}, {Key: "none", Data: [][]byte{dst[1500:]}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.WaitCalls(); err != nil { // done, not consumed
+		t.Fatal(err)
+	}
+	res, err := p.Wait()
+	if err != nil || res[0].N != uint64(len(vals[3])) || !bytes.Equal(dst[:res[0].N], vals[3]) || !errors.Is(res[1].Err, syscall.ENOENT) {
+		t.Fatalf("get: %+v, %v", res, err)
+	}
+	big := make([]ioctl.VItem, ioctl.MaxBatch+1)
+	for i := range big {
+		big[i] = ioctl.VItem{Key: fmt.Sprintf("b%d", i), Data: [][]byte{dst[:1]}}
+	}
+	if _, err := f.StartBatchPutV(nil, big); err == nil {
+		t.Fatal("a call of more keys than one call carries was submitted")
+	}
 }
 
 // TestMetaFollowsTheBytes: the meta describes the bytes it was put with.

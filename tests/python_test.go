@@ -122,6 +122,7 @@ func TestPythonABI(t *testing.T) {
 		"MC_IOC_PUT_CUDA": ioctl.CmdPutCUDA, "MC_IOC_GET_CUDA": ioctl.CmdGetCUDA,
 		"MC_IOC_PUT_KEY": ioctl.CmdPutKey, "MC_IOC_GET_KEY": ioctl.CmdGetKey,
 		"MC_IOC_BATCH_PUTV": ioctl.CmdBatchPutV, "MC_IOC_BATCH_GETV": ioctl.CmdBatchGetV,
+		"MC_IOC_BATCH_WAIT": ioctl.CmdBatchWait,
 	}
 	if len(l.Commands) != len(cmds) {
 		t.Errorf("python has %d commands, Go %d", len(l.Commands), len(cmds))

@@ -33,7 +33,7 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 6
+ABI_MINOR = 7
 
 KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
 KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
@@ -277,6 +277,12 @@ PUT_KEY = _IOC(_RW, 0x1B, ctypes.sizeof(Key))
 GET_KEY = _IOC(_RW, 0x1C, ctypes.sizeof(Key))
 BATCH_PUTV = _IOC(_RW, 0x1D, ctypes.sizeof(VBatch))
 BATCH_GETV = _IOC(_RW, 0x1E, ctypes.sizeof(VBatch))
+# ABI 1.7: VBATCH_ASYNC in a vector batch's header flags submits it (the
+# ioctl's value is its number on the directory fd); BATCH_WAIT, count = the
+# number, returns it with its results (count 0: waits for all, consumes none).
+BATCH_WAIT = _IOC(_RW, 0x1F, ctypes.sizeof(VBatch))
+VBATCH_ASYNC = 1 << 0
+MAX_ASYNC_CALLS = 16
 
 COMMANDS = {
     "MC_IOC_GET_MAGIC": GET_MAGIC,
@@ -296,6 +302,7 @@ COMMANDS = {
     "MC_IOC_GET_KEY": GET_KEY,
     "MC_IOC_BATCH_PUTV": BATCH_PUTV,
     "MC_IOC_BATCH_GETV": BATCH_GETV,
+    "MC_IOC_BATCH_WAIT": BATCH_WAIT,
 }
 
 # C struct name -> (class, {C field path: python attribute path}) for the

@@ -365,16 +365,19 @@ _libc_ioctl.restype = ctypes.c_int
 def ioctl_released(fd, cmd, raw, name=None, started=None):
     """ioctl with the bytearray raw as in/out buffer, the GIL released for
     the call (fcntl.ioctl holds it for a buffer over 1 KiB: calls from
-    several threads would go one at a time); errors as ioctl's. started,
-    an Event, is set just before the call: a thread that waits on it gets
-    the GIL back once this one is in the daemon."""
+    several threads would go one at a time); returns the ioctl's value,
+    errors as ioctl's. started, an Event, is set just before the call: a
+    thread that waits on it gets the GIL back once this one is in the
+    daemon."""
     buf = (ctypes.c_char * len(raw)).from_buffer(raw)
     addr = ctypes.addressof(buf)
     if started is not None:
         started.set()
-    if _libc_ioctl(fd, cmd, addr) < 0:
+    r = _libc_ioctl(fd, cmd, addr)
+    if r < 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e), name)
+    return r
 
 
 def _put_flags(exclusive, update):
@@ -770,6 +773,27 @@ def columns_fit(n, nseg, key_bytes):
     return 0 < n <= _abi.MAX_BATCH and 0 < nseg <= _abi.MAX_SEGS and n * nseg * _SEG.size + key_bytes <= _abi.VBATCH_AREA_BYTES
 
 
+class _Submitted:
+    """A call of Directory.submit_columns: its number on the fd, its raw
+    arguments (which the wait fills) and its count of keys."""
+
+    __slots__ = ("number", "raw", "keys")
+
+    def __init__(self, number, raw, keys):
+        self.number, self.raw, self.keys = number, raw, keys
+
+
+def _column_results(raw, n, versions):
+    """The results of a vector batch's n keys in raw: a list, or with
+    versions (result, version) pairs."""
+    words, at = _VENTRY.size // 8, _VRESULT_AT // 8
+    ents = memoryview(raw)[_VENTRIES:_VENTRIES + _VENTRY.size * n]
+    res = ents.cast("q")[at::words].tolist()
+    if versions:
+        return list(zip(res, ents.cast("Q")[at + 1::words].tolist()))
+    return res
+
+
 def _column_entries(n, nseg, flags, lens, kbase, mlens, mbase):
     """The n entries of send_columns: segments from the area's start,
     nseg per key, the names after them end to end, then the metas."""
@@ -946,6 +970,41 @@ class Directory(_Handle):
         (result, version) pairs. The entries of keys of one length (and
         meta length) are packed once per shape and reused: a batch costs a
         few calls into C, not a few per key. started: as ioctl_released's."""
+        raw = self._pack_columns(keys, lens, segs, nseg, flags, metas, mlens, gpus)
+        ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name, started)
+        return _column_results(raw, len(lens), versions)
+
+    def submit_columns(self, put, keys, lens, segs, nseg, flags, metas=b"", mlens=None, gpus=()):
+        """send_columns submitted (ABI 1.7): the daemon starts the call and
+        this returns at once, with the call for wait_columns. The memory
+        its segments name must stay as it is, and this thread must not
+        exit, until wait_columns (or wait_calls) returns. OSError EBUSY
+        when the directory's fd holds MAX_ASYNC_CALLS calls not waited
+        for."""
+        raw = self._pack_columns(keys, lens, segs, nseg, flags, metas, mlens, gpus)
+        struct.pack_into("<I", raw, 4, _abi.VBATCH_ASYNC)
+        number = ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name)
+        return _Submitted(number, raw, len(lens))
+
+    def wait_columns(self, call, versions=True):
+        """Wait for a call of submit_columns and return its results, as
+        send_columns would have. Once per call: OSError EINVAL after."""
+        raw = call.raw
+        struct.pack_into("<III", raw, 0, _abi.BATCH_SIZE, 0, call.number)
+        struct.pack_into("<I", raw, 12, 0)
+        ioctl_released(self.fileno(), _abi.BATCH_WAIT, raw, self.name)
+        return _column_results(raw, call.keys, versions)
+
+    def wait_calls(self):
+        """Wait until every call submitted on this directory's fd before
+        now is over, consuming none of their results (BATCH_WAIT of call
+        0): after it, the daemon uses none of the memory they named."""
+        raw = bytearray(_abi.BATCH_SIZE)
+        _VHEAD.pack_into(raw, 0, _abi.BATCH_SIZE, 0, 0, 0)
+        ioctl_released(self.fileno(), _abi.BATCH_WAIT, raw, self.name)
+
+    def _pack_columns(self, keys, lens, segs, nseg, flags, metas, mlens, gpus):
+        """The raw vector batch of send_columns' arguments."""
         n = len(lens)
         sb = memoryview(segs).cast("B")
         kbase = n * nseg * _SEG.size
@@ -967,13 +1026,7 @@ class Directory(_Handle):
         raw[_VAREA:_VAREA + kbase] = sb
         raw[_VAREA + kbase:_VAREA + mbase] = keys
         raw[_VAREA + mbase:_VAREA + mbase + len(metas)] = metas
-        ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name, started)
-        words, at = _VENTRY.size // 8, _VRESULT_AT // 8
-        ents = memoryview(raw)[_VENTRIES:_VENTRIES + _VENTRY.size * n]
-        res = ents.cast("q")[at::words].tolist()
-        if versions:
-            return list(zip(res, ents.cast("Q")[at + 1::words].tolist()))
-        return res
+        return raw
 
     def batch_putv(self, items, *, meta=None, exclusive=False, check=True):
         """Put keys whose values are gathered from several buffers: items

@@ -45,6 +45,8 @@ CONSTANTS = {
     "MC_MAX_SEGS": _abi.MAX_SEGS,
     "MC_SEG_VM": _abi.SEG_VM,
     "MC_SEG_GPU": _abi.SEG_GPU,
+    "MC_VBATCH_ASYNC": _abi.VBATCH_ASYNC,
+    "MC_MAX_ASYNC_CALLS": _abi.MAX_ASYNC_CALLS,
 }
 
 

@@ -9,9 +9,11 @@ tests/python_test.go does both:
         /usr/bin/python3 -m unittest discover -s python/tests -p 'test_live.py' -v
 """
 
+import array
 import ctypes
 import errno
 import gc
+import itertools
 import json
 import os
 import signal
@@ -21,6 +23,7 @@ import threading
 import time
 import unittest
 import uuid
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -708,6 +711,57 @@ class TestKilledClient(Live):
         r = wait_live(before["live"])
         self.assertEqual(r["bytes"], before["bytes"])
         self.assertEqual(self.c.get(self.key("killed")), b"data")
+
+
+class TestSubmitted(Live):
+    """Vector batches submitted and waited for (ABI 1.7): several in the
+    daemon at once, checked against the same calls made one by one."""
+
+    def columns(self, names, bufs):
+        keys = [n.encode() for n in names]
+        addrs = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in bufs]
+        words = array.array("Q", itertools.chain.from_iterable((_abi.SEG_VM, a, len(b)) for a, b in zip(addrs, bufs)))
+        return b"".join(keys), [len(k) for k in keys], words
+
+    def test_parts_at_once(self):
+        d = self.c.opendir(self.base)
+        self.addCleanup(d.close)
+        vals = [bytearray(pattern(1000 + 37 * i, i)) for i in range(40)]
+        calls = []
+        for lo in range(0, 40, 8):
+            names = [f"s{i}" for i in range(lo, lo + 8)]
+            calls.append(d.submit_columns(True, *self.columns(names, vals[lo:lo + 8]), 1, 0))
+        self.assertEqual(len({c.number for c in calls}), 5)
+        for k in reversed(range(len(calls))):
+            self.assertEqual([r for r, _ in d.wait_columns(calls[k])], [len(v) for v in vals[k * 8:k * 8 + 8]])
+        self.assertErrno(errno.EINVAL, d.wait_columns, calls[0])  # once each
+        for i, v in enumerate(vals):
+            self.assertEqual(self.c.get(self.key(f"s{i}")), bytes(v))
+        # Gets, one key missing, one buffer too short (FLAG_WHOLE).
+        outs = [bytearray(len(v)) for v in vals[:8]]
+        outs[5] = bytearray(3)
+        names = [f"s{i}" for i in range(8)]
+        names[2] = "missing"
+        c = d.submit_columns(False, *self.columns(names, outs), 1, _abi.FLAG_WHOLE)
+        got = [r for r, _ in d.wait_columns(c)]
+        want = [len(v) for v in vals[:8]]
+        want[2], want[5] = -errno.ENOENT, -errno.EOVERFLOW
+        self.assertEqual(got, want)
+        for i in (0, 1, 3, 4, 6, 7):
+            self.assertEqual(outs[i], vals[i])
+
+    def test_bound_and_barrier(self):
+        d = self.c.opendir(self.base)
+        self.addCleanup(d.close)
+        val = bytearray(b"q" * 4096)
+        calls = [d.submit_columns(True, *self.columns([f"b{i}"], [val]), 1, 0) for i in range(_abi.MAX_ASYNC_CALLS)]
+        self.assertErrno(errno.EBUSY, d.submit_columns, True, *self.columns(["over"], [val]), 1, 0)
+        d.wait_calls()  # all done, none consumed
+        self.assertErrno(errno.ENOENT, self.c.get, self.key("over"))
+        for c in calls:
+            self.assertEqual(d.wait_columns(c), [(4096, mock.ANY)])
+        self.assertEqual(self.c.get(self.key(f"b{_abi.MAX_ASYNC_CALLS - 1}")), bytes(val))
+        d.wait_calls()  # nothing outstanding: returns at once
 
 
 class TestKeysByName(Live):

@@ -1,0 +1,135 @@
+package fs
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"syscall"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+// errNoCall: BATCH_WAIT named a call that is not outstanding on the
+// handle (never submitted, or waited for already).
+var errNoCall = errors.New("no such submitted call")
+
+// asyncTable is a directory handle's vector batches submitted with
+// ioctl.VBatchAsync (ABI 1.7): each runs in its own goroutine and stays
+// here, with its results, until BATCH_WAIT collects it. At most
+// ioctl.MaxAsyncCalls a handle, so a caller that never waits holds a
+// bounded amount of the daemon (16 KiB of arguments a call).
+type asyncTable struct {
+	mu     sync.Mutex
+	last   uint32 // the number given last
+	calls  map[uint32]*asyncCall
+	closed bool // the handle was released: results go unread
+}
+
+// asyncCall is one submitted call.
+type asyncCall struct {
+	a       *ioctl.VBatchArg // the call; its results are filled once done
+	done    chan struct{}    // closed when the call is over
+	claimed bool             // a BATCH_WAIT is collecting it
+}
+
+// add numbers c and keeps it, or fails with EBUSY when the handle holds
+// as many calls as it may.
+func (t *asyncTable) add(c *asyncCall) (uint32, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return 0, syscall.EBADF
+	}
+	if len(t.calls) >= ioctl.MaxAsyncCalls {
+		return 0, fmt.Errorf("%d submitted calls not waited for: %w", len(t.calls), syscall.EBUSY)
+	}
+	if t.calls == nil {
+		t.calls = map[uint32]*asyncCall{}
+	}
+	for {
+		t.last++
+		if t.last > math.MaxInt32 {
+			t.last = 1 // the number is the ioctl's value: positive
+		}
+		if t.calls[t.last] == nil {
+			break
+		}
+	}
+	t.calls[t.last] = c
+	return t.last, nil
+}
+
+// finish marks call id done; a released handle's results are dropped.
+func (t *asyncTable) finish(id uint32, c *asyncCall) {
+	close(c.done)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed && !c.claimed {
+		delete(t.calls, id)
+		vbatchArgs.Put(c.a)
+	}
+}
+
+// close drops the results of the calls that are over; those still
+// running drop theirs when they end (finish). Nothing waits: a call's
+// registrations and GPU mappings are its own until it ends.
+func (t *asyncTable) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	for id, c := range t.calls {
+		select {
+		case <-c.done:
+			if !c.claimed {
+				delete(t.calls, id)
+				vbatchArgs.Put(c.a)
+			}
+		default:
+		}
+	}
+}
+
+// wait serves BATCH_WAIT: in names the call by its Count; out gets the
+// call's arguments with its results. Call 0 waits for every call
+// submitted before and consumes none.
+func (t *asyncTable) wait(in, out []byte) error {
+	if len(in) < ioctl.SizeVBatchArg || len(out) < ioctl.SizeVBatchArg {
+		return fmt.Errorf("%d B in, %d out: %w", len(in), len(out), errBadBatch)
+	}
+	size, flags := binary.LittleEndian.Uint32(in[0:]), binary.LittleEndian.Uint32(in[4:])
+	id, rest := binary.LittleEndian.Uint32(in[8:]), binary.LittleEndian.Uint32(in[12:])
+	if size != ioctl.SizeVBatchArg || flags != 0 || rest != 0 {
+		return fmt.Errorf("size %d, flags %#x, word %#x: %w", size, flags, rest, errBadBatch)
+	}
+	if id == 0 {
+		t.mu.Lock()
+		dones := make([]chan struct{}, 0, len(t.calls))
+		for _, c := range t.calls {
+			dones = append(dones, c.done)
+		}
+		t.mu.Unlock()
+		for _, d := range dones {
+			<-d
+		}
+		clear(out[:ioctl.SizeVBatchArg])
+		binary.LittleEndian.PutUint32(out[0:], ioctl.SizeVBatchArg)
+		return nil
+	}
+	t.mu.Lock()
+	c := t.calls[id]
+	if c == nil || c.claimed {
+		t.mu.Unlock()
+		return fmt.Errorf("call %d: %w", id, errNoCall)
+	}
+	c.claimed = true
+	t.mu.Unlock()
+	<-c.done
+	t.mu.Lock()
+	delete(t.calls, id)
+	t.mu.Unlock()
+	c.a.MarshalInto(out)
+	vbatchArgs.Put(c.a)
+	return nil
+}

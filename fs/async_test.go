@@ -1,0 +1,242 @@
+package fs
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"syscall"
+	"testing"
+
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
+)
+
+// submitV starts a as a submitted call on dh and returns its number.
+func submitV(fx *fuzzFixture, dh *dirHandle, put bool, a *ioctl.VBatchArg) (int32, syscall.Errno) {
+	cmd := ioctl.CmdBatchGetV
+	if put {
+		cmd = ioctl.CmdBatchPutV
+	}
+	a.Flags = ioctl.VBatchAsync
+	return fx.root.Ioctl(callerCtx(os.Getpid()), dh, cmd, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg))
+}
+
+// waitV is BATCH_WAIT of call id on dh; it returns the results of the
+// call's count keys.
+func waitV(fx *fuzzFixture, dh *dirHandle, id uint32, count int) ([]int64, syscall.Errno) {
+	in := make([]byte, ioctl.SizeVBatchArg)
+	binary.LittleEndian.PutUint32(in[0:], ioctl.SizeVBatchArg)
+	binary.LittleEndian.PutUint32(in[8:], id)
+	out := make([]byte, ioctl.SizeVBatchArg)
+	if _, errno := fx.root.Ioctl(callerCtx(os.Getpid()), dh, ioctl.CmdBatchWait, 0, in, out); errno != 0 {
+		return nil, errno
+	}
+	var a ioctl.VBatchArg
+	if err := a.Unmarshal(out); err != nil {
+		panic(err)
+	}
+	if id != 0 && int(a.Count) != count {
+		panic(fmt.Sprintf("call %d came back with %d keys, want %d", id, a.Count, count))
+	}
+	res := make([]int64, count)
+	for i := range res {
+		res[i] = a.Entries[i].Result
+	}
+	return res, 0
+}
+
+// TestAsyncVBatchModel: puts and gets submitted several at a time, some
+// of their keys failing, each call waited for in a random order, give
+// what the same calls made one after the other give, checked against a
+// model of every key.
+func TestAsyncVBatchModel(t *testing.T) {
+	fx := newFuzzFixture(t)
+	rng := rand.New(rand.NewPCG(7, 11))
+	model := map[string][]byte{}
+	src := make([]byte, 256<<10)
+	for i := range src {
+		src[i] = byte(rng.Uint32())
+	}
+	dst := make([]byte, 256<<10)
+	for round := range 30 {
+		// Up to 6 calls of up to 8 keys, distinct keys across the round
+		// (the calls run at once, in no order).
+		type call struct {
+			id   int32
+			keys []string
+			want []int64
+			at   []int // get: where each key's bytes land in dst
+		}
+		var calls []call
+		put := round%3 != 2
+		used := map[string]bool{}
+		pos := 0
+		for range 1 + rng.IntN(6) {
+			var a ioctl.VBatchArg
+			p := vbatchPackerFor(&a)
+			c := call{}
+			for range 1 + rng.IntN(8) {
+				key := fmt.Sprintf("k%02d", rng.IntN(40))
+				if used[key] {
+					continue
+				}
+				used[key] = true
+				n := 1 + rng.IntN(4096)
+				seg := ioctl.Seg{ID: ioctl.SegVM, Off: addr(dst) + uint64(pos), Len: uint64(n)}
+				want := int64(n)
+				if put {
+					off := rng.IntN(len(src) - n)
+					seg.Off = addr(src) + uint64(off)
+					if rng.IntN(8) == 0 {
+						seg.Off = 4096 // nobody's memory: this key fails alone
+						want = -int64(syscall.EFAULT)
+					}
+				} else if v, ok := model[key]; !ok {
+					want = -int64(syscall.ENOENT)
+				} else {
+					want = int64(min(n, len(v)))
+				}
+				if !p(key, []ioctl.Seg{seg}) {
+					break
+				}
+				c.keys, c.want, c.at = append(c.keys, key), append(c.want, want), append(c.at, pos)
+				if put && want > 0 {
+					model[key] = src[seg.Off-addr(src) : seg.Off-addr(src)+uint64(n)]
+				}
+				pos += n
+			}
+			if len(c.keys) == 0 {
+				continue
+			}
+			id, errno := submitV(fx, fx.dh, put, &a)
+			if errno != 0 || id <= 0 {
+				t.Fatalf("round %d: submit: %d, %v", round, id, errno)
+			}
+			c.id = id
+			calls = append(calls, c)
+		}
+		for _, i := range rng.Perm(len(calls)) {
+			c := calls[i]
+			res, errno := waitV(fx, fx.dh, uint32(c.id), len(c.keys))
+			if errno != 0 {
+				t.Fatalf("round %d: wait %d: %v", round, c.id, errno)
+			}
+			for k, key := range c.keys {
+				if res[k] != c.want[k] {
+					t.Fatalf("round %d, %s: %d, want %d", round, key, res[k], c.want[k])
+				}
+				if !put && res[k] > 0 && !bytes.Equal(dst[c.at[k]:c.at[k]+int(res[k])], model[key][:res[k]]) {
+					t.Fatalf("round %d, %s: got other bytes", round, key)
+				}
+			}
+			if _, errno := waitV(fx, fx.dh, uint32(c.id), len(c.keys)); errno != syscall.EINVAL {
+				t.Fatalf("call %d waited for twice: %v", c.id, errno)
+			}
+		}
+		for key, want := range model {
+			if got := readKey(t, fx, key); !bytes.Equal(got, want) {
+				t.Fatalf("round %d: %s holds other bytes", round, key)
+			}
+		}
+	}
+	runtime.KeepAlive(src)
+	runtime.KeepAlive(dst)
+}
+
+// TestAsyncVBatchLimits: bad submissions and waits fail with EINVAL and
+// change nothing; a handle holds MaxAsyncCalls calls (EBUSY beyond) until
+// they are waited for; the barrier waits for all and consumes none; a
+// released handle takes no more and drops what it held.
+func TestAsyncVBatchLimits(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := callerCtx(os.Getpid())
+	val := bytes.Repeat([]byte("v"), 100)
+	one := func(key string) *ioctl.VBatchArg {
+		var a ioctl.VBatchArg
+		vbatchPackerFor(&a)(key, []ioctl.Seg{{ID: ioctl.SegVM, Off: addr(val), Len: uint64(len(val))}})
+		return &a
+	}
+	a := one("bad")
+	a.Flags = ioctl.VBatchAsync | 2
+	if _, errno := fx.root.Ioctl(ctx, fx.dh, ioctl.CmdBatchPutV, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg)); errno != syscall.EINVAL {
+		t.Fatalf("unknown flag: %v", errno)
+	}
+	if _, err := fx.st.Stat(context.Background(), "bad"); err == nil {
+		t.Fatal("a refused call stored its key")
+	}
+	for _, id := range []uint32{1, 12345} {
+		if _, errno := waitV(fx, fx.dh, id, 0); errno != syscall.EINVAL {
+			t.Fatalf("wait for call %d never made: %v", id, errno)
+		}
+	}
+	bad := make([]byte, ioctl.SizeVBatchArg)
+	binary.LittleEndian.PutUint32(bad[0:], ioctl.SizeVBatchArg)
+	binary.LittleEndian.PutUint32(bad[4:], 1) // flags
+	if _, errno := fx.root.Ioctl(ctx, fx.dh, ioctl.CmdBatchWait, 0, bad, make([]byte, ioctl.SizeVBatchArg)); errno != syscall.EINVAL {
+		t.Fatalf("wait with flags: %v", errno)
+	}
+	if _, errno := fx.root.Ioctl(ctx, fx.fh, ioctl.CmdBatchWait, 0, bad, make([]byte, ioctl.SizeVBatchArg)); errno != syscall.ENOTDIR {
+		t.Fatalf("wait on a file: %v", errno)
+	}
+	ids := map[int32]bool{}
+	for i := range ioctl.MaxAsyncCalls {
+		id, errno := submitV(fx, fx.dh, true, one(fmt.Sprintf("a%d", i)))
+		if errno != 0 || ids[id] {
+			t.Fatalf("submit %d: %d, %v", i, id, errno)
+		}
+		ids[id] = true
+	}
+	if _, errno := submitV(fx, fx.dh, true, one("over")); errno != syscall.EBUSY {
+		t.Fatalf("call %d: %v, want EBUSY", ioctl.MaxAsyncCalls+1, errno)
+	}
+	if _, errno := waitV(fx, fx.dh, 0, 0); errno != 0 {
+		t.Fatalf("barrier: %v", errno)
+	}
+	for i := range ioctl.MaxAsyncCalls {
+		if got := readKey(t, fx, fmt.Sprintf("a%d", i)); !bytes.Equal(got, val) {
+			t.Fatalf("a%d after the barrier: %q", i, got)
+		}
+	}
+	if _, err := fx.st.Stat(context.Background(), "over"); err == nil {
+		t.Fatal("the refused call stored its key")
+	}
+	for id := range ids {
+		res, errno := waitV(fx, fx.dh, uint32(id), 1)
+		if errno != 0 || res[0] != int64(len(val)) {
+			t.Fatalf("wait %d after the barrier: %v, %v", id, res, errno)
+		}
+	}
+	if id, errno := submitV(fx, fx.dh, true, one("again")); errno != 0 {
+		t.Fatalf("submit once waited: %v", errno)
+	} else if _, errno := waitV(fx, fx.dh, uint32(id), 1); errno != 0 {
+		t.Fatal(errno)
+	}
+	// A handle released with calls not waited for.
+	dh := &dirHandle{n: fx.root}
+	dh.regs.fs = fx.root.fs
+	for i := range 4 {
+		if _, errno := submitV(fx, dh, true, one(fmt.Sprintf("r%d", i))); errno != 0 {
+			t.Fatal(errno)
+		}
+	}
+	dh.Releasedir(ctx, 0)
+	fx.root.fs.async.Wait()
+	dh.async.mu.Lock()
+	left := len(dh.async.calls)
+	dh.async.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("a released handle holds %d calls", left)
+	}
+	if _, errno := submitV(fx, dh, true, one("late")); errno != syscall.EBADF {
+		t.Fatalf("submit on a released handle: %v", errno)
+	}
+	for i := range 4 {
+		if got := readKey(t, fx, fmt.Sprintf("r%d", i)); !bytes.Equal(got, val) {
+			t.Fatalf("r%d: a released handle's call did not finish", i)
+		}
+	}
+	runtime.KeepAlive(val)
+}
