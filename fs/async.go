@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -15,16 +16,23 @@ import (
 // handle (never submitted, or waited for already).
 var errNoCall = errors.New("no such submitted call")
 
+// maxAsyncTotal bounds the submitted calls the whole mount holds, all
+// handles and users together (each keeps its 16 KiB of arguments until
+// it is waited for): directory handles are not counted as open files, so
+// the per-handle bound alone would not bound the daemon.
+const maxAsyncTotal = 4096
+
 // asyncTable is a directory handle's vector batches submitted with
 // ioctl.VBatchAsync (ABI 1.7): each runs in its own goroutine and stays
 // here, with its results, until BATCH_WAIT collects it. At most
-// ioctl.MaxAsyncCalls a handle, so a caller that never waits holds a
-// bounded amount of the daemon (16 KiB of arguments a call).
+// ioctl.MaxAsyncCalls a handle and maxAsyncTotal a mount (live counts
+// them), so callers that never wait hold a bounded amount of the daemon.
 type asyncTable struct {
 	mu     sync.Mutex
 	last   uint32 // the number given last
 	calls  map[uint32]*asyncCall
-	closed bool // the handle was released: results go unread
+	closed bool          // the handle was released: results go unread
+	live   *atomic.Int64 // the mount's count of submitted calls held
 }
 
 // asyncCall is one submitted call.
@@ -45,6 +53,10 @@ func (t *asyncTable) add(c *asyncCall) (uint32, error) {
 	if len(t.calls) >= ioctl.MaxAsyncCalls {
 		return 0, fmt.Errorf("%d submitted calls not waited for: %w", len(t.calls), syscall.EBUSY)
 	}
+	if t.live.Add(1) > maxAsyncTotal {
+		t.live.Add(-1)
+		return 0, fmt.Errorf("the mount holds %d submitted calls not waited for: %w", maxAsyncTotal, syscall.EBUSY)
+	}
 	if t.calls == nil {
 		t.calls = map[uint32]*asyncCall{}
 	}
@@ -61,14 +73,20 @@ func (t *asyncTable) add(c *asyncCall) (uint32, error) {
 	return t.last, nil
 }
 
+// dropLocked forgets call id, its arguments back to the pool.
+func (t *asyncTable) dropLocked(id uint32, c *asyncCall) {
+	delete(t.calls, id)
+	vbatchArgs.Put(c.a)
+	t.live.Add(-1)
+}
+
 // finish marks call id done; a released handle's results are dropped.
 func (t *asyncTable) finish(id uint32, c *asyncCall) {
 	close(c.done)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed && !c.claimed {
-		delete(t.calls, id)
-		vbatchArgs.Put(c.a)
+		t.dropLocked(id, c)
 	}
 }
 
@@ -83,8 +101,7 @@ func (t *asyncTable) close() {
 		select {
 		case <-c.done:
 			if !c.claimed {
-				delete(t.calls, id)
-				vbatchArgs.Put(c.a)
+				t.dropLocked(id, c)
 			}
 		default:
 		}
@@ -126,10 +143,9 @@ func (t *asyncTable) wait(in, out []byte) error {
 	c.claimed = true
 	t.mu.Unlock()
 	<-c.done
-	t.mu.Lock()
-	delete(t.calls, id)
-	t.mu.Unlock()
 	c.a.MarshalInto(out)
-	vbatchArgs.Put(c.a)
+	t.mu.Lock()
+	t.dropLocked(id, c)
+	t.mu.Unlock()
 	return nil
 }

@@ -142,6 +142,9 @@ func TestAsyncVBatchModel(t *testing.T) {
 			}
 		}
 	}
+	if n := fx.root.fs.asyncHeld.Load(); n != 0 {
+		t.Fatalf("every call waited for, and the mount counts %d", n)
+	}
 	runtime.KeepAlive(src)
 	runtime.KeepAlive(dst)
 }
@@ -215,8 +218,7 @@ func TestAsyncVBatchLimits(t *testing.T) {
 		t.Fatal(errno)
 	}
 	// A handle released with calls not waited for.
-	dh := &dirHandle{n: fx.root}
-	dh.regs.fs = fx.root.fs
+	dh := newDirHandle(fx.root)
 	for i := range 4 {
 		if _, errno := submitV(fx, dh, true, one(fmt.Sprintf("r%d", i))); errno != 0 {
 			t.Fatal(errno)
@@ -237,6 +239,35 @@ func TestAsyncVBatchLimits(t *testing.T) {
 		if got := readKey(t, fx, fmt.Sprintf("r%d", i)); !bytes.Equal(got, val) {
 			t.Fatalf("r%d: a released handle's call did not finish", i)
 		}
+	}
+	// The mount's bound: handles are not open files, so many of them
+	// together hold at most maxAsyncTotal calls.
+	var many []*dirHandle
+	for len(many)*ioctl.MaxAsyncCalls < maxAsyncTotal {
+		h := newDirHandle(fx.root)
+		many = append(many, h)
+		for range ioctl.MaxAsyncCalls {
+			if _, errno := submitV(fx, h, true, one("m")); errno != 0 {
+				t.Fatalf("call %d of the mount: %v", fx.root.fs.asyncHeld.Load(), errno)
+			}
+		}
+	}
+	extra := newDirHandle(fx.root)
+	if _, errno := submitV(fx, extra, true, one("m")); errno != syscall.EBUSY {
+		t.Fatalf("call %d of the mount: %v, want EBUSY", maxAsyncTotal+1, errno)
+	}
+	if _, errno := waitV(fx, many[0], 1, 1); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := submitV(fx, extra, true, one("m")); errno != 0 {
+		t.Fatalf("a call once another was waited for: %v", errno)
+	}
+	for _, h := range append(many, extra) {
+		h.Releasedir(ctx, 0)
+	}
+	fx.root.fs.async.Wait()
+	if n := fx.root.fs.asyncHeld.Load(); n != 0 {
+		t.Fatalf("the mount counts %d calls after every handle was released", n)
 	}
 	runtime.KeepAlive(val)
 }

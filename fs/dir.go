@@ -28,9 +28,15 @@ var (
 
 // OpendirHandle implements gofs.NodeOpendirHandler.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	return newDirHandle(n), 0, 0
+}
+
+// newDirHandle returns an open directory of n.
+func newDirHandle(n *node) *dirHandle {
 	h := &dirHandle{n: n}
 	h.regs.fs = n.fs
-	return h, 0, 0
+	h.async.live = &n.fs.asyncHeld
+	return h
 }
 
 func (h *dirHandle) stream(ctx context.Context) (gofs.DirStream, syscall.Errno) {

@@ -131,8 +131,10 @@ type FS struct {
 	suspects  fdCloser  // closes refused descriptors of callers (register.go)
 	batches   batchStats
 	// async counts the submitted vector batches still running (async.go):
-	// unmounting waits for them.
-	async sync.WaitGroup
+	// unmounting waits for them; asyncHeld counts those held, running or
+	// not yet waited for (at most maxAsyncTotal).
+	async     sync.WaitGroup
+	asyncHeld atomic.Int64
 }
 
 // batchStats count the keys of batch ioctls and where their time went:

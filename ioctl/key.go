@@ -26,8 +26,9 @@ var (
 // not outstanding). With Count 0 it waits for every call submitted on the
 // handle before it and consumes none (a barrier, for a caller that must
 // know its memory is no longer used). A handle holds at most
-// MaxAsyncCalls calls not waited for (EBUSY beyond); closing it waits for
-// nothing and drops their results, and unmounting waits for them to end.
+// MaxAsyncCalls calls not waited for, and the mount 4096 of all handles
+// together (EBUSY beyond); closing a handle waits for nothing and drops
+// their results, and unmounting waits for them to end.
 var CmdBatchWait = ioc(dirRead|dirWrite, 0x1f, SizeVBatchArg)
 
 const (

@@ -235,8 +235,8 @@ struct mc_vbatch {
  * the call is done and returns the call's struct with every result
  * filled; each call is waited for once (EINVAL otherwise). count 0 waits
  * for every call submitted on the fd before it and consumes none. An fd
- * holds at most MC_MAX_ASYNC_CALLS calls not waited for (EBUSY beyond);
- * closing it drops their results.
+ * holds at most MC_MAX_ASYNC_CALLS calls not waited for, the mount 4096
+ * (EBUSY beyond); closing the fd drops their results.
  */
 #define MC_VBATCH_ASYNC (1u << 0)
 #define MC_MAX_ASYNC_CALLS 16
