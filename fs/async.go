@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -20,7 +21,7 @@ var errNoCall = errors.New("no such submitted call")
 // handles and users together (each keeps its 16 KiB of arguments until
 // it is waited for): directory handles are not counted as open files, so
 // the per-handle bound alone would not bound the daemon.
-const maxAsyncTotal = 4096
+const maxAsyncTotal = 1024
 
 // asyncTable is a directory handle's vector batches submitted with
 // ioctl.VBatchAsync (ABI 1.7): each runs in its own goroutine and stays
@@ -37,10 +38,18 @@ type asyncTable struct {
 
 // asyncCall is one submitted call.
 type asyncCall struct {
-	a       *ioctl.VBatchArg // the call; its results are filled once done
-	done    chan struct{}    // closed when the call is over
-	claimed bool             // a BATCH_WAIT is collecting it
+	a       *ioctl.VBatchArg   // the call; its results are filled once done
+	done    chan struct{}      // closed when the call is over
+	claimed bool               // a BATCH_WAIT is collecting it
+	stop    context.CancelFunc // ends the call's context: closing the handle stops it
 }
+
+// errAsyncVM: a submitted call named process memory. It is read and
+// written by the submitting thread's id after the ioctl returned, when
+// nothing keeps that id naming the same program (the thread may exit, or
+// exec a program of another user): only memory the daemon holds itself
+// (memfd registrations, CUDA allocations by IPC handle) may be submitted.
+var errAsyncVM = errors.New("process memory in a submitted call (use a memfd registration or GPU memory)")
 
 // add numbers c and keeps it, or fails with EBUSY when the handle holds
 // as many calls as it may.
@@ -82,6 +91,7 @@ func (t *asyncTable) dropLocked(id uint32, c *asyncCall) {
 
 // finish marks call id done; a released handle's results are dropped.
 func (t *asyncTable) finish(id uint32, c *asyncCall) {
+	c.stop()
 	close(c.done)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -90,9 +100,10 @@ func (t *asyncTable) finish(id uint32, c *asyncCall) {
 	}
 }
 
-// close drops the results of the calls that are over; those still
-// running drop theirs when they end (finish). Nothing waits: a call's
-// registrations and GPU mappings are its own until it ends.
+// close drops the results of the calls that are over and stops those
+// still running at their next key (their results, unread, are dropped
+// when they end: finish). Nothing waits: a call's registrations and GPU
+// mappings are its own until it ends.
 func (t *asyncTable) close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -104,6 +115,7 @@ func (t *asyncTable) close() {
 				t.dropLocked(id, c)
 			}
 		default:
+			c.stop()
 		}
 	}
 }
@@ -147,5 +159,32 @@ func (t *asyncTable) wait(in, out []byte) error {
 	t.mu.Lock()
 	t.dropLocked(id, c)
 	t.mu.Unlock()
+	return nil
+}
+
+// submittable refuses a call to submit that names process memory (its
+// own segments, or registrations by address), and opens its GPU table's
+// allocations now, while the caller is blocked in the request and its
+// /proc entry names it: the call itself runs after the ioctl returned.
+func submittable(f *FS, bc *batchCall, dh *dirHandle, ops []*keyOp) error {
+	for _, op := range ops {
+		if op.err != nil {
+			continue
+		}
+		for _, s := range op.segs {
+			switch {
+			case s.kind == segVM && s.n > 0:
+				return fmt.Errorf("%s: %w", op.rel, errAsyncVM)
+			case s.kind == segReg && dh.regs.byAddress(s.id):
+				return fmt.Errorf("%s: registration %d: %w", op.rel, s.id, errAsyncVM)
+			}
+		}
+	}
+	if len(bc.gpus) > 0 {
+		bc.mapped, bc.mapErr = make([]*ipcMapping, len(bc.gpus)), make([]error, len(bc.gpus))
+		for i := range bc.gpus {
+			bc.mapped[i], bc.mapErr[i] = f.gpuMapping(bc.p, bc.gpus[i])
+		}
+	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
@@ -48,6 +50,34 @@ func waitV(fx *fuzzFixture, dh *dirHandle, id uint32, count int) ([]int64, sysca
 	return res, 0
 }
 
+// memfdOn registers an n-byte memfd on dh and returns its id and memory
+// (submitted calls take no process memory).
+func memfdOn(t *testing.T, fx *fuzzFixture, dh *dirHandle, n int) (uint64, []byte) {
+	t.Helper()
+	fd, err := unix.MemfdCreate("async", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	a := ioctl.RegisterArg{Fd: int32(fd), Kind: ioctl.KindHost, Len: uint64(n)}
+	out := make([]byte, ioctl.SizeRegisterArg)
+	if _, errno := fx.root.Ioctl(callerCtx(os.Getpid()), dh, ioctl.CmdRegisterBuffer, 0, a.Marshal(), out); errno != 0 {
+		t.Fatalf("register: %v", errno)
+	}
+	if err := a.Unmarshal(out); err != nil {
+		t.Fatal(err)
+	}
+	return a.ID, mem
+}
+
 // TestAsyncVBatchModel: puts and gets submitted several at a time, some
 // of their keys failing, each call waited for in a random order, give
 // what the same calls made one after the other give, checked against a
@@ -56,11 +86,11 @@ func TestAsyncVBatchModel(t *testing.T) {
 	fx := newFuzzFixture(t)
 	rng := rand.New(rand.NewPCG(7, 11))
 	model := map[string][]byte{}
-	src := make([]byte, 256<<10)
+	id, mem := memfdOn(t, fx, fx.dh, 512<<10)
+	src, dst := mem[:256<<10], mem[256<<10:]
 	for i := range src {
 		src[i] = byte(rng.Uint32())
 	}
-	dst := make([]byte, 256<<10)
 	for round := range 30 {
 		// Up to 6 calls of up to 8 keys, distinct keys across the round
 		// (the calls run at once, in no order).
@@ -85,13 +115,13 @@ func TestAsyncVBatchModel(t *testing.T) {
 				}
 				used[key] = true
 				n := 1 + rng.IntN(4096)
-				seg := ioctl.Seg{ID: ioctl.SegVM, Off: addr(dst) + uint64(pos), Len: uint64(n)}
+				seg := ioctl.Seg{ID: id, Off: uint64(len(src) + pos), Len: uint64(n)}
 				want := int64(n)
 				if put {
 					off := rng.IntN(len(src) - n)
-					seg.Off = addr(src) + uint64(off)
+					seg.Off = uint64(off)
 					if rng.IntN(8) == 0 {
-						seg.Off = 4096 // nobody's memory: this key fails alone
+						seg.Off = uint64(len(mem)) // past the registration: this key fails alone
 						want = -int64(syscall.EFAULT)
 					}
 				} else if v, ok := model[key]; !ok {
@@ -104,7 +134,7 @@ func TestAsyncVBatchModel(t *testing.T) {
 				}
 				c.keys, c.want, c.at = append(c.keys, key), append(c.want, want), append(c.at, pos)
 				if put && want > 0 {
-					model[key] = src[seg.Off-addr(src) : seg.Off-addr(src)+uint64(n)]
+					model[key] = src[seg.Off : seg.Off+uint64(n)]
 				}
 				pos += n
 			}
@@ -145,8 +175,6 @@ func TestAsyncVBatchModel(t *testing.T) {
 	if n := fx.root.fs.asyncHeld.Load(); n != 0 {
 		t.Fatalf("every call waited for, and the mount counts %d", n)
 	}
-	runtime.KeepAlive(src)
-	runtime.KeepAlive(dst)
 }
 
 // TestAsyncVBatchLimits: bad submissions and waits fail with EINVAL and
@@ -157,15 +185,27 @@ func TestAsyncVBatchLimits(t *testing.T) {
 	fx := newFuzzFixture(t)
 	ctx := callerCtx(os.Getpid())
 	val := bytes.Repeat([]byte("v"), 100)
-	one := func(key string) *ioctl.VBatchArg {
+	id, mem := memfdOn(t, fx, fx.dh, 4096)
+	copy(mem, val)
+	seg := func(id uint64) ioctl.Seg { return ioctl.Seg{ID: id, Off: 0, Len: uint64(len(val))} }
+	oneOf := func(key string, s ioctl.Seg) *ioctl.VBatchArg {
 		var a ioctl.VBatchArg
-		vbatchPackerFor(&a)(key, []ioctl.Seg{{ID: ioctl.SegVM, Off: addr(val), Len: uint64(len(val))}})
+		vbatchPackerFor(&a)(key, []ioctl.Seg{s})
 		return &a
 	}
+	one := func(key string) *ioctl.VBatchArg { return oneOf(key, seg(id)) }
 	a := one("bad")
 	a.Flags = ioctl.VBatchAsync | 2
 	if _, errno := fx.root.Ioctl(ctx, fx.dh, ioctl.CmdBatchPutV, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg)); errno != syscall.EINVAL {
 		t.Fatalf("unknown flag: %v", errno)
+	}
+	// Process memory, named or registered by address, is not submitted:
+	// the call would run when nothing keeps the thread id naming us.
+	vmID := registerAddr(t, fx, fx.dh, val)
+	for _, s := range []ioctl.Seg{{ID: ioctl.SegVM, Off: addr(val), Len: uint64(len(val))}, seg(vmID)} {
+		if _, errno := submitV(fx, fx.dh, true, oneOf("bad", s)); errno != syscall.EINVAL {
+			t.Fatalf("submitted process memory %+v: %v", s, errno)
+		}
 	}
 	if _, err := fx.st.Stat(context.Background(), "bad"); err == nil {
 		t.Fatal("a refused call stored its key")
@@ -219,8 +259,10 @@ func TestAsyncVBatchLimits(t *testing.T) {
 	}
 	// A handle released with calls not waited for.
 	dh := newDirHandle(fx.root)
+	rid, rmem := memfdOn(t, fx, dh, 4096)
+	copy(rmem, val)
 	for i := range 4 {
-		if _, errno := submitV(fx, dh, true, one(fmt.Sprintf("r%d", i))); errno != 0 {
+		if _, errno := submitV(fx, dh, true, oneOf(fmt.Sprintf("r%d", i), seg(rid))); errno != 0 {
 			t.Fatal(errno)
 		}
 	}
@@ -236,33 +278,39 @@ func TestAsyncVBatchLimits(t *testing.T) {
 		t.Fatalf("submit on a released handle: %v", errno)
 	}
 	for i := range 4 {
-		if got := readKey(t, fx, fmt.Sprintf("r%d", i)); !bytes.Equal(got, val) {
-			t.Fatalf("r%d: a released handle's call did not finish", i)
+		// Stopped at its next key, or done: whole or absent.
+		if o, err := fx.st.Stat(context.Background(), fmt.Sprintf("r%d", i)); err == nil && !bytes.Equal(readKey(t, fx, o.Key), val) {
+			t.Fatalf("r%d: a released handle's call left other bytes", i)
 		}
 	}
 	// The mount's bound: handles are not open files, so many of them
 	// together hold at most maxAsyncTotal calls.
 	var many []*dirHandle
-	for len(many)*ioctl.MaxAsyncCalls < maxAsyncTotal {
+	var regIDs []uint64
+	for len(many)*ioctl.MaxAsyncCalls < maxAsyncTotal+1 {
 		h := newDirHandle(fx.root)
-		many = append(many, h)
+		hid, hmem := memfdOn(t, fx, h, 4096)
+		copy(hmem, val)
+		many, regIDs = append(many, h), append(regIDs, hid)
+	}
+	for k, h := range many[:len(many)-1] {
 		for range ioctl.MaxAsyncCalls {
-			if _, errno := submitV(fx, h, true, one("m")); errno != 0 {
+			if _, errno := submitV(fx, h, true, oneOf("m", seg(regIDs[k]))); errno != 0 {
 				t.Fatalf("call %d of the mount: %v", fx.root.fs.asyncHeld.Load(), errno)
 			}
 		}
 	}
-	extra := newDirHandle(fx.root)
-	if _, errno := submitV(fx, extra, true, one("m")); errno != syscall.EBUSY {
+	extra, xid := many[len(many)-1], regIDs[len(regIDs)-1]
+	if _, errno := submitV(fx, extra, true, oneOf("m", seg(xid))); errno != syscall.EBUSY {
 		t.Fatalf("call %d of the mount: %v, want EBUSY", maxAsyncTotal+1, errno)
 	}
 	if _, errno := waitV(fx, many[0], 1, 1); errno != 0 {
 		t.Fatal(errno)
 	}
-	if _, errno := submitV(fx, extra, true, one("m")); errno != 0 {
+	if _, errno := submitV(fx, extra, true, oneOf("m", seg(xid))); errno != 0 {
 		t.Fatalf("a call once another was waited for: %v", errno)
 	}
-	for _, h := range append(many, extra) {
+	for _, h := range many {
 		h.Releasedir(ctx, 0)
 	}
 	fx.root.fs.async.Wait()
@@ -270,4 +318,18 @@ func TestAsyncVBatchLimits(t *testing.T) {
 		t.Fatalf("the mount counts %d calls after every handle was released", n)
 	}
 	runtime.KeepAlive(val)
+}
+
+// registerAddr registers b by address on dh (KindVM) and returns its id.
+func registerAddr(t *testing.T, fx *fuzzFixture, dh *dirHandle, b []byte) uint64 {
+	t.Helper()
+	a := ioctl.RegisterArg{Fd: -1, Kind: ioctl.KindVM, Offset: addr(b), Len: uint64(len(b))}
+	out := make([]byte, ioctl.SizeRegisterArg)
+	if _, errno := fx.root.Ioctl(callerCtx(os.Getpid()), dh, ioctl.CmdRegisterBuffer, 0, a.Marshal(), out); errno != 0 {
+		t.Fatalf("register by address: %v", errno)
+	}
+	if err := a.Unmarshal(out); err != nil {
+		t.Fatal(err)
+	}
+	return a.ID
 }

@@ -55,6 +55,7 @@ var errnoTable = []struct {
 	{errNotDirFd, syscall.ENOTDIR},
 	{errBadBatch, syscall.EINVAL},
 	{errNoCall, syscall.EINVAL},
+	{errAsyncVM, syscall.EINVAL},
 	{errNoGPU, syscall.ENODEV},
 	{errMetaMismatch, syscall.EBADMSG},
 	{errValueTooLong, syscall.EOVERFLOW},

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -131,10 +132,13 @@ type FS struct {
 	suspects  fdCloser  // closes refused descriptors of callers (register.go)
 	batches   batchStats
 	// async counts the submitted vector batches still running (async.go):
-	// unmounting waits for them; asyncHeld counts those held, running or
+	// unmounting stops them (asyncStop ends asyncCtx, which theirs derive
+	// from) and waits for them; asyncHeld counts those held, running or
 	// not yet waited for (at most maxAsyncTotal).
 	async     sync.WaitGroup
 	asyncHeld atomic.Int64
+	asyncCtx  context.Context
+	asyncStop context.CancelFunc
 }
 
 // batchStats count the keys of batch ioctls and where their time went:
@@ -156,12 +160,16 @@ type BatchStats struct {
 	// FUSE included, however many calls overlapped (their handler times
 	// add up waits and CPUs shared, this does not).
 	CPUNs uint64 `json:"cpu_ns"`
+	// Submitted is how many submitted calls (ABI 1.7) the mount holds:
+	// running, or done and not yet waited for.
+	Submitted int64 `json:"submitted"`
 }
 
 // Batches returns the mount's batch figures.
 func (m *Mount) Batches() BatchStats {
 	b := &m.fs.batches
-	st := BatchStats{Keys: b.keys.Load(), HandlerNs: b.handlerNs.Load(), TransferNs: b.transferNs.Load()}
+	st := BatchStats{Keys: b.keys.Load(), HandlerNs: b.handlerNs.Load(), TransferNs: b.transferNs.Load(),
+		Submitted: m.fs.asyncHeld.Load()}
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPUNs = uint64(ru.Utime.Nano() + ru.Stime.Nano())
@@ -181,6 +189,7 @@ func newFS(o Options) (*FS, error) {
 		return nil, err
 	}
 	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
+	f.asyncCtx, f.asyncStop = context.WithCancel(context.Background())
 	f.ipc.register = o.RegisterDevice
 	f.ipc.log = func(noExport bool, err error) {
 		if noExport {

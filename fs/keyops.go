@@ -140,6 +140,9 @@ type batchCall struct {
 	f     *FS
 	keys  int
 	start time.Time
+	// submitted: the call runs after its ioctl returned (VBatchAsync),
+	// so it may not touch process memory (errAsyncVM).
+	submitted bool
 }
 
 // checkPath is FS.checkPath for key, once per parent directory a call.
@@ -287,6 +290,9 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 // keys it checked so far there, for the call's keys act in their order
 // and an earlier one may be where a directory would go.
 func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, beforeParents func()) (key string, bufs []transfer.Buffer, size uint64, err error) {
+	if err = ctx.Err(); err != nil {
+		return // a submitted call whose handle closed: its keys stop here
+	}
 	if err = store.ValidateKey(op.rel); err != nil {
 		return
 	}
@@ -321,12 +327,18 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 		var b transfer.Buffer
 		switch s.kind {
 		case segVM:
+			if bc.submitted {
+				return "", nil, 0, errAsyncVM
+			}
 			b = transfer.VMBuffer(bc.p.tid, s.off, s.n)
 		case segReg:
 			var r *registration
 			if b, r, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n, bc.vmChecked); err == nil {
 				bc.held = append(bc.held, r)
 				if r.vmTgid != 0 {
+					if bc.submitted {
+						return "", nil, 0, errAsyncVM
+					}
 					bc.vmChecked = r
 				}
 			}
@@ -896,22 +908,32 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		vbatchArgs.Put(a)
 		return 0, nil
 	}
-	c := &asyncCall{a: a, done: make(chan struct{})}
-	id, err := dh.async.add(c)
+	bc.submitted = true
+	err = submittable(n.fs, bc, dh, ptrs)
+	var id uint32
+	var c *asyncCall
+	if err == nil {
+		// Not the request's context: the request is over, and its
+		// caller's details (in bc) were taken while it ran.
+		actx, stop := context.WithCancel(n.fs.asyncCtx)
+		c = &asyncCall{a: a, done: make(chan struct{}), stop: stop}
+		if id, err = dh.async.add(c); err == nil {
+			n.fs.async.Add(1)
+			go func() {
+				defer n.fs.async.Done()
+				run(actx)
+				dh.async.finish(id, c)
+			}()
+		} else {
+			stop()
+		}
+	}
 	if err != nil {
 		release()
 		bc.end()
 		vbatchArgs.Put(a)
 		return 0, err
 	}
-	n.fs.async.Add(1)
-	go func() {
-		defer n.fs.async.Done()
-		// Not the request's context: the request is over, and its
-		// caller's details (in bc) were taken while it ran.
-		run(context.Background())
-		dh.async.finish(id, c)
-	}()
 	// The reply carries no results (nor any byte of an earlier request).
 	clear(out[:ioctl.SizeVBatchArg])
 	binary.LittleEndian.PutUint32(out[0:], ioctl.SizeVBatchArg)

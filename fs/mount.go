@@ -120,7 +120,8 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	m.server.Wait()
-	m.fs.async.Wait() // submitted calls, after their requests
+	m.fs.asyncStop() // submitted calls stop at their next key
+	m.fs.async.Wait()
 	if m.stopFollow != nil {
 		m.stopFollow()
 	}

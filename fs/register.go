@@ -120,6 +120,15 @@ func (t *regTable) get(id uint64) (*registration, error) {
 	return r, nil
 }
 
+// byAddress reports whether registration id is of process memory by
+// address (KindVM).
+func (t *regTable) byAddress(id uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.mu.m[id]
+	return ok && r.vmTgid != 0
+}
+
 func (t *regTable) remove(id uint64) error {
 	t.mu.Lock()
 	r, ok := t.mu.m[id]

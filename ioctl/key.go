@@ -17,18 +17,22 @@ var (
 // BATCH_PUTV or BATCH_GETV with VBatchAsync in the header's flags checks
 // the call's shape, starts it and returns at once: the ioctl's value is
 // the call's number on that directory handle (1 to 2^31-1), and the
-// entries' results are not filled. The call's memory must stay as it is
-// until BATCH_WAIT returns for it, and the thread that submitted it must
-// not exit before (process memory moves by its thread id). BATCH_WAIT,
+// entries' results are not filled. A submitted call names only memory the
+// daemon holds itself: registrations of memfds and CUDA allocations
+// (SegGPU), not process memory (SegVM, KindVM registrations: EINVAL, as
+// the call runs when nothing keeps the caller's thread id naming the
+// caller). Its memory must stay as it is until BATCH_WAIT returns for
+// it. BATCH_WAIT,
 // with Count set to the call's number, blocks until that call is done and
 // returns its VBatchArg with every result filled, as the synchronous call
 // would have; each call is waited for once (EINVAL for a number that is
 // not outstanding). With Count 0 it waits for every call submitted on the
 // handle before it and consumes none (a barrier, for a caller that must
 // know its memory is no longer used). A handle holds at most
-// MaxAsyncCalls calls not waited for, and the mount 4096 of all handles
+// MaxAsyncCalls calls not waited for, and the mount 1024 of all handles
 // together (EBUSY beyond); closing a handle waits for nothing and drops
-// their results, and unmounting waits for them to end.
+// their results and stops the calls still running at their next key
+// (EINTR for the keys not done), and unmounting stops and waits for them.
 var CmdBatchWait = ioc(dirRead|dirWrite, 0x1f, SizeVBatchArg)
 
 const (

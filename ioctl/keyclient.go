@@ -235,8 +235,10 @@ type PendingV struct {
 
 // StartBatchPutV submits BatchPutV of items that fit one call (at most
 // MaxBatch keys whose segments, keys and metas fit the area) and returns
-// while the daemon runs it (ABI 1.7). The items' memory must stay as it
-// is, and this goroutine's thread alive, until Wait.
+// while the daemon runs it (ABI 1.7). Items name memory the daemon holds
+// by Segs: memfd registrations and GPU memory, not Data or registrations
+// by address (the daemon refuses process memory in a submitted call:
+// EINVAL). That memory must stay as it is until Wait.
 func (f *File) StartBatchPutV(gpus []GPURef, items []VItem) (*PendingV, error) {
 	return f.startV("batch_putv", CmdBatchPutV, gpus, items)
 }
@@ -251,6 +253,11 @@ func (f *File) startV(op string, cmd uint32, gpus []GPURef, items []VItem) (*Pen
 	if len(items) == 0 {
 		return nil, f.err(op, ErrBadItem, "no items")
 	}
+	for i, it := range items {
+		if len(it.Data) > 0 {
+			return nil, f.err(op, ErrBadItem, "item %d (%s): process memory (Data) cannot be submitted", i, it.Key)
+		}
+	}
 	segs, err := f.vsegs(op, gpus, items)
 	if err != nil {
 		return nil, err
@@ -261,12 +268,8 @@ func (f *File) startV(op string, cmd uint32, gpus []GPURef, items []VItem) (*Pen
 		return nil, f.err(op, ErrBadItem, "%d items, of which %d fit one call", len(items), end)
 	}
 	le.PutUint32(sc.raw[4:], VBatchAsync)
-	// The thread that submits is the one the daemon reads process memory
-	// by: this goroutine stays on it until Wait.
-	runtime.LockOSThread()
 	n, err := callResult(f.f, cmd, sc.raw[:])
 	if err != nil {
-		runtime.UnlockOSThread()
 		vbatchArgs.Put(sc)
 		return nil, f.err(op, err, "start %d items (%q...)", len(items), items[0].Key)
 	}
@@ -274,13 +277,11 @@ func (f *File) startV(op string, cmd uint32, gpus []GPURef, items []VItem) (*Pen
 }
 
 // Wait blocks until the call is done and returns each item's result, as
-// BatchPutV or BatchGetV would have. Call it once, from the goroutine
-// that started the call.
+// BatchPutV or BatchGetV would have. Call it once.
 func (p *PendingV) Wait() ([]BatchResult, error) {
 	if p.sc == nil {
 		return nil, p.f.err(p.op, ErrBadItem, "call %d waited for already", p.call)
 	}
-	defer runtime.UnlockOSThread()
 	sc := p.sc
 	p.sc = nil
 	defer vbatchArgs.Put(sc)

@@ -229,14 +229,17 @@ struct mc_vbatch {
  * BATCH_PUTV or BATCH_GETV with MC_VBATCH_ASYNC in h.flags checks the
  * call's shape, starts it and returns at once: the ioctl's value is the
  * call's number on that directory fd (1 to 2^31-1); results are not
- * filled. Its memory must stay as it is until MC_IOC_BATCH_WAIT returns
- * for it, and the submitting thread must not exit before. BATCH_WAIT
+ * filled. It may name only memfd registrations and GPU memory, not the
+ * caller's own memory (MC_SEG_VM, MC_KIND_VM registrations: EINVAL), and
+ * that memory must stay as it is until MC_IOC_BATCH_WAIT returns for it.
+ * BATCH_WAIT
  * takes a struct mc_vbatch whose count is the call's number, blocks until
  * the call is done and returns the call's struct with every result
  * filled; each call is waited for once (EINVAL otherwise). count 0 waits
  * for every call submitted on the fd before it and consumes none. An fd
- * holds at most MC_MAX_ASYNC_CALLS calls not waited for, the mount 4096
- * (EBUSY beyond); closing the fd drops their results.
+ * holds at most MC_MAX_ASYNC_CALLS calls not waited for, the mount 1024
+ * (EBUSY beyond); closing the fd drops their results and stops the calls
+ * still running at their next key.
  */
 #define MC_VBATCH_ASYNC (1u << 0)
 #define MC_MAX_ASYNC_CALLS 16

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
@@ -286,15 +288,13 @@ d = mc.Directory(mnt + "/killasync")
 fd = os.memfd_create("kv")
 os.ftruncate(fd, 4 << 20)
 mid = d.register(fd, 4 << 20)
-m = mmap.mmap(-1, 4 << 20)
-vm = addr(m)
 q = collections.deque()
 i = 0
 while True:
     names = [f"a{(i * 8 + j) % 300}".encode() for j in range(8)]
     words = array.array("Q")
     for j in range(8):
-        words.extend((mid, j * 65536, 65536) if j % 2 else (_abi.SEG_VM, vm + j * 65536, 65536))
+        words.extend((mid, j * 65536, 65536))
     q.append(d.submit_columns(i % 3 != 2, b"".join(names), [len(n) for n in names], words, 1, 0))
     if len(q) == _abi.MAX_ASYNC_CALLS:
         d.wait_columns(q.popleft())
@@ -351,14 +351,40 @@ func TestSubmittedCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	// Submitted calls take memory the daemon holds: a memfd registration.
+	mfd, err := unix.MemfdCreate("submitted", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.Ftruncate(mfd, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(mfd, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	reg, err := f.RegisterFd(mfd, 0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.StartBatchPutV(nil, []ioctl.VItem{{Key: "vm", Data: [][]byte{mem[:8]}}}); !errors.Is(err, ioctl.ErrBadItem) {
+		t.Fatalf("process memory submitted: %v", err)
+	}
 	vals := make([][]byte, 24)
 	var pend []*ioctl.PendingV
+	at := uint64(0)
 	for c := range 3 {
 		var items []ioctl.VItem
 		for j := range 8 {
 			i := c*8 + j
 			vals[i] = bytes.Repeat([]byte{byte(i + 1)}, 1000+i*100)
-			items = append(items, ioctl.VItem{Key: fmt.Sprintf("s%d", i), Data: [][]byte{vals[i][:500], vals[i][500:]}})
+			copy(mem[at:], vals[i])
+			n := uint64(len(vals[i]))
+			items = append(items, ioctl.VItem{Key: fmt.Sprintf("s%d", i),
+				Segs: []ioctl.Seg{{ID: reg.ID, Off: at, Len: 500}, {ID: reg.ID, Off: at + 500, Len: n - 500}}})
+			at += n
 		}
 		p, err := f.StartBatchPutV(nil, items)
 		if err != nil {
@@ -385,8 +411,9 @@ func TestSubmittedCalls(t *testing.T) {
 			t.Fatalf("s%d: %v", i, err)
 		}
 	}
-	dst := make([]byte, 2000)
-	p, err := f.StartBatchGetV(nil, []ioctl.VItem{{Key: "s3", Data: [][]byte{dst}}, {Key: "none", Data: [][]byte{dst[1500:]}}})
+	dst := mem[512<<10 : 512<<10+2000]
+	p, err := f.StartBatchGetV(nil, []ioctl.VItem{{Key: "s3", Segs: []ioctl.Seg{{ID: reg.ID, Off: 512 << 10, Len: 2000}}},
+		{Key: "none", Segs: []ioctl.Seg{{ID: reg.ID, Off: 600 << 10, Len: 500}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -399,7 +426,7 @@ func TestSubmittedCalls(t *testing.T) {
 	}
 	big := make([]ioctl.VItem, ioctl.MaxBatch+1)
 	for i := range big {
-		big[i] = ioctl.VItem{Key: fmt.Sprintf("b%d", i), Data: [][]byte{dst[:1]}}
+		big[i] = ioctl.VItem{Key: fmt.Sprintf("b%d", i), Segs: []ioctl.Seg{{ID: reg.ID, Off: 0, Len: 1}}}
 	}
 	if _, err := f.StartBatchPutV(nil, big); err == nil {
 		t.Fatal("a call of more keys than one call carries was submitted")

@@ -976,11 +976,12 @@ class Directory(_Handle):
 
     def submit_columns(self, put, keys, lens, segs, nseg, flags, metas=b"", mlens=None, gpus=()):
         """send_columns submitted (ABI 1.7): the daemon starts the call and
-        this returns at once, with the call for wait_columns. The memory
-        its segments name must stay as it is, and this thread must not
-        exit, until wait_columns (or wait_calls) returns. OSError EBUSY
-        when the directory's fd holds MAX_ASYNC_CALLS calls not waited
-        for."""
+        this returns at once, with the call for wait_columns. Its segments
+        name registrations of memfds or GPU memory (SEG_GPU), never this
+        process's own memory (SEG_VM, register_vm: OSError EINVAL); that
+        memory must stay as it is until wait_columns (or wait_calls)
+        returns. OSError EBUSY when the directory's fd holds
+        MAX_ASYNC_CALLS calls not waited for (or the mount 1024)."""
         raw = self._pack_columns(keys, lens, segs, nseg, flags, metas, mlens, gpus)
         struct.pack_into("<I", raw, 4, _abi.VBATCH_ASYNC)
         number = ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name)
@@ -1006,6 +1007,9 @@ class Directory(_Handle):
     def _pack_columns(self, keys, lens, segs, nseg, flags, metas, mlens, gpus):
         """The raw vector batch of send_columns' arguments."""
         n = len(lens)
+        if not n or nseg < 1 or min(lens) < 1:
+            raise ValueError(f"{n} keys of {nseg} segments, names of {min(lens, default=0)}+ B: "
+                             "a call has at least one key, each a name and a segment")
         sb = memoryview(segs).cast("B")
         kbase = n * nseg * _SEG.size
         mbase = kbase + len(keys)

@@ -15,6 +15,7 @@ import errno
 import gc
 import itertools
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -715,52 +716,79 @@ class TestKilledClient(Live):
 
 class TestSubmitted(Live):
     """Vector batches submitted and waited for (ABI 1.7): several in the
-    daemon at once, checked against the same calls made one by one."""
+    daemon at once, checked against the same calls made one by one. They
+    take memory the daemon holds (a memfd registration), never the
+    caller's own."""
 
-    def columns(self, names, bufs):
+    def setUp(self):
+        self.d = self.c.opendir(self.base)
+        self.addCleanup(self.d.close)
+        fd = os.memfd_create("submitted")
+        self.addCleanup(os.close, fd)
+        os.ftruncate(fd, 1 << 20)
+        self.mem = mmap.mmap(fd, 1 << 20)
+        self.addCleanup(self.mem.close)
+        self.rid = self.d.register(fd, 1 << 20)
+
+    def columns(self, names, spans, rid=None):
         keys = [n.encode() for n in names]
-        addrs = [ctypes.addressof((ctypes.c_char * len(b)).from_buffer(b)) for b in bufs]
-        words = array.array("Q", itertools.chain.from_iterable((_abi.SEG_VM, a, len(b)) for a, b in zip(addrs, bufs)))
+        rid = self.rid if rid is None else rid
+        words = array.array("Q", itertools.chain.from_iterable((rid, off, n) for off, n in spans))
         return b"".join(keys), [len(k) for k in keys], words
 
     def test_parts_at_once(self):
-        d = self.c.opendir(self.base)
-        self.addCleanup(d.close)
-        vals = [bytearray(pattern(1000 + 37 * i, i)) for i in range(40)]
+        d = self.d
+        vals = [pattern(1000 + 37 * i, i) for i in range(40)]
+        spans, off = [], 0
+        for v in vals:
+            self.mem[off:off + len(v)] = v
+            spans.append((off, len(v)))
+            off += len(v)
         calls = []
         for lo in range(0, 40, 8):
             names = [f"s{i}" for i in range(lo, lo + 8)]
-            calls.append(d.submit_columns(True, *self.columns(names, vals[lo:lo + 8]), 1, 0))
+            calls.append(d.submit_columns(True, *self.columns(names, spans[lo:lo + 8]), 1, 0))
         self.assertEqual(len({c.number for c in calls}), 5)
         for k in reversed(range(len(calls))):
             self.assertEqual([r for r, _ in d.wait_columns(calls[k])], [len(v) for v in vals[k * 8:k * 8 + 8]])
         self.assertErrno(errno.EINVAL, d.wait_columns, calls[0])  # once each
         for i, v in enumerate(vals):
-            self.assertEqual(self.c.get(self.key(f"s{i}")), bytes(v))
-        # Gets, one key missing, one buffer too short (FLAG_WHOLE).
-        outs = [bytearray(len(v)) for v in vals[:8]]
-        outs[5] = bytearray(3)
+            self.assertEqual(self.c.get(self.key(f"s{i}")), v)
+        # Gets into the second half, one key missing, one span too short
+        # (FLAG_WHOLE).
+        base = 512 << 10
+        outs = [(base + i * 8192, len(v)) for i, v in enumerate(vals[:8])]
+        outs[5] = (outs[5][0], 3)
         names = [f"s{i}" for i in range(8)]
         names[2] = "missing"
         c = d.submit_columns(False, *self.columns(names, outs), 1, _abi.FLAG_WHOLE)
-        got = [r for r, _ in d.wait_columns(c)]
         want = [len(v) for v in vals[:8]]
         want[2], want[5] = -errno.ENOENT, -errno.EOVERFLOW
-        self.assertEqual(got, want)
+        self.assertEqual([r for r, _ in d.wait_columns(c)], want)
         for i in (0, 1, 3, 4, 6, 7):
-            self.assertEqual(outs[i], vals[i])
+            self.assertEqual(self.mem[outs[i][0]:outs[i][0] + outs[i][1]], vals[i])
+
+    def test_no_process_memory(self):
+        buf = bytearray(b"p" * 4096)
+        addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+        vid = self.d.register_vm(addr, len(buf))
+        for words in (array.array("Q", (_abi.SEG_VM, addr, 4096)), array.array("Q", (vid, 0, 4096))):
+            self.assertErrno(errno.EINVAL, self.d.submit_columns, True, b"pm", [2], words, 1, 0)
+        self.assertErrno(errno.ENOENT, self.c.get, self.key("pm"))
+        for keys, lens in ((b"", [0]), (b"", [])):  # an empty name, no key: refused before any ioctl
+            with self.assertRaises(ValueError):
+                self.d.submit_columns(True, keys, lens, array.array("Q", (self.rid, 0, 1) * len(lens)), 1, 0)
 
     def test_bound_and_barrier(self):
-        d = self.c.opendir(self.base)
-        self.addCleanup(d.close)
-        val = bytearray(b"q" * 4096)
-        calls = [d.submit_columns(True, *self.columns([f"b{i}"], [val]), 1, 0) for i in range(_abi.MAX_ASYNC_CALLS)]
-        self.assertErrno(errno.EBUSY, d.submit_columns, True, *self.columns(["over"], [val]), 1, 0)
+        d = self.d
+        self.mem[:4096] = b"q" * 4096
+        calls = [d.submit_columns(True, *self.columns([f"b{i}"], [(0, 4096)]), 1, 0) for i in range(_abi.MAX_ASYNC_CALLS)]
+        self.assertErrno(errno.EBUSY, d.submit_columns, True, *self.columns(["over"], [(0, 4096)]), 1, 0)
         d.wait_calls()  # all done, none consumed
         self.assertErrno(errno.ENOENT, self.c.get, self.key("over"))
         for c in calls:
             self.assertEqual(d.wait_columns(c), [(4096, mock.ANY)])
-        self.assertEqual(self.c.get(self.key(f"b{_abi.MAX_ASYNC_CALLS - 1}")), bytes(val))
+        self.assertEqual(self.c.get(self.key(f"b{_abi.MAX_ASYNC_CALLS - 1}")), b"q" * 4096)
         d.wait_calls()  # nothing outstanding: returns at once
 
 

@@ -511,6 +511,41 @@ class CUDATensors(RoundTrips, Base):
         for o, t, p in zip(outs, ts, paths):
             self.assertBitsEqual(o, t, p)
 
+    def test_submitted_calls_of_gpu_memory(self):
+        # ABI 1.7: vector batches of GPU memory by IPC handle, submitted
+        # and waited for; several at once, each key whole.
+        import array
+
+        from mooncake_fs import _abi, cudadrv
+
+        d = mc.Directory(self.dir)
+        self.addCleanup(d.close)
+        ts = [random_tensor("float32", (4096,), "cuda", seed=300 + i) for i in range(24)]
+        torch.cuda.synchronize()
+
+        def columns(names, tensors):
+            locs = [cudadrv.ipc_location(t.data_ptr(), t.nbytes, t.get_device()) for t in tensors]
+            refs = list(dict.fromkeys((loc.handle, loc.device) for loc in locs))
+            words = array.array("Q")
+            for loc, t in zip(locs, tensors):
+                words.extend((_abi.SEG_GPU | refs.index((loc.handle, loc.device)), loc.dev_off, t.nbytes))
+            keys = [n.encode() for n in names]
+            return b"".join(keys), [len(k) for k in keys], words, refs
+
+        calls = []
+        for lo in range(0, 24, 8):
+            keys, lens, words, refs = columns([f"sub{i}" for i in range(lo, lo + 8)], ts[lo:lo + 8])
+            calls.append(d.submit_columns(True, keys, lens, words, 1, 0, gpus=refs))
+        for c in reversed(calls):
+            self.assertEqual([r for r, _ in d.wait_columns(c)], [4096 * 4] * 8)
+        outs = [torch.zeros_like(t) for t in ts]
+        keys, lens, words, refs = columns([f"sub{i}" for i in range(24)], outs)
+        c = d.submit_columns(False, keys, lens, words, 1, _abi.FLAG_WHOLE, gpus=refs)
+        d.wait_calls()
+        self.assertEqual([r for r, _ in d.wait_columns(c)], [4096 * 4] * 24)
+        for o, t in zip(outs, ts):
+            self.assertBitsEqual(o, t)
+
     def test_many_tensors_one_block(self):
         # Small tensors share blocks of the caching allocator: one handle each.
         from mooncake_fs import cudadrv
