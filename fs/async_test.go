@@ -51,10 +51,11 @@ func waitV(fx *fuzzFixture, dh *dirHandle, id uint32, count int) ([]int64, sysca
 }
 
 // memfdOn registers an n-byte memfd on dh and returns its id and memory
-// (submitted calls take no process memory).
+// (submitted calls take no process memory; newMemfdReg: the fixture's
+// first).
 func memfdOn(t *testing.T, fx *fuzzFixture, dh *dirHandle, n int) (uint64, []byte) {
 	t.Helper()
-	fd, err := unix.MemfdCreate("async", 0)
+	fd, err := unix.MemfdCreate("keyops", 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -296,26 +296,9 @@ func vbatchCall(t *testing.T, fx *fuzzFixture, put bool, a *ioctl.VBatchArg) []i
 // (the first registration: id 1) and returns its memory.
 func newMemfdReg(t *testing.T, fx *fuzzFixture, n int) []byte {
 	t.Helper()
-	fd, err := unix.MemfdCreate("keyops", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	if err := unix.Ftruncate(fd, int64(n)); err != nil {
-		t.Fatal(err)
-	}
-	mem, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(mem) })
-	a := ioctl.RegisterArg{Fd: int32(fd), Kind: ioctl.KindHost, Len: uint64(n)}
-	out := make([]byte, ioctl.SizeRegisterArg)
-	if _, errno := fx.root.Ioctl(callerCtx(os.Getpid()), fx.dh, ioctl.CmdRegisterBuffer, 0, a.Marshal(), out); errno != 0 {
-		t.Fatalf("register: %v", errno)
-	}
-	if err := a.Unmarshal(out); err != nil || a.ID != 1 {
-		t.Fatalf("registration %d, %v", a.ID, err)
+	id, mem := memfdOn(t, fx, fx.dh, n)
+	if id != 1 {
+		t.Fatalf("registration %d, want the first", id)
 	}
 	t.Cleanup(func() { fx.dh.regs.closeAll() })
 	return mem
