@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -146,10 +147,57 @@ func (s *Server) Log() string { return s.log.String() }
 
 // Pause stops the process in place (SIGSTOP): requests hang instead of
 // failing, like a stalled disk or network. Resume continues it.
+//
+// kill(2) returns once the signal is queued; the process stops only when
+// one of its threads takes the signal and the others follow, and until
+// then the threads that run go on answering requests (on a loaded
+// machine for milliseconds). Pause returns once every thread is stopped.
 func (s *Server) Pause() {
-	if !s.stopped && s.cmd != nil {
-		s.cmd.Process.Signal(syscall.SIGSTOP)
+	if s.stopped || s.cmd == nil {
+		return
 	}
+	s.t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pause etcd: %v", err)
+	}
+	task := fmt.Sprintf("/proc/%d/task", s.cmd.Process.Pid)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		running, err := runningThreads(task)
+		if err != nil {
+			s.t.Fatalf("pause etcd: %v", err)
+		}
+		if running == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("pause etcd: threads %s not stopped after 30s", running)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// runningThreads names the threads under task (/proc/PID/task) that are
+// neither stopped (state T) nor exiting (Z, X).
+func runningThreads(task string) (string, error) {
+	ents, err := os.ReadDir(task)
+	if err != nil {
+		return "", err
+	}
+	var running []string
+	for _, e := range ents {
+		b, err := os.ReadFile(task + "/" + e.Name() + "/stat")
+		if err != nil {
+			continue // the thread exited
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return "", fmt.Errorf("%s/%s/stat: %q", task, e.Name(), b)
+		}
+		if st := b[i+2]; st != 'T' && st != 'Z' && st != 'X' {
+			running = append(running, fmt.Sprintf("%s(%c)", e.Name(), st))
+		}
+	}
+	return strings.Join(running, " "), nil
 }
 
 // Resume continues a paused process (SIGCONT); a no-op otherwise.
