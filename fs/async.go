@@ -90,11 +90,14 @@ func (t *asyncTable) dropLocked(id uint32, c *asyncCall) {
 }
 
 // finish marks call id done; a released handle's results are dropped.
+// The call is marked done under the lock: close drops the calls it sees
+// done, so a call marked done outside it could be dropped by both (its
+// arguments in the pool twice, the mount's count one short).
 func (t *asyncTable) finish(id uint32, c *asyncCall) {
 	c.stop()
-	close(c.done)
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	close(c.done)
 	if t.closed && !c.claimed {
 		t.dropLocked(id, c)
 	}
