@@ -617,3 +617,31 @@ func TestIoctlShrunkBuffer(t *testing.T) {
 	}
 	d.checkAlive(t)
 }
+
+// TestIoctlMappedMemory: puts and gets of process memory that is a
+// MAP_SHARED mapping of a file of the same mount, by one key and by
+// batch, clean and dirty, large and small. The daemon's copy faults on
+// pages it must serve itself; the large copies once ran on the engine's
+// shared workers, which the faults' own requests needed, and the first
+// such get hung the mount for good. Each case's files are checked
+// against a model once the mapping is written back.
+func TestIoctlMappedMemory(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "512MiB", "--evict", "off")
+	dir := d.path("mapped")
+	run(t, "mkdir", dir)
+	out, err := runErr(ioctlClientBin(t), "mapped", dir)
+	if err != nil {
+		t.Fatalf("ioctlclient mapped: %v\n%s", err, out)
+	}
+	list, _ := steps(t, out)
+	if len(list) != 24 {
+		t.Errorf("%d steps, want 24:\n%s", len(list), out)
+	}
+	for _, s := range list {
+		if !s.OK {
+			t.Errorf("%s: %s (%s)", s.Step, s.Errno, s.Detail)
+		}
+	}
+	d.checkAlive(t)
+}

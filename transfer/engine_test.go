@@ -8,6 +8,7 @@ import (
 	"math/rand"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -201,6 +202,31 @@ func TestProcessVM(t *testing.T) {
 			t.Fatalf("bad address: %v", err)
 		}
 	}
+}
+
+// TestProcessVMWithoutWorkers: a split copy of process memory runs while
+// every shared worker is busy and their queue is full. Its pages may be
+// a mapping whose faults wait on copies that need those workers (a file
+// of the mount itself), so it must not queue behind them: before, this
+// call waited for the workers for good.
+func TestProcessVMWithoutWorkers(t *testing.T) {
+	e, _ := newEngine(t, 8<<20, Options{Workers: 2, SplitBytes: 1 << 20, ChunkBytes: 64 << 10})
+	release := make(chan struct{})
+	var busy sync.WaitGroup
+	for range e.opts.Workers + cap(e.work) {
+		busy.Add(1)
+		e.work <- func() { defer busy.Done(); <-release }
+	}
+	src := make([]byte, 4<<20)
+	rand.New(rand.NewSource(4)).Read(src)
+	addr := uint64(uintptr(unsafe.Pointer(&src[0])))
+	reqs := []Request{{Op: Write, Buf: VMBuffer(os.Getpid(), addr, uint64(len(src))), Extent: segment.Extent{Segment: 0, Len: uint64(len(src))}}}
+	if err := e.Submit(context.Background(), reqs); err != nil {
+		t.Fatal(err)
+	}
+	runtime.KeepAlive(src)
+	close(release)
+	busy.Wait()
 }
 
 // TestRegisteredFault: a client truncating its registered file under a

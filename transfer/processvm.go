@@ -3,6 +3,7 @@ package transfer
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,37 +23,42 @@ const maxIov = 1024
 // copyVM moves the pieces with process_vm_readv (writes into segments) and
 // process_vm_writev (reads out of segments): the kernel copies straight
 // between the other process's pages and the segment, once. Large batches
-// are split into chunks that the workers copy in parallel.
+// are split into chunks copied in parallel by goroutines of this call,
+// never by the engine's shared workers: the other process's pages may be
+// a mapping of a file of this mount (or of a file system that does not
+// answer), whose fault waits on a request that itself needs the workers
+// (a WRITE materializing a draft copies through them), so a call blocked
+// on its own pages must not hold what other calls need.
 func (e *Engine) copyVM(pieces []vmPiece, total uint64) []error {
-	var jobs []vmPiece
-	cb := int(e.opts.ChunkBytes)
 	if total < e.opts.SplitBytes || e.opts.Workers < 2 {
-		jobs = pieces
-	} else {
-		for _, p := range pieces {
-			for off := 0; off < len(p.local); off += cb {
-				end := min(off+cb, len(p.local))
-				jobs = append(jobs, vmPiece{idx: p.idx, op: p.op, pid: p.pid, addr: p.addr + uint64(off), local: p.local[off:end]})
-			}
-		}
+		return vmGroups(pieces)
 	}
-	if len(jobs) == len(pieces) {
-		return vmGroups(jobs)
+	cb := int(e.opts.ChunkBytes)
+	var jobs []vmPiece
+	for _, p := range pieces {
+		for off := 0; off < len(p.local); off += cb {
+			end := min(off+cb, len(p.local))
+			jobs = append(jobs, vmPiece{idx: p.idx, op: p.op, pid: p.pid, addr: p.addr + uint64(off), local: p.local[off:end]})
+		}
 	}
 	var mu sync.Mutex
 	var errs []error
+	var next atomic.Int64
 	var wg sync.WaitGroup
-	for i := range jobs {
-		j := jobs[i : i+1]
-		wg.Add(1)
-		e.work <- func() {
-			defer wg.Done()
-			if es := vmGroups(j); len(es) > 0 {
-				mu.Lock()
-				errs = append(errs, es...)
-				mu.Unlock()
+	for range min(e.opts.Workers, len(jobs)) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(jobs) {
+					return
+				}
+				if es := vmGroups(jobs[i : i+1]); len(es) > 0 {
+					mu.Lock()
+					errs = append(errs, es...)
+					mu.Unlock()
+				}
 			}
-		}
+		})
 	}
 	wg.Wait()
 	return errs

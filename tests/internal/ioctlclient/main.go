@@ -23,6 +23,7 @@
 //	ioctlclient badinput DIR
 //	ioctlclient shrink DIR
 //	ioctlclient stress DIR ID ITERS
+//	ioctlclient mapped DIR
 package main
 
 import (
@@ -138,6 +139,9 @@ func main() {
 			fatal(err)
 		}
 		stress(args[0], id, iters)
+	case "mapped":
+		need(1)
+		mapped(args[0])
 	default:
 		fatal(fmt.Errorf("unknown scenario %q", os.Args[1]))
 	}
@@ -899,4 +903,147 @@ func stressValue(id, it, n int) []byte {
 	binary.LittleEndian.PutUint64(v, uint64(id))
 	binary.LittleEndian.PutUint64(v[8:], uint64(it))
 	return v
+}
+
+// mapped: puts and gets whose process memory is a MAP_SHARED mapping of a
+// file of the same mount, so the daemon's copy faults on pages that the
+// daemon itself must serve (a READ to fill them, WRITEs of their
+// writeback that copy the old value into a draft). One step per case,
+// large (copied in chunks) and small, the mapping's pages clean or dirty;
+// each checks both files, once the mapping is written back, against a
+// model.
+func mapped(dir string) {
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	d, err := ioctl.OpenDir(dir)
+	if err != nil {
+		fatal(err)
+	}
+	defer d.Close()
+	type tcase struct {
+		name string
+		// run does the call on m, the mapping of a; it returns the
+		// files a and b the model wants afterwards.
+		run func(fa, fb *ioctl.File, m, va, vb []byte) (wantA, wantB []byte, err error)
+	}
+	cases := []tcase{
+		{"get_self", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			_, _, err := fa.GetVM(m, 0)
+			return va, vb, err
+		}},
+		{"put_self", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			_, _, err := fa.PutVM(m, 0)
+			return va, vb, err
+		}},
+		{"get_other", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			_, _, err := fb.GetVM(m, 0)
+			return vb, vb, err
+		}},
+		{"put_other", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			_, _, err := fb.PutVM(m, 0)
+			return va, va, err
+		}},
+		{"batch_get", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			h := len(m) / 2
+			// a's first half into the first half, b's first half into
+			// the second: disjoint, so the order of the copies is free.
+			res, err := d.BatchGetV(nil, []ioctl.VItem{{Key: "a", Data: [][]byte{m[:h/2], m[h/2 : h]}}, {Key: "b", Data: [][]byte{m[h:]}}})
+			if err == nil {
+				err = batchErr(res, uint64(h), uint64(h))
+			}
+			return append(append([]byte(nil), va[:h]...), vb[:h]...), vb, err
+		}},
+		{"batch_put", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			h := len(m) / 2
+			res, err := d.BatchPutV(nil, []ioctl.VItem{{Key: "a", Data: [][]byte{m[:h], m[h:]}}, {Key: "b", Data: [][]byte{m[:h]}}})
+			if err == nil {
+				err = batchErr(res, uint64(len(m)), uint64(h))
+			}
+			return va, va[:h], err
+		}},
+	}
+	for _, size := range []int{32 << 20, 1 << 20} {
+		for _, dirty := range []bool{false, true} {
+			for k, c := range cases {
+				step := fmt.Sprintf("%s_%dMiB", c.name, size>>20)
+				if dirty {
+					step += "_dirty"
+				}
+				va, vb := randBytes(size, uint64(2*k+1)), randBytes(size, uint64(2*k+2))
+				err := mappedCase(a, b, va, vb, dirty, c.run)
+				emit(step, uint64(size), 0, err)
+			}
+		}
+	}
+}
+
+// batchErr is the first failed key of a batch, or one of a length other
+// than want.
+func batchErr(res []ioctl.BatchResult, want ...uint64) error {
+	for i, r := range res {
+		if r.Err != nil {
+			return r.Err
+		}
+		if r.N != want[i] {
+			return mismatch("key %d: %d B, want %d", i, r.N, want[i])
+		}
+	}
+	return nil
+}
+
+// mappedCase stores va as a and vb as b, maps a, runs call on the
+// mapping, writes the mapping back and checks both files.
+func mappedCase(a, b string, va, vb []byte, dirty bool, call func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error)) error {
+	if err := errors.Join(os.WriteFile(a, va, 0o644), os.WriteFile(b, vb, 0o644)); err != nil {
+		return err
+	}
+	o, err := os.OpenFile(a, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	m, err := unix.Mmap(int(o.Fd()), 0, len(va), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		o.Close()
+		return err
+	}
+	if dirty {
+		// Every page dirty, with the bytes it has: writeback may come at
+		// any time and leave what the model says.
+		for i := 0; i < len(m); i += 4096 {
+			m[i] = va[i]
+		}
+	}
+	fa, err1 := ioctl.Open(a, os.O_RDWR)
+	fb, err2 := ioctl.Open(b, os.O_RDWR)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	wantA, wantB, err := call(fa, fb, m, va, vb)
+	// The mapping written back through the open descriptor's close.
+	err = errors.Join(err, unix.Munmap(m), o.Close(), fa.Close(), fb.Close())
+	if err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		path string
+		want []byte
+	}{{a, wantA}, {b, wantB}} {
+		got, err := os.ReadFile(f.path)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(got, f.want) {
+			return mismatch("%s: %d B, want %d (first difference at %d)", f.path, len(got), len(f.want), firstDiff(got, f.want))
+		}
+	}
+	return nil
+}
+
+// firstDiff is the first index at which x and y differ.
+func firstDiff(x, y []byte) int {
+	for i := range min(len(x), len(y)) {
+		if x[i] != y[i] {
+			return i
+		}
+	}
+	return min(len(x), len(y))
 }
