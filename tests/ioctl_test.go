@@ -635,8 +635,8 @@ func TestIoctlMappedMemory(t *testing.T) {
 		t.Fatalf("ioctlclient mapped: %v\n%s", err, out)
 	}
 	list, _ := steps(t, out)
-	if len(list) != 24 {
-		t.Errorf("%d steps, want 24:\n%s", len(list), out)
+	if len(list) != 32 {
+		t.Errorf("%d steps, want 32:\n%s", len(list), out)
 	}
 	for _, s := range list {
 		if !s.OK {

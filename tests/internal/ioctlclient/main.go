@@ -942,6 +942,14 @@ func mapped(dir string) {
 			_, _, err := fb.PutVM(m, 0)
 			return va, va, err
 		}},
+		{"get_key", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			_, _, err := d.GetKey("a", m, 0)
+			return va, vb, err
+		}},
+		{"put_key", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
+			_, err := d.PutKey("b", m, 0)
+			return va, va, err
+		}},
 		{"batch_get", func(fa, fb *ioctl.File, m, va, vb []byte) ([]byte, []byte, error) {
 			h := len(m) / 2
 			// a's first half into the first half, b's first half into
