@@ -8,8 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -120,5 +123,105 @@ os._exit(0)  # its own closes of the hung files wait for the release
 	if got, err := os.ReadFile(d.path("after")); err != nil || string(got) != "still here" {
 		t.Fatalf("after the refusals: %q, %v", got, err)
 	}
+	d.checkAlive(t)
+}
+
+// stallRoot is a file system with one file, "m", whose reads wait until
+// release closes: its pages cannot be faulted in until then. The first
+// read closes reading.
+type stallRoot struct {
+	gofs.Inode
+	release, reading chan struct{}
+	once             sync.Once
+}
+
+type stallFile struct {
+	gofs.Inode
+	root *stallRoot
+}
+
+const stallSize = 32 << 20
+
+func (r *stallRoot) OnAdd(ctx context.Context) {
+	ch := r.NewPersistentInode(ctx, &stallFile{root: r}, gofs.StableAttr{Mode: syscall.S_IFREG})
+	r.AddChild("m", ch, false)
+}
+
+func (f *stallFile) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	return nil, 0, 0 // through the page cache: mmap works
+}
+
+func (f *stallFile) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode, out.Size = syscall.S_IFREG|0o444, stallSize
+	return 0
+}
+
+func (f *stallFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	f.root.once.Do(func() { close(f.root.reading) })
+	<-f.root.release
+	n := max(0, min(int64(len(dest)), stallSize-off))
+	return fuse.ReadResultData(make([]byte, n)), 0
+}
+
+// TestMappedStalledFileSystem: a client's get into a mapping of a file
+// whose reads never come back (another FUSE server, stalled) holds only
+// that get. The copy's page faults wait on the other server; large
+// copies used to wait in the engine's shared workers, so a second
+// client's large get of another key waited behind them until the other
+// server answered. Released, the first get finishes too.
+func TestMappedStalledFileSystem(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB", "--evict", "off")
+	root := &stallRoot{release: make(chan struct{}), reading: make(chan struct{})}
+	stalled := t.TempDir()
+	srv, err := gofs.Mount(stalled, root, &gofs.Options{MountOptions: fuse.MountOptions{DirectMount: true, Name: "stallfs", AllowOther: true}})
+	if err != nil {
+		t.Skipf("cannot mount a second FUSE file system here: %v", err)
+	}
+	var releaseOnce sync.Once
+	let := func() { releaseOnce.Do(func() { close(root.release) }) }
+	t.Cleanup(func() {
+		let()
+		srv.Unmount()
+	})
+	tmp := t.TempDir()
+	local := filepath.Join(tmp, "v")
+	writeRandom(t, local, stallSize, 9)
+	for _, k := range []string{"k1", "k2"} {
+		run(t, daemonBin(), "put", local, d.path(k))
+	}
+	first := background(t, ioctlClientBin(t), "get", "--into", filepath.Join(stalled, "m"), d.path("k1"), filepath.Join(tmp, "out1"))
+	// Cleanups run last first: the stalled reads are let go before the
+	// client is killed and waited for (a killed client still waits for
+	// the daemon's answer to its ioctl, which waits on those reads).
+	t.Cleanup(let)
+	first.waitOutput(t, `"step":"mapped"`)
+	<-root.reading // the daemon's copy faulted on the stalled file
+	// A deadline for a hang, not a speed: past it the stalled reads are
+	// let go (a get waiting on them would never end, nor could its
+	// client be killed) and the test fails.
+	var forced atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(cmdTimeout / 2):
+			forced.Store(true)
+			let()
+		}
+	}()
+	_, m := client(t, "get", d.path("k2"), filepath.Join(tmp, "out2"))
+	close(done)
+	if forced.Load() {
+		t.Errorf("the other get ended only once the stalled file system answered")
+	}
+	if s := want(t, m, "get", "OK"); s.N != stallSize {
+		t.Errorf("the other get moved %d B, want %d", s.N, stallSize)
+	}
+	run(t, "cmp", local, filepath.Join(tmp, "out2"))
+	let()
+	_, m = steps(t, first.mustWait(t))
+	want(t, m, "get", "OK")
+	run(t, "cmp", local, filepath.Join(tmp, "out1"))
 	d.checkAlive(t)
 }

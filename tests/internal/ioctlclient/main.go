@@ -15,7 +15,7 @@
 //
 //	ioctlclient roundtrip DIR
 //	ioctlclient put [--excl] [--buf] [--wait] PATH LOCAL
-//	ioctlclient get [--buf] [--rw] [--off N] [--len N] PATH LOCAL
+//	ioctlclient get [--buf] [--rw] [--off N] [--len N] [--into FILE] PATH LOCAL
 //	ioctlclient batch-put DIR KEY...
 //	ioctlclient batch-get DIR KEY...
 //	ioctlclient hold DIR
@@ -463,6 +463,7 @@ func get(args []string) {
 	rw := fl.Bool("rw", false, "open PATH read-write (reads the current version)")
 	off := fl.Uint64("off", 0, "object offset")
 	length := fl.Int64("len", -1, "bytes to ask for; default: to the end")
+	into := fl.String("into", "", "GET_VM into a private mapping of this file (a \"mapped\" step first)")
 	fl.Parse(args)
 	if fl.NArg() != 2 {
 		fatal(errors.New("get: want PATH LOCAL"))
@@ -495,6 +496,13 @@ func get(args []string) {
 		out = m.mem[:got]
 	} else {
 		b := make([]byte, n)
+		if *into != "" {
+			// Untouched here: the daemon's copy is the first to fault
+			// on its pages.
+			mf := must(os.Open(*into))
+			b = must(unix.Mmap(int(mf.Fd()), 0, int(n), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE))
+			emit("mapped", uint64(n), 0, nil)
+		}
 		got, v, err = f.GetVM(b, *off)
 		out = b[:got]
 	}
