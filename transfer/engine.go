@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -76,6 +77,9 @@ type Engine struct {
 	stats   statsCounters
 	metrics *metrics
 	streams streamPool
+	// vmHelpers is the goroutines large process-memory copies may add
+	// to their own, all calls together (see copyVM).
+	vmHelpers atomic.Int64
 }
 
 // New starts an engine and its worker pool.

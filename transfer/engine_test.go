@@ -208,7 +208,7 @@ func TestProcessVM(t *testing.T) {
 // every shared worker is busy and their queue is full. Its pages may be
 // a mapping whose faults wait on copies that need those workers (a file
 // of the mount itself), so it must not queue behind them: before, this
-// call waited for the workers for good.
+// call waited for the workers for good. Nor does it wait for helpers.
 func TestProcessVMWithoutWorkers(t *testing.T) {
 	e, _ := newEngine(t, 8<<20, Options{Workers: 2, SplitBytes: 1 << 20, ChunkBytes: 64 << 10})
 	release := make(chan struct{})
@@ -224,9 +224,45 @@ func TestProcessVMWithoutWorkers(t *testing.T) {
 	if err := e.Submit(context.Background(), reqs); err != nil {
 		t.Fatal(err)
 	}
-	runtime.KeepAlive(src)
 	close(release)
 	busy.Wait()
+	// With every helper taken (by calls stalled on their pages), a call
+	// copies alone and takes none.
+	limit := int64(vmHelpersPerWorker * e.opts.Workers)
+	e.vmHelpers.Store(limit)
+	dst := make([]byte, len(src))
+	reqs[0].Op, reqs[0].Buf = Read, VMBuffer(os.Getpid(), uint64(uintptr(unsafe.Pointer(&dst[0]))), uint64(len(dst)))
+	if err := e.Submit(context.Background(), reqs); err != nil {
+		t.Fatal(err)
+	}
+	runtime.KeepAlive(src)
+	if !bytes.Equal(src, dst) {
+		t.Fatal("the copies without workers or helpers differ")
+	}
+	if n := e.vmHelpers.Load(); n != limit {
+		t.Fatalf("%d helpers taken after the call, want the %d it found", n, limit)
+	}
+	// Many calls at once never hold more than the limit, and give back
+	// every helper.
+	e.vmHelpers.Store(0)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			b := make([]byte, 4<<20)
+			r := []Request{{Op: Write, Buf: VMBuffer(os.Getpid(), uint64(uintptr(unsafe.Pointer(&b[0]))), uint64(len(b))), Extent: segment.Extent{Segment: 1, Len: uint64(len(b))}}}
+			if err := e.Submit(context.Background(), r); err != nil {
+				t.Error(err)
+			}
+			if n := e.vmHelpers.Load(); n > limit {
+				t.Errorf("%d helpers taken, at most %d", n, limit)
+			}
+			runtime.KeepAlive(b)
+		})
+	}
+	wg.Wait()
+	if n := e.vmHelpers.Load(); n != 0 {
+		t.Fatalf("%d helpers still taken", n)
+	}
 }
 
 // TestRegisteredFault: a client truncating its registered file under a

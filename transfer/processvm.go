@@ -20,15 +20,23 @@ type vmPiece struct {
 // maxIov is the kernel's limit on iovecs per call (UIO_MAXIOV).
 const maxIov = 1024
 
+// vmHelpersPerWorker bounds the helper goroutines of all large copies of
+// process memory at once, per worker.
+const vmHelpersPerWorker = 4
+
 // copyVM moves the pieces with process_vm_readv (writes into segments) and
 // process_vm_writev (reads out of segments): the kernel copies straight
 // between the other process's pages and the segment, once. Large batches
-// are split into chunks copied in parallel by goroutines of this call,
-// never by the engine's shared workers: the other process's pages may be
-// a mapping of a file of this mount (or of a file system that does not
-// answer), whose fault waits on a request that itself needs the workers
-// (a WRITE materializing a draft copies through them), so a call blocked
-// on its own pages must not hold what other calls need.
+// are split into chunks that the calling goroutine copies with up to
+// Workers-1 helpers of its own, never through the engine's shared
+// workers: the other process's pages may be a mapping of a file of this
+// mount (or of a file system that does not answer), whose fault waits on
+// a request that itself needs the workers (a WRITE materializing a draft
+// copies through them), so a call blocked on its own pages must not hold
+// what other calls wait for. Helpers are taken only while the engine has
+// some to spare (vmHelpersPerWorker per worker): calls stalled on their
+// pages hold a bounded number, and a call that finds none copies alone,
+// slower but without waiting.
 func (e *Engine) copyVM(pieces []vmPiece, total uint64) []error {
 	if total < e.opts.SplitBytes || e.opts.Workers < 2 {
 		return vmGroups(pieces)
@@ -44,24 +52,47 @@ func (e *Engine) copyVM(pieces []vmPiece, total uint64) []error {
 	var mu sync.Mutex
 	var errs []error
 	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(e.opts.Workers, len(jobs)) {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(jobs) {
-					return
-				}
-				if es := vmGroups(jobs[i : i+1]); len(es) > 0 {
-					mu.Lock()
-					errs = append(errs, es...)
-					mu.Unlock()
-				}
+	copyJobs := func() {
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= len(jobs) {
+				return
 			}
+			if es := vmGroups(jobs[i : i+1]); len(es) > 0 {
+				mu.Lock()
+				errs = append(errs, es...)
+				mu.Unlock()
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for range min(e.opts.Workers, len(jobs)) - 1 {
+		if !e.takeVMHelper() {
+			break
+		}
+		wg.Go(func() {
+			defer e.vmHelpers.Add(-1)
+			copyJobs()
 		})
 	}
+	copyJobs()
 	wg.Wait()
 	return errs
+}
+
+// takeVMHelper takes one of the engine's helpers for a large copy of
+// process memory, if one is left; never more than the bound are taken.
+func (e *Engine) takeVMHelper() bool {
+	limit := int64(vmHelpersPerWorker * e.opts.Workers)
+	for {
+		n := e.vmHelpers.Load()
+		if n >= limit {
+			return false
+		}
+		if e.vmHelpers.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // vmGroups issues one syscall per run of pieces with the same direction
