@@ -419,7 +419,9 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 	} else {
 		// An update edits the content as it stands, pending writes
 		// included: a write into the draft, as pwrite(2) then fsync(2).
-		if _, err := d.WriteFrom(ctx, buf, objOff); err != nil {
+		// The handle's draft is read by others while it is written:
+		// process memory is staged (WriteStaged).
+		if _, err := d.WriteStaged(ctx, buf, objOff); err != nil {
 			return nil, err
 		}
 		o, err = d.Commit(ctx, opts)

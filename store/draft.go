@@ -399,6 +399,44 @@ func (d *Draft) WriteFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	return n, err
 }
 
+// stagePiece is the most of another process's memory WriteStaged holds
+// in daemon memory at once.
+const stagePiece = 4 << 20
+
+// WriteStaged is WriteFrom for a draft that others read while it is
+// written (an open file's): another process's memory is first copied
+// into daemon memory, a piece at a time, with nothing of the draft held,
+// and then written from there. Its pages may be a mapping of this very
+// file, whose faults come back as READs of the draft; a copy holding the
+// draft would wait on them behind any writer queued meanwhile (a commit,
+// a truncate), and they on it. Other memory goes straight, as WriteFrom.
+func (d *Draft) WriteStaged(ctx context.Context, buf transfer.Buffer, off uint64) (uint64, error) {
+	if buf.Kind != transfer.ProcessVM || buf.Len == 0 {
+		return d.WriteFrom(ctx, buf, off)
+	}
+	if err := d.Err(); err != nil {
+		return 0, err
+	}
+	if off+buf.Len < off {
+		return 0, fmt.Errorf("store: write %d B at %d: %w", buf.Len, off, ErrTooLarge)
+	}
+	stage := make([]byte, min(buf.Len, stagePiece))
+	var done uint64
+	for done < buf.Len {
+		p := stage[:min(buf.Len-done, stagePiece)]
+		if err := d.s.eng.Stage(buf, done, p); err != nil {
+			d.fail(err)
+			return done, err
+		}
+		n, err := d.WriteFrom(ctx, transfer.HostBuffer(p), off+done)
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
 // AppendFrom writes buf at the draft's end, as one write: appends through
 // one draft never overlap, whatever size the caller believed the file had.
 // It returns the offset written at.

@@ -6,11 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 func TestCommitMakesContentVisible(t *testing.T) {
@@ -905,4 +909,40 @@ func TestCommitLast(t *testing.T) {
 		t.Fatalf("used %d after closing the failed draft, want %d", got, want)
 	}
 	s.checkAlloc(t)
+}
+
+// TestDraftWriteStaged: another process's memory (here this one's, by
+// address) staged in pieces lands whole at its offset, pieces across the
+// stage's size included; an address that faults fails the write and the
+// draft, as WriteFrom's do. (That nothing of the draft is held while the
+// memory is read is tested end to end: tests.TestIoctlMappedUpdate.)
+func TestDraftWriteStaged(t *testing.T) {
+	s := newTestStore(t, 32<<20)
+	ctx := context.Background()
+	base := pattern(1, 100)
+	s.put(t, "f", base)
+	d := s.edit(t, "f")
+	defer d.Close()
+	src := pattern(2, 9<<20+77) // more than two stage pieces
+	buf := transfer.VMBuffer(os.Getpid(), uint64(uintptr(unsafe.Pointer(&src[0]))), uint64(len(src)))
+	if n, err := d.WriteStaged(ctx, buf, 50); err != nil || n != uint64(len(src)) {
+		t.Fatalf("WriteStaged: %d, %v", n, err)
+	}
+	runtime.KeepAlive(src)
+	o, err := d.Commit(ctx, store.CommitOptions{Key: "f"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(append([]byte(nil), base[:50]...), src...)
+	if got := s.read(t, "f"); !bytes.Equal(got, want) || o.Size != uint64(len(want)) {
+		t.Fatalf("after the staged write: %d B (size %d), want %d", len(got), o.Size, len(want))
+	}
+	d = s.edit(t, "f")
+	defer d.Close()
+	if _, err := d.WriteStaged(ctx, transfer.VMBuffer(os.Getpid(), 8, 4096), 0); !errors.Is(err, transfer.ErrFault) {
+		t.Fatalf("staged write of an unmapped address: %v", err)
+	}
+	if d.Err() == nil {
+		t.Fatal("a failed staged write left the draft able to commit")
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 var (
@@ -643,5 +644,31 @@ func TestIoctlMappedMemory(t *testing.T) {
 			t.Errorf("%s: %s (%s)", s.Step, s.Errno, s.Detail)
 		}
 	}
+	d.checkAlive(t)
+}
+
+// TestIoctlMappedUpdate: updates through an open file from a mapping of
+// that same file, while another thread fsyncs and truncates it. The
+// update writes into the file's draft; the mapping's faults come back as
+// READs of it, and the fsyncs commit it. The copy once held the draft
+// while it faulted: a commit queued behind it, the READs behind the
+// commit, and the mount hung for good.
+func TestIoctlMappedUpdate(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "512MiB", "--evict", "off")
+	dir := d.path("update")
+	run(t, "mkdir", dir)
+	c := background(t, ioctlClientBin(t), "mapped-update", dir)
+	select {
+	case <-c.done:
+	case <-time.After(cmdTimeout / 2):
+		// A deadline for a hang, not a speed: its client cannot be
+		// killed while the daemon holds its request.
+		d.kill9(t)
+		<-c.done
+		t.Fatalf("the update did not end; daemon killed:\n%s", c.out.String())
+	}
+	_, m := steps(t, c.mustWait(t))
+	want(t, m, "update_from_own_mapping", "OK")
 	d.checkAlive(t)
 }

@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,24 @@ func (e *Engine) copyVM(pieces []vmPiece, total uint64) []error {
 	copyJobs()
 	wg.Wait()
 	return errs
+}
+
+// Stage copies len(dst) bytes at off of process memory b into dst, this
+// process's own memory, and counts the copy: for a caller that writes b
+// into memory others read under a lock, which it must not hold while b's
+// pages fault (they may be a mapping that this daemon serves).
+func (e *Engine) Stage(b Buffer, off uint64, dst []byte) error {
+	if b.Kind != ProcessVM || off > b.Len || uint64(len(dst)) > b.Len-off {
+		return fmt.Errorf("stage %d B at %d of a %v buffer of %d B: %w", len(dst), off, b.Kind, b.Size(), ErrBadRequest)
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	err := errors.Join(e.copyVM([]vmPiece{{op: Write, pid: b.Pid, addr: b.Addr + off, local: dst}}, uint64(len(dst)))...)
+	if err == nil {
+		e.stats.copied.Add(uint64(len(dst)))
+	}
+	return err
 }
 
 // takeVMHelper takes one of the engine's helpers for a large copy of

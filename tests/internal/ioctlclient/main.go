@@ -24,6 +24,7 @@
 //	ioctlclient shrink DIR
 //	ioctlclient stress DIR ID ITERS
 //	ioctlclient mapped DIR
+//	ioctlclient mapped-update DIR
 package main
 
 import (
@@ -142,6 +143,9 @@ func main() {
 	case "mapped":
 		need(1)
 		mapped(args[0])
+	case "mapped-update":
+		need(1)
+		mappedUpdate(args[0])
 	default:
 		fatal(fmt.Errorf("unknown scenario %q", os.Args[1]))
 	}
@@ -1062,4 +1066,62 @@ func firstDiff(x, y []byte) int {
 		}
 	}
 	return min(len(x), len(y))
+}
+
+// mappedUpdate: updates (FlagUpdate) through an open file whose source is
+// a mapping of that same file, while another thread fsyncs and truncates
+// it (to its size) in a loop: the update writes into the file's draft,
+// which the mapping's faults read and the fsyncs commit. Each update
+// copies the second half over the first; the value is checked, through
+// the daemon, against the model.
+func mappedUpdate(dir string) {
+	const size = 32 << 20
+	a := filepath.Join(dir, "u")
+	va := randBytes(size, 77)
+	if err := os.WriteFile(a, va, 0o644); err != nil {
+		fatal(err)
+	}
+	o := must(os.OpenFile(a, os.O_RDWR, 0))
+	defer o.Close()
+	m := must(unix.Mmap(int(o.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED))
+	fa := must(ioctl.Open(a, os.O_RDWR))
+	defer fa.Close()
+	stop := make(chan struct{})
+	racer := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; err == nil; i++ {
+			select {
+			case <-stop:
+				racer <- nil
+				return
+			default:
+			}
+			if i%2 == 0 {
+				err = unix.Fsync(int(o.Fd()))
+			} else {
+				err = unix.Ftruncate(int(o.Fd()), size)
+			}
+		}
+		racer <- err
+	}()
+	h := size / 2
+	var err error
+	for range 4 {
+		if _, _, err = fa.PutVMAt(m[h:], 0, ioctl.FlagUpdate); err != nil {
+			break
+		}
+	}
+	close(stop)
+	err = errors.Join(err, <-racer, unix.Munmap(m))
+	if err == nil {
+		got := make([]byte, size)
+		var n uint64
+		n, _, err = fa.GetVM(got, 0)
+		want := append(append([]byte(nil), va[h:]...), va[h:]...)
+		if err == nil && (n != size || !bytes.Equal(got, want)) {
+			err = mismatch("%d B read, first difference at %d", n, firstDiff(got[:n], want))
+		}
+	}
+	emit("update_from_own_mapping", size, 0, err)
 }
