@@ -376,3 +376,42 @@ func TestGPUPiecesFollow(t *testing.T) {
 		}
 	}
 }
+
+// TestVMJobs: large pieces are cut in chunks, runs of small ones kept
+// together up to a chunk (or maxIov pieces), every byte in exactly one job
+// and in order.
+func TestVMJobs(t *testing.T) {
+	const cb = 64 << 10
+	mem := make([]byte, 8<<20)
+	var pieces []vmPiece
+	off := 0
+	for i, n := range []int{4096, 4096, 200 << 10, 1, 60 << 10, 8 << 10, 128 << 10} {
+		pieces = append(pieces, vmPiece{idx: i, op: Write, pid: 1, addr: uint64(off), local: mem[off : off+n]})
+		off += n
+	}
+	for range 3000 { // more than maxIov small pieces
+		pieces = append(pieces, vmPiece{idx: len(pieces), op: Write, pid: 1, addr: uint64(off), local: mem[off : off+16]})
+		off += 16
+	}
+	jobs := vmJobs(pieces, cb)
+	next := uint64(0)
+	for _, j := range jobs {
+		var n int
+		for _, p := range j {
+			if p.addr != next {
+				t.Fatalf("piece at %d, want %d", p.addr, next)
+			}
+			next += uint64(len(p.local))
+			n += len(p.local)
+		}
+		if n > cb || len(j) > maxIov || len(j) == 0 {
+			t.Fatalf("a job of %d pieces, %d B", len(j), n)
+		}
+	}
+	if next != uint64(off) {
+		t.Fatalf("jobs cover %d B, want %d", next, off)
+	}
+	if len(jobs) > 12 {
+		t.Fatalf("%d jobs: small pieces were not kept together", len(jobs))
+	}
+}

@@ -42,14 +42,7 @@ func (e *Engine) copyVM(pieces []vmPiece, total uint64) []error {
 	if total < e.opts.SplitBytes || e.opts.Workers < 2 {
 		return vmGroups(pieces)
 	}
-	cb := int(e.opts.ChunkBytes)
-	var jobs []vmPiece
-	for _, p := range pieces {
-		for off := 0; off < len(p.local); off += cb {
-			end := min(off+cb, len(p.local))
-			jobs = append(jobs, vmPiece{idx: p.idx, op: p.op, pid: p.pid, addr: p.addr + uint64(off), local: p.local[off:end]})
-		}
-	}
+	jobs := vmJobs(pieces, int(e.opts.ChunkBytes))
 	var mu sync.Mutex
 	var errs []error
 	var next atomic.Int64
@@ -59,7 +52,7 @@ func (e *Engine) copyVM(pieces []vmPiece, total uint64) []error {
 			if i >= len(jobs) {
 				return
 			}
-			if es := vmGroups(jobs[i : i+1]); len(es) > 0 {
+			if es := vmGroups(jobs[i]); len(es) > 0 {
 				mu.Lock()
 				errs = append(errs, es...)
 				mu.Unlock()
@@ -97,6 +90,38 @@ func (e *Engine) Stage(b Buffer, off uint64, dst []byte) error {
 		e.stats.copied.Add(uint64(len(dst)))
 	}
 	return err
+}
+
+// vmJobs cuts pieces into jobs of about cb bytes: a piece larger than cb
+// in cb-sized parts, runs of smaller ones together (vmGroups copies each
+// run with one system call, up to maxIov pieces).
+func vmJobs(pieces []vmPiece, cb int) [][]vmPiece {
+	var jobs [][]vmPiece
+	var run []vmPiece
+	var runBytes int
+	flush := func() {
+		if len(run) > 0 {
+			jobs = append(jobs, run)
+			run, runBytes = nil, 0
+		}
+	}
+	for _, p := range pieces {
+		if len(p.local) > cb {
+			flush()
+			for off := 0; off < len(p.local); off += cb {
+				end := min(off+cb, len(p.local))
+				jobs = append(jobs, []vmPiece{{idx: p.idx, op: p.op, pid: p.pid, addr: p.addr + uint64(off), local: p.local[off:end]}})
+			}
+			continue
+		}
+		if runBytes+len(p.local) > cb || len(run) == maxIov {
+			flush()
+		}
+		run = append(run, p)
+		runBytes += len(p.local)
+	}
+	flush()
+	return jobs
 }
 
 // takeVMHelper takes one of the engine's helpers for a large copy of
