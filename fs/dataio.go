@@ -146,9 +146,8 @@ type invalidation struct {
 }
 
 // invalidation finds what the kernel may hold about dir/rel, without
-// telling it: a put must not notify from inside its request (the kernel
-// may wait for the inode the request still uses), so the caller applies
-// it afterwards, and only when there is one.
+// telling it: the caller applies it once its commit is done, and only
+// when there is one (applyAll).
 func (n *node) invalidation(rel string) (invalidation, bool) {
 	parent := &n.Inode
 	for rest := rel; ; {
@@ -180,16 +179,16 @@ func (inv invalidation) apply() {
 	}
 }
 
-// notifyLater applies invs after the request that made them.
-func notifyLater(invs []invalidation) {
-	if len(invs) == 0 {
-		return
+// applyAll applies invs before the put by name that made them replies:
+// its request is on the directory, not on the keys' inodes, so the
+// kernel holds nothing of theirs for it. Applied after the reply, a
+// caller that mapped a key right after its put had the late invalidation
+// drop pages the daemon was writing (a get into the mapping lost them),
+// and its fstat saw the old size.
+func applyAll(invs []invalidation) {
+	for _, inv := range invs {
+		inv.apply()
 	}
-	go func() {
-		for _, inv := range invs {
-			inv.apply()
-		}
-	}()
 }
 
 // maxPutRetries bounds how often a batch put of one key looks again at a

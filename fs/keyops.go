@@ -469,7 +469,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 	}()
 	var invs []invalidation
-	defer func() { notifyLater(invs) }()
+	defer func() { applyAll(invs) }()
 	var again []*keyOp
 	done := 0 // chunks committed
 	start := func(c *putChunk) {
@@ -807,7 +807,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 		break
 	}
 	if inv, ok := n.invalidation(op.rel); ok {
-		go inv.apply()
+		inv.apply() // before the reply, as applyAll
 	}
 	return size, o.Version, nil
 }

@@ -672,3 +672,19 @@ func TestIoctlMappedUpdate(t *testing.T) {
 	want(t, m, "update_from_own_mapping", "OK")
 	d.checkAlive(t)
 }
+
+// TestIoctlPutThenStat: a put by name (PUT_KEY, BATCH_PUTV) that grows a
+// key the kernel has cached is seen whole by the caller's next stat. The
+// kernel's copy was once forgotten only after the reply: a fifth of the
+// stats saw the old size, and a get into a mapping of the key right after
+// its put lost pages to the late invalidation.
+func TestIoctlPutThenStat(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB", "--evict", "off")
+	dir := d.path("pts")
+	run(t, "mkdir", dir)
+	_, m := client(t, "put-then-stat", dir)
+	want(t, m, "put_key_then_stat", "OK")
+	want(t, m, "batch_put_then_stat", "OK")
+	d.checkAlive(t)
+}

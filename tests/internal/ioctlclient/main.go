@@ -25,6 +25,7 @@
 //	ioctlclient stress DIR ID ITERS
 //	ioctlclient mapped DIR
 //	ioctlclient mapped-update DIR
+//	ioctlclient put-then-stat DIR
 package main
 
 import (
@@ -146,6 +147,9 @@ func main() {
 	case "mapped-update":
 		need(1)
 		mappedUpdate(args[0])
+	case "put-then-stat":
+		need(1)
+		putThenStat(args[0])
 	default:
 		fatal(fmt.Errorf("unknown scenario %q", os.Args[1]))
 	}
@@ -1124,4 +1128,52 @@ func mappedUpdate(dir string) {
 		}
 	}
 	emit("update_from_own_mapping", size, 0, err)
+}
+
+// putThenStat: a put by name that grows a key the kernel has cached is
+// seen whole by the caller's next stat, by PUT_KEY and by BATCH_PUTV: the
+// kernel's copy of the key is forgotten before the put returns. One step
+// per path, failing with the count of stale sizes.
+func putThenStat(dir string) {
+	d := must(ioctl.OpenDir(dir))
+	defer d.Close()
+	small, big := make([]byte, 4096), randBytes(1<<20, 5)
+	for _, batch := range []bool{false, true} {
+		put := func(k string, v []byte) error {
+			if !batch {
+				_, err := d.PutKey(k, v, 0)
+				return err
+			}
+			res, err := d.BatchPutV(nil, []ioctl.VItem{{Key: k, Data: [][]byte{v}}})
+			if err == nil {
+				err = res[0].Err
+			}
+			return err
+		}
+		step := map[bool]string{false: "put_key_then_stat", true: "batch_put_then_stat"}[batch]
+		var err error
+		stale := 0
+		const iters = 300
+		for it := 0; it < iters && err == nil; it++ {
+			k := fmt.Sprintf("st%d", it%8)
+			p := filepath.Join(dir, k)
+			if err = put(k, small); err != nil {
+				break
+			}
+			if _, err = os.Stat(p); err != nil { // the kernel caches the small size
+				break
+			}
+			if err = put(k, big); err != nil {
+				break
+			}
+			var st os.FileInfo
+			if st, err = os.Stat(p); err == nil && st.Size() != int64(len(big)) {
+				stale++
+			}
+		}
+		if err == nil && stale > 0 {
+			err = mismatch("%d of %d stats after a put saw the old size", stale, iters)
+		}
+		emit(step, uint64(stale), 0, err)
+	}
 }
