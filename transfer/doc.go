@@ -10,7 +10,10 @@
 //
 // Large batches are split into chunks and copied by a pool of workers, so a
 // single big put uses every core; small requests are copied inline on the
-// caller's goroutine, which is cheaper than a hand-off.
+// caller's goroutine, which is cheaper than a hand-off. Process memory is
+// the exception: its chunks are copied by the caller's goroutine and a
+// bounded number of helpers of its own, never by the shared workers, as
+// its pages may fault on files of the mount itself (processvm.go).
 //
 // Every strategy counts bytes and copies (one copy = one pass over the
 // bytes), so "one copy" is a measured claim: see Stats and the Prometheus
