@@ -686,5 +686,6 @@ func TestIoctlPutThenStat(t *testing.T) {
 	_, m := client(t, "put-then-stat", dir)
 	want(t, m, "put_key_then_stat", "OK")
 	want(t, m, "batch_put_then_stat", "OK")
+	want(t, m, "file_put_then_stat", "OK")
 	d.checkAlive(t)
 }

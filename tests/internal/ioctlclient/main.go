@@ -1138,11 +1138,21 @@ func putThenStat(dir string) {
 	d := must(ioctl.OpenDir(dir))
 	defer d.Close()
 	small, big := make([]byte, 4096), randBytes(1<<20, 5)
-	for _, batch := range []bool{false, true} {
+	for _, how := range []string{"put_key", "batch_put", "file_put"} {
 		put := func(k string, v []byte) error {
-			if !batch {
+			switch how {
+			case "put_key":
 				_, err := d.PutKey(k, v, 0)
 				return err
+			case "file_put":
+				// Through a file opened for writing, as a put of a
+				// whole new content by PUT_VM.
+				f, err := ioctl.Open(filepath.Join(dir, k), os.O_RDWR|os.O_CREATE)
+				if err != nil {
+					return err
+				}
+				_, _, err = f.PutVM(v, 0)
+				return errors.Join(err, f.Close())
 			}
 			res, err := d.BatchPutV(nil, []ioctl.VItem{{Key: k, Data: [][]byte{v}}})
 			if err == nil {
@@ -1150,7 +1160,7 @@ func putThenStat(dir string) {
 			}
 			return err
 		}
-		step := map[bool]string{false: "put_key_then_stat", true: "batch_put_then_stat"}[batch]
+		step := how + "_then_stat"
 		var err error
 		stale := 0
 		const iters = 300
