@@ -102,9 +102,15 @@ const maxContiguousTries = 3
 // space as taken and fail too.
 //
 // The caller owns the returned extents until it passes them to Free.
-func (t *Table) Alloc(n uint64) ([]Extent, error) {
+func (t *Table) Alloc(n uint64) ([]Extent, error) { return t.AllocTo(nil, n) }
+
+// AllocTo is Alloc appending the extents to dst[:0], whose array holds
+// them when it is large enough: a caller that allocates many values can
+// give each its room in a record of its own. n == 0 returns dst[:0].
+func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
+	dst = dst[:0]
 	if n == 0 {
-		return nil, nil
+		return dst, nil
 	}
 	segs := t.snap.Load().list
 	rn, ok := roundUp(n)
@@ -124,7 +130,7 @@ func (t *Table) Alloc(n uint64) ([]Extent, error) {
 			break
 		}
 		if r, err := best.Alloc.AllocContiguous(rn); err == nil {
-			return []Extent{{Segment: best.ID, Off: r.Off, Len: r.Len}}, nil
+			return append(dst, Extent{Segment: best.ID, Off: r.Off, Len: r.Len}), nil
 		}
 		// A concurrent Alloc took the range; choose again.
 	}
@@ -140,7 +146,7 @@ func (t *Table) Alloc(n uint64) ([]Extent, error) {
 		return nil, fmt.Errorf("segment: alloc %d B (free %d B): %w", rn, total, ErrNoSpace)
 	}
 	slices.SortStableFunc(order, func(a, b segFree) int { return cmp.Compare(b.free, a.free) })
-	return t.fill(order, total, rn)
+	return t.fill(dst, order, total, rn)
 }
 
 // segFree is a segment and its free bytes when Alloc looked.
@@ -150,11 +156,10 @@ type segFree struct {
 }
 
 // fill allocates rn bytes from the segments in order, each giving as much
-// as it has. total is what the caller counted free in them; concurrent
-// allocations may since have taken some, in which case fill frees what it
-// got and returns ErrNoSpace.
-func (t *Table) fill(order []segFree, total, rn uint64) ([]Extent, error) {
-	var out []Extent
+// as it has, appending the extents to out (empty). total is what the
+// caller counted free in them; concurrent allocations may since have
+// taken some, in which case fill frees what it got and returns ErrNoSpace.
+func (t *Table) fill(out []Extent, order []segFree, total, rn uint64) ([]Extent, error) {
 	rem := rn
 	for _, sf := range order {
 		if rem == 0 {

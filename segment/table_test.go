@@ -139,6 +139,36 @@ func TestTableAllocNoSpace(t *testing.T) {
 	checkTable(t, tb)
 }
 
+// TestTableAllocTo checks that AllocTo lays the extents in the caller's
+// array when it holds them and grows past it when not.
+func TestTableAllocTo(t *testing.T) {
+	tb := newTable(t, pg(4), pg(4))
+	var room [1]Extent
+	old := Extent{Segment: 9, Off: 1, Len: 2}
+	es, err := tb.AllocTo([]Extent{old}[:1:1], pg(1)) // a used dst: cut to [:0]
+	if err != nil || len(es) != 1 || es[0].Len != pg(1) {
+		t.Fatalf("AllocTo(used dst): %v, %v", es, err)
+	}
+	es, err = tb.AllocTo(room[:0], pg(2))
+	if err != nil || len(es) != 1 || &es[0] != &room[0] || room[0].Len != pg(2) {
+		t.Fatalf("AllocTo(room): %v, %v; room %v", es, err, room)
+	}
+	// 5 pages free, 3 in one segment and 2 in the other: two extents,
+	// more than room holds.
+	room2 := [1]Extent{old}
+	es, err = tb.AllocTo(room2[:0], pg(5))
+	if err != nil || len(es) != 2 || TotalLen(es) != pg(5) {
+		t.Fatalf("AllocTo(5 pages over 2 segments): %v, %v", es, err)
+	}
+	if es, err := tb.AllocTo(room2[:0], pg(1)); !errors.Is(err, ErrNoSpace) || es != nil {
+		t.Errorf("AllocTo(full): %v, %v", es, err)
+	}
+	if es, err := tb.AllocTo(room2[:0], 0); err != nil || len(es) != 0 {
+		t.Errorf("AllocTo(0): %v, %v", es, err)
+	}
+	checkTable(t, tb)
+}
+
 // TestTableAllocRollback drives fill with a stale view of free space, as
 // when concurrent allocations take space between counting and allocating:
 // everything fill took must be freed again.
@@ -151,7 +181,7 @@ func TestTableAllocRollback(t *testing.T) {
 	}
 	before := tb.Stats()
 	order := []segFree{{segs[0], pg(4)}, {segs[1], pg(4)}, {segs[2], pg(4)}}
-	es, err := tb.fill(order, pg(12), pg(10))
+	es, err := tb.fill(nil, order, pg(12), pg(10))
 	if !errors.Is(err, ErrNoSpace) || es != nil {
 		t.Fatalf("fill: %v, %v; want ErrNoSpace", es, err)
 	}

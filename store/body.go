@@ -51,7 +51,12 @@ const (
 )
 
 func newBody(ext []segment.Extent, state bodyState, since uint64) *body {
-	b := &body{extents: ext, state: state, since: since}
+	return initBody(new(body), ext, state, since)
+}
+
+// initBody is newBody in b, a body no one else has yet.
+func initBody(b *body, ext []segment.Extent, state bodyState, since uint64) *body {
+	b.extents, b.state, b.since = ext, state, since
 	if len(ext) > 0 {
 		b.id = ext[0]
 	}

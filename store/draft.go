@@ -893,7 +893,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, err
 		}
-		next, old, err := d.s.nextVersion(ctx, o, cur, size, mtime, place, nil)
+		next, old, err := d.s.nextVersion(ctx, o, cur, size, mtime, place, nil, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -959,8 +959,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 // nextVersion returns the object a commit of o, size bytes long, makes
 // over cur (nil: none), without replicas, and the version it replaces;
 // mtime, when not zero, is an explicit modification time, place the
-// placement the bytes were written with.
-func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, size uint64, mtime int64, place Placement, memo *commitMemo) (*Object, uint64, error) {
+// placement the bytes were written with. The object is built in into
+// when it is not nil (a batch's record of the key), else allocated.
+func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, size uint64, mtime int64, place Placement, memo *commitMemo, into *Object) (*Object, uint64, error) {
 	var next *Object
 	var old uint64
 	switch {
@@ -973,7 +974,10 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 	case o.IfVersion != 0 && (cur == nil || cur.Version != o.IfVersion):
 		return nil, 0, fmt.Errorf("commit %q: not at version %d: %w", o.Key, o.IfVersion, ErrConflict)
 	case cur != nil:
-		next = cur.cloneBare()
+		if into == nil {
+			into = new(Object)
+		}
+		next = cur.cloneBareTo(into)
 		old = cur.Version
 		setXattrs(next, o.SetXattrs)
 	default:
@@ -988,7 +992,10 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		} else if has {
 			return nil, 0, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)
 		}
-		next = s.newObjectAt(o.Key, KindFile, o.Template, memo.time(s))
+		if into == nil {
+			into = new(Object)
+		}
+		next = s.newObjectIn(into, o.Key, KindFile, o.Template, memo.time(s))
 		parent.inherit(next)
 		setXattrs(next, o.SetXattrs)
 		if err := s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {

@@ -15,7 +15,12 @@ func (s *Store) newObject(key string, kind Kind, t *Object) *Object {
 
 // newObjectAt is newObject made at time now.
 func (s *Store) newObjectAt(key string, kind Kind, t *Object, now int64) *Object {
-	o := &Object{Key: key, Kind: kind, Mode: 0o644}
+	return s.newObjectIn(new(Object), key, kind, t, now)
+}
+
+// newObjectIn is newObjectAt building the object in o (zero).
+func (s *Store) newObjectIn(o *Object, key string, kind Kind, t *Object, now int64) *Object {
+	*o = Object{Key: key, Kind: kind, Mode: 0o644}
 	if kind == KindDir {
 		o.Mode = 0o755
 	}

@@ -97,8 +97,11 @@ func (o *Object) Clone() *Object {
 
 // cloneBare is Clone without the replicas: what a new version of o starts
 // from (its bytes are its own).
-func (o *Object) cloneBare() *Object {
-	c := *o
+func (o *Object) cloneBare() *Object { return o.cloneBareTo(new(Object)) }
+
+// cloneBareTo is cloneBare into c, which it returns.
+func (o *Object) cloneBareTo(c *Object) *Object {
+	*c = *o
 	c.body = nil // another version's bytes
 	c.Replicas = nil
 	// The values too: a caller may hand in a buffer it reuses (a FUSE
@@ -107,7 +110,7 @@ func (o *Object) cloneBare() *Object {
 	for k, v := range c.Xattrs {
 		c.Xattrs[k] = slices.Clone(v)
 	}
-	return &c
+	return c
 }
 
 // ReplicaOn returns the replica stored on node, if any.

@@ -94,12 +94,25 @@ func grown[T any](b []T, n int) []T {
 
 // putState is one key of Puts.
 type putState struct {
+	rec  *putRecord
 	ext  []segment.Extent
 	size uint64
 	span [2]int // its requests in the flight
 	err  error
 	obj  *Object
 	cur  *Object // the version it replaces, as committed
+}
+
+// putRecord holds what a committed key of Puts keeps, allocated at once:
+// the new version, its one replica and its extent (when one holds the
+// value), and the record of its bytes: one allocation where there were
+// four, each a key's share of the collector's work too. The record lives
+// as long as the longest of them.
+type putRecord struct {
+	obj  Object
+	rep  [1]Replica
+	ext  [1]segment.Extent
+	body body
 }
 
 // StartPuts reserves room for every spec's value on this node, without
@@ -130,7 +143,8 @@ func (s *Store) StartPuts(ctx context.Context, specs []PutSpec) *Puts {
 		if st.err != nil || st.size == 0 {
 			continue
 		}
-		ext, err := s.segs.Alloc(st.size)
+		st.rec = new(putRecord)
+		ext, err := s.segs.AllocTo(st.rec.ext[:0], st.size)
 		if err != nil {
 			if errors.Is(err, segment.ErrNoSpace) {
 				err = fmt.Errorf("store: reserve %d B without evicting: %w", st.size, errors.Join(ErrNoSpace, err))
@@ -207,7 +221,11 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		if cur != nil {
 			o.IfVersion = cur.Version
 		}
-		next, old, err := s.nextVersion(ctx, o, cur, st.size, 0, sp.Place, memo)
+		var into *Object
+		if st.rec != nil {
+			into = &st.rec.obj
+		}
+		next, old, err := s.nextVersion(ctx, o, cur, st.size, 0, sp.Place, memo, into)
 		if err != nil {
 			st.err = err
 			continue
@@ -216,7 +234,8 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		// (an empty value has none).
 		next.Replicas = nil
 		if len(st.ext) > 0 {
-			next.Replicas = []Replica{{Node: s.opts.Node, Epoch: s.opts.Epoch, Extents: st.ext}}
+			st.rec.rep[0] = Replica{Node: s.opts.Node, Epoch: s.opts.Epoch, Extents: st.ext}
+			next.Replicas = st.rec.rep[:]
 		}
 		st.obj, st.cur = next, cur
 		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true}) // read only from here on
@@ -225,7 +244,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	s.mu.Lock()
 	for _, i := range at {
 		if ext := p.st[i].ext; len(ext) > 0 {
-			b := newBody(ext, bodyRegistered, 0)
+			b := initBody(&p.st[i].rec.body, ext, bodyRegistered, 0)
 			s.mu.bodies[ext[0]] = b
 			p.st[i].obj.body = b // not yet swapped in: no one else has it
 		}
