@@ -101,11 +101,22 @@ func (m *Mount) Settings() map[string]any {
 	}
 }
 
+// ErrRequestsRunning is Unmount's error when requests were still running
+// at its deadline.
+var ErrRequestsRunning = errors.New("requests still running")
+
 // Unmount detaches the mount and waits until every request in flight,
 // commits included, has finished. If files are still open it retries for
-// up to timeout, then detaches lazily (the kernel finishes the rest).
+// up to timeout, then detaches lazily (the kernel finishes the rest), and
+// waits for the requests for up to timeout more. A request can wait for
+// ever (a copy faulting on the pages of another file system that stopped
+// answering): when some still run at that deadline Unmount returns
+// ErrRequestsRunning, and the mount's memory is still theirs: the caller
+// should exit without releasing it, which also ends the kernel's side of
+// the connection and so those requests' calls.
 func (m *Mount) Unmount(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
 	var err error
 	for {
 		if err = m.server.Unmount(); err == nil {
@@ -119,15 +130,26 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	m.server.Wait()
-	m.fs.asyncStop() // submitted calls stop at their next key
-	m.fs.async.Wait()
-	if m.stopFollow != nil {
-		m.stopFollow()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.server.Wait()
+		m.fs.asyncStop() // submitted calls stop at their next key
+		m.fs.async.Wait()
+		if m.stopFollow != nil {
+			m.stopFollow()
+		}
+		m.fs.stopProcs()
+		m.fs.closeGPUs()
+	}()
+	wait := time.NewTimer(time.Until(deadline) + timeout)
+	defer wait.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-wait.C:
+		return fmt.Errorf("fs: unmount %s: %w %v after it began", m.Dir, ErrRequestsRunning, time.Since(start).Round(time.Second))
 	}
-	m.fs.stopProcs()
-	m.fs.closeGPUs()
-	return nil
 }
 
 // Wait blocks until the file system is unmounted (also from outside).

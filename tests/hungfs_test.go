@@ -225,3 +225,60 @@ func TestMappedStalledFileSystem(t *testing.T) {
 	run(t, "cmp", local, filepath.Join(tmp, "out1"))
 	d.checkAlive(t)
 }
+
+// TestStopWithStalledRequest: SIGTERM while a request waits on a stalled
+// file system (a get into a mapping of its file). The daemon cannot end
+// that request, so it must not wait for it for ever: it exits within a
+// bound, saying so, and the kernel ends the client's call; the mount is
+// gone.
+func TestStopWithStalledRequest(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB", "--evict", "off")
+	root := &stallRoot{release: make(chan struct{}), reading: make(chan struct{})}
+	stalled := t.TempDir()
+	srv, err := gofs.Mount(stalled, root, &gofs.Options{MountOptions: fuse.MountOptions{DirectMount: true, Name: "stallfs", AllowOther: true}})
+	if err != nil {
+		t.Skipf("cannot mount a second FUSE file system here: %v", err)
+	}
+	var releaseOnce sync.Once
+	let := func() { releaseOnce.Do(func() { close(root.release) }) }
+	t.Cleanup(func() {
+		let()
+		srv.Unmount()
+	})
+	tmp := t.TempDir()
+	local := filepath.Join(tmp, "v")
+	writeRandom(t, local, stallSize, 9)
+	run(t, daemonBin(), "put", local, d.path("k"))
+	first := background(t, ioctlClientBin(t), "get", "--into", filepath.Join(stalled, "m"), d.path("k"), filepath.Join(tmp, "out"))
+	t.Cleanup(let)
+	first.waitOutput(t, `"step":"mapped"`)
+	<-root.reading // the daemon's copy faulted on the stalled file
+	d.killed.Store(true) // it exits with an error: stop must not count that
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	// Deadlines for a hang, not speeds.
+	select {
+	case <-d.done:
+	case <-time.After(cmdTimeout / 2):
+		let() // a daemon waiting on the request exits once it ends
+		<-d.done
+		t.Fatalf("the daemon did not exit within %v of SIGTERM while a request was stalled", cmdTimeout/2)
+	}
+	if d.err == nil {
+		t.Errorf("the daemon exited 0, leaving a request unfinished")
+	}
+	if log := d.log.String(); !strings.Contains(log, "still running") {
+		t.Errorf("the daemon's log does not say it left a request:\n%s", log)
+	}
+	select {
+	case <-first.done:
+	case <-time.After(cmdTimeout / 2):
+		t.Fatalf("the stalled client's call did not end when the daemon exited")
+	}
+	if out, err := first.wait(); err == nil && strings.Contains(out, `"step":"get","ok":true`) {
+		t.Errorf("the stalled get succeeded after the daemon left it: %s", out)
+	}
+	if mounted(d.dir) {
+		t.Errorf("%s is still mounted after the daemon exited", d.dir)
+	}
+}

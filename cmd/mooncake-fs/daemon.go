@@ -235,7 +235,14 @@ func runMount(args []string) error {
 	select {
 	case s := <-sigs:
 		log.WithField("signal", s.String()).Info("unmounting")
-		if err := d.mnt.Unmount(10 * time.Second); err != nil {
+		if err := d.mnt.Unmount(10 * time.Second); errors.Is(err, mfs.ErrRequestsRunning) {
+			// Their copies may still touch the segments and the
+			// engine: exit without releasing them. The exit ends the
+			// connection, and with it those requests' calls.
+			log.WithError(err).Error("exiting with requests still running")
+			d.leaveCluster()
+			return err
+		} else if err != nil {
 			log.WithError(err).Warn("unmount")
 		}
 	case <-unmounted:
@@ -371,9 +378,7 @@ func (d *daemon) pinForCUDA() {
 }
 
 func (d *daemon) stop() {
-	if d.cl != nil {
-		d.cl.stop() // leave the cluster first: peers stop sending here
-	}
+	d.leaveCluster()
 	if d.st != nil {
 		d.st.Close()
 	}
@@ -399,6 +404,14 @@ func (d *daemon) stop() {
 		if err := r.Close(); err != nil {
 			d.log.WithError(err).Warn("release segment memory")
 		}
+	}
+}
+
+// leaveCluster leaves the cluster, if the daemon is in one: peers stop
+// sending here. Before anything else stops.
+func (d *daemon) leaveCluster() {
+	if d.cl != nil {
+		d.cl.stop()
 	}
 }
 
