@@ -253,7 +253,7 @@ func TestStopWithStalledRequest(t *testing.T) {
 	first := background(t, ioctlClientBin(t), "get", "--into", filepath.Join(stalled, "m"), d.path("k"), filepath.Join(tmp, "out"))
 	t.Cleanup(let)
 	first.waitOutput(t, `"step":"mapped"`)
-	<-root.reading // the daemon's copy faulted on the stalled file
+	<-root.reading       // the daemon's copy faulted on the stalled file
 	d.killed.Store(true) // it exits with an error: stop must not count that
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	// Deadlines for a hang, not speeds.
