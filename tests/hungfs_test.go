@@ -163,6 +163,25 @@ func (f *stallFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, o
 	return fuse.ReadResultData(make([]byte, n)), 0
 }
 
+// mountStalled serves a stallRoot (the test's own FUSE server) on a new
+// directory. let releases its reads; the test's end does too, and then
+// unmounts it.
+func mountStalled(t *testing.T) (root *stallRoot, dir string, let func()) {
+	root = &stallRoot{release: make(chan struct{}), reading: make(chan struct{})}
+	dir = t.TempDir()
+	srv, err := gofs.Mount(dir, root, &gofs.Options{MountOptions: fuse.MountOptions{DirectMount: true, Name: "stallfs", AllowOther: true}})
+	if err != nil {
+		t.Skipf("cannot mount a second FUSE file system here: %v", err)
+	}
+	var releaseOnce sync.Once
+	let = func() { releaseOnce.Do(func() { close(root.release) }) }
+	t.Cleanup(func() {
+		let()
+		srv.Unmount()
+	})
+	return root, dir, let
+}
+
 // TestMappedStalledFileSystem: a client's get into a mapping of a file
 // whose reads never come back (another FUSE server, stalled) holds only
 // that get. The copy's page faults wait on the other server; large
@@ -172,18 +191,7 @@ func (f *stallFile) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, o
 func TestMappedStalledFileSystem(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, "--size", "256MiB", "--evict", "off")
-	root := &stallRoot{release: make(chan struct{}), reading: make(chan struct{})}
-	stalled := t.TempDir()
-	srv, err := gofs.Mount(stalled, root, &gofs.Options{MountOptions: fuse.MountOptions{DirectMount: true, Name: "stallfs", AllowOther: true}})
-	if err != nil {
-		t.Skipf("cannot mount a second FUSE file system here: %v", err)
-	}
-	var releaseOnce sync.Once
-	let := func() { releaseOnce.Do(func() { close(root.release) }) }
-	t.Cleanup(func() {
-		let()
-		srv.Unmount()
-	})
+	root, stalled, let := mountStalled(t)
 	tmp := t.TempDir()
 	local := filepath.Join(tmp, "v")
 	writeRandom(t, local, stallSize, 9)
@@ -234,18 +242,7 @@ func TestMappedStalledFileSystem(t *testing.T) {
 func TestStopWithStalledRequest(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, "--size", "256MiB", "--evict", "off")
-	root := &stallRoot{release: make(chan struct{}), reading: make(chan struct{})}
-	stalled := t.TempDir()
-	srv, err := gofs.Mount(stalled, root, &gofs.Options{MountOptions: fuse.MountOptions{DirectMount: true, Name: "stallfs", AllowOther: true}})
-	if err != nil {
-		t.Skipf("cannot mount a second FUSE file system here: %v", err)
-	}
-	var releaseOnce sync.Once
-	let := func() { releaseOnce.Do(func() { close(root.release) }) }
-	t.Cleanup(func() {
-		let()
-		srv.Unmount()
-	})
+	root, stalled, let := mountStalled(t)
 	tmp := t.TempDir()
 	local := filepath.Join(tmp, "v")
 	writeRandom(t, local, stallSize, 9)
