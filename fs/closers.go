@@ -17,8 +17,8 @@ import (
 //
 //   - a close publishes when the closing process changed the file through
 //     that open file (write, ftruncate: the kernel names the closer's and
-//     the writer's descriptor table, FUSE's lock owner), or is the thread
-//     that opened it;
+//     the writer's descriptor table, FUSE's lock owner), or is the process
+//     that opened it (the opening thread or another of its process);
 //   - fsync always publishes;
 //   - the last close of the open file (RELEASE) publishes whatever is
 //     left, whoever closed it.
@@ -64,12 +64,27 @@ func (c *closers) changed(fh, owner uint64) {
 }
 
 // publishes reports whether a FLUSH of fh by owner (thread pid) commits.
-// Handles it does not know (read-only ones) pass through.
+// Handles it does not know (read-only ones) pass through. A close by
+// another thread of the opener's process publishes too: a file changed
+// only through a mapping has no owner (the kernel's writeback names
+// none), and a Go program or a thread pool closes where it likes; such
+// closes published only at RELEASE, after close(2) had returned (15 of
+// 300 reads right after the close saw the old content). Once seen, the
+// owner (the process's descriptor table) publishes without a look.
 func (c *closers) publishes(fh, owner uint64, pid uint32) bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	w := c.mu.m[fh]
-	return w == nil || w.opener == pid || slices.Contains(w.owners, owner)
+	if w == nil || w.opener == pid || slices.Contains(w.owners, owner) {
+		c.mu.Unlock()
+		return true
+	}
+	opener := w.opener
+	c.mu.Unlock()
+	if !sameProcess(pid, opener) {
+		return false
+	}
+	c.changed(fh, owner)
+	return true
 }
 
 // Open implements fuse.RawFileSystem.

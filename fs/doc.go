@@ -27,8 +27,9 @@
 //
 //   - fsync;
 //   - close(2) by a process that wrote or ftruncated through that open
-//     file, or by the thread that opened it (closers.go: the kernel's
-//     lock owner names the descriptor table of writer and closer);
+//     file, or by the process that opened it, from any of its threads
+//     (closers.go: the kernel's lock owner names the descriptor table of
+//     writer and closer);
 //   - the last close of the open file (RELEASE), whatever is left.
 //
 // A close by a process that only inherited the descriptor (a child of

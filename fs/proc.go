@@ -3,6 +3,7 @@ package fs
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -148,6 +149,14 @@ func (f *FS) dropProc(cp *clientProc) {
 func inGroup(tgid, tid int) bool {
 	err := unix.Tgkill(tgid, tid, 0)
 	return err == nil || err == unix.EPERM
+}
+
+// sameProcess reports whether thread other, still running, is of the
+// process of thread tid (the procfs entry of its task there exists).
+func sameProcess(tid, other uint32) bool {
+	var st unix.Stat_t
+	return tid != 0 && other != 0 &&
+		unix.Stat("/proc/"+strconv.FormatUint(uint64(tid), 10)+"/task/"+strconv.FormatUint(uint64(other), 10), &st) == nil
 }
 
 // proc returns the state of the process behind p, made on first use.

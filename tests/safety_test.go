@@ -196,6 +196,18 @@ print("after_thread_close=" + ("new" if reader() == b"t" * 4096 else "old"))
 		"after_child_wrote": "both", "after_thread_close": "new"})
 }
 
+// TestMappedWriteClosedByAnotherThread: a file changed only through a
+// shared mapping and closed by another thread of its process (as Go
+// programs and thread pools do) is published when close returns, not at
+// the release that follows it.
+func TestMappedWriteClosedByAnotherThread(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "128MiB")
+	_, m := client(t, "mapped-close-thread", d.dir)
+	want(t, m, "mapped_close_thread", "OK")
+	d.checkAlive(t)
+}
+
 // TestConcurrentRewritesNeverTorn: several processes rewrite one name
 // with O_TRUNC at once, each value carrying its length and checksum;
 // readers only ever see one writer's whole value.

@@ -26,6 +26,7 @@
 //	ioctlclient mapped DIR
 //	ioctlclient mapped-update DIR
 //	ioctlclient put-then-stat DIR
+//	ioctlclient mapped-close-thread DIR
 package main
 
 import (
@@ -41,6 +42,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"unsafe"
@@ -150,6 +152,9 @@ func main() {
 	case "put-then-stat":
 		need(1)
 		putThenStat(args[0])
+	case "mapped-close-thread":
+		need(1)
+		mappedCloseThread(args[0])
 	default:
 		fatal(fmt.Errorf("unknown scenario %q", os.Args[1]))
 	}
@@ -1186,4 +1191,55 @@ func putThenStat(dir string) {
 		}
 		emit(step, uint64(stale), 0, err)
 	}
+}
+
+// mappedCloseThread changes files only through a shared mapping, opened
+// and written on one OS thread, closed on another, and reads each back
+// right after the close: close(2) by any thread of the writer publishes
+// (the mapping's writeback names no lock owner).
+func mappedCloseThread(dir string) {
+	const n, iters = 64 << 10, 300
+	closes := make(chan *os.File)
+	closed := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never the opener's thread
+		for f := range closes {
+			closed <- f.Close()
+		}
+	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	stale := 0
+	var err error
+	for i := 0; i < iters && err == nil; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("mc%d", i%8))
+		if i < 8 {
+			if err = os.WriteFile(p, make([]byte, n), 0o644); err != nil {
+				break
+			}
+		}
+		var f *os.File
+		if f, err = os.OpenFile(p, os.O_RDWR, 0); err != nil {
+			break
+		}
+		var m []byte
+		if m, err = unix.Mmap(int(f.Fd()), 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+			f.Close()
+			break
+		}
+		want := bytes.Repeat([]byte{byte(i%250 + 1)}, n)
+		copy(m, want)
+		err = unix.Munmap(m)
+		closes <- f
+		err = errors.Join(err, <-closed)
+		var got []byte
+		if got, err = os.ReadFile(p); err == nil && !bytes.Equal(got, want) {
+			stale++
+		}
+	}
+	close(closes)
+	if err == nil && stale > 0 {
+		err = mismatch("%d of %d reads right after the close saw the old content", stale, iters)
+	}
+	emit("mapped_close_thread", uint64(stale), 0, err)
 }
