@@ -38,12 +38,27 @@ func (s *Store) newObjectIn(o *Object, key string, kind Kind, t *Object, now int
 	return o
 }
 
+// rootKey holds the root's attributes once they are changed (chmod,
+// chown, utimes, xattrs of the mount's top): a hidden record, as the
+// rename intents are, since key "" names no object in the index.
+const rootKey = "\x00root"
+
 // Stat returns the object of key. A key that has no object of its own but
 // is the prefix of other keys is an implicit directory: Stat synthesizes
-// it (Version 0). The root is key "".
+// it (Version 0). The root is key "": its record (rootKey) with Key "",
+// or the defaults while it has none.
 func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 	if key == "" {
-		return &Object{Key: "", Kind: KindDir, Ino: 1, Mode: 0o755, Mtime: s.started, Ctime: s.started}, nil
+		o, err := s.find(ctx, rootKey)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+		if o == nil {
+			return &Object{Key: "", Kind: KindDir, Ino: 1, Mode: 0o755, Mtime: s.started, Ctime: s.started}, nil
+		}
+		r := *o // the index's own: read only
+		r.Key = ""
+		return &r, nil
 	}
 	o, err := s.idx.Get(ctx, key)
 	if err == nil || !errors.Is(err, ErrNotFound) {
@@ -366,7 +381,15 @@ func (s *Store) Delete(ctx context.Context, key string, ifIno uint64) error {
 // private copy) and swaps it in, retrying on conflicts. ifIno as in Delete.
 // fn must not change Key, Kind, Ino, Size or Replicas.
 func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*Object) error) (*Object, error) {
-	for {
+	swapKey := key
+	if key == "" {
+		swapKey = rootKey
+	}
+	for try := 0; ; try++ {
+		if try == maxUpdateTries {
+			// Not a wait: a swap that can never succeed would spin here.
+			return nil, fmt.Errorf("update %q: changed under %d tries: %w", key, try, ErrConflict)
+		}
 		o, err := s.Stat(ctx, key)
 		if err != nil {
 			return nil, err
@@ -385,15 +408,25 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 				return nil, err
 			}
 		}
-		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, Old: o.Version, New: n}); err != nil {
+		in := n
+		if key == "" {
+			c := *n
+			c.Key, in = rootKey, &c
+		}
+		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: swapKey, Old: o.Version, New: in}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
 			return nil, err
 		}
+		n.Version = in.Version
 		return n, nil
 	}
 }
+
+// maxUpdateTries bounds Update's swaps of one key that others keep
+// changing.
+const maxUpdateTries = 1000
 
 // Rename flags, as in renameat2(2).
 const (

@@ -337,6 +337,33 @@ func TestDeleteErrors(t *testing.T) {
 	}
 }
 
+// TestUpdateRoot: the root's attributes change as often as asked, each
+// update over the last, and no listing shows where they are kept.
+func TestUpdateRoot(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	s.put(t, "f", pattern(1, 10))
+	var last uint64
+	for i, mode := range []uint32{0o700, 0o1777, 0o755} {
+		n, err := s.Update(ctx, "", 1, func(n *store.Object) error { n.Mode, n.Uid = mode, uint32(i); return nil })
+		if err != nil {
+			t.Fatalf("update %d of the root: %v", i, err)
+		}
+		if n.Key != "" || n.Kind != store.KindDir || n.Ino != 1 || n.Version <= last {
+			t.Fatalf("update %d of the root: %+v", i, n)
+		}
+		last = n.Version
+		o, err := s.Stat(ctx, "")
+		if err != nil || o.Mode != mode || o.Uid != uint32(i) || o.Key != "" || o.Version != n.Version {
+			t.Fatalf("root after update %d: %+v, %v", i, o, err)
+		}
+	}
+	ents, err := s.List(ctx, "")
+	if err != nil || len(ents) != 1 || ents[0].Name != "f" {
+		t.Fatalf("root lists %+v, %v; want f alone", ents, err)
+	}
+}
+
 func TestUpdate(t *testing.T) {
 	s := newTestStore(t, 1<<20)
 	ctx := context.Background()

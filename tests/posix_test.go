@@ -758,3 +758,41 @@ func testXattrs(t *testing.T, d *daemon, dir string) {
 		t.Errorf("user.mooncake.size after the xattr changes = %q, want 3004", v)
 	}
 }
+
+// TestRootAttributes: the mount's top takes chmod, chown, utimes and
+// xattrs as any directory does, again and again (the second chmod used
+// to hang for good: the root's record was never read back), and an
+// unprivileged user may create there once it is world-writable. The
+// record is hidden from listings.
+func TestRootAttributes(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "getfattr", "setfattr")
+	d := startDaemon(t, "--size", "64MiB")
+	root := d.dir
+	for _, mode := range []string{"700", "1777", "755", "1777"} {
+		run(t, "chmod", mode, root)
+		if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%a", root)); got != mode {
+			t.Errorf("root mode after chmod %s = %s", mode, got)
+		}
+	}
+	run(t, "chown", "65534:65534", root)
+	run(t, "chown", "0:0", root)
+	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%u:%g %a", root)); got != "0:0 1777" {
+		t.Errorf("root after chown back = %s, want 0:0 1777", got)
+	}
+	run(t, "touch", "-m", "-d", "@1600000000", root)
+	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", root)); got != "1600000000" {
+		t.Errorf("root mtime = %s, want 1600000000", got)
+	}
+	run(t, "setfattr", "-n", "user.where", "-v", "top", root)
+	if got := run(t, "getfattr", "--absolute-names", "--only-values", "-n", "user.where", root); got != "top" {
+		t.Errorf("root xattr = %q, want top", got)
+	}
+	if out, err := asNobody(`echo hi > "$1/mine" && cat "$1/mine"`, root); err != nil || strings.TrimSpace(out) != "hi" {
+		t.Errorf("nobody creating in the world-writable root: %v\n%s", err, out)
+	}
+	if got := strings.Fields(run(t, "ls", "-A", root)); len(got) != 1 || got[0] != "mine" {
+		t.Errorf("ls -A of the root = %q, want [mine]", got)
+	}
+	d.checkAlive(t)
+}
