@@ -123,6 +123,13 @@ type FS struct {
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
 	handles atomic.Int64 // open file handles
+	// ioctls counts the ioctls running and when one last ended (Unix
+	// ns): ioctls copy client memory, whose page faults can wait for
+	// ever, and Unmount gives up on them once none ends for its timeout.
+	ioctls struct {
+		running atomic.Int64
+		lastEnd atomic.Int64
+	}
 	gpus    gpus
 	ipc     ipcTable
 	// ipcCached counts the handles client processes' caches hold.

@@ -18,7 +18,12 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 	start := time.Now()
 	var err error
 	key, _ := n.key()
-	defer func() { n.fs.opDone(ctx, "ioctl", key, 0, start, errno, err) }()
+	n.fs.ioctls.running.Add(1)
+	defer func() {
+		n.fs.ioctls.lastEnd.Store(time.Now().UnixNano())
+		n.fs.ioctls.running.Add(-1)
+		n.fs.opDone(ctx, "ioctl", key, 0, start, errno, err)
+	}()
 	if ioctl.TypeOf(cmd) != ioctl.Type {
 		return 0, syscall.ENOTTY
 	}

@@ -101,22 +101,22 @@ func (m *Mount) Settings() map[string]any {
 	}
 }
 
-// ErrRequestsRunning is Unmount's error when requests were still running
-// at its deadline.
-var ErrRequestsRunning = errors.New("requests still running")
+// ErrRequestsRunning is Unmount's error when requests were stuck.
+var ErrRequestsRunning = errors.New("requests stuck")
 
 // Unmount detaches the mount and waits until every request in flight,
 // commits included, has finished. If files are still open it retries for
-// up to timeout, then detaches lazily (the kernel finishes the rest), and
-// waits for the requests for up to timeout more. A request can wait for
-// ever (a copy faulting on the pages of another file system that stopped
-// answering): when some still run at that deadline Unmount returns
+// up to timeout, then detaches lazily: the kernel keeps the open files,
+// and Unmount serves them until they are closed, however long that
+// takes. A request can wait for ever, though (a copy faulting on the
+// pages of another file system that stopped answering): when ioctls are
+// running and none has ended for timeout, Unmount returns
 // ErrRequestsRunning, and the mount's memory is still theirs: the caller
 // should exit without releasing it, which also ends the kernel's side of
-// the connection and so those requests' calls.
+// the connection and so those requests' calls. Open files alone never
+// make it give up.
 func (m *Mount) Unmount(timeout time.Duration) error {
-	start := time.Now()
-	deadline := start.Add(timeout)
+	deadline := time.Now().Add(timeout)
 	var err error
 	for {
 		if err = m.server.Unmount(); err == nil {
@@ -126,6 +126,8 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 			if lerr := unix.Unmount(m.Dir, unix.MNT_DETACH); lerr != nil {
 				return fmt.Errorf("fs: unmount %s: %w (lazy: %v)", m.Dir, err, lerr)
 			}
+			open, _ := m.OpenFiles()
+			m.fs.log.WithField("open_files", open).Info("detached lazily; serving the open files until they are closed")
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -142,13 +144,28 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 		m.fs.stopProcs()
 		m.fs.closeGPUs()
 	}()
-	wait := time.NewTimer(time.Until(deadline) + timeout)
-	defer wait.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-wait.C:
-		return fmt.Errorf("fs: unmount %s: %w %v after it began", m.Dir, ErrRequestsRunning, time.Since(start).Round(time.Second))
+	tick := time.NewTicker(min(time.Second, timeout))
+	defer tick.Stop()
+	since := time.Now() // the later of this and the last ioctl's end
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-tick.C:
+		}
+		n := m.fs.ioctls.running.Load()
+		if n == 0 {
+			since = time.Now()
+			continue
+		}
+		if last := time.Unix(0, m.fs.ioctls.lastEnd.Load()); last.After(since) {
+			since = last
+		}
+		if idle := time.Since(since); idle > timeout {
+			open, _ := m.OpenFiles()
+			return fmt.Errorf("fs: unmount %s: %w: %d ioctls running, none ended for %v (%d files open)",
+				m.Dir, ErrRequestsRunning, n, idle.Round(time.Second), open)
+		}
 	}
 }
 

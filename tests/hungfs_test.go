@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -241,7 +242,7 @@ func TestMappedStalledFileSystem(t *testing.T) {
 // gone.
 func TestStopWithStalledRequest(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, "--size", "256MiB", "--evict", "off")
+	d := startDaemon(t, "--size", "256MiB", "--evict", "off", "--stop-timeout", "2s")
 	root, stalled, let := mountStalled(t)
 	tmp := t.TempDir()
 	local := filepath.Join(tmp, "v")
@@ -264,7 +265,7 @@ func TestStopWithStalledRequest(t *testing.T) {
 	if d.err == nil {
 		t.Errorf("the daemon exited 0, leaving a request unfinished")
 	}
-	if log := d.log.String(); !strings.Contains(log, "still running") {
+	if log := d.log.String(); !strings.Contains(log, "requests stuck") {
 		t.Errorf("the daemon's log does not say it left a request:\n%s", log)
 	}
 	select {
@@ -277,5 +278,47 @@ func TestStopWithStalledRequest(t *testing.T) {
 	}
 	if mounted(d.dir) {
 		t.Errorf("%s is still mounted after the daemon exited", d.dir)
+	}
+}
+
+// TestStopServesOpenFiles: SIGTERM while a process keeps a file open and
+// idle is no stuck request: the daemon detaches the mount and serves the
+// file until it is closed, however long past its stop timeout, then
+// exits 0.
+func TestStopServesOpenFiles(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	d := startDaemon(t, "--size", "64MiB", "--stop-timeout", "500ms")
+	w := background(t, python, "-c", `
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"a" * (1 << 20))
+print("ready", flush=True)
+sys.stdin.readline()
+os.write(fd, b"b" * 1000)
+ok = os.pread(fd, (1 << 20) + 1000, 0) == b"a" * (1 << 20) + b"b" * 1000
+os.close(fd)
+print("done", "ok" if ok else "wrong", flush=True)
+`, d.path("f"))
+	w.waitOutput(t, "ready")
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	// Past twice the stop timeout, the daemon still serves the file.
+	time.Sleep(3 * time.Second)
+	if d.exited() {
+		t.Fatalf("the daemon exited (%v) with a file open and no request running", d.err)
+	}
+	if _, err := io.WriteString(w.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if out := w.mustWait(t); !strings.Contains(out, "done ok") {
+		t.Errorf("the writer after SIGTERM: %s", out)
+	}
+	select {
+	case <-d.done:
+	case <-time.After(cmdTimeout / 2):
+		t.Fatalf("the daemon did not exit once the last file was closed")
+	}
+	if d.err != nil {
+		t.Errorf("the daemon exited with %v, want 0", d.err)
 	}
 }

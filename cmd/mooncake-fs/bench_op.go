@@ -40,9 +40,8 @@ func opRun(put bool) func(dir string, p benchParams) (benchSample, error) {
 		}
 		defer rbuf.free()
 		keys := smallNames(p.Files)
-		lat := make([]int64, len(keys))
-		pass := func(put, timed bool) (time.Duration, error) {
-			t0 := time.Now()
+		lat, ping := make([]int64, len(keys)), make([]int64, len(keys))
+		pass := func(put, timed bool) error {
 			for i, k := range keys {
 				s := time.Now()
 				var n uint64
@@ -54,20 +53,26 @@ func opRun(put bool) func(dir string, p benchParams) (benchSample, error) {
 					n, _, err = d.GetKey(k, rbuf, 0)
 				}
 				if err != nil {
-					return 0, err
+					return err
 				}
 				if n != opValueSize {
-					return 0, fmt.Errorf("get %s: %d B, want %d", k, n, opValueSize)
+					return fmt.Errorf("get %s: %d B, want %d", k, n, opValueSize)
 				}
-				if timed {
-					lat[i] = time.Since(s).Nanoseconds()
+				if !timed {
+					continue
 				}
+				lat[i] = time.Since(s).Nanoseconds()
+				s = time.Now()
+				if err := d.Ping(); err != nil {
+					return err
+				}
+				ping[i] = time.Since(s).Nanoseconds()
 			}
-			return time.Since(t0), nil
+			return nil
 		}
-		elapsed, err := pass(true, put)
+		err = pass(true, put)
 		if err == nil && !put {
-			elapsed, err = pass(false, true)
+			err = pass(false, true)
 			if err == nil && !bytes.Equal(rbuf, wbuf) {
 				err = fmt.Errorf("get: the values read back differ")
 			}
@@ -75,19 +80,16 @@ func opRun(put bool) func(dir string, p benchParams) (benchSample, error) {
 		if err != nil {
 			return benchSample{}, err
 		}
-		p50, p99 := percentiles(lat)
-		s := benchSample{Bytes: uint64(len(keys)) * opValueSize, Ns: elapsed.Nanoseconds(), Ops: len(keys), P50ns: p50, P99ns: p99}
-		// The ceiling: as many bare round trips on the same handle.
-		t0 := time.Now()
-		for i := range lat {
-			s := time.Now()
-			if err := d.Ping(); err != nil {
-				return benchSample{}, err
+		sum := func(ns []int64) (t int64) {
+			for _, v := range ns {
+				t += v
 			}
-			lat[i] = time.Since(s).Nanoseconds()
+			return t
 		}
-		c := benchSample{Ns: time.Since(t0).Nanoseconds(), Ops: len(lat)}
-		c.P50ns, c.P99ns = percentiles(lat)
+		s := benchSample{Bytes: uint64(len(keys)) * opValueSize, Ns: sum(lat), Ops: len(keys)}
+		c := benchSample{Ns: sum(ping), Ops: len(ping)}
+		s.P50ns, s.P99ns = percentiles(lat)
+		c.P50ns, c.P99ns = percentiles(ping)
 		s.Ceiling = &c
 		if err := removeSmall(sub, keys); err != nil {
 			return benchSample{}, err

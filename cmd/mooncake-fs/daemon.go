@@ -45,6 +45,7 @@ type mountConfig struct {
 	node        string
 	pinMax      uint64
 	cpus        []int // nil: wherever the scheduler puts them
+	stopTimeout time.Duration
 	cluster     clusterConfig
 	rdma        rdmaConfig
 }
@@ -78,6 +79,7 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 	fl.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics at ADDR (e.g. 127.0.0.1:9100); off when empty")
 	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error; debug logs one line per operation")
 	fl.BoolVar(&c.fuseDebug, "fuse-debug", false, "log every FUSE request")
+	fl.DurationVar(&c.stopTimeout, "stop-timeout", 10*time.Second, "on SIGTERM: detach lazily when files stay open this long (then serve them until closed); exit 1 once ioctls are running and none ended for this long")
 	fl.StringVar(&c.node, "node", "", "this node's name in replica lists (default: local; in a cluster: the host name)")
 	fl.StringVar(&c.cluster.etcd, "etcd", "", "join a cluster whose index is in etcd at URL[,URL...] (e.g. http://127.0.0.1:2379)")
 	fl.StringVar(&c.cluster.listen, "listen", "127.0.0.1:7070", "cluster: serve this node's segments to peers at ADDR")
@@ -129,6 +131,9 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 				c.node = h
 			}
 		}
+	}
+	if c.stopTimeout < 100*time.Millisecond || c.stopTimeout > time.Hour {
+		errs = append(errs, fmt.Errorf("--stop-timeout %v: want 100ms to 1h", c.stopTimeout))
 	}
 	if c.cluster.etcd != "" && (c.cluster.ttl < time.Second || c.cluster.ttl > 5*time.Minute) {
 		errs = append(errs, fmt.Errorf("--node-ttl %v: want 1s to 5m", c.cluster.ttl))
@@ -235,7 +240,7 @@ func runMount(args []string) error {
 	select {
 	case s := <-sigs:
 		log.WithField("signal", s.String()).Info("unmounting")
-		if err := d.mnt.Unmount(10 * time.Second); errors.Is(err, mfs.ErrRequestsRunning) {
+		if err := d.mnt.Unmount(cfg.stopTimeout); errors.Is(err, mfs.ErrRequestsRunning) {
 			// Their copies may still touch the segments and the
 			// engine: exit without releasing them. The exit ends the
 			// connection, and with it those requests' calls.
