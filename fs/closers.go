@@ -37,6 +37,7 @@ type closers struct {
 // writerSet is who may publish one writable open file at close.
 type writerSet struct {
 	opener uint32   // thread that opened it
+	opened int64    // when (bootTicks): a later thread of that id is another
 	owners []uint64 // lock owners that changed it; few per file
 }
 
@@ -51,7 +52,7 @@ func (c *closers) opened(flags uint32, caller uint32, fh uint64) {
 		return
 	}
 	c.mu.Lock()
-	c.mu.m[fh] = &writerSet{opener: caller}
+	c.mu.m[fh] = &writerSet{opener: caller, opened: bootTicks()}
 	c.mu.Unlock()
 }
 
@@ -68,19 +69,23 @@ func (c *closers) changed(fh, owner uint64) {
 // another thread of the opener's process publishes too: a file changed
 // only through a mapping has no owner (the kernel's writeback names
 // none), and a Go program or a thread pool closes where it likes; such
-// closes published only at RELEASE, after close(2) had returned (15 of
-// 300 reads right after the close saw the old content). Once seen, the
-// owner (the process's descriptor table) publishes without a look.
+// closes published only at RELEASE, after close(2) had returned (25 of
+// 300 reads right after the close saw the old content). The opener is
+// known by its thread id and that thread's start, before the open: its
+// id, free again once it exits, can name a thread of a forked child (a
+// review made one that published its parent's half-written file). Once
+// seen, the owner (the process's descriptor table) publishes without a
+// look.
 func (c *closers) publishes(fh, owner uint64, pid uint32) bool {
 	c.mu.Lock()
 	w := c.mu.m[fh]
-	if w == nil || w.opener == pid || slices.Contains(w.owners, owner) {
+	if w == nil || slices.Contains(w.owners, owner) {
 		c.mu.Unlock()
 		return true
 	}
-	opener := w.opener
+	opener, opened := w.opener, w.opened
 	c.mu.Unlock()
-	if !sameProcess(pid, opener) {
+	if (pid != opener && !sameProcess(pid, opener)) || !startedBefore(opener, opened) {
 		return false
 	}
 	c.changed(fh, owner)

@@ -1,9 +1,12 @@
 package fs
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -157,6 +160,45 @@ func sameProcess(tid, other uint32) bool {
 	var st unix.Stat_t
 	return tid != 0 && other != 0 &&
 		unix.Stat("/proc/"+strconv.FormatUint(uint64(tid), 10)+"/task/"+strconv.FormatUint(uint64(other), 10), &st) == nil
+}
+
+// clockTicks is the unit of the start times in /proc/TID/stat (USER_HZ,
+// 100 on every Linux the kernel's ABI allows).
+const clockTicks = 100
+
+// bootTicks returns the time since boot in clock ticks, as the kernel
+// counts a task's start.
+func bootTicks() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return ts.Sec*clockTicks + ts.Nsec/(1e9/clockTicks)
+}
+
+// startedBefore reports whether thread tid runs and started strictly
+// before tick (bootTicks): a thread id the kernel gave again to a later
+// thread (in a child of fork, say) is not the thread that held it at
+// tick. Within one tick it cannot tell, and says no.
+func startedBefore(tid uint32, tick int64) bool {
+	if tid == 0 || tick == 0 {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	// After the command name: field 3 (state) on; starttime is field 22.
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return false
+	}
+	start, err := strconv.ParseInt(f[19], 10, 64)
+	return err == nil && start < tick
 }
 
 // proc returns the state of the process behind p, made on first use.

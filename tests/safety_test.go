@@ -196,6 +196,80 @@ print("after_thread_close=" + ("new" if reader() == b"t" * 4096 else "old"))
 		"after_child_wrote": "both", "after_thread_close": "new"})
 }
 
+// TestForkedThreadIDDoesNotPublish: the thread that opened a file may
+// exit and its id go to a thread of a forked child; that child's close,
+// by that thread or another, is still an inheritor's and publishes
+// nothing of the half-written file. The test takes the id with
+// ns_last_pid (root), again if another process gets it first.
+func TestForkedThreadIDDoesNotPublish(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: /proc/sys/kernel/ns_last_pid")
+	}
+	d := startDaemon(t, "--size", "64MiB")
+	out := py(t, `
+import os, sys, threading
+p = sys.argv[1] + "/f"
+def state():
+    with open(p, "rb") as f:
+        return "old" if f.read() == b"old" else "changed"
+for how in ("by_that_thread", "by_another"):
+    with open(p, "wb") as f:
+        f.write(b"old")
+    box = {}
+    def opener():
+        box["tid"] = threading.get_native_id()
+        box["fd"] = os.open(p, os.O_WRONLY | os.O_TRUNC)
+        os.write(box["fd"], b"n" * 4096)  # half of what it will write
+    t = threading.Thread(target=opener); t.start(); t.join()
+    tid, fd = box["tid"], box["fd"]
+    pid = os.fork()
+    if pid == 0:
+        got = [False]
+        def probe():
+            if threading.get_native_id() == tid:
+                got[0] = True
+                if how == "by_that_thread":
+                    os.close(fd)
+                else:
+                    held.wait()
+        for _ in range(200):
+            held = threading.Event()
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(tid - 1))
+            th = threading.Thread(target=probe); th.start()
+            if how == "by_another":
+                th.join(0.05)
+                if got[0]:
+                    os.close(fd)  # the child's main thread, beside the reused id
+                held.set()
+            th.join()
+            if got[0]:
+                break
+        os._exit(0 if got[0] else 3)
+    _, st = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(st)
+    print(how + "=" + ("noid" if code == 3 else state()))
+    os.write(fd, b"m" * 4096)
+    os.close(fd)
+    print(how + "_own_close=" + state())
+`, d.dir)
+	res := pyResults(out)
+	for _, how := range []string{"by_that_thread", "by_another"} {
+		switch res[how] {
+		case "noid":
+			t.Logf("%s: the child never got the thread id; not checked", how)
+		case "old":
+		default:
+			t.Errorf("%s: the child's close left the file %q, want old", how, res[how])
+		}
+		if res[how+"_own_close"] != "changed" {
+			t.Errorf("%s: after the writer's own close the file is %q, want changed", how, res[how+"_own_close"])
+		}
+	}
+}
+
 // TestMappedWriteClosedByAnotherThread: a file changed only through a
 // shared mapping and closed by another thread of its process (as Go
 // programs and thread pools do) is published when close returns, not at
