@@ -1,13 +1,10 @@
 package fs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -437,17 +434,8 @@ func killedCaller(ctx context.Context) bool {
 	if !ok || c.Pid == 0 {
 		return false
 	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(c.Pid)) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	// After the command name: field 3 (state) on; flags is field 9,
-	// exit_code field 52.
-	f := strings.Fields(string(b[i+1:]))
+	// Flags is field 9, exit_code field 52.
+	f := statFields(c.Pid)
 	if len(f) < 50 {
 		return false
 	}

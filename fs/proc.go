@@ -184,21 +184,27 @@ func startedBefore(tid uint32, tick int64) bool {
 	if tid == 0 || tick == 0 {
 		return false
 	}
-	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	// After the command name: field 3 (state) on; starttime is field 22.
-	f := strings.Fields(string(b[i+1:]))
+	f := statFields(tid)
 	if len(f) < 20 {
 		return false
 	}
+	// starttime is field 22.
 	start, err := strconv.ParseInt(f[19], 10, 64)
 	return err == nil && start < tick
+}
+
+// statFields returns the fields of /proc/TID/stat after the command
+// name (field 3, the state, is the first), nil if it cannot be read.
+func statFields(tid uint32) []string {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/stat")
+	if err != nil {
+		return nil
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 // proc returns the state of the process behind p, made on first use.
