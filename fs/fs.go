@@ -130,8 +130,8 @@ type FS struct {
 		running atomic.Int64
 		lastEnd atomic.Int64
 	}
-	gpus    gpus
-	ipc     ipcTable
+	gpus gpus
+	ipc  ipcTable
 	// ipcCached counts the handles client processes' caches hold.
 	ipcCached atomic.Int64
 	procs     procTable // client processes (proc.go)
