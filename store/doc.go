@@ -14,6 +14,11 @@
 // truncation that fails fails the draft: it can no longer commit
 // (Draft.Err), so nothing around a refused write is ever published.
 //
+// Keys starting with NUL are the store's hidden records, which no path
+// reaches and listings skip: rename intents, and the root's attributes
+// once they are changed (key "" names no object; Stat("") reads the
+// record).
+//
 // # Reader leases and freeing
 //
 // The local bytes of one committed version are a body, identified by its
