@@ -381,10 +381,6 @@ func (s *Store) Delete(ctx context.Context, key string, ifIno uint64) error {
 // private copy) and swaps it in, retrying on conflicts. ifIno as in Delete.
 // fn must not change Key, Kind, Ino, Size or Replicas.
 func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*Object) error) (*Object, error) {
-	swapKey := key
-	if key == "" {
-		swapKey = rootKey
-	}
 	for try := 0; ; try++ {
 		if try == maxUpdateTries {
 			// Not a wait: a swap that can never succeed would spin here.
@@ -408,12 +404,12 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 				return nil, err
 			}
 		}
-		in := n
+		in := n // what the index keeps: the root's under its record's key
 		if key == "" {
 			c := *n
 			c.Key, in = rootKey, &c
 		}
-		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: swapKey, Old: o.Version, New: in}); err != nil {
+		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: in.Key, Old: o.Version, New: in}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
