@@ -391,21 +391,37 @@ class HandleCache:
     def locate_many(self, ptrs, lengths, ordinal):
         """[(handle, device, offset)] of device pointers ptrs on device
         ordinal, each with its length in one allocation, as locate's (and
-        raising as it does): the device's context made current once, and
-        one driver query per allocation of the call where it is cached,
-        the batch calls' common case. The caller holds the memory of every
-        pointer for the call, so an allocation checked here (by its buffer
-        id) stays where it is: a later pointer inside its range is in it,
-        as allocations do not overlap, and needs no query of its own."""
+        raising as it does); see locate_columns."""
+        refs, idx, offs = self.locate_columns(ptrs, lengths, ordinal)
+        return [refs[i] + (off,) for i, off in zip(idx, offs)]
+
+    def locate_columns(self, ptrs, lengths, ordinal):
+        """(refs, idx, offs) of device pointers ptrs on device ordinal, each
+        with its length in one allocation: refs the (handle, device) of
+        each allocation they are in, in the order first met; idx[i] the
+        index in refs of ptrs[i]'s allocation, offs[i] its offset there
+        (locate's answers, and its errors). The device's context is made
+        current once, and the driver asked once per allocation of the call
+        where it is cached, the batch calls' common case. The caller holds
+        the memory of every pointer for the call, so an allocation checked
+        here (by its buffer id) stays where it is: a later pointer inside
+        its range is in it, as allocations do not overlap, and needs no
+        query of its own."""
         drv = driver()
         raw = ctypes.c_uint64(0)
         ref, get, buf_attr = ctypes.byref(raw), drv.cuPointerGetAttribute, POINTER_ATTRIBUTE_BUFFER_ID
-        blocks, out, checked = self._blocks, [], []  # checked: the 8 blocks this call confirmed last, latest first
-        append = out.append
+        blocks, checked = self._blocks, []  # checked: the 8 blocks this call confirmed last, latest first
+        refs, idx, offs, at = [], [], [], {}
+        add_idx, add_off = idx.append, offs.append
+        lo, hi, cur = 1, 0, -1  # the range and refs index of the last pointer's block
         with drv.context(ordinal):
             for ptr, length in zip(ptrs, lengths):
+                if lo <= ptr < hi and ptr + length <= hi:  # the common case: in the last one's block
+                    add_idx(cur)
+                    add_off(ptr - lo)
+                    continue
                 end = ptr + length
-                for blk in checked:  # the latest few: consecutive tensors share one
+                for blk in checked:
                     if blk.base <= ptr < blk.base + blk.size and end <= blk.base + blk.size:
                         break
                 else:
@@ -414,28 +430,31 @@ class HandleCache:
                     if blk is not checked[0]:
                         checked.remove(blk)
                         checked.insert(0, blk)
-                    append((blk.handle, blk.device, ptr - blk.base))
-                    continue
-                raw.value = 0
-                if ptr and get(ref, buf_attr, ptr) == 0 and raw.value:
-                    key = (ordinal, raw.value)
-                    with self._lock:
-                        blk = blocks.get(key)
-                        if blk is not None and blk.base <= ptr and end <= blk.base + blk.size:
-                            self.hits += 1
-                            blocks[key] = blocks.pop(key)  # most recently used last
-                        else:
-                            blk = None
-                    if blk is not None:
-                        checked.insert(0, blk)
-                        del checked[8:]
-                        append((blk.handle, blk.device, ptr - blk.base))
-                        continue
-                loc = self.locate(ptr, length, ordinal)
-                checked.insert(0, _Block(loc.handle, loc.base, loc.size, loc.device, loc.ordinal))
-                del checked[8:]
-                append((loc.handle, loc.device, loc.dev_off))
-        return out
+                else:
+                    raw.value = 0
+                    if ptr and get(ref, buf_attr, ptr) == 0 and raw.value:
+                        key = (ordinal, raw.value)
+                        with self._lock:
+                            blk = blocks.get(key)
+                            if blk is not None and blk.base <= ptr and end <= blk.base + blk.size:
+                                self.hits += 1
+                                blocks[key] = blocks.pop(key)  # most recently used last
+                            else:
+                                blk = None
+                    if blk is None:
+                        loc = self.locate(ptr, length, ordinal)
+                        blk = _Block(loc.handle, loc.base, loc.size, loc.device, loc.ordinal)
+                    checked.insert(0, blk)
+                    del checked[8:]
+                pair = (blk.handle, blk.device)
+                cur = at.get(pair)
+                if cur is None:
+                    cur = at[pair] = len(refs)
+                    refs.append(pair)
+                lo, hi = blk.base, blk.base + blk.size
+                add_idx(cur)
+                add_off(ptr - lo)
+        return refs, idx, offs
 
 
 handles = HandleCache()

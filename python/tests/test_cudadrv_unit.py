@@ -264,6 +264,34 @@ class TestFakeDriver(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "run past the end"):
             self.cache.locate_many([0x7F0000000000, 0x7F0000000000 + MB], [1, 2 * MB], 0)
 
+    def test_locate_columns(self):
+        # The columns say what locate says of each pointer: its
+        # allocation's (handle, device) once in refs, in the order first
+        # met, and its offset; an allocation met again after others is not
+        # added twice; one query per allocation.
+        self.cache = cudadrv.HandleCache(max_entries=16)
+        for b in range(3):
+            self.add(0x7F0000000000 + b * 2 * MB, 2 * MB, buf_id=50 + b)
+        ptrs = [0x7F0000000000 + 2 * MB + 8, 0x7F0000000000 + 2 * MB + 4096, 0x7F0000000000,
+                0x7F0000000000 + 4 * MB + MB, 0x7F0000000000 + 2 * MB + MB, 0x7F0000000000 + 100]
+        lens = [8, 4096, 1, MB, MB, 0]
+        want = [self.cache.locate(p, n, 0) for p, n in zip(ptrs, lens)]
+        self.fake.fake_reset_queries()
+        refs, idx, offs = self.cache.locate_columns(ptrs, lens, 0)
+        self.assertEqual(self.var("fake_queries"), 3)
+        self.assertEqual(len(refs), 3)
+        self.assertEqual(idx, [0, 0, 1, 2, 0, 1])
+        self.assertEqual([refs[i] + (o,) for i, o in zip(idx, offs)], [(w.handle, w.device, w.dev_off) for w in want])
+        self.assertEqual(self.cache.locate_many(ptrs, lens, 0), [(w.handle, w.device, w.dev_off) for w in want])
+        # The last pointer's block is not taken for a range past its end,
+        # nor for an empty range at its end.
+        with self.assertRaisesRegex(ValueError, "run past the end"):
+            self.cache.locate_columns([0x7F0000000000, 0x7F0000000000 + MB], [1, 2 * MB], 0)
+        refs, idx, offs = self.cache.locate_columns([0x7F0000000000, 0x7F0000000000 + 2 * MB], [1, 0], 0)
+        self.assertEqual((len(refs), idx, offs), (2, [0, 1], [0, 0]))
+        with self.assertRaisesRegex(ValueError, "null"):
+            self.cache.locate_columns([0x7F0000000000, 0], [1, 0], 0)
+
     def test_without_buffer_ids(self):
         flag = ctypes.c_int.in_dll(self.fake, "fake_no_buffer_id")
         flag.value = 1

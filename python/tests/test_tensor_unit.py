@@ -253,6 +253,18 @@ class TestWithoutTorchOrDriver(unittest.TestCase):
         self.assertEqual(cudadrv.candidate_paths({"MOONCAKE_LIBCUDA": "/x/l.so"})[0], "/x/l.so")
 
 
+class TestBatchPaths(unittest.TestCase):
+    """The paths a batch takes by name in one call."""
+
+    def test_one_dir(self):
+        self.assertEqual(mt._one_dir(["/a/b", "/a/c"]), ("/a", ["b", "c"]))
+        self.assertEqual(mt._one_dir(["/b"]), ("/", ["b"]))
+        for bad in (["/a/b", "/a/.c"], ["/a/b", "/a/c/d"], ["/a/b", "/b/c"], ["/a/b", b"/a/c"], ["/a/b", "/a/"],
+                    ["rel/a"], ["/a//b"], ["/a/./b"], ["/a/b", "/ab/c"]):
+            with self.subTest(paths=bad):
+                self.assertIsNone(mt._one_dir(bad))
+
+
 @unittest.skipUnless(torch is not None, "torch is not installed")
 class TestTorchCPUOnly(unittest.TestCase):
     """Argument checks that need torch but no mount and no GPU."""
@@ -290,6 +302,33 @@ class TestTorchCPUOnly(unittest.TestCase):
         c = torch.tensor([1 + 2j, 3 - 4j]).conj()
         self.assertTrue(torch.equal(mt._source(c), torch.tensor([1 - 2j, 3 + 4j])))
         self.assertFalse(mt._source(c).is_conj())
+
+    def test_columns_at_once_as_each(self):
+        # The whole-list questions answer what the tensor-by-tensor loop
+        # does, or hand the list to it: plain lists, mixed dtypes and
+        # shapes, empty and 0-d tensors, and every kind of tensor a batch
+        # must not take as it is, alone or among plain ones.
+        plain = [torch.randn(64) for _ in range(3)]
+        odd = {"noncontiguous": torch.randn(4, 4).t(), "conj": torch.randn(3, dtype=torch.complex64).conj(),
+               "neg": torch._neg_view(torch.randn(3, dtype=torch.complex64)),
+               "parameter": torch.nn.Parameter(torch.randn(3)), "sparse": torch.randn(3).to_sparse(),
+               "quantized": torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8),
+               "meta": torch.empty(3, device="meta"), "long meta": torch.zeros([1] * 200)}
+        lists = {"plain": plain, "mixed": [torch.randn(4), torch.zeros(3, dtype=torch.int8),
+                                           torch.zeros(2, 2, dtype=torch.bfloat16), torch.randn(0), torch.tensor(1.0)]}
+        for name, t in odd.items():
+            lists[name] = [t]
+            lists["plain+" + name] = plain + [t]
+        for name, ts in lists.items():
+            for _ in range(2):  # then with the shapes' metas made
+                with self.subTest(name=name):
+                    got = mt._columns_of(ts)
+                    self.assertEqual(got, mt._columns_of_each(ts))
+                    self.assertEqual(got is None, name not in ("plain", "mixed"))
+        metas, sizes, ptrs, devs = mt._columns_of(lists["mixed"])
+        self.assertEqual(sizes, [16, 3, 8, 0, 4])
+        self.assertEqual(devs, [-1] * 5)
+        self.assertEqual(metas[1], b"dtype=int8 shape=3")
 
     def test_check_target(self):
         mt._check_target(torch.empty(3))
