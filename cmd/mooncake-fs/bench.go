@@ -343,6 +343,12 @@ type benchResult struct {
 	TransferUs float64 `json:"transfer_us,omitempty"`
 	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
 	CopiesPerKey float64 `json:"copies_per_key,omitempty"`
+	// ClientUs is the caller's own time per key (outside its ioctls) and
+	// FuseUs its ioctls' time per key beyond the daemon's handler (the
+	// kernel's FUSE path, wake-ups): with key_work_us and transfer_us,
+	// where a key's time goes (tensor cases).
+	ClientUs float64 `json:"client_us,omitempty"`
+	FuseUs   float64 `json:"fuse_us,omitempty"`
 	// CopiesPerByte is node A's local copies per remote byte (RDMA
 	// cases; present even when 0).
 	CopiesPerByte *float64 `json:"copies_per_byte,omitempty"`
@@ -378,6 +384,7 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.KeyCPUUs = round(float64(m.KeyCPUNs)/1e3, 2)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
+		res.ClientUs, res.FuseUs = round(float64(m.ClientNs)/1e3, 2), round(float64(m.FuseNs)/1e3, 2)
 		if m.Direct != nil {
 			res.DirectOpsPerS = round(m.Direct.opsPerS(), 0)
 			res.DirectRatio = round(ratio(m.opsPerS(), m.Direct.opsPerS()), 3)

@@ -306,6 +306,10 @@ func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, e
 			KeyCPUNs     int64   `json:"key_cpu_ns"`
 			TransferNs   int64   `json:"transfer_ns"`
 			CopiesPerKey float64 `json:"copies_per_key"`
+			// The caller's own time per key, and its ioctls' beyond the
+			// daemon's handler (tensor calls).
+			ClientNs int64 `json:"client_ns"`
+			FuseNs   int64 `json:"fuse_ns"`
 		}
 		if err := json.Unmarshal(out, &r); err != nil {
 			return benchSample{}, fmt.Errorf("kv_bench.py said %q: %w", out, err)
@@ -313,7 +317,8 @@ func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, e
 		if err := unix.Rmdir(sub); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: r.Keys, KeyWorkNs: r.KeyWorkNs, KeyCPUNs: r.KeyCPUNs, TransferNs: r.TransferNs, CopiesPerKey: r.CopiesPerKey}
+		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: r.Keys, KeyWorkNs: r.KeyWorkNs, KeyCPUNs: r.KeyCPUNs, TransferNs: r.TransferNs, CopiesPerKey: r.CopiesPerKey,
+			ClientNs: r.ClientNs, FuseNs: r.FuseNs}
 		// The ceiling, and for the Mooncake API the direct path: the same
 		// blocks through kv-*-gpu-256KiB, in this repetition.
 		direct, err := kvGPURun(256<<10, op == "put", false)(dir, p)

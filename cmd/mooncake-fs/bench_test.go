@@ -64,6 +64,16 @@ func TestBenchResultJSON(t *testing.T) {
 			want: `{"case":"fuse-small-files","bytes":20480000,"gbps":0.082,"ceiling":"tmpfs-small-files","ceiling_gbps":0.41,"ratio":0.2,` +
 				`"ops_per_s":20000,"p50_us":41.2,"p99_us":120.1,"ceiling_ops_per_s":100000,"ceiling_p50_us":10,"ceiling_p99_us":20,"reps":3}`,
 		},
+		{
+			name: "split",
+			c:    small,
+			// 1000 keys in 10 ms: 4.1 us a key in the caller, 1.5 in the
+			// kernel and wake-ups, 2.25 of the daemon's own work.
+			m: benchSample{Bytes: 1000 * 4096, Ns: 10_000_000, Ops: 1000, ClientNs: 4_100, FuseNs: 1_500, KeyWorkNs: 2_250, TransferNs: 2_150},
+			k: benchSample{Bytes: 1000 * 4096, Ns: 5_000_000, Ops: 1000},
+			want: `{"case":"fuse-small-files","bytes":4096000,"gbps":0.41,"ceiling":"tmpfs-small-files","ceiling_gbps":0.819,"ratio":0.5,` +
+				`"ops_per_s":100000,"ceiling_ops_per_s":200000,"key_work_us":2.25,"transfer_us":2.15,"client_us":4.1,"fuse_us":1.5,"reps":3}`,
+		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, err := json.Marshal(makeBenchResult(c.c, c.c.ceiling, c.m, c.k, 3))

@@ -63,6 +63,12 @@ type benchSample struct {
 	// CopiesPerKey is the GPU copies the daemon issued per key (GPU kv
 	// cases): below 1, neighbouring blocks merged.
 	CopiesPerKey float64 `json:"copies_per_key,omitempty"`
+	// ClientNs is the caller's own time per key, outside its calls, and
+	// FuseNs its calls' time per key beyond the daemon's handler: the
+	// kernel's FUSE path and the wake-ups of both sides (tensor cases,
+	// whose calls go one at a time).
+	ClientNs int64 `json:"client_ns,omitempty"`
+	FuseNs   int64 `json:"fuse_ns,omitempty"`
 	// CopiesPerByte is the local copies per byte node A's daemon made
 	// moving remote bytes (RDMA cases; nil where not measured).
 	CopiesPerByte *float64 `json:"copies_per_byte,omitempty"`

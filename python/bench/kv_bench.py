@@ -3,8 +3,10 @@
 Run by `mooncake-fs bench` (cases kv-put-tensor-256KiB / kv-get-tensor-256KiB)
 as a worker:
     python3 kv_bench.py --dir DIR --op put|get --block BYTES --bytes TOTAL
-prints one JSON object: bytes, keys, mooncake_ns, cold_ns and the daemon's
-figures per key (key_work_ns, transfer_ns, copies_per_key).
+prints one JSON object: bytes, keys, mooncake_ns, cold_ns, the daemon's
+figures per key (key_work_ns, transfer_ns, copies_per_key) and, for the
+tensor calls, the split of a key's time between the caller (client_ns),
+the kernel's FUSE path with the wake-ups (fuse_ns) and the daemon.
 put: batch_put_tensor of 64 separate tensors per call; get: batch_get_tensor
 into 64 separate tensors per call (after an untimed put); each timed after
 an untimed first pass of the same calls (cold_ns). The bench measures the
@@ -21,6 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
+from mooncake_fs import client as mc  # noqa: E402
 from mooncake_fs import tensor as mt  # noqa: E402
 
 BATCH = 64
@@ -39,14 +42,21 @@ def batches(mount):
     return dict(st["batches"], gpu_copies=st.get("transfer", {}).get("GPUCopies", 0))
 
 
-def daemon_figures(out, before, after):
+def daemon_figures(out, before, after, wall_ns=0, ioctl_ns=0):
     """Add the daemon's work, transfer time and GPU copies per key of the
-    timed pass to out."""
+    timed pass to out; with the pass's wall time and the time its calls
+    spent in ioctls (one call at a time), also the caller's own time per
+    key (client_ns) and the ioctls' time beyond the daemon's handler
+    (fuse_ns: the kernel's FUSE path, the wake-ups of both sides)."""
     keys = (after or {}).get("keys", 0) - (before or {}).get("keys", 0)
     if keys <= 0:
         return
     transfer = after["transfer_ns"] - before["transfer_ns"]
-    out["key_work_ns"] = max(after["handler_ns"] - before["handler_ns"] - transfer, 0) // keys
+    handler = after["handler_ns"] - before["handler_ns"]
+    if wall_ns and ioctl_ns:
+        out["client_ns"] = max(wall_ns - ioctl_ns, 0) // keys
+        out["fuse_ns"] = max(ioctl_ns - handler, 0) // keys
+    out["key_work_ns"] = max(handler - transfer, 0) // keys
     out["transfer_ns"] = transfer // keys
     out["key_cpu_ns"] = (after.get("cpu_ns", 0) - before.get("cpu_ns", 0)) // keys
     out["copies_per_key"] = (after["gpu_copies"] - before["gpu_copies"]) / keys
@@ -87,7 +97,9 @@ def main():
         if a.op == "put":
             cold_ns = calls(lambda i, j: mt.batch_put_tensor(paths[i:j], ts[i:j]))
             before = batches(a.mount)
+            in_ioctl = mc.ioctl_clock.ns
             mc_ns = calls(lambda i, j: mt.batch_put_tensor(paths[i:j], ts[i:j]))
+            in_ioctl = mc.ioctl_clock.ns - in_ioctl
             after = batches(a.mount)
         else:
             for i in range(0, n, BATCH):
@@ -97,7 +109,9 @@ def main():
             for o in outs:
                 o.zero_()
             before = batches(a.mount)
+            in_ioctl = mc.ioctl_clock.ns
             mc_ns = calls(lambda i, j: mt.batch_get_tensor(paths[i:j], out=outs[i:j]))
+            in_ioctl = mc.ioctl_clock.ns - in_ioctl
             after = batches(a.mount)
             for o, t in zip(outs, ts):
                 if not torch.equal(o, t):
@@ -109,7 +123,7 @@ def main():
             except FileNotFoundError:
                 pass
     out = {"bytes": n * a.block, "keys": n, "mooncake_ns": mc_ns, "cold_ns": cold_ns}
-    daemon_figures(out, before, after)
+    daemon_figures(out, before, after, mc_ns, in_ioctl)
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
 

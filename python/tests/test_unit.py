@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import mooncake_fs as mc  # noqa: E402
 from mooncake_fs import _abi  # noqa: E402
 from mooncake_fs._buffer import new_bytes, pinned  # noqa: E402
+from mooncake_fs import client as mcc  # noqa: E402
 from mooncake_fs.client import Entry, _chunks, overlapped, pack_batch  # noqa: E402
 from mooncake_fs.pool import Lease, PoolClosed, PoolExhausted, _Slots  # noqa: E402
 
@@ -528,6 +529,20 @@ class TestNotMooncake(unittest.TestCase):
                     f.put(b"x")
                 self.assertIn(cm.exception.errno, (errno.ENOTTY, errno.EINVAL))
                 self.assertEqual(cm.exception.filename, p)
+
+    def test_ioctl_clock(self):
+        # Every call counts, failed ones too, with the time it took.
+        clock = mcc.ioctl_clock
+        calls, ns = clock.calls, clock.ns
+        fd = os.open("/dev/null", os.O_RDONLY)
+        try:
+            with self.assertRaises(OSError) as cm:
+                mcc.ioctl_released(fd, _abi.GET_MAGIC, bytearray(16), "/dev/null")
+            self.assertEqual(cm.exception.errno, errno.ENOTTY)
+        finally:
+            os.close(fd)
+        self.assertEqual(clock.calls, calls + 1)
+        self.assertGreater(clock.ns, ns)
 
     def test_paths(self):
         c = mc.Client("/mnt/x", probe=False)
