@@ -1023,10 +1023,14 @@ def _alone(fn):
         return (-(e.errno or errno.EIO), 0)
 
 
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+
+
 def _batch_outcome(paths, results, check, what):
-    if check and any(r[0] < 0 for r in results):
-        raise BatchError({p: r[0] for p, r in zip(paths, results)}, what)
-    return [r[1] for r in results] if check else [r[0] for r in results]
+    counts = list(map(_first, results))
+    if check and counts and min(counts) < 0:
+        raise BatchError(dict(zip(paths, counts)), what)
+    return list(map(_second, results)) if check else counts
 
 
 def batch_get_tensor(paths, out=None, device=None, *, check=True):
@@ -1066,6 +1070,8 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
         if fast is not None and getattr(fast[0], "abi", (1, 3)) >= (1, 6):
             d, keys, metas, sizes, ptrs, devs = fast
             got = _run_tensor_batch(d, False, keys, out, sizes, metas, None, ptrs, devs)
+            if list(map(_first, got)) == sizes:
+                return out if check else list(out)  # every tensor filled whole: nothing to look at
             results = [_got_tensor(p, o, n, r) for p, o, n, r in zip(paths, out, sizes, got)]
             return _get_outcome(paths, out, results, check)
         for o in out:
