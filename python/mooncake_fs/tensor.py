@@ -895,9 +895,12 @@ def _columns_of(ts):
     dts = list(map(_attr("dtype"), ts))
     if _QDTYPES is None or not _QDTYPES.isdisjoint(dts):
         return _columns_of_each(ts)
-    metas = list(map(_metas.get, zip(dts, map(_attr("shape"), ts))))
-    if None in metas or max(map(len, metas)) > _abi.MAX_META:
-        return _columns_of_each(ts)  # a shape not seen yet (its meta made there), or too long
+    shapes = list(map(_attr("shape"), ts))
+    metas = list(map(_metas.get, zip(dts, shapes)))
+    if None in metas:  # shapes not seen yet, or not kept (the cache is full)
+        metas = [m if m is not None else format_meta(dt, sh) for m, dt, sh in zip(metas, dts, shapes)]
+    if max(map(len, metas)) > _abi.MAX_META:
+        return _columns_of_each(ts)
     if _has("nbytes"):
         sizes = list(map(_attr("nbytes"), ts))
     else:
