@@ -168,12 +168,13 @@ func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (bench
 			return time.Since(t0), nil
 		}
 		pass := func(put bool) (time.Duration, error) { return passOf(keys, put) }
-		if !vm {
+		if put && !vm {
 			// The daemon maps a registration's pages as it first touches
 			// them. An engine registers its pool once and reuses it, and
 			// the ceiling's writer copies from a buffer it has touched:
 			// so the timed pass copies from memory the daemon has touched
-			// too, after an untimed one under other names, removed.
+			// too, after an untimed one under other names, removed. (A
+			// get's timed pass follows its untimed put.)
 			warm := make([]string, len(keys))
 			for i, k := range keys {
 				warm[i] = "w" + k
