@@ -754,27 +754,26 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
         words[2::3] = sizes
         return d.send_columns(put, b"".join(names), list(map(len, names)), array("Q", words), nseg, flags,
                               b"".join(metas), list(map(len, metas)), (), versions=True)
-    if locs is None and hi < 0:
+    if locs is None:
         locs = [None] * count
-    elif locs is None:
-        locs = [None] * count
-        if lo == hi and min(sizes) > 0:
-            by_dev = {devs[0]: range(count)}  # the common case: one device, no empty tensor
-        else:
-            by_dev = {}
-            for j, (dv, n) in enumerate(zip(devs, sizes)):
-                if dv >= 0 and n:
-                    by_dev.setdefault(dv, []).append(j)
-        torch = _torch()
-        for ordinal, js in by_dev.items():
-            if not in_part:  # (a part's caller synchronized)
-                torch.cuda.current_stream(ordinal).synchronize()
-            if js.__class__ is range:
-                locs = cudadrv.handles.locate_many(ptrs, sizes, ordinal)
-                continue
-            got = cudadrv.handles.locate_many([ptrs[j] for j in js], [sizes[j] for j in js], ordinal)
-            for j, loc in zip(js, got):
-                locs[j] = loc
+        if hi >= 0:
+            if lo == hi and min(sizes) > 0:
+                by_dev = {devs[0]: range(count)}  # the common case: one device, no empty tensor
+            else:
+                by_dev = {}
+                for j, (dv, n) in enumerate(zip(devs, sizes)):
+                    if dv >= 0 and n:
+                        by_dev.setdefault(dv, []).append(j)
+            torch = _torch()
+            for ordinal, js in by_dev.items():
+                if not in_part:  # (a part's caller synchronized)
+                    torch.cuda.current_stream(ordinal).synchronize()
+                if js.__class__ is range:
+                    locs = cudadrv.handles.locate_many(ptrs, sizes, ordinal)
+                    continue
+                got = cudadrv.handles.locate_many([ptrs[j] for j in js], [sizes[j] for j in js], ordinal)
+                for j, loc in zip(js, got):
+                    locs[j] = loc
 
     def calls():
         pos = 0
