@@ -136,6 +136,8 @@ type batchCall struct {
 	// searched caches checkPath per parent directory for the call: the
 	// keys of a batch mostly share one.
 	searched map[string]error
+	// metaSets are the SetXattrs of the call's metas (metaXattrs).
+	metaSets map[string]map[string][]byte
 	// for the batch figures: the mount, the call's keys and its start.
 	f     *FS
 	keys  int
@@ -366,13 +368,23 @@ func putMeta(flags uint32, meta []byte) bool {
 }
 
 // metaXattrs is what a put of op over version cur (nil: none) sets with
-// its commit (which acts only on cur).
-func metaXattrs(op *keyOp, cur *store.Object) map[string][]byte {
+// its commit (which acts only on cur). Keys of the call with the same
+// meta share one map (a commit only reads it): a batch of tensors mostly
+// has one shape, and a map a key was most of what its meta cost.
+func (bc *batchCall) metaXattrs(op *keyOp, cur *store.Object) map[string][]byte {
 	if !op.setMeta {
 		return nil
 	}
 	if len(op.meta) > 0 {
-		return map[string][]byte{xattrMeta: op.meta}
+		if set, ok := bc.metaSets[string(op.meta)]; ok {
+			return set
+		}
+		set := map[string][]byte{xattrMeta: op.meta}
+		if bc.metaSets == nil {
+			bc.metaSets = map[string]map[string][]byte{}
+		}
+		bc.metaSets[string(op.meta)] = set
+		return set
 	}
 	if cur == nil || cur.Xattrs[xattrMeta] == nil {
 		return nil // nothing to remove
@@ -566,7 +578,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		if n.fs.st.BatchPuts(place) {
 			cur.fast = append(cur.fast, op)
 			cur.specs = append(cur.specs, store.PutSpec{Key: key, Bufs: bufs, Cur: old, Template: tmpl,
-				SetXattrs: metaXattrs(op, old), Place: place})
+				SetXattrs: bc.metaXattrs(op, old), Place: place})
 		} else {
 			cur.addDraft(n.fs.st, op, key, bufs, size, old, tmpl, place)
 		}
@@ -667,7 +679,7 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 			pp.op.fail(errs[j])
 			continue
 		}
-		opts := store.CommitOptions{Key: pp.key, Template: &pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: metaXattrs(pp.op, pp.cur), Last: true}
+		opts := store.CommitOptions{Key: pp.key, Template: &pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: bc.metaXattrs(pp.op, pp.cur), Last: true}
 		if pp.cur != nil {
 			opts.IfVersion = pp.cur.Version
 		}
@@ -797,7 +809,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 			return 0, 0, err
 		}
 		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: store.NewIno()}
-		o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, metaXattrs(op, cur))
+		o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, bc.metaXattrs(op, cur))
 		if errors.Is(err, store.ErrConflict) && attempt < maxPutRetries && op.flags&ioctl.FlagExcl == 0 {
 			continue
 		}
