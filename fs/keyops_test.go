@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"github.com/mooncake-fs/mooncake-fs/store"
 )
 
 // callerCtx is a request of thread tid, as root.
@@ -542,4 +543,53 @@ func BenchmarkVBatchPutMeta(b *testing.B) {
 			runtime.KeepAlive(data)
 		})
 	}
+}
+
+// TestVBatchMetasShared: keys of one call with the same meta, another meta
+// and none each keep their own (the call shares one SetXattrs map per
+// meta, the objects share nothing): changing one key's meta afterwards
+// leaves the others as they were.
+func TestVBatchMetasShared(t *testing.T) {
+	fx := newFuzzFixture(t)
+	val := []byte("value")
+	metas := []string{"f16 2,2", "f32 4", "f16 2,2", "", "f16 2,2"}
+	var a ioctl.VBatchArg
+	pack := vbatchPackerFor(&a)
+	for i := range metas {
+		if !pack(fmt.Sprintf("m%d", i), []ioctl.Seg{{ID: ioctl.SegVM, Off: uint64(addr(val)), Len: uint64(len(val))}}) {
+			t.Fatal("area full")
+		}
+	}
+	used := int(a.Entries[len(metas)-1].KeyOff) + int(a.Entries[len(metas)-1].KeyLen)
+	for i, m := range metas {
+		copy(a.Area[used:], m)
+		a.Entries[i].MetaOff, a.Entries[i].MetaLen = uint32(used), uint32(len(m))
+		used += len(m)
+	}
+	for i, r := range vbatchCall(t, fx, true, &a) {
+		if r != int64(len(val)) {
+			t.Fatalf("m%d: %d", i, r)
+		}
+	}
+	runtime.KeepAlive(val)
+	check := func(want []string) {
+		t.Helper()
+		for i, m := range want {
+			o, err := fx.st.Stat(context.Background(), fmt.Sprintf("m%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, ok := o.Xattrs[xattrMeta]; string(got) != m || ok != (m != "") {
+				t.Errorf("m%d: meta %q (set %v), want %q", i, got, ok, m)
+			}
+		}
+	}
+	check(metas)
+	if _, err := fx.st.Update(context.Background(), "m0", 0, func(o *store.Object) error {
+		o.Xattrs[xattrMeta] = []byte("i8 1")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	check([]string{"i8 1", "f32 4", "f16 2,2", "", "f16 2,2"})
 }
