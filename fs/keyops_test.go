@@ -571,7 +571,30 @@ func TestVBatchMetasShared(t *testing.T) {
 			t.Fatalf("m%d: %d", i, r)
 		}
 	}
+	// One name twice in a call, with a meta each: the later entry's value
+	// and meta win.
+	var dup ioctl.VBatchArg
+	pack = vbatchPackerFor(&dup)
+	for range 2 {
+		pack("d", []ioctl.Seg{{ID: ioctl.SegVM, Off: uint64(addr(val)), Len: uint64(len(val))}})
+	}
+	at := int(dup.Entries[1].KeyOff) + int(dup.Entries[1].KeyLen)
+	for i, m := range []string{"f16 2,2", "f32 4"} {
+		copy(dup.Area[at:], m)
+		dup.Entries[i].MetaOff, dup.Entries[i].MetaLen = uint32(at), uint32(len(m))
+		at += len(m)
+	}
+	for i, r := range vbatchCall(t, fx, true, &dup) {
+		if r != int64(len(val)) {
+			t.Fatalf("d, entry %d: %d", i, r)
+		}
+	}
 	runtime.KeepAlive(val)
+	if o, err := fx.st.Stat(context.Background(), "d"); err != nil {
+		t.Fatal(err)
+	} else if string(o.Xattrs[xattrMeta]) != "f32 4" {
+		t.Fatalf("d: meta %q, want the later entry's", o.Xattrs[xattrMeta])
+	}
 	check := func(want []string) {
 		t.Helper()
 		for i, m := range want {
