@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -362,4 +363,53 @@ func TestAsyncCloseRacesFinish(t *testing.T) {
 			t.Fatalf("round %d: the mount counts %d calls once every handle was released", round, n)
 		}
 	}
+}
+
+// TestAsyncWaitAfterDirectoryRemoved: a call submitted on a directory's
+// handle is collected by BATCH_WAIT on that handle after the directory is
+// removed (its node has no path any more), with its results; a new call
+// there is refused (ESTALE).
+func TestAsyncWaitAfterDirectoryRemoved(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	o, err := fx.st.Mkdir(ctx, "sub", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := fx.root.fs.newNode()
+	fx.root.AddChild("sub", fx.root.NewPersistentInode(ctx, sub, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: o.Ino}), false)
+	dh := newDirHandle(sub)
+	t.Cleanup(func() { dh.async.close() })
+	id, mem := memfdOn(t, fx, dh, 4096)
+	a := vcallOf("missing", ioctl.Seg{ID: id, Off: 0, Len: 100})
+	a.Flags = ioctl.VBatchAsync
+	call, errno := sub.Ioctl(callerCtx(os.Getpid()), dh, ioctl.CmdBatchGetV, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg))
+	if errno != 0 {
+		t.Fatalf("submit: %v", errno)
+	}
+	if err := fx.st.Rmdir(ctx, "sub"); err != nil {
+		t.Fatal(err)
+	}
+	fx.root.RmChild("sub")
+	if k, ok := sub.key(); ok {
+		t.Fatalf("the removed directory still has a path: %q", k)
+	}
+	in := make([]byte, ioctl.SizeVBatchArg)
+	binary.LittleEndian.PutUint32(in[0:], ioctl.SizeVBatchArg)
+	binary.LittleEndian.PutUint32(in[8:], uint32(call))
+	out := make([]byte, ioctl.SizeVBatchArg)
+	if _, errno := sub.Ioctl(callerCtx(os.Getpid()), dh, ioctl.CmdBatchWait, 0, in, out); errno != 0 {
+		t.Fatalf("wait after the directory went: %v", errno)
+	}
+	var got ioctl.VBatchArg
+	if err := got.Unmarshal(out); err != nil {
+		t.Fatal(err)
+	}
+	if got.Count != 1 || got.Entries[0].Result != -int64(syscall.ENOENT) {
+		t.Fatalf("results: %d keys, first %d", got.Count, got.Entries[0].Result)
+	}
+	if _, errno := sub.Ioctl(callerCtx(os.Getpid()), dh, ioctl.CmdBatchGetV, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg)); errno != syscall.ESTALE {
+		t.Fatalf("a new call on the removed directory: %v, want ESTALE", errno)
+	}
+	runtime.KeepAlive(mem)
 }

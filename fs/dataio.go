@@ -207,12 +207,16 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 			}
 			return 0, syscall.EBADF
 		}
+		if cmd == ioctl.CmdBatchWait {
+			// The handle's calls, whatever became of its directory: one
+			// removed or moved away must not keep them from their waiter
+			// (who could then never know the daemon is done with its
+			// memory) nor hold the handle's slots.
+			return 0, dh.async.wait(in, out)
+		}
 		key, ok := n.key()
 		if !ok {
 			return 0, store.ErrStale
-		}
-		if cmd == ioctl.CmdBatchWait {
-			return 0, dh.async.wait(in, out)
 		}
 		return n.vbatch(ctx, dh, key, cmd == ioctl.CmdBatchPutV, in, out)
 	}
