@@ -10,6 +10,9 @@
 
     mt.batch_put_tensor(["/mnt/mooncake/kv/b0", ...], [t0, ...])  # one call per 64
     mt.batch_get_tensor(["/mnt/mooncake/kv/b0", ...], out=[o0, ...])
+    work = mt.batch_get_tensor(paths, out=outs, async_op=True)  # in the daemon;
+    ...                                                          # build the next call
+    work.wait()                                                  # outs are filled
 
 The object holds the tensor's bytes in C order; its dtype and shape are
 its meta, the xattr ``user.mooncake.meta`` ("dtype=float32 shape=2,3,4";
@@ -973,12 +976,13 @@ def _fast_batch(paths, ts, makedirs):
     return (d, keys) + cols
 
 
-def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=True):
+def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=True, async_op=False):
     """Store many CPU or CUDA tensors, each at its path (put_tensor's rules),
     in one call per 64 keys of one directory: their copies are issued
     together and synchronized once. Returns the list of versions, or with
     check=False the results (bytes written, or -errno) in order; with
-    check, BatchError if any failed."""
+    check, BatchError if any failed. With async_op, returns a TensorWork
+    at once, whose wait() returns (or raises) that (see TensorWork)."""
     paths, ts = list(paths), list(tensors)
     if len(paths) != len(ts):
         raise ValueError(f"{len(paths)} paths for {len(ts)} tensors")
@@ -986,8 +990,21 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
     fast = _fast_batch(paths, ts, makedirs) if paths else None
     if fast is not None:
         d, keys, metas, sizes, ptrs, devs = fast
-        return _batch_outcome(paths, _run_tensor_batch(d, True, keys, ts, sizes, metas, flags, ptrs, devs), check,
-                              "batch put_tensor")
+        if async_op:
+            try:
+                finish = _submit_tensor_batch(d, True, keys, ts, sizes, metas, flags, ptrs, devs)
+            except Exception as e:
+                return _done(True, _raiser(e))
+            if finish is not None:
+                return TensorWork(finish, lambda got: _batch_outcome(paths, got, check, "batch put_tensor"), ts)
+        return _done(async_op, lambda: _batch_outcome(
+            paths, _run_tensor_batch(d, True, keys, ts, sizes, metas, flags, ptrs, devs), check, "batch put_tensor"))
+    return _done(async_op, lambda: _batch_put_general(paths, ts, flags, exclusive, makedirs, check))
+
+
+def _batch_put_general(paths, ts, flags, exclusive, makedirs, check):
+    """batch_put_tensor of any paths and tensors: by directory, copying a
+    tensor that cannot go as it is, one by one what cannot go in a batch."""
     ts = [_source(t) for t in ts]
     by_parent = _by_parent(paths)
     if makedirs:
@@ -1017,6 +1034,203 @@ def batch_put_tensor(paths, tensors, *, exclusive=False, makedirs=True, check=Tr
     return _batch_outcome(paths, results, check, "batch put_tensor")
 
 
+class TensorWork:
+    """A batch_put_tensor or batch_get_tensor made with async_op=True: its
+    calls are in the daemon, and the caller may go on (build and send the
+    next batch) while the daemon copies. wait() returns what the call
+    would have returned without async_op, or raises what it would have
+    raised; later wait()s (from any thread) give the same. Until wait()
+    returns, the daemon may still read the tensors of a put and write
+    those of a get (and a put's keys may not be there yet): leave them be.
+    The work keeps the tensors alive meanwhile; one dropped without wait()
+    waits for the daemon as it goes. A wait that Ctrl-C interrupts still
+    waits for every call of the batch, then raises KeyboardInterrupt (the
+    outcome is lost: a later wait raises RuntimeError).
+
+    Only batches that go as one or more calls on CUDA memory (all the
+    tensors on one device, plain and contiguous, their paths in one
+    directory, no name twice in a put, no bytes shared by two tensors of a
+    get) go to the daemon this way (submitted calls, ABI 1.7); any other
+    batch is done before the call returns, and its work is already
+    complete. Calls not yet waited for may run in any order: a key put by
+    two of them ends with either value, and a get of a key that an
+    unfinished put writes may find either version."""
+
+    __slots__ = ("_collect", "_outcome", "_keep", "_pid", "_lock", "_raw", "_collected", "_done", "_value", "_error")
+
+    def __init__(self, collect, outcome=None, keep=None):
+        # collect waits for the batch's calls and returns their raw
+        # results; outcome makes wait()'s value of them.
+        self._collect, self._outcome, self._keep = collect, outcome, keep
+        self._pid, self._lock = os.getpid(), threading.Lock()
+        self._collected = self._done = False
+        self._raw = self._value = self._error = None
+
+    def _gather(self):
+        """Collect the calls (the lock held): once this returns or raises,
+        the daemon is done with the tensors."""
+        if self._collected:
+            return
+        try:
+            self._raw = self._collect()
+        except Exception as e:  # kept, and raised by each wait
+            self._error = e
+        except BaseException:
+            self._error = RuntimeError("a wait for this batch was interrupted: its outcome is lost")
+            raise
+        finally:
+            self._collected, self._collect, self._keep = True, None, None
+
+    def wait(self):
+        """The batch's outcome, once the daemon is done with every tensor."""
+        if self._pid != os.getpid():
+            raise RuntimeError("a TensorWork of another process (made before a fork)")
+        with self._lock:
+            if not self._done:
+                self._gather()
+                if self._error is None:
+                    try:
+                        self._value = self._raw if self._outcome is None else self._outcome(self._raw)
+                    except Exception as e:
+                        self._error = e
+                self._done, self._outcome, self._raw = True, None, None
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def is_completed(self):
+        """Whether the daemon is done with the batch (its calls collected)."""
+        return self._collected
+
+    def __del__(self):
+        # Only the calls, not the outcome (which may make calls of its
+        # own): a collection can run anywhere, even under this module's
+        # locks. A work some thread is waiting for is that thread's.
+        try:
+            if not self._collected and self._pid == os.getpid() and self._lock.acquire(False):
+                try:
+                    self._gather()
+                finally:
+                    self._lock.release()
+        except BaseException:
+            pass
+
+
+def _done(async_op, fn):
+    """fn(), or with async_op a TensorWork that holds its outcome (fn's
+    value, or what it raised, for wait() to raise)."""
+    if not async_op:
+        return fn()
+    work = TensorWork(fn)
+    try:
+        work.wait()
+    except Exception:
+        pass  # kept for the caller's wait()
+    return work
+
+
+def _raiser(e):
+    """A function that raises e (a submit's error, for wait() to raise)."""
+    def fail():
+        raise e
+    return fail
+
+
+def _barrier(d):
+    """Wait until every call submitted on d's fd so far is over (results
+    left for their waiters): the daemon is then done with their memory."""
+    try:
+        d.wait_calls()
+    except OSError:
+        pass
+
+
+def _submit_tensor_batch(d, put, names, ts, sizes, metas, flags, ptrs, devs):
+    """Submit (ABI 1.7) the calls of a batch of CUDA tensors, all on one
+    device and none empty, as _run_tensor_batch would send them (flags: a
+    put's; a get's are FLAG_WHOLE); returns a function that waits for
+    them and returns [(result, version)] in order, or None when the batch
+    cannot go this way (TensorWork says which can). A call naming more
+    allocations than one call carries, or one the directory's fd has no
+    room for (EBUSY), is made at once instead. If submitting fails, the
+    calls already submitted are waited for before the error is raised."""
+    from . import cudadrv
+
+    count = len(names)
+    dev = devs[0] if devs else -1
+    if not count or getattr(d, "abi", (1, 3)) < (1, 7) or dev < 0 or min(devs) != max(devs) or \
+            min(sizes) <= 0 or (len(set(names)) != count if put else spans_overlap(ptrs, sizes)):
+        return None
+    _torch().cuda.current_stream(dev).synchronize()
+    flags = flags if put else _abi.FLAG_WHOLE
+    per, room, max_refs, seg_gpu = _abi.MAX_BATCH, _abi.VBATCH_AREA_BYTES, _abi.MAX_GPU_REFS, _abi.SEG_GPU
+    calls = []  # (first key, end, a call to wait for or its results)
+    try:
+        pos = 0
+        while pos < count:
+            end, used = pos, 0
+            while end < count and end - pos < per:
+                used += 24 + len(names[end]) + len(metas[end])
+                if used > room:
+                    break
+                end += 1
+            if end == pos:
+                raise ValueError(f"{names[pos]!r}: too large for one batch")
+            refs, idx, offs = cudadrv.handles.locate_columns(ptrs[pos:end], sizes[pos:end], dev)
+            if len(refs) > max_refs:
+                calls.append((pos, end, _run_tensor_batch(d, put, names[pos:end], ts[pos:end], sizes[pos:end],
+                                                          metas[pos:end], flags if put else None, ptrs[pos:end],
+                                                          devs[pos:end], in_part=True)))
+                pos = end
+                continue
+            words = [0] * (3 * (end - pos))
+            words[0::3] = map(seg_gpu.__or__, idx)
+            words[1::3] = offs
+            words[2::3] = sizes[pos:end]
+            ns, ms = names[pos:end], metas[pos:end]
+            args = (put, b"".join(ns), list(map(len, ns)), array("Q", words), 1, flags,
+                    b"".join(ms), list(map(len, ms)), refs)
+            try:
+                calls.append((pos, end, d.submit_columns(*args)))
+            except OSError as e:
+                if e.errno != errno.EBUSY:
+                    raise
+                calls.append((pos, end, d.send_columns(*args, versions=True)))
+            pos = end
+    except BaseException:
+        for _, _, c in calls:
+            if c.__class__ is not list:
+                try:
+                    d.wait_columns(c)
+                except OSError:
+                    pass
+        _barrier(d)  # and one submitted as an interrupt came, before it was kept
+        raise
+
+    def finish():
+        out = [None] * count
+        stop = None  # a Ctrl-C while waiting: raised once every call is collected
+        for a, b, c in calls:
+            if c.__class__ is list:
+                out[a:b] = c
+                continue
+            while True:
+                try:
+                    out[a:b] = d.wait_columns(c)
+                except OSError as e:  # the call's results are lost with it; its work may not be
+                    out[a:b] = [(-(e.errno or errno.EIO), 0)] * (b - a)
+                    _barrier(d)
+                except BaseException as e:
+                    stop = stop or e
+                    continue  # the same call again (EINVAL once it was collected)
+                break
+        if stop is not None:
+            raise stop
+        return out
+
+    return finish
+
+
 def _alone(fn):
     """(result, version) of a key that goes by itself: fn's, or -errno."""
     try:
@@ -1035,14 +1249,46 @@ def _batch_outcome(paths, results, check, what):
     return list(map(_second, results)) if check else counts
 
 
-def batch_get_tensor(paths, out=None, device=None, *, check=True):
+def batch_get_tensor(paths, out=None, device=None, *, check=True, async_op=False):
     """Read many tensors stored by put_tensor. With out (a list of
     contiguous tensors, one per path, of the stored dtypes and shapes),
     one call per 64 keys of one directory fills them, each refused alone
     (EBADMSG) unless its meta matches; returns out. Without out, each key
     is looked up first (one call each), then new tensors on device are
     filled in one call. With check=False, the list holds a negative errno
-    for each key that failed; with check, BatchError if any did."""
+    for each key that failed; with check, BatchError if any did. With
+    async_op, returns a TensorWork at once, whose wait() returns (or
+    raises) that (see TensorWork; a get without out is done at once)."""
+    if not async_op:
+        return _batch_get(paths, out, device, check)
+    paths = list(paths)
+    if out is not None:
+        out = list(out)
+        if len(out) != len(paths):
+            raise ValueError(f"{len(paths)} paths for {len(out)} out tensors")
+        fast = _fast_batch(paths, out, False) if paths else None
+        if fast is not None:
+            d, keys, metas, sizes, ptrs, devs = fast
+            try:
+                finish = _submit_tensor_batch(d, False, keys, out, sizes, metas, None, ptrs, devs)
+            except Exception as e:
+                return _done(True, _raiser(e))
+            if finish is not None:
+                return TensorWork(finish, lambda got: _got_all(paths, out, sizes, got, check), out)
+    return _done(True, lambda: _batch_get(paths, out, device, check))
+
+
+def _got_all(paths, out, sizes, got, check):
+    """batch_get_tensor's outcome of a fast batch into out, of sizes bytes,
+    whose calls returned got."""
+    if list(map(_first, got)) == sizes:
+        return out if check else list(out)  # every tensor filled whole: nothing to look at
+    results = [_got_tensor(p, o, n, r) for p, o, n, r in zip(paths, out, sizes, got)]
+    return _get_outcome(paths, out, results, check)
+
+
+def _batch_get(paths, out, device, check):
+    """batch_get_tensor, made at once."""
     import ctypes
 
     paths = list(paths)
@@ -1071,11 +1317,8 @@ def batch_get_tensor(paths, out=None, device=None, *, check=True):
         fast = _fast_batch(paths, out, False) if paths else None
         if fast is not None and getattr(fast[0], "abi", (1, 3)) >= (1, 6):
             d, keys, metas, sizes, ptrs, devs = fast
-            got = _run_tensor_batch(d, False, keys, out, sizes, metas, None, ptrs, devs)
-            if list(map(_first, got)) == sizes:
-                return out if check else list(out)  # every tensor filled whole: nothing to look at
-            results = [_got_tensor(p, o, n, r) for p, o, n, r in zip(paths, out, sizes, got)]
-            return _get_outcome(paths, out, results, check)
+            return _got_all(paths, out, sizes, _run_tensor_batch(d, False, keys, out, sizes, metas, None, ptrs, devs),
+                            check)
         for o in out:
             _check_target(o)
     todo = [i for i in range(len(paths)) if results[i] is None]

@@ -357,6 +357,68 @@ class RoundTrips:
             want = ts[i + 120] if i < 30 else ts[i]
             self.assertBitsEqual(mt.get_tensor(paths[i], device=self.device), want, paths[i])
 
+    def test_async_batches(self):
+        # async_op: CUDA batches are submitted (several at once, waited for
+        # in any order), anything else is done at once; the outcome is the
+        # synchronous call's either way.
+        submitted = self.device != "cpu"
+        ts = [random_tensor("float16" if i % 3 else "int32", (64 + i % 5,), self.device, seed=400 + i)
+              for i in range(300)]
+        paths = [self.path(f"async/{i}") for i in range(len(ts))]
+        works = [mt.batch_put_tensor(paths[lo:lo + 100], ts[lo:lo + 100], async_op=True) for lo in (0, 100, 200)]
+        self.assertEqual([w.is_completed() for w in works], [not submitted] * 3)
+        versions = [v for w in reversed(works) for v in w.wait()]
+        self.assertEqual(len(versions), 300)
+        self.assertTrue(all(v > 0 for v in versions))
+        self.assertTrue(all(w.is_completed() for w in works))
+        self.assertEqual(works[0].wait(), works[0].wait())
+        outs = [torch.zeros_like(t) for t in ts]
+        works = [mt.batch_get_tensor(paths[lo:lo + 64], out=outs[lo:lo + 64], async_op=True) for lo in range(0, 300, 64)]
+        for k, w in enumerate(works):
+            self.assertIs(w.wait()[0], outs[k * 64])
+        for o, t in zip(outs, ts):
+            self.assertBitsEqual(o, t)
+        # More calls than a directory's fd holds (MAX_ASYNC_CALLS): the
+        # ones past it go at once.
+        outs = [torch.zeros_like(t) for t in ts]
+        works = [mt.batch_get_tensor(paths[i:i + 10], out=outs[i:i + 10], async_op=True) for i in range(0, 300, 10)]
+        for w in works[::-1]:
+            w.wait()
+        for o, t in zip(outs, ts):
+            self.assertBitsEqual(o, t)
+        # Per-key failures come with wait(): a missing key and an out of
+        # another dtype; check raises (again at each wait).
+        outs = [torch.zeros_like(t) for t in ts[:4]]
+        outs[1] = torch.zeros(ts[1].shape, dtype=torch.float64, device=self.device)
+        w = mt.batch_get_tensor(paths[:3] + [self.path("async/none")], out=outs, check=False, async_op=True)
+        res = w.wait()
+        self.assertEqual((res[1], res[3]), (-errno.EBADMSG, -errno.ENOENT))
+        self.assertBitsEqual(res[0], ts[0])
+        self.assertBitsEqual(res[2], ts[2])
+        w = mt.batch_get_tensor(paths[:3] + [self.path("async/none")], out=outs, async_op=True)
+        for _ in range(2):
+            with self.assertRaises(mc.BatchError):
+                w.wait()
+        w = mt.batch_put_tensor(paths[:2], ts[:2], exclusive=True, async_op=True)
+        with self.assertRaises(mc.BatchError) as cm:
+            w.wait()
+        self.assertEqual(set(cm.exception.results.values()), {-errno.EEXIST})
+        # A work dropped unwaited waits as it goes: its keys are there.
+        fresh = [random_tensor("int8", (33,), self.device, seed=900 + i) for i in range(70)]
+        fpaths = [self.path(f"async-dropped/{i}") for i in range(70)]
+        mt.batch_put_tensor(fpaths, fresh, async_op=True)
+        for p, t in zip(fpaths, fresh):
+            self.assertBitsEqual(mt.get_tensor(p, device=self.device), t, p)
+        # A batch outside the plain case (two directories, a view) is done
+        # at once, with the same outcome.
+        mixed = [ts[0], ts[1][::2], ts[2]]
+        mpaths = [self.path("async-a/x"), self.path("async-b/y"), self.path("async-a/z")]
+        w = mt.batch_put_tensor(mpaths, mixed, async_op=True)
+        self.assertTrue(w.is_completed())
+        self.assertEqual(len(w.wait()), 3)
+        for p, t in zip(mpaths, mixed):
+            self.assertBitsEqual(mt.get_tensor(p, device=self.device), t.contiguous(), p)
+
     def test_batch_get_of_a_value_its_meta_does_not_size(self):
         # A value longer or shorter than its meta says fails alone (EIO),
         # whether the daemon checks the length (ABI 1.6) or a probe byte

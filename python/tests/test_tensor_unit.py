@@ -265,6 +265,125 @@ class TestBatchPaths(unittest.TestCase):
                 self.assertIsNone(mt._one_dir(bad))
 
 
+class TestTensorWork(unittest.TestCase):
+    """The handle async_op returns: its outcome collected once, kept for
+    later waits, errors raised at each wait, collected when dropped, never
+    in another process."""
+
+    def test_outcome_is_collected_once(self):
+        calls = []
+        w = mt.TensorWork(lambda: calls.append(1) or [7, 8], keep=["tensor"])
+        self.assertFalse(w.is_completed())
+        self.assertEqual(w.wait(), [7, 8])
+        self.assertEqual(w.wait(), [7, 8])
+        self.assertTrue(w.is_completed())
+        self.assertEqual(calls, [1])
+
+    def test_error_is_raised_at_each_wait(self):
+        calls = []
+
+        def fail():
+            calls.append(1)
+            raise OSError(5, "gone")
+
+        w = mt.TensorWork(fail)
+        for _ in range(2):
+            with self.assertRaises(OSError):
+                w.wait()
+        self.assertEqual(calls, [1])
+        self.assertTrue(w.is_completed())
+
+    def test_interrupted_wait_loses_the_outcome(self):
+        def interrupted():
+            raise KeyboardInterrupt
+
+        w = mt.TensorWork(interrupted)
+        with self.assertRaises(KeyboardInterrupt):
+            w.wait()
+        with self.assertRaisesRegex(RuntimeError, "interrupted"):
+            w.wait()
+
+    def test_outcome_made_from_what_was_collected(self):
+        w = mt.TensorWork(lambda: [1, 2], lambda raw: [x * 10 for x in raw])
+        self.assertEqual(w.wait(), [10, 20])
+        w = mt.TensorWork(lambda: [1], lambda raw: 1 / 0)
+        for _ in range(2):
+            with self.assertRaises(ZeroDivisionError):
+                w.wait()
+        self.assertTrue(w.is_completed())
+
+    def test_dropped_work_is_collected(self):
+        # Dropped: its calls are collected, its outcome (which may make
+        # calls of its own) is not made.
+        calls = []
+        w = mt.TensorWork(lambda: calls.append("collect"), lambda raw: calls.append("outcome"))
+        del w
+        self.assertEqual(calls, ["collect"])
+        # A failing one goes quietly.
+        w = mt.TensorWork(lambda: 1 / 0)
+        del w
+
+    def test_threads_share_one_collection(self):
+        import threading
+
+        gate, calls = threading.Event(), []
+
+        def collect():
+            calls.append(1)
+            gate.wait(10)
+            return ["done"]
+
+        w = mt.TensorWork(collect)
+        got = []
+        ths = [threading.Thread(target=lambda: got.append(w.wait())) for _ in range(4)]
+        for t in ths:
+            t.start()
+        gate.set()
+        for t in ths:
+            t.join(30)
+        self.assertEqual(got, [["done"]] * 4)
+        self.assertEqual(calls, [1])
+
+    def test_done_at_once(self):
+        calls = []
+        w = mt._done(True, lambda: calls.append(1) or "v")
+        self.assertTrue(w.is_completed())
+        self.assertEqual((w.wait(), calls), ("v", [1]))
+        w = mt._done(True, lambda: 1 / 0)
+        with self.assertRaises(ZeroDivisionError):
+            w.wait()
+        self.assertEqual(mt._done(False, lambda: "now"), "now")
+        with self.assertRaises(ZeroDivisionError):
+            mt._done(False, lambda: 1 / 0)
+
+    @unittest.skipUnless(hasattr(os, "fork"), "no fork")
+    def test_not_collected_in_a_forked_child(self):
+        r, wfd = os.pipe()
+        calls = []
+        w = mt.TensorWork(lambda: calls.append(os.getpid()) or "parent's")
+        pid = os.fork()
+        if pid == 0:  # the child: wait refuses, dropping does nothing
+            code = 0
+            try:
+                try:
+                    w.wait()
+                    code = 1
+                except RuntimeError:
+                    pass
+                del w
+                code = code or (2 if calls else 0)
+            finally:
+                os.write(wfd, bytes([code]))
+                os._exit(0)
+        os.close(wfd)
+        got = os.read(r, 1)
+        os.close(r)
+        os.waitpid(pid, 0)
+        self.assertEqual(got, bytes([0]))
+        self.assertEqual(w.wait(), "parent's")
+        self.assertEqual(calls, [os.getpid()])
+
+
 @unittest.skipUnless(torch is not None, "torch is not installed")
 class TestTorchCPUOnly(unittest.TestCase):
     """Argument checks that need torch but no mount and no GPU."""
