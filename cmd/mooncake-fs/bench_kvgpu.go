@@ -16,7 +16,9 @@ package main
 // kv-{put,get}-tensor-256KiB do the same with 64 separate torch tensors
 // per batch_put_tensor / batch_get_tensor (python/bench/kv_bench.py):
 // each tensor named by the IPC handle of its caching-allocator block, the
-// timed pass after a first one that opened those handles.
+// timed pass after a first one that opened those handles. At --in-flight
+// N > 1 the calls go with async_op, up to N in the daemon at once; at 1,
+// one after the other, each done before the next is built.
 // kv-{put,get}-mooncake-gpu-256KiB run vLLM's pattern through
 // MooncakeDistributedStore (kv_bench.py --api mooncake): one GPU KV tensor
 // registered once, 1024 blocks per batch_put_from_multi_buffers /
@@ -290,7 +292,7 @@ func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, e
 			return benchSample{}, err
 		}
 		out, err := exec.Command("python3", script, "--dir", sub, "--op", op, "--block", fmt.Sprint(256<<10),
-			"--bytes", fmt.Sprint(kvGPUBytes), "--mount", dir, "--api", api).Output()
+			"--bytes", fmt.Sprint(kvGPUBytes), "--mount", dir, "--api", api, "--in-flight", fmt.Sprint(p.InFlight)).Output()
 		if err != nil {
 			if ee, ok := errors.AsType[*exec.ExitError](err); ok && len(ee.Stderr) > 0 {
 				err = fmt.Errorf("%w: %s", err, ee.Stderr[max(0, len(ee.Stderr)-600):])
