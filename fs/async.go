@@ -34,14 +34,18 @@ type asyncTable struct {
 	calls  map[uint32]*asyncCall
 	closed bool          // the handle was released: results go unread
 	live   *atomic.Int64 // the mount's count of submitted calls held
+	// ctx is the context of the handle's calls, made with the first:
+	// releasing the handle cancels it, stopping those still running at
+	// their next key.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // asyncCall is one submitted call.
 type asyncCall struct {
-	a       *ioctl.VBatchArg   // the call; its results are filled once done
-	done    chan struct{}      // closed when the call is over
-	claimed bool               // a BATCH_WAIT is collecting it
-	stop    context.CancelFunc // ends the call's context: closing the handle stops it
+	a       *ioctl.VBatchArg // the call; its results are filled once done
+	done    chan struct{}    // closed when the call is over
+	claimed bool             // a BATCH_WAIT is collecting it
 }
 
 // errAsyncVM: a submitted call named process memory. It is read and
@@ -51,23 +55,27 @@ type asyncCall struct {
 // (memfd registrations, CUDA allocations by IPC handle) may be submitted.
 var errAsyncVM = errors.New("process memory in a submitted call (use a memfd registration or GPU memory)")
 
-// add numbers c and keeps it, or fails with EBUSY when the handle holds
-// as many calls as it may.
-func (t *asyncTable) add(c *asyncCall) (uint32, error) {
+// add numbers c and keeps it, returning the context it runs in (the
+// handle's, under parent), or fails with EBUSY when the handle holds as
+// many calls as it may.
+func (t *asyncTable) add(c *asyncCall, parent context.Context) (uint32, context.Context, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.closed {
-		return 0, syscall.EBADF
+		return 0, nil, syscall.EBADF
 	}
 	if len(t.calls) >= ioctl.MaxAsyncCalls {
-		return 0, fmt.Errorf("%d submitted calls not waited for: %w", len(t.calls), syscall.EBUSY)
+		return 0, nil, fmt.Errorf("%d submitted calls not waited for: %w", len(t.calls), syscall.EBUSY)
 	}
 	if t.live.Add(1) > maxAsyncTotal {
 		t.live.Add(-1)
-		return 0, fmt.Errorf("the mount holds %d submitted calls not waited for: %w", maxAsyncTotal, syscall.EBUSY)
+		return 0, nil, fmt.Errorf("the mount holds %d submitted calls not waited for: %w", maxAsyncTotal, syscall.EBUSY)
 	}
 	if t.calls == nil {
 		t.calls = map[uint32]*asyncCall{}
+	}
+	if t.ctx == nil {
+		t.ctx, t.cancel = context.WithCancel(parent)
 	}
 	for {
 		t.last++
@@ -79,7 +87,7 @@ func (t *asyncTable) add(c *asyncCall) (uint32, error) {
 		}
 	}
 	t.calls[t.last] = c
-	return t.last, nil
+	return t.last, t.ctx, nil
 }
 
 // dropLocked forgets call id, its arguments back to the pool.
@@ -94,7 +102,6 @@ func (t *asyncTable) dropLocked(id uint32, c *asyncCall) {
 // done, so a call marked done outside it could be dropped by both (its
 // arguments in the pool twice, the mount's count one short).
 func (t *asyncTable) finish(id uint32, c *asyncCall) {
-	c.stop()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	close(c.done)
@@ -111,6 +118,9 @@ func (t *asyncTable) close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.closed = true
+	if t.cancel != nil {
+		t.cancel()
+	}
 	for id, c := range t.calls {
 		select {
 		case <-c.done:
@@ -118,7 +128,6 @@ func (t *asyncTable) close() {
 				t.dropLocked(id, c)
 			}
 		default:
-			c.stop()
 		}
 	}
 }
@@ -165,29 +174,30 @@ func (t *asyncTable) wait(in, out []byte) error {
 	return nil
 }
 
-// submittable refuses a call to submit that names process memory (its
-// own segments, or registrations by address), and opens its GPU table's
-// allocations now, while the caller is blocked in the request and its
-// /proc entry names it: the call itself runs after the ioctl returned.
-func submittable(f *FS, bc *batchCall, dh *dirHandle, ops []*keyOp) error {
-	for _, op := range ops {
-		if op.err != nil {
+// submittable refuses a call to submit whose segments name process
+// memory (its own, or registrations by address), and opens its GPU
+// table's allocations now, while the caller is blocked in the request
+// and its /proc entry names it: the call itself, its entries decoded
+// included, runs after the ioctl returned. An entry whose segments do
+// not decode is left to fail alone then.
+func submittable(f *FS, bc *batchCall, dh *dirHandle, a *ioctl.VBatchArg) error {
+	var wire []ioctl.Seg
+	for i := range int(a.Count) {
+		var err error
+		if wire, err = a.Segs(wire[:0], i); err != nil {
 			continue
 		}
-		for _, s := range op.segs {
+		for _, w := range wire {
 			switch {
-			case s.kind == segVM && s.n > 0:
-				return fmt.Errorf("%s: %w", op.rel, errAsyncVM)
-			case s.kind == segReg && dh.regs.byAddress(s.id):
-				return fmt.Errorf("%s: registration %d: %w", op.rel, s.id, errAsyncVM)
+			case w.ID == ioctl.SegVM && w.Len > 0:
+				return fmt.Errorf("entry %d: %w", i, errAsyncVM)
+			case w.ID != ioctl.SegVM && w.ID&ioctl.SegGPU == 0 && dh.regs.byAddress(w.ID):
+				return fmt.Errorf("entry %d: registration %d: %w", i, w.ID, errAsyncVM)
 			}
 		}
 	}
 	if len(bc.gpus) > 0 {
-		bc.mapped, bc.mapErr = make([]*ipcMapping, len(bc.gpus)), make([]error, len(bc.gpus))
-		for i := range bc.gpus {
-			bc.mapped[i], bc.mapErr[i] = f.gpuMapping(bc.p, bc.gpus[i])
-		}
+		bc.mapped, bc.mapErr = f.gpuMappings(bc.p, bc.gpus)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -412,4 +413,54 @@ func TestAsyncWaitAfterDirectoryRemoved(t *testing.T) {
 		t.Fatalf("a new call on the removed directory: %v, want ESTALE", errno)
 	}
 	runtime.KeepAlive(mem)
+}
+
+// TestAsyncBadEntriesFailAlone: a submitted call's entries are decoded by
+// the call, after the reply: one whose segments or meta do not decode
+// fails alone at the wait (EINVAL) and the others are stored, as in a
+// call made at once; process memory named by a malformed entry is still
+// no reason to run it.
+func TestAsyncBadEntriesFailAlone(t *testing.T) {
+	fx := newFuzzFixture(t)
+	val := bytes.Repeat([]byte("e"), 300)
+	id, mem := memfdOn(t, fx, fx.dh, 4096)
+	copy(mem, val)
+	var a ioctl.VBatchArg
+	p := vbatchPackerFor(&a)
+	for _, k := range []string{"e0", "e1", "e2", "e3"} {
+		if !p(k, []ioctl.Seg{{ID: id, Len: uint64(len(val))}}) {
+			t.Fatal("area full")
+		}
+	}
+	a.Entries[1].NSeg = 0                        // no segments
+	a.Entries[2].MetaOff = ioctl.VBatchAreaBytes // a meta past the area
+	a.Entries[2].MetaLen = 8
+	// Entry 3 names process memory by address, after its count was made
+	// 0: malformed, it is refused alone; the call still runs.
+	vm := ioctl.Seg{ID: ioctl.SegVM, Off: addr(val), Len: uint64(len(val))}
+	seg := a.Area[a.Entries[3].SegOff:]
+	binary.LittleEndian.PutUint64(seg[0:], vm.ID)
+	binary.LittleEndian.PutUint64(seg[8:], vm.Off)
+	a.Entries[3].NSeg = 0
+	cid, errno := submitV(fx, fx.dh, true, &a)
+	if errno != 0 {
+		t.Fatalf("submit: %v", errno)
+	}
+	res, errno := waitV(fx, fx.dh, uint32(cid), 4)
+	if errno != 0 {
+		t.Fatalf("wait: %v", errno)
+	}
+	want := []int64{int64(len(val)), -int64(syscall.EINVAL), -int64(syscall.EINVAL), -int64(syscall.EINVAL)}
+	if !slices.Equal(res, want) {
+		t.Fatalf("results %v, want %v", res, want)
+	}
+	if got := readKey(t, fx, "e0"); !bytes.Equal(got, val) {
+		t.Fatalf("e0: %q", got)
+	}
+	for _, k := range []string{"e1", "e2", "e3"} {
+		if _, err := fx.st.Stat(context.Background(), k); err == nil {
+			t.Fatalf("%s was stored from a malformed entry", k)
+		}
+	}
+	runtime.KeepAlive(val)
 }

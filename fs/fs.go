@@ -154,6 +154,10 @@ type FS struct {
 // daemon's own work per key.
 type batchStats struct {
 	keys, handlerNs, transferNs atomic.Uint64
+	// submits and submitNs: the submitted calls accepted and the time
+	// their requests took in the handler, up to the reply (decoding, the
+	// checks, opening GPU allocations), which the caller waits for.
+	submits, submitNs atomic.Uint64
 }
 
 // BatchStats are the mount's batch figures since it started.
@@ -170,13 +174,18 @@ type BatchStats struct {
 	// Submitted is how many submitted calls (ABI 1.7) the mount holds:
 	// running, or done and not yet waited for.
 	Submitted int64 `json:"submitted"`
+	// Submits counts the submitted calls accepted since the mount
+	// started; SubmitNs is their requests' time in the handler up to the
+	// reply (the caller is blocked for it, FUSE's round trip on top).
+	Submits  uint64 `json:"submits"`
+	SubmitNs uint64 `json:"submit_ns"`
 }
 
 // Batches returns the mount's batch figures.
 func (m *Mount) Batches() BatchStats {
 	b := &m.fs.batches
 	st := BatchStats{Keys: b.keys.Load(), HandlerNs: b.handlerNs.Load(), TransferNs: b.transferNs.Load(),
-		Submitted: m.fs.asyncHeld.Load()}
+		Submitted: m.fs.asyncHeld.Load(), Submits: b.submits.Load(), SubmitNs: b.submitNs.Load()}
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPUNs = uint64(ru.Utime.Nano() + ru.Stime.Nano())

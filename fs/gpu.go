@@ -341,17 +341,34 @@ func (f *FS) sweepIPC() {
 // gpuMapping returns the allocation ref names, opened once per process
 // p, with a reference for the caller (releaseMapping drops it).
 func (f *FS) gpuMapping(p *callerProc, ref ioctl.GPURef) (*ipcMapping, error) {
-	ctx, err := f.gpuContext(ref.Device)
-	if err != nil {
-		return nil, err
+	ms, errs := f.gpuMappings(p, []ioctl.GPURef{ref})
+	return ms[0], errs[0]
+}
+
+// gpuMappings is gpuMapping of each of refs, p's state looked up once:
+// a call's table names up to ioctl.MaxGPURefs allocations.
+func (f *FS) gpuMappings(p *callerProc, refs []ioctl.GPURef) ([]*ipcMapping, []error) {
+	ms, errs := make([]*ipcMapping, len(refs)), make([]error, len(refs))
+	var cp *clientProc
+	var procErr error
+	for i, ref := range refs {
+		ctx, err := f.gpuContext(ref.Device)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if cp == nil && procErr == nil {
+			cp, procErr = f.proc(p)
+		}
+		if procErr != nil {
+			// No process state (its /proc is unreadable, say): open the
+			// handle for this call alone.
+			ms[i], errs[i] = f.ipc.acquire(ctx, ref.Handle)
+			continue
+		}
+		ms[i], errs[i] = f.ipcOpen(&cp.ipc, ctx, ref.Handle)
 	}
-	cp, err := f.proc(p)
-	if err != nil {
-		// No process state (its /proc is unreadable, say): open the
-		// handle for this call alone.
-		return f.ipc.acquire(ctx, ref.Handle)
-	}
-	return f.ipcOpen(&cp.ipc, ctx, ref.Handle)
+	return ms, errs
 }
 
 func (f *FS) releaseMapping(m *ipcMapping) {

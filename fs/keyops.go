@@ -880,6 +880,7 @@ var vbatchArgs = sync.Pool{New: func() any { return new(ioctl.VBatchArg) }}
 // with ioctl.VBatchAsync started in its own goroutine, returning the
 // call's number (see asyncTable).
 func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) (int32, error) {
+	t0 := time.Now()
 	a := vbatchArgs.Get().(*ioctl.VBatchArg)
 	if err := a.Unmarshal(in); err != nil {
 		vbatchArgs.Put(a)
@@ -896,12 +897,14 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		return 0, err
 	}
 	ptrs, release := newOps(a.Count)
-	var wire []ioctl.Seg
-	var arena []seg // the keys' segments, cut from blocks shared by the call's keys
-	for i, op := range ptrs {
-		e := &a.Entries[i]
-		op.flags, op.objOff = e.Flags, e.ObjOff
-		op.err = decodeVEntry(a, dir, i, op, &wire, &arena, put)
+	decode := func() {
+		var wire []ioctl.Seg
+		var arena []seg // the keys' segments, cut from blocks shared by the call's keys
+		for i, op := range ptrs {
+			e := &a.Entries[i]
+			op.flags, op.objOff = e.Flags, e.ObjOff
+			op.err = decodeVEntry(a, dir, i, op, &wire, &arena, put)
+		}
 	}
 	run := func(ctx context.Context) {
 		// The call's ops and batchCall use a (its keys, GPU table): it
@@ -915,29 +918,28 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		bc.end()
 	}
 	if !async {
+		decode()
 		run(ctx)
 		a.MarshalInto(out)
 		vbatchArgs.Put(a)
 		return 0, nil
 	}
+	// Submitted: the entries are decoded by the call, after the reply
+	// (the caller waits for what comes before it).
 	bc.submitted = true
-	err = submittable(n.fs, bc, dh, ptrs)
+	err = submittable(n.fs, bc, dh, a)
 	var id uint32
-	var c *asyncCall
 	if err == nil {
-		// Not the request's context: the request is over, and its
-		// caller's details (in bc) were taken while it ran.
-		actx, stop := context.WithCancel(n.fs.asyncCtx)
-		c = &asyncCall{a: a, done: make(chan struct{}), stop: stop}
-		if id, err = dh.async.add(c); err == nil {
+		c := &asyncCall{a: a, done: make(chan struct{})}
+		var actx context.Context
+		if id, actx, err = dh.async.add(c, n.fs.asyncCtx); err == nil {
 			n.fs.async.Add(1)
 			go func() {
 				defer n.fs.async.Done()
+				decode()
 				run(actx)
 				dh.async.finish(id, c)
 			}()
-		} else {
-			stop()
 		}
 	}
 	if err != nil {
@@ -950,6 +952,8 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	clear(out[:ioctl.SizeVBatchArg])
 	binary.LittleEndian.PutUint32(out[0:], ioctl.SizeVBatchArg)
 	binary.LittleEndian.PutUint32(out[4:], ioctl.VBatchAsync)
+	n.fs.batches.submits.Add(1)
+	n.fs.batches.submitNs.Add(uint64(time.Since(t0)))
 	return int32(id), nil
 }
 
