@@ -859,7 +859,7 @@ def _one_dir(paths):
     # spent 30 us here in a loop of bytecode on the H200 host.
     if set(map(type, paths)) != {str} or not all(map(str.startswith, paths, itertools.repeat(prefix))):
         return None
-    names = [q[cut:] for q in paths]
+    names = list(map(operator.getitem, paths, itertools.repeat(slice(cut, None))))
     if not all(names) or any(map(str.startswith, names, itertools.repeat("."))) or \
             any(map(operator.contains, names, itertools.repeat("/"))):
         return None
@@ -886,16 +886,20 @@ def _columns_of(ts):
     if not ts or not _has("is_conj") or not _has("is_cpu"):
         return _columns_of_each(ts)
     if set(map(type, ts)) != {torch.Tensor} or set(map(_attr("layout"), ts)) != {torch.strided} or \
-            not all(map(tb.is_contiguous, ts)) or any(map(tb.is_conj, ts)) or any(map(tb.is_neg, ts)):
+            not all(map(tb.is_contiguous, ts)) or any(map(tb.is_neg, ts)):
+        return _columns_of_each(ts)
+    dts = list(map(_attr("dtype"), ts))
+    kinds = set(dts)
+    if _QDTYPES is None or not _QDTYPES.isdisjoint(kinds):
+        return _columns_of_each(ts)
+    # Only a complex tensor has a lazy conjugate: asked only where one is.
+    if any(map(_attr("is_complex"), kinds)) and any(map(tb.is_conj, ts)):
         return _columns_of_each(ts)
     if all(map(_attr("is_cuda"), ts)):
         devs = list(map(tb.get_device, ts))
     elif all(map(_attr("is_cpu"), ts)):
         devs = [-1] * len(ts)
     else:
-        return _columns_of_each(ts)
-    dts = list(map(_attr("dtype"), ts))
-    if _QDTYPES is None or not _QDTYPES.isdisjoint(dts):
         return _columns_of_each(ts)
     shapes = list(map(_attr("shape"), ts))
     metas = list(map(_metas.get, zip(dts, shapes)))
@@ -1167,8 +1171,10 @@ def _submit_tensor_batch(d, put, names, ts, sizes, metas, flags, ptrs, devs):
     calls = []  # (first key, end, a call to wait for or its results)
     try:
         pos = 0
+        # One call, the common case, takes no loop over its keys.
+        whole = count <= per and 24 * count + sum(map(len, names)) + sum(map(len, metas)) <= room
         while pos < count:
-            end, used = pos, 0
+            end, used = (count, 0) if whole else (pos, 0)
             while end < count and end - pos < per:
                 used += 24 + len(names[end]) + len(metas[end])
                 if used > room:
