@@ -418,8 +418,8 @@ func TestAsyncWaitAfterDirectoryRemoved(t *testing.T) {
 // TestAsyncBadEntriesFailAlone: a submitted call's entries are decoded by
 // the call, after the reply: one whose segments or meta do not decode
 // fails alone at the wait (EINVAL) and the others are stored, as in a
-// call made at once; process memory named by a malformed entry is still
-// no reason to run it.
+// call made at once; process memory named in a malformed entry's
+// segments is no reason to refuse the call (the entry fails anyway).
 func TestAsyncBadEntriesFailAlone(t *testing.T) {
 	fx := newFuzzFixture(t)
 	val := bytes.Repeat([]byte("e"), 300)
