@@ -220,6 +220,7 @@ type RDMAStats struct {
 	WorkRequests     uint64   `json:"work_requests"`  // posted
 	CompletionErrors uint64   `json:"completion_err"` // completions with an error status
 	Discarded        uint64   `json:"discarded_qps"`  // QPs dropped after a cancelled call
+	InFlight         int64    `json:"in_flight"`      // calls running now
 }
 
 // RDMA is the RDMA path of remote requests. Safe for concurrent use.
@@ -243,7 +244,8 @@ type RDMA struct {
 		regBytes, registrations, fenced, stale, wrs, compErrs          atomic.Uint64
 		discarded                                                      atomic.Uint64
 	}
-	calls sync.WaitGroup // calls in flight; Close waits for them
+	calls    sync.WaitGroup // calls in flight; Close waits for them
+	inFlight atomic.Int64   // and their count, for Stats
 	// hostDevice, when set (tests), picks the device of memory that is
 	// not a GPU's.
 	hostDevice func(Buffer) int
@@ -463,7 +465,7 @@ func (r *RDMA) Stats() RDMAStats {
 		Segments: segs, PoolBytes: uint64(len(r.pool.mem)),
 		FencedWrites: r.stats.fenced.Load(), StaleChecks: r.stats.stale.Load(),
 		WorkRequests: r.stats.wrs.Load(), CompletionErrors: r.stats.compErrs.Load(),
-		Discarded: r.stats.discarded.Load(),
+		Discarded: r.stats.discarded.Load(), InFlight: r.inFlight.Load(),
 	}
 }
 
@@ -1016,10 +1018,14 @@ func (r *RDMA) begin() error {
 		return ErrClosed
 	}
 	r.calls.Add(1)
+	r.inFlight.Add(1)
 	return nil
 }
 
-func (r *RDMA) end() { r.calls.Done() }
+func (r *RDMA) end() {
+	r.inFlight.Add(-1)
+	r.calls.Done()
+}
 
 // move runs one request's bytes between local memory at address local
 // (registered under lkey on device d) and the extent ext of req's node,

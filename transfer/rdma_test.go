@@ -547,17 +547,28 @@ func TestRDMACloseWaits(t *testing.T) {
 	go func() {
 		hung <- p.ra.move(context.Background(), rq, rq.Extent, addrOf(p.ra.pool.mem), 0, p.ra.mu.poolReg.mrs[0].LKey())
 	}()
-	time.Sleep(50 * time.Millisecond)
+	// Close once the call is in flight, its request stuck on the fault (a
+	// fixed sleep let Close run first on a loaded machine).
+	for deadline := time.Now().Add(20 * time.Second); p.pa.Pending() > 0 || p.ra.Stats().InFlight == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the call's request never ran")
+		}
+	}
 	if err := p.ra.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// Close returned: the call is over (it ended before Close's wait did;
+	// its result reaches the channel a moment later) and it failed.
+	if n := p.ra.Stats().InFlight; n != 0 {
+		t.Fatalf("Close returned with %d calls in flight", n)
 	}
 	select {
 	case err := <-hung:
 		if err == nil {
 			t.Fatal("a call cut off by Close succeeded")
 		}
-	default:
-		t.Fatal("Close returned with a call in flight")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the call cut off by Close never returned")
 	}
 	if err := p.ra.move(context.Background(), rq, rq.Extent, 0, 0, 0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("call after Close: %v", err)

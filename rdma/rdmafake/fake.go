@@ -126,6 +126,15 @@ func (p *Provider) Inject(f ...Fault) {
 	p.mu.Unlock()
 }
 
+// Pending returns how many injected faults no work request has taken
+// yet: a test that injected one knows, once this is 0, that a request is
+// running into it.
+func (p *Provider) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.faults)
+}
+
 func (p *Provider) nextFault() Fault {
 	p.mu.Lock()
 	defer p.mu.Unlock()
