@@ -71,11 +71,14 @@ func (c *closers) changed(fh, owner uint64) {
 // none), and a Go program or a thread pool closes where it likes; such
 // closes published only at RELEASE, after close(2) had returned (25 of
 // 300 reads right after the close saw the old content). The opener is
-// known by its thread id and that thread's start, before the open: its
-// id, free again once it exits, can name a thread of a forked child (a
-// review made one that published its parent's half-written file). Once
-// seen, the owner (the process's descriptor table) publishes without a
-// look.
+// known by its thread id and that thread's start, by the open's tick:
+// its id, free again once it exits, can name a thread of a forked child
+// (a review made one that published its parent's half-written file).
+// A start in the open's own tick counts as the opener's: the first file
+// of a program is often opened that soon (1 in 300 reads saw the old
+// content when it did not), and an id comes back that fast only to root
+// (startedBy). Once seen, the owner (the process's descriptor table)
+// publishes without a look.
 func (c *closers) publishes(fh, owner uint64, pid uint32) bool {
 	c.mu.Lock()
 	w := c.mu.m[fh]
@@ -85,7 +88,7 @@ func (c *closers) publishes(fh, owner uint64, pid uint32) bool {
 	}
 	opener, opened := w.opener, w.opened
 	c.mu.Unlock()
-	if (pid != opener && !sameProcess(pid, opener)) || !startedBefore(opener, opened) {
+	if (pid != opener && !sameProcess(pid, opener)) || !startedBy(opener, opened) {
 		return false
 	}
 	c.changed(fh, owner)

@@ -176,11 +176,14 @@ func bootTicks() int64 {
 	return ts.Sec*clockTicks + ts.Nsec/(1e9/clockTicks)
 }
 
-// startedBefore reports whether thread tid runs and started strictly
-// before tick (bootTicks): a thread id the kernel gave again to a later
-// thread (in a child of fork, say) is not the thread that held it at
-// tick. Within one tick it cannot tell, and says no.
-func startedBefore(tid uint32, tick int64) bool {
+// startedBy reports whether thread tid runs and started no later than
+// tick (bootTicks): a thread id the kernel gave again to a later thread
+// (in a child of fork, say) is not the thread that held it at tick.
+// Within one tick it cannot tell, and says yes: the kernel hands thread
+// ids out in a cycle, so one comes back within a tick only to root
+// setting ns_last_pid, while a thread that opens a file less than a tick
+// after it started is common (a program's first file).
+func startedBy(tid uint32, tick int64) bool {
 	if tid == 0 || tick == 0 {
 		return false
 	}
@@ -190,7 +193,7 @@ func startedBefore(tid uint32, tick int64) bool {
 	}
 	// starttime is field 22.
 	start, err := strconv.ParseInt(f[19], 10, 64)
-	return err == nil && start < tick
+	return err == nil && start <= tick
 }
 
 // statFields returns the fields of /proc/TID/stat after the command

@@ -200,7 +200,10 @@ print("after_thread_close=" + ("new" if reader() == b"t" * 4096 else "old"))
 // exit and its id go to a thread of a forked child; that child's close,
 // by that thread or another, is still an inheritor's and publishes
 // nothing of the half-written file. The test takes the id with
-// ns_last_pid (root), again if another process gets it first.
+// ns_last_pid (root), again if another process gets it first, a few
+// clock ticks after the open: within the open's own tick the daemon
+// takes the id's thread for the opener (ids come back that fast only to
+// root, and a program's first file is often opened that soon).
 func TestForkedThreadIDDoesNotPublish(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python)
@@ -209,7 +212,7 @@ func TestForkedThreadIDDoesNotPublish(t *testing.T) {
 	}
 	d := startDaemon(t, "--size", "64MiB")
 	out := py(t, `
-import os, sys, threading
+import os, sys, threading, time
 p = sys.argv[1] + "/f"
 def state():
     with open(p, "rb") as f:
@@ -223,6 +226,7 @@ for how in ("by_that_thread", "by_another"):
         box["fd"] = os.open(p, os.O_WRONLY | os.O_TRUNC)
         os.write(box["fd"], b"n" * 4096)  # half of what it will write
     t = threading.Thread(target=opener); t.start(); t.join()
+    time.sleep(0.05)  # the id comes back ticks after the open (USER_HZ is 100)
     tid, fd = box["tid"], box["fd"]
     pid = os.fork()
     if pid == 0:
