@@ -188,10 +188,10 @@ func submittable(f *FS, bc *batchCall, dh *dirHandle, a *ioctl.VBatchArg) error 
 			continue
 		}
 		for _, w := range wire {
-			switch {
-			case w.ID == ioctl.SegVM && w.Len > 0:
+			switch kind := wireKind(w.ID); {
+			case kind == segVM && w.Len > 0:
 				return fmt.Errorf("entry %d: %w", i, errAsyncVM)
-			case w.ID != ioctl.SegVM && w.ID&ioctl.SegGPU == 0 && dh.regs.byAddress(w.ID):
+			case kind == segReg && dh.regs.byAddress(w.ID):
 				return fmt.Errorf("entry %d: registration %d: %w", i, w.ID, errAsyncVM)
 			}
 		}

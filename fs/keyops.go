@@ -34,6 +34,18 @@ const (
 	segGPU                // an allocation of the call's GPU table
 )
 
+// wireKind is the kind of a vector batch segment that names id (the
+// one rule: decodeVEntry and submittable both go by it).
+func wireKind(id uint64) segKind {
+	switch {
+	case id == ioctl.SegVM:
+		return segVM
+	case id&ioctl.SegGPU != 0:
+		return segGPU
+	}
+	return segReg
+}
+
 // seg is one range of a key's value, in order.
 type seg struct {
 	kind segKind
@@ -983,10 +995,10 @@ func decodeVEntry(a *ioctl.VBatchArg, dir string, i int, op *keyOp, wire *[]ioct
 	*arena = (*arena)[:at+k]
 	op.segs = (*arena)[at : at+k : at+k]
 	for k, w := range *wire {
-		switch {
-		case w.ID == ioctl.SegVM:
+		switch wireKind(w.ID) {
+		case segVM:
 			op.segs[k] = seg{kind: segVM, off: w.Off, n: w.Len}
-		case w.ID&ioctl.SegGPU != 0:
+		case segGPU:
 			g := w.ID &^ ioctl.SegGPU
 			if g >= uint64(a.NGPU) {
 				return fmt.Errorf("segment %d: GPU %d of %d: %w", k, g, a.NGPU, errBadBatch)
