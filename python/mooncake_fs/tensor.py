@@ -744,12 +744,7 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
             _torch().cuda.current_stream(lo).synchronize()
         refs, idx, offs = cudadrv.handles.locate_columns(ptrs, sizes, lo)
         if len(refs) <= max_refs:
-            words = [0] * (3 * count)
-            words[0::3] = map(seg_gpu.__or__, idx)
-            words[1::3] = offs
-            words[2::3] = sizes
-            return d.send_columns(put, b"".join(names), list(map(len, names)), array("Q", words), nseg, flags,
-                                  b"".join(metas), list(map(len, metas)), refs, versions=True)
+            return d.send_columns(*_gpu_columns(put, names, sizes, metas, flags, refs, idx, offs), versions=True)
         locs = [refs[i] + (off,) for i, off in zip(idx, offs)]  # too many allocations: calls() splits it
     elif one and hi < 0:
         words = [seg_vm] * (3 * count)
@@ -844,6 +839,18 @@ def _run_tensor_batch(d, put, names, ts, sizes, metas, extra, ptrs=None, devs=No
     for (a, b), res in zip(order, overlapped(sends())):
         out[a:b] = res
     return out
+
+
+def _gpu_columns(put, names, sizes, metas, flags, refs, idx, offs):
+    """send_columns' (and submit_columns') arguments of one call of keys
+    with one segment each in CUDA memory: refs, idx and offs as
+    locate_columns gives them for the keys' tensors."""
+    words = [0] * (3 * len(names))
+    words[0::3] = map(_abi.SEG_GPU.__or__, idx)
+    words[1::3] = offs
+    words[2::3] = sizes
+    return (put, b"".join(names), list(map(len, names)), array("Q", words), 1, flags,
+            b"".join(metas), list(map(len, metas)), refs)
 
 
 def _one_dir(paths):
@@ -1167,7 +1174,7 @@ def _submit_tensor_batch(d, put, names, ts, sizes, metas, flags, ptrs, devs):
         return None
     _torch().cuda.current_stream(dev).synchronize()
     flags = flags if put else _abi.FLAG_WHOLE
-    per, room, max_refs, seg_gpu = _abi.MAX_BATCH, _abi.VBATCH_AREA_BYTES, _abi.MAX_GPU_REFS, _abi.SEG_GPU
+    per, room, max_refs = _abi.MAX_BATCH, _abi.VBATCH_AREA_BYTES, _abi.MAX_GPU_REFS
     calls = []  # (first key, end, a call to wait for or its results)
     try:
         pos = 0
@@ -1189,13 +1196,7 @@ def _submit_tensor_batch(d, put, names, ts, sizes, metas, flags, ptrs, devs):
                                                           devs[pos:end], in_part=True)))
                 pos = end
                 continue
-            words = [0] * (3 * (end - pos))
-            words[0::3] = map(seg_gpu.__or__, idx)
-            words[1::3] = offs
-            words[2::3] = sizes[pos:end]
-            ns, ms = names[pos:end], metas[pos:end]
-            args = (put, b"".join(ns), list(map(len, ns)), array("Q", words), 1, flags,
-                    b"".join(ms), list(map(len, ms)), refs)
+            args = _gpu_columns(put, names[pos:end], sizes[pos:end], metas[pos:end], flags, refs, idx, offs)
             try:
                 calls.append((pos, end, d.submit_columns(*args)))
             except OSError as e:
