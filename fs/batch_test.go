@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -228,13 +229,18 @@ func BenchmarkBatchPut(b *testing.B) {
 // there (b.N*64 of them, at most 8192 calls; "new-steady" removes each
 // 16 calls' keys after them, untimed, so the store stays at 64k keys and
 // its tables do not grow), "over" replaces resident ones, in an order
-// that visits them all once in 1024 calls.
+// that visits them all once in 1024 calls; "over-1k" is "over" in a store
+// of 1024 keys, whose tables stay in the CPU's caches.
 func BenchmarkBatchPutResident(b *testing.B) {
-	const keys, maxNew = 64 << 10, 8192 * 64
+	const maxNew = 8192 * 64
 	data := bytes.Repeat([]byte{7}, 4096)
-	name := func(i int) string { return fmt.Sprintf("a/k%d", i%keys) }
-	for _, mode := range []string{"new", "new-steady", "over"} {
-		over, steady := mode == "over", mode == "new-steady"
+	for _, mode := range []string{"new", "new-steady", "over", "over-1k"} {
+		over, steady := strings.HasPrefix(mode, "over"), mode == "new-steady"
+		keys := 64 << 10
+		if mode == "over-1k" {
+			keys = 1 << 10
+		}
+		name := func(i int) string { return fmt.Sprintf("a/k%d", i%keys) }
 		b.Run(mode, func(b *testing.B) {
 			fx := newFixtureOf(b, (keys+maxNew)*4096+(8<<20))
 			if _, err := fx.st.Mkdir(context.Background(), "a", &store.Object{Mode: 0o755}); err != nil {

@@ -45,8 +45,11 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	if err := tab.Add(segment.NewSegment(0, reg.Bytes()[:size])); err != nil {
-		t.Fatal(err)
+	// In segments of at most 1 GiB, as the daemon's (--segment-size).
+	for id, off := segment.ID(0), 0; off < size; id, off = id+1, off+1<<30 {
+		if err := tab.Add(segment.NewSegment(id, reg.Bytes()[off:min(size, off+1<<30)])); err != nil {
+			t.Fatal(err)
+		}
 	}
 	eng, err := transfer.New(transfer.Options{Local: tab, Self: "local"})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -67,10 +68,33 @@ type Allocator struct {
 		byLen *btree.BTreeG[Range] // the same ranges keyed by (Len, Off)
 		free  uint64               // sum of the free ranges' lengths
 		used  uint64               // bytes handed out and not yet freed
+		// perClass counts the free ranges of each size class (classOf).
+		perClass [64]int
 	}
 	// usedNow mirrors mu.used for readers that take no lock (Used).
 	usedNow atomic.Uint64
+	// classes has bit c set while some free range is of class c: a
+	// table of many segments skips, without their locks, those that
+	// cannot hold an allocation better than one it has found (mayHold).
+	classes atomic.Uint64
 }
+
+// classOf is the size class of a free range of n > 0 bytes, floor(log2 n):
+// a range of class c is [2^c, 2^(c+1)) bytes long.
+func classOf(n uint64) int { return bits.Len64(n) - 1 }
+
+// mayHold reports whether a free range of a length in [lo, hi] may exist:
+// false is certain at the moment of the call, true is a maybe (another
+// length of the same classes). 0 < lo.
+func (a *Allocator) mayHold(lo, hi uint64) bool {
+	if hi < lo {
+		return false
+	}
+	return classMask(classOf(lo), classOf(hi))&a.classes.Load() != 0
+}
+
+// classMask has bits lo to hi set.
+func classMask(lo, hi int) uint64 { return (^uint64(0) >> (63 - hi)) &^ (1<<lo - 1) }
 
 func lessByOff(a, b Range) bool { return a.Off < b.Off }
 
@@ -170,13 +194,24 @@ func (a *Allocator) allocUpTo(n uint64) []Range {
 	return rs
 }
 
-// bestFit returns the length of the free range AllocContiguous(n) would
-// take from, or false if there is none. n must be a multiple of Granule.
-func (a *Allocator) bestFit(n uint64) (uint64, bool) {
+// takeFit allocates n bytes (a multiple of Granule) from the free range
+// AllocContiguous(n) would take from, when that range is exactly n long
+// (no other segment can fit n better) or shorter than below (a caller
+// that saw no better fit elsewhere). Otherwise it allocates nothing and
+// returns that range's length, ok false when no range holds n.
+func (a *Allocator) takeFit(n, below uint64) (taken Range, best uint64, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r, ok := a.bestFitLocked(n)
-	return r.Len, ok
+	if !ok {
+		return Range{}, 0, false
+	}
+	if r.Len == n || r.Len < below {
+		a.takeLocked(r, n)
+		a.checkInvariantsLocked()
+		return Range{Off: r.Off, Len: n}, r.Len, true
+	}
+	return Range{}, r.Len, true
 }
 
 // freeBytes returns the number of free bytes.
@@ -229,11 +264,23 @@ func (a *Allocator) takeLocked(r Range, k uint64) {
 func (a *Allocator) insertLocked(r Range) {
 	a.mu.byOff.ReplaceOrInsert(r)
 	a.mu.byLen.ReplaceOrInsert(r)
+	if c := classOf(r.Len); a.mu.perClass[c] == 0 {
+		a.classes.Store(a.classes.Load() | 1<<c)
+		a.mu.perClass[c] = 1
+	} else {
+		a.mu.perClass[c]++
+	}
 }
 
 func (a *Allocator) deleteLocked(r Range) {
 	a.mu.byOff.Delete(r)
 	a.mu.byLen.Delete(r)
+	if c := classOf(r.Len); a.mu.perClass[c] == 1 {
+		a.classes.Store(a.classes.Load() &^ (1 << c))
+		a.mu.perClass[c] = 0
+	} else {
+		a.mu.perClass[c]--
+	}
 }
 
 // Free returns r to the free space and merges it with free neighbours. r need
@@ -363,8 +410,12 @@ func (a *Allocator) checkLocked() error {
 	}
 	var sum uint64
 	var prev Range
+	var perClass [64]int
 	first := true
 	a.mu.byOff.Ascend(func(r Range) bool {
+		if r.Len > 0 {
+			perClass[classOf(r.Len)]++
+		}
 		switch {
 		case r.Len == 0 || r.Off%Granule != 0 || r.Len%Granule != 0:
 			bad("free %v empty or unaligned", r)
@@ -397,6 +448,12 @@ func (a *Allocator) checkLocked() error {
 	}
 	if a.mu.used+a.mu.free != a.size {
 		bad("used %d B + free %d B != size %d B", a.mu.used, a.mu.free, a.size)
+	}
+	classes := a.classes.Load()
+	for c, n := range perClass {
+		if n != a.mu.perClass[c] || (n > 0) != (classes&(1<<c) != 0) {
+			bad("class %d: %d free ranges, counted %d, bit %t", c, n, a.mu.perClass[c], classes&(1<<c) != 0)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -119,10 +121,25 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 	}
 
 	for range maxContiguousTries {
+		// Segments are looked at in order, by their lock, only when their
+		// size classes say they may beat the best fit so far (a fit as
+		// good goes to the earlier segment). A fit that no later segment
+		// can beat is taken in the look: an exact one always.
 		var best *Segment
-		var bestLen uint64
-		for _, s := range segs {
-			if l, ok := s.Alloc.bestFit(rn); ok && (best == nil || l < bestLen) {
+		bestLen := uint64(math.MaxUint64)
+		for i, s := range segs {
+			if !s.Alloc.mayHold(rn, bestLen-1) {
+				continue
+			}
+			below := bestLen
+			if later := laterFit(segs[i+1:], rn); later < below {
+				below = later + 1 // a later fit as long loses to this one
+			}
+			r, l, ok := s.Alloc.takeFit(rn, below)
+			if r.Len > 0 {
+				return append(dst, Extent{Segment: s.ID, Off: r.Off, Len: r.Len}), nil
+			}
+			if ok && l < bestLen {
 				best, bestLen = s, l
 			}
 		}
@@ -147,6 +164,20 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 	}
 	slices.SortStableFunc(order, func(a, b segFree) int { return cmp.Compare(b.free, a.free) })
 	return t.fill(dst, order, total, rn)
+}
+
+// laterFit is a lower bound on the best fit for n bytes in segs, by their
+// size classes: MaxUint64 when none may hold n.
+func laterFit(segs []*Segment, n uint64) uint64 {
+	var classes uint64
+	for _, s := range segs {
+		classes |= s.Alloc.classes.Load()
+	}
+	classes &^= 1<<classOf(n) - 1
+	if classes == 0 {
+		return math.MaxUint64
+	}
+	return max(n, 1<<bits.TrailingZeros64(classes))
 }
 
 // segFree is a segment and its free bytes when Alloc looked.

@@ -74,6 +74,15 @@ func TestTableAlloc(t *testing.T) {
 		{"best fit segment", []uint64{8, 4, 6}, nil, pg(4), []Extent{{2, 0, pg(4)}}},
 		{"best fit hole", []uint64{8, 8}, [][]Range{{pr(0, 6)}, {pr(0, 3)}}, pg(2), []Extent{{1, pg(6), pg(2)}}},
 		{"tie goes to first added", []uint64{4, 4}, nil, pg(1), []Extent{{1, 0, pg(1)}}},
+		// An exact fit is taken where it is seen: the first segment that
+		// has one, not a later one with one too or a larger first range.
+		{"first exact fit", []uint64{8, 8, 8}, [][]Range{{pr(0, 6)}, {pr(0, 6)}, {pr(0, 6)}}, pg(2), []Extent{{1, pg(6), pg(2)}}},
+		{"exact fit after a larger one", []uint64{8, 8, 8}, [][]Range{{pr(0, 5)}, {pr(0, 6)}, {pr(0, 6)}}, pg(2), []Extent{{2, pg(6), pg(2)}}},
+		// The last segment's fit is taken in the look when it beats every
+		// earlier one, and not when an earlier one fits better or as well.
+		{"last segment fits best", []uint64{8, 8}, [][]Range{{pr(0, 4)}, {pr(0, 5)}}, pg(2), []Extent{{2, pg(5), pg(2)}}},
+		{"earlier segment fits better", []uint64{8, 8}, [][]Range{{pr(0, 5)}, {pr(0, 4)}}, pg(2), []Extent{{1, pg(5), pg(2)}}},
+		{"last segment ties", []uint64{8, 8}, [][]Range{{pr(0, 5)}, {pr(0, 5)}}, pg(2), []Extent{{1, pg(5), pg(2)}}},
 		{"fill most free first", []uint64{4, 8, 6}, nil, pg(12), []Extent{{2, 0, pg(8)}, {3, 0, pg(4)}}},
 		{"fill splits within segments", []uint64{8, 8}, [][]Range{{pr(2, 1), pr(5, 1)}, {pr(4, 1)}},
 			// seg2 has 7 granules free in [0,4) [5,8), seg1 6 in [0,2) [3,5) [6,8).
@@ -363,5 +372,93 @@ func BenchmarkTableAlloc(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 		})
+	}
+}
+
+// BenchmarkTableReplace is a KV cache's steady state: a table of 256 MiB
+// segments, the first one a quarter full of 16 KiB values, each
+// iteration allocating a new value and freeing a resident one at random
+// (ns per iteration).
+func BenchmarkTableReplace(b *testing.B) {
+	const n, segSize = 16 << 10, 256 << 20
+	for _, segs := range []int{1, 4, 64} {
+		b.Run(fmt.Sprintf("segments=%d", segs), func(b *testing.B) {
+			sizes := make([]uint64, segs)
+			for i := range sizes {
+				sizes[i] = segSize
+			}
+			tb := newTable(b, sizes...) // untouched memory: no pages behind it
+			held := make([][]Extent, segSize/4/n)
+			for i := range held {
+				held[i], _ = tb.Alloc(n)
+			}
+			rng := rand.New(rand.NewPCG(1, 2))
+			b.ReportAllocs()
+			for b.Loop() {
+				i := rng.IntN(len(held))
+				es, err := tb.AllocTo(held[i][:0:0], n)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := tb.Free(held[i]); err != nil {
+					b.Fatal(err)
+				}
+				held[i] = es
+			}
+		})
+	}
+}
+
+// TestTableBestFitModel allocates and frees at random in tables of
+// several segments and checks every contiguous allocation against the
+// rule, worked out from each segment's free ranges: the smallest free
+// range that holds it, the lowest offset among equals, ties to the
+// segment added first. The size classes that let Alloc skip segments
+// must never make it miss that range.
+func TestTableBestFitModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for round := range 20 {
+		var sizes []uint64
+		for range 1 + rng.IntN(6) {
+			sizes = append(sizes, pg(uint64(1+rng.IntN(300))))
+		}
+		tb := newTable(t, sizes...)
+		var held [][]Extent
+		for step := range 400 {
+			if len(held) > 0 && rng.IntN(5) < 2 {
+				i := rng.IntN(len(held))
+				if err := tb.Free(held[i]); err != nil {
+					t.Fatal(err)
+				}
+				held[i] = held[len(held)-1]
+				held = held[:len(held)-1]
+				continue
+			}
+			n := pg(uint64(1 + rng.IntN(8)))
+			if rng.IntN(10) == 0 {
+				n = pg(uint64(1 + rng.IntN(200)))
+			}
+			var want Extent
+			for _, s := range tb.Segments() {
+				for _, r := range s.Alloc.FreeRanges() {
+					if r.Len >= n && (want.Len == 0 || r.Len < want.Len) {
+						want = Extent{Segment: s.ID, Off: r.Off, Len: r.Len}
+					}
+				}
+			}
+			got, err := tb.Alloc(n)
+			if want.Len == 0 {
+				// No one range holds n: filled from several, or none.
+				if err == nil {
+					held = append(held, got)
+				}
+				continue
+			}
+			if err != nil || len(got) != 1 || got[0] != (Extent{Segment: want.Segment, Off: want.Off, Len: n}) {
+				t.Fatalf("round %d step %d: Alloc(%d) = %v, %v; best fit is in %v", round, step, n, got, err, want)
+			}
+			held = append(held, got)
+		}
+		checkTable(t, tb)
 	}
 }

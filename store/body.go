@@ -68,9 +68,34 @@ func initBody(b *body, ext []segment.Extent, state bodyState, since uint64) *bod
 	return b
 }
 
+// bodyKey is the key in Store.mu.bodies of the body whose first extent is
+// first: its segment and granule, one word to hash and compare where the
+// extent is three. No two bodies in the map share it, since their
+// extents are allocated and allocations do not overlap; New refuses
+// segments too large for the granule to fit (maxBodySegment).
+func bodyKey(first segment.Extent) uint64 {
+	return uint64(first.Segment)<<32 | first.Off/segment.Granule
+}
+
+// maxBodySegment is the largest segment whose granules bodyKey tells
+// apart: 2^32 granules.
+const maxBodySegment = segment.Granule << 32
+
 // bodyLocked returns the body whose first extent is first, nil if none.
 // Caller holds s.mu.
-func (s *Store) bodyLocked(first segment.Extent) *body { return s.mu.bodies[first] }
+func (s *Store) bodyLocked(first segment.Extent) *body {
+	if b := s.mu.bodies[bodyKey(first)]; b != nil && b.id == first {
+		return b
+	}
+	return nil
+}
+
+// addBodyLocked records b, whose first extent no body in the map has.
+// Caller holds s.mu.
+func (s *Store) addBodyLocked(b *body) { s.mu.bodies[bodyKey(b.id)] = b }
+
+// dropBodyLocked forgets b. Caller holds s.mu.
+func (s *Store) dropBodyLocked(b *body) { delete(s.mu.bodies, bodyKey(b.id)) }
 
 // bodyOfLocked is bodyLocked for the local bytes of obj, whose first
 // extent is first: the record obj was committed with, while it is not
@@ -80,7 +105,7 @@ func (s *Store) bodyOfLocked(obj *Object, first segment.Extent) *body {
 	if b := obj.body; b != nil && b.id == first && b.state != bodyFreed {
 		return b
 	}
-	return s.mu.bodies[first]
+	return s.bodyLocked(first)
 }
 
 // readableLocked reports whether the body still holds what version held:
@@ -132,7 +157,7 @@ func (s *Store) tryFreeLocked(b *body) {
 		return
 	}
 	b.state = bodyFreed
-	delete(s.mu.bodies, b.id)
+	s.dropBodyLocked(b)
 	_ = s.segs.Free(b.extents)
 }
 
@@ -144,7 +169,7 @@ func (s *Store) tryFreeLocked(b *body) {
 // (also on return, unless ctx ended).
 func (s *Store) settledLocked(ctx context.Context, first segment.Extent) (*body, error) {
 	for wait := 20 * time.Microsecond; ; wait = min(2*wait, 5*time.Millisecond) {
-		b := s.mu.bodies[first]
+		b := s.bodyLocked(first)
 		if b == nil || b.state != bodyRegistered || b.swapped != 0 {
 			return b, nil
 		}
@@ -164,7 +189,7 @@ func (b *body) pinLocked() { b.pins++ }
 // unpinLocked drops a hold or checked read on the body whose first extent
 // is first; the last one lets a retired body go. Caller holds s.mu.
 func (s *Store) unpinLocked(first segment.Extent) {
-	b := s.mu.bodies[first]
+	b := s.bodyLocked(first)
 	if b == nil {
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -977,9 +978,8 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		if into == nil {
 			into = new(Object)
 		}
-		next = cur.cloneBareTo(into)
+		next = cur.nextBareTo(into, o.SetXattrs)
 		old = cur.Version
-		setXattrs(next, o.SetXattrs)
 	default:
 		parent := memo.parent(ctx, s, o.Key)
 		if parent.err != nil {
@@ -1011,6 +1011,8 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 	if want := place.Replicas; want > 1 {
 		if _, ok := next.Xattrs[XattrReplicas]; !ok {
 			// Repair restores the count the object was written with.
+			// (The map may be cur's: nextBareTo shares it.)
+			next.Xattrs = maps.Clone(next.Xattrs)
 			if next.Xattrs == nil {
 				next.Xattrs = map[string][]byte{}
 			}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"maps"
 	"slices"
 	"strings"
@@ -95,12 +96,10 @@ func (o *Object) Clone() *Object {
 	return c
 }
 
-// cloneBare is Clone without the replicas: what a new version of o starts
-// from (its bytes are its own).
-func (o *Object) cloneBare() *Object { return o.cloneBareTo(new(Object)) }
-
-// cloneBareTo is cloneBare into c, which it returns.
-func (o *Object) cloneBareTo(c *Object) *Object {
+// cloneBare is Clone without the replicas (its bytes are another
+// version's).
+func (o *Object) cloneBare() *Object {
+	c := new(Object)
 	*c = *o
 	c.body = nil // another version's bytes
 	c.Replicas = nil
@@ -111,6 +110,32 @@ func (o *Object) cloneBareTo(c *Object) *Object {
 		c.Xattrs[k] = slices.Clone(v)
 	}
 	return c
+}
+
+// nextBareTo is cloneBare, into c, for the next version of o, a committed
+// object, with set applied as setXattrs does. Committed objects never
+// change, so o's attribute map is shared while set changes nothing in it
+// (a put that sets the attributes the key has), and otherwise copied
+// without copying its values.
+func (o *Object) nextBareTo(c *Object, set map[string][]byte) *Object {
+	*c = *o
+	c.body, c.Replicas = nil, nil
+	if xattrsChanged(o.Xattrs, set) {
+		c.Xattrs = maps.Clone(o.Xattrs)
+		setXattrs(c, set)
+	}
+	return c
+}
+
+// xattrsChanged reports whether setXattrs(set) would change attrs.
+func xattrsChanged(attrs, set map[string][]byte) bool {
+	for k, v := range set {
+		have, ok := attrs[k]
+		if v == nil && ok || v != nil && (!ok || !bytes.Equal(have, v)) {
+			return true
+		}
+	}
+	return false
 }
 
 // ReplicaOn returns the replica stored on node, if any.

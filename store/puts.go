@@ -245,7 +245,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	for _, i := range at {
 		if ext := p.st[i].ext; len(ext) > 0 {
 			b := initBody(&p.st[i].rec.body, ext, bodyRegistered, 0)
-			s.mu.bodies[ext[0]] = b
+			s.addBodyLocked(b)
 			p.st[i].obj.body = b // not yet swapped in: no one else has it
 		}
 	}
@@ -274,8 +274,8 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		st := &p.st[i]
 		if st.err != nil {
 			if len(st.ext) > 0 {
-				if b := s.mu.bodies[st.ext[0]]; b != nil && b.state == bodyRegistered {
-					delete(s.mu.bodies, st.ext[0])
+				if b := s.bodyLocked(st.ext[0]); b != nil && b.state == bodyRegistered {
+					s.dropBodyLocked(b)
 				}
 			}
 			continue

@@ -247,3 +247,50 @@ func TestEmbeddedFind(t *testing.T) {
 		t.Fatalf("closed: %v", err)
 	}
 }
+
+// TestPutsXattrsOfOldVersions: a put's attributes never show through a
+// version it replaced (a reader may hold one), whether the put sets
+// what the key had (the map is shared), changes or removes a value, or
+// hands in a buffer it then reuses.
+func TestPutsXattrsOfOldVersions(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	var cur *store.Object
+	put := func(set map[string][]byte) *store.Object {
+		t.Helper()
+		objs, errs := s.StartPuts(ctx, []store.PutSpec{{Key: "k", Cur: cur, SetXattrs: set,
+			Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("v"))}, Place: store.DefaultPlacement()}}).Commit()
+		if errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		cur = objs[0]
+		return cur
+	}
+	has := func(o *store.Object, want map[string]string) {
+		t.Helper()
+		got := map[string]string{}
+		for k, v := range o.Xattrs {
+			got[k] = string(v)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("version %d holds %v, want %v", o.Version, got, want)
+		}
+	}
+	buf := []byte("1")
+	v1 := put(map[string][]byte{"user.a": buf, "user.b": []byte("x")})
+	buf[0] = '9' // the caller's buffer, reused
+	v2 := put(map[string][]byte{"user.a": []byte("1")})
+	v3 := put(map[string][]byte{"user.a": []byte("2")})
+	v4 := put(map[string][]byte{"user.b": nil, "user.c": nil})
+	v5 := put(nil)
+	has(v1, map[string]string{"user.a": "1", "user.b": "x"})
+	has(v2, map[string]string{"user.a": "1", "user.b": "x"})
+	has(v3, map[string]string{"user.a": "2", "user.b": "x"})
+	has(v4, map[string]string{"user.a": "2"})
+	has(v5, map[string]string{"user.a": "2"})
+	if got, err := s.Stat(ctx, "k"); err != nil || got.Version != v5.Version {
+		t.Fatalf("Stat: %+v, %v", got, err)
+	} else {
+		has(got, map[string]string{"user.a": "2"})
+	}
+}

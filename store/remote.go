@@ -48,7 +48,7 @@ func (s *Store) registerBody(ext []segment.Extent) {
 		return
 	}
 	s.mu.Lock()
-	s.mu.bodies[ext[0]] = newBody(ext, bodyRegistered, 0)
+	s.addBodyLocked(newBody(ext, bodyRegistered, 0))
 	s.mu.Unlock()
 }
 
@@ -59,8 +59,8 @@ func (s *Store) unregisterBody(ext []segment.Extent) {
 		return
 	}
 	s.mu.Lock()
-	if b := s.mu.bodies[ext[0]]; b != nil && b.state == bodyRegistered {
-		delete(s.mu.bodies, ext[0])
+	if b := s.bodyLocked(ext[0]); b != nil && b.state == bodyRegistered {
+		s.dropBodyLocked(b)
 	}
 	s.mu.Unlock()
 }
@@ -86,7 +86,7 @@ func (s *Store) publishedBodyLocked(obj *Object) {
 // followRetireLocked retires the local body ext observed current at
 // version ver, unless this store retired it already. Caller holds s.mu.
 func (s *Store) followRetireLocked(ext []segment.Extent, ver uint64) {
-	b := s.mu.bodies[ext[0]]
+	b := s.bodyLocked(ext[0])
 	switch {
 	case b == nil:
 		// Retired by this store's own commit (or never ours).
@@ -158,7 +158,7 @@ func (f *follower) apply(ev Event) {
 			// live body.
 			f.s.mu.Lock()
 			f.s.consumeLocked(ext, ev.Object.Version)
-			if b := f.s.mu.bodies[ext[0]]; b != nil {
+			if b := f.s.bodyLocked(ext[0]); b != nil {
 				b.key = key // for CheckBody's LRU touch
 			}
 			f.s.mu.Unlock()
@@ -317,7 +317,7 @@ func (s *Store) swappedBodies(rev uint64, swaps []Swap) {
 			continue
 		}
 		if ext := s.localExtents(sw.New); len(ext) > 0 {
-			if b := s.mu.bodies[ext[0]]; b != nil && b.state == bodyRegistered {
+			if b := s.bodyLocked(ext[0]); b != nil && b.state == bodyRegistered {
 				b.swapped = rev
 			}
 		}

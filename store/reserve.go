@@ -194,8 +194,8 @@ func (s *Store) consumeLocked(ext []segment.Extent, ver uint64) bool {
 		}
 	}
 	if found {
-		if _, ok := s.mu.bodies[ext[0]]; !ok {
-			s.mu.bodies[ext[0]] = newBody(ext, bodyLive, ver)
+		if s.bodyLocked(ext[0]) == nil {
+			s.addBodyLocked(newBody(ext, bodyLive, ver))
 		}
 	}
 	return found

@@ -85,6 +85,12 @@ func (o Options) Validate() error {
 	}
 	if o.Segments == nil {
 		errs = append(errs, errors.New("store: Options.Segments is required"))
+	} else {
+		for _, sg := range o.Segments.Segments() {
+			if sg.Alloc.Size() > maxBodySegment {
+				errs = append(errs, fmt.Errorf("store: segment %d of %d B: at most %d B", sg.ID, sg.Alloc.Size(), uint64(maxBodySegment)))
+			}
+		}
 	}
 	if o.Engine == nil {
 		errs = append(errs, errors.New("store: Options.Engine is required"))
@@ -126,8 +132,8 @@ type Store struct {
 	mu struct {
 		sync.Mutex
 		// bodies: every local body from its commit's registration to its
-		// free, by first extent (body.go).
-		bodies map[segment.Extent]*body
+		// free, by first extent (bodyKey, bodyLocked).
+		bodies map[uint64]*body
 		opens  map[uint64]int // Ino -> open readers and drafts
 		// evicting: inodes whose eviction is between its open check and
 		// its index swap; an open of one waits for the outcome (evict.go).
@@ -202,7 +208,7 @@ func New(o Options) (*Store, error) {
 	if x, ok := idx.(*sharedIndex); ok {
 		x.s = s
 	}
-	s.mu.bodies = make(map[segment.Extent]*body, KeysFor(o.Segments.Stats().Size))
+	s.mu.bodies = make(map[uint64]*body, KeysFor(o.Segments.Stats().Size))
 	s.mu.opens = make(map[uint64]int)
 	s.mu.evicting = make(map[uint64]chan struct{})
 	s.mu.resv = make(map[uint64]*reservation)
@@ -409,7 +415,7 @@ func (s *Store) acquireLocked(obj *Object) *body {
 		// or taken over from a reservation, and OpenReader leases none
 		// without a record; Commit and Dup hold one. Not reached.
 		b = newBody(ext, bodyLive, obj.Version)
-		s.mu.bodies[ext[0]] = b
+		s.addBodyLocked(b)
 	}
 	b.refs.Add(1)
 	return b
