@@ -33,24 +33,31 @@ func regBuffer(t *regTable, tid int, id, off, n uint64, checked *registration) (
 	if err != nil {
 		return transfer.Buffer{}, nil, err
 	}
-	if size := r.size(); off > size || n > size-off {
+	if buf, err = r.buffer(tid, off, n, checked); err != nil {
 		r.inflight.Done()
-		return transfer.Buffer{}, nil, fmt.Errorf("%d B at %d of a %d B buffer: %w", n, off, size, errBufRange)
+		return transfer.Buffer{}, nil, err
+	}
+	return buf, r, nil
+}
+
+// buffer is regBuffer of r, which the caller holds.
+func (r *registration) buffer(tid int, off, n uint64, checked *registration) (transfer.Buffer, error) {
+	if size := r.size(); off > size || n > size-off {
+		return transfer.Buffer{}, fmt.Errorf("%d B at %d of a %d B buffer: %w", n, off, size, errBufRange)
 	}
 	if r.vmTgid != 0 {
 		// Memory of the process that registered it, reached through the
 		// caller's thread: only its own threads may use it, and while one
 		// is blocked in this request the process and its memory stay.
 		if r != checked && (tid == 0 || !inGroup(r.vmTgid, tid)) {
-			r.inflight.Done()
-			return transfer.Buffer{}, nil, fmt.Errorf("buffer of process %d used by thread %d: %w", r.vmTgid, tid, errNotOwner)
+			return transfer.Buffer{}, fmt.Errorf("buffer of process %d used by thread %d: %w", r.vmTgid, tid, errNotOwner)
 		}
-		return transfer.VMBuffer(tid, r.vmAddr+off, n), r, nil
+		return transfer.VMBuffer(tid, r.vmAddr+off, n), nil
 	}
 	if r.gpu != nil {
-		return transfer.CUDAAllocBuffer(r.gpu.ctx, r.gpu.base, r.gpuOff+off, n), r, nil
+		return transfer.CUDAAllocBuffer(r.gpu.ctx, r.gpu.base, r.gpuOff+off, n), nil
 	}
-	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, r, nil
+	return transfer.Buffer{Kind: transfer.Registered, Mem: r.mem[off : off+n]}, nil
 }
 
 // checkPut refuses put flags the ABI does not know and an object offset

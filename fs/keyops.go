@@ -138,8 +138,12 @@ type batchCall struct {
 	// held for the whole call (release drops them).
 	mapped []*ipcMapping
 	mapErr []error
-	// held are the registrations the call's segments use.
-	held []*registration
+	// held are the registrations the call's segments use, each held once
+	// for the call; lastReg is the last one looked up, with its id (a
+	// call's keys mostly name one: looked up, and held, once).
+	held      []*registration
+	lastReg   *registration
+	lastRegID uint64
 	// vmChecked is the last registration of process memory the call's
 	// thread was found to belong to (regBuffer).
 	vmChecked *registration
@@ -207,7 +211,7 @@ func (bc *batchCall) release(f *FS) {
 	for _, r := range bc.held {
 		r.inflight.Done()
 	}
-	bc.held, bc.vmChecked = nil, nil
+	bc.held, bc.vmChecked, bc.lastReg = nil, nil, nil
 	for _, m := range bc.mapped {
 		if m != nil {
 			f.releaseMapping(m)
@@ -346,9 +350,15 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 			}
 			b = transfer.VMBuffer(bc.p.tid, s.off, s.n)
 		case segReg:
-			var r *registration
-			if b, r, err = regBuffer(&bc.dh.regs, bc.p.tid, s.id, s.off, s.n, bc.vmChecked); err == nil {
+			r := bc.lastReg
+			if r == nil || bc.lastRegID != s.id {
+				if r, err = bc.dh.regs.get(s.id); err != nil {
+					return "", nil, 0, err
+				}
 				bc.held = append(bc.held, r)
+				bc.lastReg, bc.lastRegID = r, s.id
+			}
+			if b, err = r.buffer(bc.p.tid, s.off, s.n, bc.vmChecked); err == nil {
 				if r.vmTgid != 0 {
 					if bc.submitted {
 						return "", nil, 0, errAsyncVM

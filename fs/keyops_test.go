@@ -10,8 +10,10 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -137,14 +139,17 @@ func errnoErr(e syscall.Errno) error {
 func TestVBatchModel(t *testing.T) {
 	fx := newFuzzFixture(t)
 	rng := rand.New(rand.NewPCG(7, 11))
-	// A memfd registered on the directory handle: registration 1.
+	// Two memfds registered on the directory handle, 1 and 2: a call's
+	// segments switch between them (each looked up and held once per
+	// call while its keys keep to it).
 	reg := newMemfdReg(t, fx, 1<<20)
+	id2, reg2 := memfdOn(t, fx, fx.dh, 1<<20)
 	vm := make([]byte, 1<<20)
 	for i := range vm {
 		vm[i] = byte(rng.Uint32())
 	}
 	for i := range reg {
-		reg[i] = byte(rng.Uint32())
+		reg[i], reg2[i] = byte(rng.Uint32()), byte(rng.Uint32())
 	}
 	split := func(total int) []int {
 		var parts []int
@@ -167,14 +172,19 @@ func TestVBatchModel(t *testing.T) {
 			var segs []ioctl.Seg
 			var want []byte
 			for _, n := range split(total) {
-				if rng.IntN(2) == 0 {
+				switch rng.IntN(3) {
+				case 0:
 					off := rng.IntN(len(vm) - n)
 					segs = append(segs, ioctl.Seg{ID: ioctl.SegVM, Off: addr(vm) + uint64(off), Len: uint64(n)})
 					want = append(want, vm[off:off+n]...)
-				} else {
+				case 1:
 					off := rng.IntN(len(reg) - n)
 					segs = append(segs, ioctl.Seg{ID: 1, Off: uint64(off), Len: uint64(n)})
 					want = append(want, reg[off:off+n]...)
+				default:
+					off := rng.IntN(len(reg2) - n)
+					segs = append(segs, ioctl.Seg{ID: id2, Off: uint64(off), Len: uint64(n)})
+					want = append(want, reg2[off:off+n]...)
 				}
 			}
 			if len(segs) == 0 {
@@ -215,6 +225,14 @@ func TestVBatchModel(t *testing.T) {
 		}
 	}
 	runtime.KeepAlive(vm)
+	// The calls held their registrations only while they ran.
+	for _, id := range []uint64{1, id2} {
+		if r, err := fx.dh.regs.get(id); err != nil {
+			t.Fatal(err)
+		} else if r.inflight.Done(); !waitsNone(&r.inflight) {
+			t.Fatalf("registration %d still held after the calls", id)
+		}
+	}
 	// Read every key back, scattered into random splits of a fresh
 	// buffer, from a random offset.
 	dst := make([]byte, 1<<20)
@@ -615,4 +633,17 @@ func TestVBatchMetasShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	check([]string{"i8 1", "f32 4", "f16 2,2", "", "f16 2,2"})
+}
+
+// waitsNone reports whether wg has nothing outstanding: its Wait returns
+// (within a minute, far beyond any call's end; false means it never will).
+func waitsNone(wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(time.Minute):
+		return false
+	}
 }
