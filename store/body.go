@@ -94,8 +94,12 @@ func (s *Store) bodyLocked(first segment.Extent) *body {
 // Caller holds s.mu.
 func (s *Store) addBodyLocked(b *body) { s.mu.bodies[bodyKey(b.id)] = b }
 
-// dropBodyLocked forgets b. Caller holds s.mu.
-func (s *Store) dropBodyLocked(b *body) { delete(s.mu.bodies, bodyKey(b.id)) }
+// dropBodyLocked forgets b, if the map has it. Caller holds s.mu.
+func (s *Store) dropBodyLocked(b *body) {
+	if k := bodyKey(b.id); s.mu.bodies[k] == b {
+		delete(s.mu.bodies, k)
+	}
+}
 
 // bodyOfLocked is bodyLocked for the local bytes of obj, whose first
 // extent is first: the record obj was committed with, while it is not
