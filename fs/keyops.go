@@ -808,6 +808,8 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			}
 			op.n, op.version = counts[j], c.reads[j].Reader.Object().Version
 		}
+		c.m.Release()
+		c.m = nil
 	}
 }
 

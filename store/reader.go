@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -287,10 +288,29 @@ type Reads struct {
 	counts []uint64
 	errs   []error
 	span   [][2]int // each read's requests in the flight
+	reqs   []transfer.Request
 	flight *transfer.Flight
 	copyNs int64 // in the engine (Writes.CopyNs)
 	failed bool
 	done   bool
+}
+
+// readsPool holds released Reads (Release): a call's slices are
+// kilobytes, whose allocation and clearing cost more per key than the
+// key's share of the lookup.
+var readsPool = sync.Pool{New: func() any { return new(Reads) }}
+
+// Release gives m's memory back for later reads, once Wait returned: the
+// slices Wait returned are not to be used after it. Calling it is
+// optional.
+func (m *Reads) Release() {
+	if !m.done {
+		panic("store: Reads released before Wait")
+	}
+	clear(m.errs)
+	clear(m.reqs) // the buffers
+	*m = Reads{counts: m.counts[:0], errs: m.errs[:0], span: m.span[:0], reqs: m.reqs[:0]}
+	readsPool.Put(m)
 }
 
 // CopyNs returns the time spent in the engine so far, as Writes.CopyNs.
@@ -300,13 +320,14 @@ func (m *Reads) CopyNs() int64 { return m.copyNs }
 // of remote bodies are done): GPU copies may still run until Wait, which
 // the caller must call before it uses the buffers or closes the readers.
 func (s *Store) StartReads(ctx context.Context, rs []ReaderRead) *Reads {
-	m := &Reads{counts: make([]uint64, len(rs)), errs: make([]error, len(rs)), span: make([][2]int, len(rs))}
+	m := readsPool.Get().(*Reads)
+	m.counts, m.errs, m.span = grown(m.counts, len(rs)), grown(m.errs, len(rs)), grown(m.span, len(rs))
 	set := func(i int, err error) {
 		if err != nil {
 			m.errs[i], m.failed = err, true
 		}
 	}
-	all := make([]transfer.Request, 0, len(rs)) // most values are one extent into one buffer
+	all := m.reqs[:0]
 	for i, rd := range rs {
 		r := rd.Reader
 		switch {
@@ -341,6 +362,7 @@ func (s *Store) StartReads(ctx context.Context, rs []ReaderRead) *Reads {
 			m.counts[i] = at - rd.Off
 		}
 	}
+	m.reqs = all
 	t0 := time.Now()
 	m.flight = s.eng.Start(ctx, all)
 	m.copyNs = int64(time.Since(t0))
