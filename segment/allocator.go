@@ -250,12 +250,15 @@ func (a *Allocator) bestFitLocked(n uint64) (best Range, ok bool) {
 	return best, ok
 }
 
-// takeLocked allocates the first k bytes of the free range r.
+// takeLocked allocates the first k bytes of the free range r. The
+// remainder goes in before r goes out: classes, read without the lock,
+// may show a class too many during a change, never one too few of what
+// holds before and after it (a reader would skip a segment that fits).
 func (a *Allocator) takeLocked(r Range, k uint64) {
-	a.deleteLocked(r)
 	if r.Len > k {
 		a.insertLocked(Range{Off: r.Off + k, Len: r.Len - k})
 	}
+	a.deleteLocked(r)
 	a.mu.free -= k
 	a.mu.used += k
 	a.usedNow.Store(a.mu.used)
@@ -264,22 +267,26 @@ func (a *Allocator) takeLocked(r Range, k uint64) {
 func (a *Allocator) insertLocked(r Range) {
 	a.mu.byOff.ReplaceOrInsert(r)
 	a.mu.byLen.ReplaceOrInsert(r)
-	if c := classOf(r.Len); a.mu.perClass[c] == 0 {
-		a.classes.Store(a.classes.Load() | 1<<c)
-		a.mu.perClass[c] = 1
-	} else {
-		a.mu.perClass[c]++
-	}
+	a.countClassLocked(classOf(r.Len), 1)
 }
 
 func (a *Allocator) deleteLocked(r Range) {
 	a.mu.byOff.Delete(r)
 	a.mu.byLen.Delete(r)
-	if c := classOf(r.Len); a.mu.perClass[c] == 1 {
+	a.countClassLocked(classOf(r.Len), -1)
+}
+
+// countClassLocked adds d to the count of free ranges of class c, and
+// sets or clears the class's bit in classes when the count leaves or
+// reaches 0.
+func (a *Allocator) countClassLocked(c, d int) {
+	was := a.mu.perClass[c]
+	a.mu.perClass[c] = was + d
+	switch {
+	case was == 0 && d > 0:
+		a.classes.Store(a.classes.Load() | 1<<c)
+	case was+d == 0:
 		a.classes.Store(a.classes.Load() &^ (1 << c))
-		a.mu.perClass[c] = 0
-	} else {
-		a.mu.perClass[c]--
 	}
 }
 
@@ -329,14 +336,22 @@ func (a *Allocator) Free(r Range) error {
 
 	merged := r
 	if hasPrev && prev.End() == r.Off {
-		a.deleteLocked(prev)
 		merged.Off, merged.Len = prev.Off, merged.Len+prev.Len
 	}
 	if hasNext && next.Off == r.End() {
-		a.deleteLocked(next)
 		merged.Len += next.Len
 	}
+	// The merged range's class counts before its parts go (takeLocked
+	// says why), and once it is in, that extra count goes.
+	a.countClassLocked(classOf(merged.Len), 1)
+	if merged.Off != r.Off {
+		a.deleteLocked(prev)
+	}
+	if merged.End() != r.End() {
+		a.deleteLocked(next)
+	}
 	a.insertLocked(merged)
+	a.countClassLocked(classOf(merged.Len), -1)
 	a.mu.free += r.Len
 	a.mu.used -= r.Len
 	a.usedNow.Store(a.mu.used)

@@ -120,11 +120,23 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 		return nil, fmt.Errorf("segment: alloc %d B (free %d B): %w", n, t.Stats().Free, ErrNoSpace)
 	}
 
+	var laterBuf [64]uint64
+	later := laterBuf[:0]
+	if len(segs) > len(laterBuf) {
+		later = make([]uint64, 0, len(segs))
+	}
+	later = later[:len(segs)]
 	for range maxContiguousTries {
 		// Segments are looked at in order, by their lock, only when their
 		// size classes say they may beat the best fit so far (a fit as
 		// good goes to the earlier segment). A fit that no later segment
-		// can beat is taken in the look: an exact one always.
+		// can beat is taken in the look: an exact one always. later[i]
+		// is the classes of the segments after i, read once per look.
+		var after uint64
+		for i := len(segs) - 1; i >= 0; i-- {
+			later[i] = after
+			after |= segs[i].Alloc.classes.Load()
+		}
 		var best *Segment
 		bestLen := uint64(math.MaxUint64)
 		for i, s := range segs {
@@ -132,8 +144,8 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 				continue
 			}
 			below := bestLen
-			if later := laterFit(segs[i+1:], rn); later < below {
-				below = later + 1 // a later fit as long loses to this one
+			if bound := fitBound(later[i], rn); bound < below {
+				below = bound + 1 // a later fit as long loses to this one
 			}
 			r, l, ok := s.Alloc.takeFit(rn, below)
 			if r.Len > 0 {
@@ -166,13 +178,9 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 	return t.fill(dst, order, total, rn)
 }
 
-// laterFit is a lower bound on the best fit for n bytes in segs, by their
-// size classes: MaxUint64 when none may hold n.
-func laterFit(segs []*Segment, n uint64) uint64 {
-	var classes uint64
-	for _, s := range segs {
-		classes |= s.Alloc.classes.Load()
-	}
+// fitBound is a lower bound on the best fit for n bytes among free ranges
+// of the given size classes: MaxUint64 when none may hold n.
+func fitBound(classes, n uint64) uint64 {
 	classes &^= 1<<classOf(n) - 1
 	if classes == 0 {
 		return math.MaxUint64

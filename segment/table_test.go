@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -458,6 +459,66 @@ func TestTableBestFitModel(t *testing.T) {
 				t.Fatalf("round %d step %d: Alloc(%d) = %v, %v; best fit is in %v", round, step, n, got, err, want)
 			}
 			held = append(held, got)
+		}
+		checkTable(t, tb)
+	}
+}
+
+// TestTableAllocSeesFitsDuringFrees: segment 1 holds a free range that
+// fits every allocation, which frees in another goroutine only grow;
+// segment 2 has more free bytes, in single pages. No allocation may miss
+// segment 1's range and come back split from segment 2's pages: a free's
+// changes to the size classes that Alloc reads without the lock must
+// never show a class missing that is there before and after it.
+func TestTableAllocSeesFitsDuringFrees(t *testing.T) {
+	const n = 2048
+	for range 10 {
+		tb := newTable(t, pg(n), pg(2*n))
+		var seg1, seg2 [][]Extent // every page, allocated one by one
+		for range n {
+			es, _ := tb.Alloc(Granule)
+			seg1 = append(seg1, es)
+		}
+		for range 2 * n {
+			es, _ := tb.Alloc(Granule)
+			seg2 = append(seg2, es)
+		}
+		for i := 1; i < len(seg2); i += 2 {
+			if err := tb.Free(seg2[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, es := range seg1[:8] {
+			if err := tb.Free(es); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var done atomic.Bool
+		freed := make(chan error, 1)
+		go func() {
+			defer done.Store(true)
+			for _, es := range seg1[8:] {
+				if err := tb.Free(es); err != nil {
+					freed <- err
+					return
+				}
+			}
+			freed <- nil
+		}()
+		for !done.Load() {
+			es, err := tb.Alloc(pg(4))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(es) != 1 || es[0].Segment != 1 {
+				t.Fatalf("Alloc(4 pages) = %v while segment 1 held a fit", es)
+			}
+			if err := tb.Free(es); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := <-freed; err != nil {
+			t.Fatal(err)
 		}
 		checkTable(t, tb)
 	}
