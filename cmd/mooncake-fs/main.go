@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime"
 )
 
 const usage = `mooncake-fs: an in-memory object store served as files
@@ -22,6 +23,16 @@ Run "mooncake-fs COMMAND -h" for the flags of a command.
 `
 
 const defaultMountpoint = "/mnt/mooncake"
+
+// init keeps the main goroutine on the process's first thread, and every
+// other goroutine off it. A signal sent to the process (SIGTERM, SIGINT)
+// goes to that thread first. A daemon copy blocked in a page fault (a
+// get into a client's mapping of a file on a stalled file system) sleeps
+// where only fatal signals wake it, and a signal given to that thread
+// waited there until the copy ended: "stop" never came, however long the
+// stop timeout. The main goroutine only waits for signals and its
+// commands' ends, so its thread always takes them.
+func init() { runtime.LockOSThread() }
 
 func main() {
 	if len(os.Args) < 2 {
