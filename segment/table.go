@@ -120,12 +120,11 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 		return nil, fmt.Errorf("segment: alloc %d B (free %d B): %w", n, t.Stats().Free, ErrNoSpace)
 	}
 
-	var laterBuf [64]uint64
-	later := laterBuf[:0]
-	if len(segs) > len(laterBuf) {
-		later = make([]uint64, 0, len(segs))
+	var laterBuf [64]uint64 // on the stack for tables of up to 64 GiB
+	later := laterBuf[:]
+	if len(segs) > len(later) {
+		later = make([]uint64, len(segs))
 	}
-	later = later[:len(segs)]
 	for range maxContiguousTries {
 		// Segments are looked at in order, by their lock, only when their
 		// size classes say they may beat the best fit so far (a fit as

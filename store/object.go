@@ -83,37 +83,27 @@ func (o *Object) XattrBytes() int {
 	return n
 }
 
-// Clone returns a deep copy of o.
+// Clone returns a deep copy of o, without its record of local bytes.
 func (o *Object) Clone() *Object {
-	c := o.cloneBare()
-	c.Replicas = make([]Replica, len(o.Replicas))
-	for i, r := range o.Replicas {
-		c.Replicas[i] = Replica{Node: r.Node, Epoch: r.Epoch, Extents: slices.Clone(r.Extents)}
-	}
-	if len(o.Replicas) == 0 {
-		c.Replicas = nil
-	}
-	return c
-}
-
-// cloneBare is Clone without the replicas (its bytes are another
-// version's).
-func (o *Object) cloneBare() *Object {
 	c := new(Object)
 	*c = *o
 	c.body = nil // another version's bytes
-	c.Replicas = nil
 	// The values too: a caller may hand in a buffer it reuses (a FUSE
 	// request), and the index keeps what it was given.
 	c.Xattrs = maps.Clone(o.Xattrs)
 	for k, v := range c.Xattrs {
 		c.Xattrs[k] = slices.Clone(v)
 	}
+	c.Replicas = nil
+	for _, r := range o.Replicas {
+		c.Replicas = append(c.Replicas, Replica{Node: r.Node, Epoch: r.Epoch, Extents: slices.Clone(r.Extents)})
+	}
 	return c
 }
 
-// nextBareTo is cloneBare, into c, for the next version of o, a committed
-// object, with set applied as setXattrs does. Committed objects never
+// nextBareTo makes c the start of the next version of o, a committed
+// object: o without its bytes (no replicas, no body), with set applied as
+// setXattrs does. Committed objects never
 // change, so o's attribute map is shared while set changes nothing in it
 // (a put that sets the attributes the key has), and otherwise copied
 // without copying its values.
