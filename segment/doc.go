@@ -14,7 +14,12 @@
 // the range with its free neighbours and accepts any allocated aligned part
 // of an earlier allocation, so a caller may trim a tail. Table.Alloc does the
 // same across segments: one extent in the best-fitting segment if possible,
-// else it fills the emptiest segments first.
+// else it fills the emptiest segments first. Each Allocator publishes,
+// without a lock, which size classes (floor log2 of a length) its free
+// ranges have, so Table.Alloc skips the segments that cannot beat the fit
+// it has found and takes a fit no later segment can beat in the same look;
+// a change adds a class before it removes one, so a reader may see a class
+// too many, never one missing.
 //
 // Allocation is all-or-nothing: on ErrNoSpace nothing stays allocated.
 //
@@ -46,7 +51,8 @@
 //   - the free ranges by offset and by (length, offset) hold the same ranges;
 //   - every free range is non-empty, granule-aligned and within [0, Size);
 //   - free ranges do not overlap, and no two are adjacent (Free coalesces);
-//   - the free ranges add up to Free, and Used+Free == Size.
+//   - the free ranges add up to Free, and Used+Free == Size;
+//   - the per-class counts and the published classes match the free ranges.
 //
 // Builds with -tags invariants run Check after every Alloc and Free and
 // panic on a violation, and a double free panics instead of returning
