@@ -186,6 +186,9 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			x.countUnderLocked(sl.key, 1)
 		}
 		x.mu.bytes += o.MetaBytes()
+		if s.Touch && x.mu.lruClaimed {
+			x.toFrontLocked(sl)
+		}
 		if watched {
 			events = append(events, Event{Type: EventPut, Object: o, Rev: rev})
 		}
@@ -212,18 +215,24 @@ func (x *Embedded) ClaimLRU() bool {
 func (x *Embedded) Touch(keys ...string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	head := &x.mu.lru
 	for _, k := range keys {
-		sl := x.mu.slots[k]
-		if sl == nil || head.next == sl {
-			continue
+		if sl := x.mu.slots[k]; sl != nil {
+			x.toFrontLocked(sl)
 		}
-		x.unlinkLocked(sl)
-		sl.prev, sl.next = head, head.next
-		head.next.prev = sl
-		head.next = sl
-		x.mu.lruLen++
 	}
+}
+
+// toFrontLocked makes sl the most recently used.
+func (x *Embedded) toFrontLocked(sl *slot) {
+	head := &x.mu.lru
+	if head.next == sl {
+		return
+	}
+	x.unlinkLocked(sl)
+	sl.prev, sl.next = head, head.next
+	head.next.prev = sl
+	head.next = sl
+	x.mu.lruLen++
 }
 
 // Forget implements LRUKeeper.

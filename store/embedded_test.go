@@ -20,7 +20,7 @@ func TestEmbeddedConformance(t *testing.T) {
 }
 
 // TestEmbeddedLRU: the order a store keeps in the embedded index follows
-// its touches against a model list, keys that leave the index leave the
+// its touches (by Touch, and by swaps that ask) against a model list, keys that leave the index leave the
 // order, and keys the index never had are not in it.
 func TestEmbeddedLRU(t *testing.T) {
 	ctx := context.Background()
@@ -35,12 +35,16 @@ func TestEmbeddedLRU(t *testing.T) {
 	for step := range 3000 {
 		k := fmt.Sprintf("k%d", r.IntN(40))
 		switch r.IntN(5) {
-		case 0, 1: // put
-			rev, err := x.CompareAndSwap(ctx, store.Swap{Key: k, Old: ver[k], New: &store.Object{Key: k}})
+		case 0, 1: // put, moving the key up with the swap or not
+			touch := r.IntN(2) == 0
+			rev, err := x.CompareAndSwap(ctx, store.Swap{Key: k, Old: ver[k], New: &store.Object{Key: k}, Touch: touch})
 			if err != nil {
 				t.Fatal(err)
 			}
 			ver[k] = rev
+			if touch {
+				model = append(slices.DeleteFunc(model, func(m string) bool { return m == k }), k)
+			}
 		case 2: // delete
 			if ver[k] == 0 {
 				continue

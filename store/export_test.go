@@ -37,3 +37,7 @@ func AddLease(s *Store, node string, epoch, id uint64) {
 	k := leaseKey{node, epoch, id}
 	s.mu.leases[k] = &resvLease{leaseKey: k, renewed: s.opts.Now()}
 }
+
+// LRUTail returns up to n keys of s's LRU, least recently used first, for
+// tests.
+func LRUTail(s *Store, n int) []string { return s.lruTail(n) }

@@ -12,6 +12,11 @@ type Swap struct {
 	// Owned lets the index keep New itself rather than a copy: the caller
 	// never changes it once swapped (it may read it).
 	Owned bool
+	// Touch, with New, makes the key the most recently used as part of
+	// the swap, in an index that keeps the store's LRU (LRUKeeper, once
+	// claimed): the commit of a put finds the key's entry anyway. Other
+	// indexes ignore it.
+	Touch bool
 }
 
 // EventType says what happened to a key.

@@ -238,7 +238,9 @@ func (p *Puts) Commit() ([]*Object, []error) {
 			next.Replicas = st.rec.rep[:]
 		}
 		st.obj, st.cur = next, cur
-		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true}) // read only from here on
+		// Read only from here on; an index that keeps the LRU moves the
+		// key up with the swap (committedMany).
+		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true, Touch: s.keeper != nil})
 		at = append(at, i)
 	}
 	s.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -294,3 +295,67 @@ func TestPutsXattrsOfOldVersions(t *testing.T) {
 		has(got, map[string]string{"user.a": "2"})
 	}
 }
+
+// TestPutsMoveLRU: the keys a batch commits become the most recently used,
+// in the batch's order, and a key that fails keeps its place: with the
+// LRU kept in the embedded index (moved by the swap) and kept by the
+// store (an index that does not keep one).
+func TestPutsMoveLRU(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		idx  store.Index
+	}{
+		{"keeper", store.NewEmbedded()},
+		{"store", plainIndex{store.NewEmbedded()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newTestStore(t, 4<<20, withIndex(tc.idx), withOptions(func(o *store.Options) { o.Evict = false }))
+			ctx := context.Background()
+			cur := map[string]*store.Object{}
+			put := func(keys ...string) []error {
+				t.Helper()
+				specs := make([]store.PutSpec, len(keys))
+				for i, k := range keys {
+					specs[i] = store.PutSpec{Key: k, Bufs: []transfer.Buffer{transfer.HostBuffer([]byte(k))}, Cur: cur[k],
+						Template: store.Object{Mode: 0o644, Ino: store.NewIno()}, Place: store.DefaultPlacement()}
+				}
+				p := s.StartPuts(ctx, specs)
+				objs, errs := p.Commit()
+				for i, k := range keys {
+					if errs[i] == nil {
+						cur[k] = objs[i]
+					}
+				}
+				errs = slices.Clone(errs) // Release reuses them
+				p.Release()
+				return errs
+			}
+			want := func(order ...string) {
+				t.Helper()
+				if got := store.LRUTail(s.Store, 100); !slices.Equal(got, order) {
+					t.Fatalf("LRU, least recent first: %q, want %q", got, order)
+				}
+			}
+			if errs := put("k0", "k1", "k2", "k3"); errors.Join(errs...) != nil {
+				t.Fatal(errs)
+			}
+			want("k0", "k1", "k2", "k3")
+			if errs := put("k2", "k0"); errors.Join(errs...) != nil {
+				t.Fatal(errs)
+			}
+			want("k1", "k3", "k2", "k0")
+			// k1 over a version it no longer has: fails, stays put; k3 moves.
+			stale := *cur["k1"]
+			stale.Version++
+			cur["k1"] = &stale
+			if errs := put("k1", "k3"); !errors.Is(errs[0], store.ErrConflict) || errs[1] != nil {
+				t.Fatalf("puts over a stale version and a good one: %v", errs)
+			}
+			want("k1", "k2", "k0", "k3")
+		})
+	}
+}
+
+// plainIndex is an Index and nothing more: a store over it keeps its own
+// LRU.
+type plainIndex struct{ store.Index }

@@ -485,15 +485,10 @@ func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
 }
 
 // committedMany is committed for files put by one batch, whose replaced
-// versions were retired already.
+// versions were retired already, and whose swaps moved them up in a
+// keeper's LRU (Swap.Touch).
 func (s *Store) committedMany(put []*Object) {
-	if s.keeper != nil {
-		keys := make([]string, len(put))
-		for i, o := range put {
-			keys[i] = o.Key
-		}
-		s.keeper.Touch(keys...)
-	} else {
+	if s.keeper == nil {
 		s.lru.Lock()
 		for _, o := range put {
 			s.touchLocked(o.Key)
