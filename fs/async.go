@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"sync/atomic"
 	"syscall"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -20,30 +19,84 @@ var errNoCall = errors.New("no such submitted call")
 // maxAsyncTotal bounds the submitted calls the whole mount holds, all
 // handles and users together (each keeps its 16 KiB of arguments until
 // it is waited for): directory handles are not counted as open files, so
-// the per-handle bound alone would not bound the daemon.
-const maxAsyncTotal = 1024
+// the per-handle bound alone would not bound the daemon. maxAsyncPerUser
+// is one user's share of them (root's aside): a user who never waits,
+// over many handles, cannot take every call of the mount and leave the
+// others EBUSY.
+const (
+	maxAsyncTotal   = 1024
+	maxAsyncPerUser = maxAsyncTotal / 4
+)
+
+// asyncCounts is the mount's count of submitted calls held (running, or
+// done and not yet waited for), all together and by user.
+type asyncCounts struct {
+	mu     sync.Mutex
+	total  int
+	byUser map[uint32]int
+}
+
+// take counts one more call of uid, or fails with EBUSY when the mount,
+// or uid's share of it, holds as many as it may.
+func (c *asyncCounts) take(uid uint32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.total >= maxAsyncTotal {
+		return fmt.Errorf("the mount holds %d submitted calls not waited for: %w", c.total, syscall.EBUSY)
+	}
+	if uid != 0 && c.byUser[uid] >= maxAsyncPerUser {
+		return fmt.Errorf("user %d holds %d submitted calls not waited for: %w", uid, c.byUser[uid], syscall.EBUSY)
+	}
+	if c.byUser == nil {
+		c.byUser = map[uint32]int{}
+	}
+	c.total++
+	c.byUser[uid]++
+	return nil
+}
+
+// put uncounts a call of uid.
+func (c *asyncCounts) put(uid uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.total--
+	if c.byUser[uid]--; c.byUser[uid] <= 0 {
+		delete(c.byUser, uid)
+	}
+}
+
+// held returns how many calls the mount holds.
+func (c *asyncCounts) held() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.total
+}
 
 // asyncTable is a directory handle's vector batches submitted with
 // ioctl.VBatchAsync (ABI 1.7): each runs in its own goroutine and stays
 // here, with its results, until BATCH_WAIT collects it. At most
-// ioctl.MaxAsyncCalls a handle and maxAsyncTotal a mount (live counts
-// them), so callers that never wait hold a bounded amount of the daemon.
+// ioctl.MaxAsyncCalls a handle, and maxAsyncTotal a mount (maxAsyncPerUser
+// a user), so callers that never wait hold a bounded amount of the
+// daemon.
 type asyncTable struct {
 	mu     sync.Mutex
 	last   uint32 // the number given last
 	calls  map[uint32]*asyncCall
-	closed bool          // the handle was released: results go unread
-	live   *atomic.Int64 // the mount's count of submitted calls held
+	closed bool         // the handle was released: results go unread
+	counts *asyncCounts // the mount's
 	// ctx is the context of the handle's calls, made with the first:
 	// releasing the handle cancels it, stopping those still running at
 	// their next key.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// beforeRun, when set (tests), runs first in each call's goroutine.
+	beforeRun func()
 }
 
 // asyncCall is one submitted call.
 type asyncCall struct {
 	a       *ioctl.VBatchArg // the call; its results are filled once done
+	uid     uint32           // whose it is (asyncCounts)
 	done    chan struct{}    // closed when the call is over
 	claimed bool             // a BATCH_WAIT is collecting it
 }
@@ -67,9 +120,8 @@ func (t *asyncTable) add(c *asyncCall, parent context.Context) (uint32, context.
 	if len(t.calls) >= ioctl.MaxAsyncCalls {
 		return 0, nil, fmt.Errorf("%d submitted calls not waited for: %w", len(t.calls), syscall.EBUSY)
 	}
-	if t.live.Add(1) > maxAsyncTotal {
-		t.live.Add(-1)
-		return 0, nil, fmt.Errorf("the mount holds %d submitted calls not waited for: %w", maxAsyncTotal, syscall.EBUSY)
+	if err := t.counts.take(c.uid); err != nil {
+		return 0, nil, err
 	}
 	if t.calls == nil {
 		t.calls = map[uint32]*asyncCall{}
@@ -94,7 +146,7 @@ func (t *asyncTable) add(c *asyncCall, parent context.Context) (uint32, context.
 func (t *asyncTable) dropLocked(id uint32, c *asyncCall) {
 	delete(t.calls, id)
 	vbatchArgs.Put(c.a)
-	t.live.Add(-1)
+	t.counts.put(c.uid)
 }
 
 // finish marks call id done; a released handle's results are dropped.
@@ -175,11 +227,13 @@ func (t *asyncTable) wait(in, out []byte) error {
 }
 
 // submittable refuses a call to submit whose segments name process
-// memory (its own, or registrations by address), and opens its GPU
-// table's allocations now, while the caller is blocked in the request
-// and its /proc entry names it: the call itself, its entries decoded
-// included, runs after the ioctl returned. An entry whose segments do
-// not decode is left to fail alone then.
+// memory (its own, or registrations by address), and reads what the call
+// needs of its caller now, while the caller is blocked in the request
+// and its /proc entry names it: its groups (the permission checks) and
+// its GPU table's allocations. The call itself, its entries decoded
+// included, runs after the ioctl returned, when the thread may be gone
+// or its id another's. An entry whose segments do not decode is left to
+// fail alone then.
 func submittable(f *FS, bc *batchCall, dh *dirHandle, a *ioctl.VBatchArg) error {
 	var wire []ioctl.Seg
 	for i := range int(a.Count) {
@@ -195,6 +249,9 @@ func submittable(f *FS, bc *batchCall, dh *dirHandle, a *ioctl.VBatchArg) error 
 				return fmt.Errorf("entry %d: registration %d: %w", i, w.ID, errAsyncVM)
 			}
 		}
+	}
+	if err := bc.p.load(); err != nil {
+		return err
 	}
 	if len(bc.gpus) > 0 {
 		bc.mapped, bc.mapErr = f.gpuMappings(bc.p, bc.gpus)

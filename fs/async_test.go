@@ -9,13 +9,18 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
+	"unsafe"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"github.com/mooncake-fs/mooncake-fs/store"
 )
 
 // submitV starts a as a submitted call on dh and returns its number.
@@ -182,7 +187,7 @@ func TestAsyncVBatchModel(t *testing.T) {
 			}
 		}
 	}
-	if n := fx.root.fs.asyncHeld.Load(); n != 0 {
+	if n := fx.root.fs.asyncHeld.held(); n != 0 {
 		t.Fatalf("every call waited for, and the mount counts %d", n)
 	}
 }
@@ -302,7 +307,7 @@ func TestAsyncVBatchLimits(t *testing.T) {
 	for k, h := range many[:len(many)-1] {
 		for range ioctl.MaxAsyncCalls {
 			if _, errno := submitV(fx, h, true, oneOf("m", seg(regIDs[k]))); errno != 0 {
-				t.Fatalf("call %d of the mount: %v", fx.root.fs.asyncHeld.Load(), errno)
+				t.Fatalf("call %d of the mount: %v", fx.root.fs.asyncHeld.held(), errno)
 			}
 		}
 	}
@@ -320,7 +325,7 @@ func TestAsyncVBatchLimits(t *testing.T) {
 		h.Releasedir(ctx, 0)
 	}
 	fx.root.fs.async.Wait()
-	if n := fx.root.fs.asyncHeld.Load(); n != 0 {
+	if n := fx.root.fs.asyncHeld.held(); n != 0 {
 		t.Fatalf("the mount counts %d calls after every handle was released", n)
 	}
 	runtime.KeepAlive(val)
@@ -360,27 +365,49 @@ func TestAsyncCloseRacesFinish(t *testing.T) {
 		}
 		dh.Releasedir(ctx, 0)
 		fx.root.fs.async.Wait()
-		if n := fx.root.fs.asyncHeld.Load(); n != 0 {
+		if n := fx.root.fs.asyncHeld.held(); n != 0 {
 			t.Fatalf("round %d: the mount counts %d calls once every handle was released", round, n)
 		}
 	}
 }
 
-// TestAsyncWaitAfterDirectoryRemoved: a call submitted on a directory's
-// handle is collected by BATCH_WAIT on that handle after the directory is
-// removed (its node has no path any more), with its results; a new call
-// there is refused (ESTALE).
-func TestAsyncWaitAfterDirectoryRemoved(t *testing.T) {
-	fx := newFuzzFixture(t)
+// subdirOn makes directory name under the fixture's root, in the store
+// and as a node, and returns its node and an open handle of it.
+func subdirOn(t *testing.T, fx *fuzzFixture, name string) (*node, *dirHandle) {
+	t.Helper()
 	ctx := context.Background()
-	o, err := fx.st.Mkdir(ctx, "sub", nil)
+	o, err := fx.st.Mkdir(ctx, name, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sub := fx.root.fs.newNode()
-	fx.root.AddChild("sub", fx.root.NewPersistentInode(ctx, sub, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: o.Ino}), false)
+	fx.root.AddChild(name, fx.root.NewPersistentInode(ctx, sub, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: o.Ino}), false)
 	dh := newDirHandle(sub)
 	t.Cleanup(func() { dh.async.close() })
+	return sub, dh
+}
+
+// holdCalls keeps dh's submitted calls from running until the function
+// it returns is called.
+func holdCalls(t *testing.T, dh *dirHandle) (release func()) {
+	ch := make(chan struct{})
+	dh.async.beforeRun = func() { <-ch }
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// TestAsyncWaitAfterDirectoryRemoved: a call submitted on a directory's
+// handle is collected by BATCH_WAIT on that handle after the directory is
+// removed (its node has no path any more), its keys failed (ESTALE: the
+// directory they were named in is gone); a new call there is refused
+// (ESTALE).
+func TestAsyncWaitAfterDirectoryRemoved(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	sub, dh := subdirOn(t, fx, "sub")
+	release := holdCalls(t, dh)
 	id, mem := memfdOn(t, fx, dh, 4096)
 	a := vcallOf("missing", ioctl.Seg{ID: id, Off: 0, Len: 100})
 	a.Flags = ioctl.VBatchAsync
@@ -395,6 +422,7 @@ func TestAsyncWaitAfterDirectoryRemoved(t *testing.T) {
 	if k, ok := sub.key(); ok {
 		t.Fatalf("the removed directory still has a path: %q", k)
 	}
+	release()
 	in := make([]byte, ioctl.SizeVBatchArg)
 	binary.LittleEndian.PutUint32(in[0:], ioctl.SizeVBatchArg)
 	binary.LittleEndian.PutUint32(in[8:], uint32(call))
@@ -406,13 +434,212 @@ func TestAsyncWaitAfterDirectoryRemoved(t *testing.T) {
 	if err := got.Unmarshal(out); err != nil {
 		t.Fatal(err)
 	}
-	if got.Count != 1 || got.Entries[0].Result != -int64(syscall.ENOENT) {
+	if got.Count != 1 || got.Entries[0].Result != -int64(syscall.ESTALE) {
 		t.Fatalf("results: %d keys, first %d", got.Count, got.Entries[0].Result)
 	}
 	if _, errno := sub.Ioctl(callerCtx(os.Getpid()), dh, ioctl.CmdBatchGetV, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg)); errno != syscall.ESTALE {
 		t.Fatalf("a new call on the removed directory: %v, want ESTALE", errno)
 	}
 	runtime.KeepAlive(mem)
+}
+
+// TestAsyncFollowsRenamedDirectory: a submitted call's keys are in the
+// directory its handle names when the call runs: renamed since the
+// submit, and another directory made at the old path, the call writes
+// the renamed one's keys and not the newcomer's. While it runs, the call
+// counts as a running request (Unmount's watch on stuck requests).
+func TestAsyncFollowsRenamedDirectory(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	sub, dh := subdirOn(t, fx, "ren")
+	release := holdCalls(t, dh)
+	id, mem := memfdOn(t, fx, dh, 4096)
+	copy(mem, "moved")
+	call, errno := submitV(fx, dh, true, vcallOf("k", ioctl.Seg{ID: id, Off: 0, Len: 5}))
+	if errno != 0 {
+		t.Fatalf("submit: %v", errno)
+	}
+	if n := fx.root.fs.ioctls.running.Load(); n != 1 {
+		t.Fatalf("%d requests running while the submitted call waits, want 1", n)
+	}
+	if err := fx.st.Rename(ctx, "ren", "ren2", 0); err != nil {
+		t.Fatal(err)
+	}
+	fx.root.MvChild("ren", &fx.root.Inode, "ren2", true)
+	if _, err := fx.st.Mkdir(ctx, "ren", nil); err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := sub.key(); k != "ren2" {
+		t.Fatalf("the renamed directory's node is at %q", k)
+	}
+	release()
+	res, errno := waitV(fx, dh, uint32(call), 1)
+	if errno != 0 || res[0] != 5 {
+		t.Fatalf("wait: %v, %v", res, errno)
+	}
+	if got := readKey(t, fx, "ren2/k"); string(got) != "moved" {
+		t.Fatalf("ren2/k: %q", got)
+	}
+	if _, err := fx.st.Stat(ctx, "ren/k"); err == nil {
+		t.Fatal("the call wrote into the directory made at the old path")
+	}
+	if n := fx.root.fs.ioctls.running.Load(); n != 0 {
+		t.Fatalf("%d requests running once the call is done", n)
+	}
+}
+
+// onThread runs fn on an OS thread of its own whose file-system uid and
+// gid are uid and gid and whose groups are groups, passing fn its thread
+// id; the thread ends with fn (and its credentials with it), and
+// onThread returns once it is gone.
+func onThread(t *testing.T, uid, gid uint32, groups []uint32, fn func(tid int)) {
+	t.Helper()
+	tid, finished := make(chan int, 1), make(chan struct{})
+	var run func()
+	run = func() {
+		// Never unlocked: the runtime ends the thread with the goroutine.
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread outlives its goroutine (the runtime keeps
+			// it): work on another, holding this one meanwhile.
+			done := make(chan struct{})
+			go func() { defer close(done); run() }()
+			<-done
+			runtime.UnlockOSThread()
+			return
+		}
+		defer close(finished)
+		tid <- unix.Gettid()
+		if len(groups) > 0 {
+			// The raw call changes this thread only.
+			if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(unsafe.Pointer(&groups[0])), 0); e != 0 {
+				t.Errorf("setgroups: %v", e)
+				return
+			}
+		}
+		unix.RawSyscall(unix.SYS_SETFSGID, uintptr(gid), 0, 0)
+		unix.RawSyscall(unix.SYS_SETFSUID, uintptr(uid), 0, 0)
+		fn(unix.Gettid())
+	}
+	go run()
+	task := fmt.Sprintf("/proc/self/task/%d", <-tid)
+	<-finished
+	for {
+		if _, err := os.Stat(task); os.IsNotExist(err) {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// callerAs is the context of a request from thread tid, running as uid
+// and gid.
+func callerAs(tid int, uid, gid uint32) context.Context {
+	return fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: uid, Gid: gid}, Pid: uint32(tid)})
+}
+
+// TestAsyncCallerGroupsAtSubmit: a submitted call's permission checks use
+// the groups its caller had when it submitted, though the calling thread
+// is gone when the call runs (its /proc entry with it).
+func TestAsyncCallerGroupsAtSubmit(t *testing.T) {
+	fx := newFuzzFixture(t)
+	if _, err := fx.st.Mkdir(context.Background(), "grp", &store.Object{Mode: 0o770, Uid: 0, Gid: 1234}); err != nil {
+		t.Fatal(err)
+	}
+	id, mem := memfdOn(t, fx, fx.dh, 4096)
+	copy(mem, "group")
+	release := holdCalls(t, fx.dh)
+	var call int32
+	var errno syscall.Errno
+	onThread(t, 65534, 65534, []uint32{1234}, func(tid int) {
+		a := vcallOf("grp/x", ioctl.Seg{ID: id, Off: 0, Len: 5})
+		a.Flags = ioctl.VBatchAsync
+		call, errno = fx.root.Ioctl(callerAs(tid, 65534, 65534), fx.dh, ioctl.CmdBatchPutV, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg))
+	})
+	if errno != 0 {
+		t.Fatalf("submit as a member of the directory's group: %v", errno)
+	}
+	release() // the submitting thread is gone
+	res, errno := waitV(fx, fx.dh, uint32(call), 1)
+	if errno != 0 || res[0] != 5 {
+		t.Fatalf("a member of the directory's group put into it: %v, %v", res, errno)
+	}
+	if got := readKey(t, fx, "grp/x"); string(got) != "group" {
+		t.Fatalf("grp/x: %q", got)
+	}
+}
+
+// TestAsyncUserShare: one user, however many handles it opens, holds at
+// most maxAsyncPerUser submitted calls; other users, and root, still
+// submit theirs; waiting gives the user's share back.
+func TestAsyncUserShare(t *testing.T) {
+	fx := newFuzzFixture(t)
+	get := func() *ioctl.VBatchArg {
+		a := vcallOf("missing", ioctl.Seg{ID: ioctl.SegVM})
+		a.Flags = ioctl.VBatchAsync
+		return a
+	}
+	submitAs := func(uid uint32, dh *dirHandle) (int32, syscall.Errno) {
+		var call int32
+		var errno syscall.Errno
+		onThread(t, uid, uid, nil, func(tid int) {
+			call, errno = fx.root.Ioctl(callerAs(tid, uid, uid), dh, ioctl.CmdBatchGetV, 0, get().Marshal(), make([]byte, ioctl.SizeVBatchArg))
+		})
+		return call, errno
+	}
+	var handles []*dirHandle
+	t.Cleanup(func() {
+		for _, h := range handles {
+			h.async.close()
+		}
+	})
+	var errno syscall.Errno
+	onThread(t, 65534, 65534, nil, func(tid int) {
+		ctx := callerAs(tid, 65534, 65534)
+		for held := 0; held <= maxAsyncPerUser; {
+			h := newDirHandle(fx.root)
+			handles = append(handles, h)
+			for range ioctl.MaxAsyncCalls {
+				if _, errno = fx.root.Ioctl(ctx, h, ioctl.CmdBatchGetV, 0, get().Marshal(), make([]byte, ioctl.SizeVBatchArg)); errno != 0 {
+					if held != maxAsyncPerUser {
+						t.Errorf("call %d of one user: %v", held+1, errno)
+					}
+					return
+				}
+				held++
+			}
+		}
+	})
+	if errno != syscall.EBUSY {
+		t.Fatalf("the call past one user's share: %v, want EBUSY", errno)
+	}
+	other := newDirHandle(fx.root)
+	handles = append(handles, other)
+	if _, errno := submitAs(65533, other); errno != 0 {
+		t.Fatalf("another user's call while the first holds its share: %v", errno)
+	}
+	if _, errno := submitV(fx, other, false, get()); errno != 0 {
+		t.Fatalf("root's call: %v", errno)
+	}
+	if _, errno := waitV(fx, handles[0], 0, 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	if _, errno := waitV(fx, handles[0], 1, 1); errno != 0 {
+		t.Fatalf("collect the first user's first call: %v", errno)
+	}
+	if _, errno := submitAs(65534, handles[0]); errno != 0 {
+		t.Fatalf("the user's call once one of its share was collected: %v", errno)
+	}
+	if n, want := fx.root.fs.asyncHeld.held(), maxAsyncPerUser+2; n != want {
+		t.Fatalf("the mount holds %d calls, want %d", n, want)
+	}
+	for _, h := range handles {
+		h.async.close()
+	}
+	fx.root.fs.async.Wait()
+	if n := fx.root.fs.asyncHeld.held(); n != 0 {
+		t.Fatalf("the mount holds %d calls after every handle was released", n)
+	}
 }
 
 // TestAsyncBadEntriesFailAlone: a submitted call's entries are decoded by

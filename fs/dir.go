@@ -35,7 +35,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 func newDirHandle(n *node) *dirHandle {
 	h := &dirHandle{n: n}
 	h.regs.fs = n.fs
-	h.async.live = &n.fs.asyncHeld
+	h.async.counts = &n.fs.asyncHeld
 	return h
 }
 

@@ -76,8 +76,11 @@
 // themselves (access.go), since the kernel never looked those keys up. A
 // vector batch submitted with ioctl.VBatchAsync runs in a goroutine of its
 // own and waits, results and all, in its directory handle's table
-// (async.go) until BATCH_WAIT collects it; unmounting waits for the ones
-// still running.
+// (async.go) until BATCH_WAIT collects it. What it needs of its caller
+// (groups, GPU mappings) is read at the submit, while the caller waits in
+// the request; its keys are joined to the handle's directory's path when
+// it runs. Unmounting waits for the ones still running, counted as
+// running requests (a stuck one makes it give up, as a stuck ioctl does).
 //
 // # Errors
 //

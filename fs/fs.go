@@ -123,9 +123,10 @@ type FS struct {
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
 	handles atomic.Int64 // open file handles
-	// ioctls counts the ioctls running and when one last ended (Unix
-	// ns): ioctls copy client memory, whose page faults can wait for
-	// ever, and Unmount gives up on them once none ends for its timeout.
+	// ioctls counts the ioctls running, submitted calls included, and
+	// when one last ended (Unix ns): ioctls copy client memory, whose
+	// page faults can wait for ever (and GPU copies), and Unmount gives
+	// up on them once none ends for its timeout.
 	ioctls struct {
 		running atomic.Int64
 		lastEnd atomic.Int64
@@ -143,7 +144,7 @@ type FS struct {
 	// from) and waits for them; asyncHeld counts those held, running or
 	// not yet waited for (at most maxAsyncTotal).
 	async     sync.WaitGroup
-	asyncHeld atomic.Int64
+	asyncHeld asyncCounts
 	asyncCtx  context.Context
 	asyncStop context.CancelFunc
 }
@@ -185,7 +186,7 @@ type BatchStats struct {
 func (m *Mount) Batches() BatchStats {
 	b := &m.fs.batches
 	st := BatchStats{Keys: b.keys.Load(), HandlerNs: b.handlerNs.Load(), TransferNs: b.transferNs.Load(),
-		Submitted: m.fs.asyncHeld.Load(), Submits: b.submits.Load(), SubmitNs: b.submitNs.Load()}
+		Submitted: int64(m.fs.asyncHeld.held()), Submits: b.submits.Load(), SubmitNs: b.submitNs.Load()}
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPUNs = uint64(ru.Utime.Nano() + ru.Stime.Nano())

@@ -954,13 +954,33 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	err = submittable(n.fs, bc, dh, a)
 	var id uint32
 	if err == nil {
-		c := &asyncCall{a: a, done: make(chan struct{})}
+		c := &asyncCall{a: a, uid: bc.uid, done: make(chan struct{})}
 		var actx context.Context
 		if id, actx, err = dh.async.add(c, n.fs.asyncCtx); err == nil {
 			n.fs.async.Add(1)
+			n.fs.ioctls.running.Add(1) // for Unmount, as a request
+			hook := dh.async.beforeRun
 			go func() {
-				defer n.fs.async.Done()
+				defer func() {
+					n.fs.ioctls.lastEnd.Store(time.Now().UnixNano())
+					n.fs.ioctls.running.Add(-1)
+					n.fs.async.Done()
+				}()
+				if hook != nil {
+					hook()
+				}
+				// The keys are the handle's directory's, wherever it is
+				// now (a synchronous call's are while it runs): one
+				// renamed since the submit is followed, not the path it
+				// had; one removed fails them.
+				now, ok := dh.n.key()
+				dir, bc.dir = now, now
 				decode()
+				if !ok {
+					for _, op := range ptrs {
+						op.fail(store.ErrStale)
+					}
+				}
 				run(actx)
 				dh.async.finish(id, c)
 			}()

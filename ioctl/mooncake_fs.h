@@ -237,9 +237,12 @@ struct mc_vbatch {
  * the call is done and returns the call's struct with every result
  * filled; each call is waited for once (EINVAL otherwise). count 0 waits
  * for every call submitted on the fd before it and consumes none. An fd
- * holds at most MC_MAX_ASYNC_CALLS calls not waited for, the mount 1024
- * (EBUSY beyond); closing the fd drops their results and stops the calls
- * still running at their next key.
+ * holds at most MC_MAX_ASYNC_CALLS calls not waited for, a user (root
+ * aside) 256, the mount 1024 (EBUSY beyond); closing the fd drops their
+ * results and stops the calls still running at their next key. The
+ * call's keys are relative to the fd's directory where it is when the
+ * call runs (ESTALE if it was removed), its permissions those of the
+ * caller at the submit.
  */
 #define MC_VBATCH_ASYNC (1u << 0)
 #define MC_MAX_ASYNC_CALLS 16

@@ -1002,7 +1002,8 @@ class Directory(_Handle):
         process's own memory (SEG_VM, register_vm: OSError EINVAL); that
         memory must stay as it is until wait_columns (or wait_calls)
         returns. OSError EBUSY when the directory's fd holds
-        MAX_ASYNC_CALLS calls not waited for (or the mount 1024)."""
+        MAX_ASYNC_CALLS calls not waited for (or the user 256, the mount
+        1024)."""
         raw = self._pack_columns(keys, lens, segs, nseg, flags, metas, mlens, gpus)
         struct.pack_into("<I", raw, 4, _abi.VBATCH_ASYNC)
         number = ioctl_released(self.fileno(), _abi.BATCH_PUTV if put else _abi.BATCH_GETV, raw, self.name)
