@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -459,4 +460,33 @@ func BenchmarkBatchPutOne(b *testing.B) {
 			b.StartTimer()
 		}
 	}
+}
+
+// TestBatchMovesLRU: the keys a batch puts, and those a batch gets, become
+// the most recently used, in the call's order; a key a get does not find
+// moves nothing.
+func TestBatchMovesLRU(t *testing.T) {
+	fx := newFuzzFixture(t)
+	val := []byte("value")
+	want := func(order ...string) {
+		t.Helper()
+		if got := fx.idx.LRUTail(100); !slices.Equal(got, order) {
+			t.Fatalf("LRU, least recent first: %q, want %q", got, order)
+		}
+	}
+	var puts []batchEntry
+	for _, k := range []string{"k0", "k1", "k2", "k3"} {
+		puts = append(puts, batchEntry{key: k, data: val})
+	}
+	runBatch(t, fx, true, puts)
+	// The fixture's file "f" was made first.
+	want("f", "k0", "k1", "k2", "k3")
+	buf := func() []byte { return make([]byte, len(val)) }
+	res := runBatch(t, fx, false, []batchEntry{{key: "k2", data: buf()}, {key: "gone", data: buf()}, {key: "k0", data: buf()}})
+	if res[0] != int64(len(val)) || res[1] != -int64(syscall.ENOENT) || res[2] != int64(len(val)) {
+		t.Fatalf("gets: %v", res)
+	}
+	want("f", "k1", "k3", "k2", "k0")
+	runBatch(t, fx, true, []batchEntry{{key: "k1", data: val}})
+	want("f", "k3", "k2", "k0", "k1")
 }

@@ -21,6 +21,7 @@ import (
 // directory handle on the root.
 type fuzzFixture struct {
 	st   *store.Store
+	idx  *store.Embedded // the store's index, and its LRU
 	root *node
 	file *node
 	fh   *handle
@@ -57,7 +58,8 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 	}
 	t.Cleanup(eng.Close)
 	so := store.DefaultOptions()
-	so.Index, so.Segments, so.Engine, so.Evict = store.NewEmbeddedFor(store.KeysFor(uint64(size))), tab, eng, false
+	idx := store.NewEmbeddedFor(store.KeysFor(uint64(size)))
+	so.Index, so.Segments, so.Engine, so.Evict = idx, tab, eng, false
 	st, err := store.New(so)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +100,7 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 	dh := newDirHandle(root)
 	t.Cleanup(func() { h.regs.closeAll() })
 	t.Cleanup(func() { dh.async.close(); f.async.Wait() }) // before the store closes
-	return &fuzzFixture{st: st, root: root, file: fn, fh: h, dh: dh}
+	return &fuzzFixture{st: st, idx: idx, root: root, file: fn, fh: h, dh: dh}
 }
 
 var fuzzCmds = []uint32{

@@ -745,9 +745,12 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				c.m.Wait()
 			}
 		}
-		for _, r := range readers {
+		keys := make([]string, len(readers))
+		for i, r := range readers {
+			keys[i] = r.Object().Key
 			r.Close()
 		}
+		n.fs.st.Touch(keys...)
 	}()
 	start := func(c *getChunk) { c.m = n.fs.st.StartReads(ctx, c.reads) }
 	cur := &getChunk{at: make([]*keyOp, 0, len(ops)), reads: make([]store.ReaderRead, 0, len(ops))}
@@ -761,7 +764,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			op.fail(err)
 			continue
 		}
-		r, err := n.fs.st.OpenReader(ctx, key)
+		r, err := n.fs.st.OpenReaderUntouched(ctx, key) // moved up together, below
 		if err != nil {
 			op.fail(err)
 			continue

@@ -297,7 +297,8 @@ func TestPutsXattrsOfOldVersions(t *testing.T) {
 }
 
 // TestPutsMoveLRU: the keys a batch commits become the most recently used,
-// in the batch's order, and a key that fails keeps its place: with the
+// in the batch's order, and a key that fails keeps its place; so do the
+// keys of readers (OpenReader) and of Touch: with the
 // LRU kept in the embedded index (moved by the swap) and kept by the
 // store (an index that does not keep one).
 func TestPutsMoveLRU(t *testing.T) {
@@ -352,6 +353,24 @@ func TestPutsMoveLRU(t *testing.T) {
 				t.Fatalf("puts over a stale version and a good one: %v", errs)
 			}
 			want("k1", "k2", "k0", "k3")
+			// Readers: OpenReader moves its key up, OpenReaderUntouched
+			// does not, and Touch moves the keys it is given, in order.
+			for _, open := range []struct {
+				fn    func(context.Context, string) (*store.Reader, error)
+				order []string
+			}{
+				{s.OpenReaderUntouched, []string{"k1", "k2", "k0", "k3"}},
+				{s.OpenReader, []string{"k2", "k0", "k3", "k1"}},
+			} {
+				r, err := open.fn(ctx, "k1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Close()
+				want(open.order...)
+			}
+			s.Touch("k2", "k0")
+			want("k3", "k1", "k2", "k0")
 		})
 	}
 }

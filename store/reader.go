@@ -32,8 +32,37 @@ type Reader struct {
 // The lookup runs without Store.mu (an index may wait for its cache
 // there). A version replaced between the lookup and the lease may have
 // had its body freed already: the lease is taken only on a body still
-// current at that version, else the lookup is made again.
+// current at that version, else the lookup is made again. The key
+// becomes the most recently used.
 func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
+	return s.openReader(ctx, key, true)
+}
+
+// OpenReaderUntouched is OpenReader that leaves key's place in the LRU:
+// a caller that opens many keys moves them up together, with one Touch.
+func (s *Store) OpenReaderUntouched(ctx context.Context, key string) (*Reader, error) {
+	return s.openReader(ctx, key, false)
+}
+
+// Touch makes each key, in turn, the most recently used (as OpenReader
+// does: a key removed meanwhile leaves the order when eviction finds it
+// gone, or with its entry in a keeper's).
+func (s *Store) Touch(keys ...string) {
+	if len(keys) == 0 {
+		return
+	}
+	if s.keeper != nil {
+		s.keeper.Touch(keys...)
+		return
+	}
+	s.lru.Lock()
+	for _, k := range keys {
+		s.touchLocked(k)
+	}
+	s.lru.Unlock()
+}
+
+func (s *Store) openReader(ctx context.Context, key string, touch bool) (*Reader, error) {
 	var noRecord uint64 // a version whose local bytes have no record here
 	for wait := time.Duration(0); ; wait = min(max(2*wait, 20*time.Microsecond), 5*time.Millisecond) {
 		if wait > 0 {
@@ -115,7 +144,9 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 				s.holdReadersOf(key, cur)
 			}
 		}
-		s.touch(key)
+		if touch {
+			s.touch(key)
+		}
 		return r, nil
 	}
 }
