@@ -250,11 +250,11 @@ func submittable(f *FS, bc *batchCall, dh *dirHandle, a *ioctl.VBatchArg) error 
 			}
 		}
 	}
-	if err := bc.p.load(); err != nil {
-		return err
-	}
 	if len(bc.gpus) > 0 {
 		bc.mapped, bc.mapErr = f.gpuMappings(bc.p, bc.gpus)
+	}
+	if bc.uid != 0 {
+		bc.p.fixGroups() // root's checks need none
 	}
 	return nil
 }

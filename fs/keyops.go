@@ -745,12 +745,9 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				c.m.Wait()
 			}
 		}
-		keys := make([]string, len(readers))
-		for i, r := range readers {
-			keys[i] = r.Object().Key
+		for _, r := range readers {
 			r.Close()
 		}
-		n.fs.st.Touch(keys...)
 	}()
 	start := func(c *getChunk) { c.m = n.fs.st.StartReads(ctx, c.reads) }
 	cur := &getChunk{at: make([]*keyOp, 0, len(ops)), reads: make([]store.ReaderRead, 0, len(ops))}
@@ -764,7 +761,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			op.fail(err)
 			continue
 		}
-		r, err := n.fs.st.OpenReaderUntouched(ctx, key) // moved up together, below
+		r, err := n.fs.st.OpenReaderUntouched(ctx, key) // moved up together once opened
 		if err != nil {
 			op.fail(err)
 			continue
@@ -798,6 +795,14 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	if len(cur.at) > 0 {
 		start(cur)
 	}
+	// The keys read move up together, before their copies are waited
+	// for: eviction passes over keys being read (open), and would spend
+	// its look at the LRU's end on them.
+	keys := make([]string, len(readers))
+	for i, r := range readers {
+		keys[i] = r.Object().Key
+	}
+	n.fs.st.Touch(keys...)
 	for _, c := range chunks {
 		if c.m == nil {
 			continue
@@ -976,10 +981,10 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 				// now (a synchronous call's are while it runs): one
 				// renamed since the submit is followed, not the path it
 				// had; one removed fails them.
-				now, ok := dh.n.key()
-				dir, bc.dir = now, now
-				decode()
-				if !ok {
+				if now, ok := dh.n.key(); ok {
+					dir, bc.dir = now, now
+					decode()
+				} else {
 					for _, op := range ptrs {
 						op.fail(store.ErrStale)
 					}

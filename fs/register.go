@@ -182,6 +182,9 @@ type callerProc struct {
 	loaded bool
 	tgid   int
 	groups []uint32
+	// noGroups: its groups were asked for once and /proc had no answer
+	// (fixGroups); inGroup goes by the primary group alone since.
+	noGroups bool
 }
 
 // procOf returns the caller of the request in ctx.
@@ -236,10 +239,20 @@ func (p *callerProc) inGroup(gid uint32) bool {
 	if p.gid == gid {
 		return true
 	}
-	if p.load() != nil {
+	if p.noGroups || p.load() != nil {
 		return false
 	}
 	return slices.Contains(p.groups, gid)
+}
+
+// fixGroups reads the caller's groups now, while its thread id names it,
+// for permission checks made later: a caller whose /proc has no answer
+// keeps its primary group alone, as inGroup gives it then, and nothing is
+// read for it again (the id may name another thread by then).
+func (p *callerProc) fixGroups() {
+	if p.load() != nil {
+		p.noGroups = true
+	}
 }
 
 // register maps the caller's memfd or shm file into the daemon.

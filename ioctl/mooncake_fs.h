@@ -241,8 +241,8 @@ struct mc_vbatch {
  * aside) 256, the mount 1024 (EBUSY beyond); closing the fd drops their
  * results and stops the calls still running at their next key. The
  * call's keys are relative to the fd's directory where it is when the
- * call runs (ESTALE if it was removed), its permissions those of the
- * caller at the submit.
+ * call runs (each key's result -ESTALE if it was removed by then), and
+ * checked as the caller, with the groups it had at the submit.
  */
 #define MC_VBATCH_ASYNC (1u << 0)
 #define MC_MAX_ASYNC_CALLS 16
