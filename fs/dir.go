@@ -17,6 +17,8 @@ type dirHandle struct {
 	async asyncTable
 	mu    sync.Mutex
 	ds    gofs.DirStream
+	// released: Releasedir ran (FS.dirs counts the handle until then).
+	released bool
 }
 
 var (
@@ -36,6 +38,7 @@ func newDirHandle(n *node) *dirHandle {
 	h := &dirHandle{n: n}
 	h.regs.fs = n.fs
 	h.async.counts = &n.fs.asyncHeld
+	n.fs.dirs.Add(1)
 	return h
 }
 
@@ -86,6 +89,10 @@ func (h *dirHandle) Releasedir(ctx context.Context, releaseFlags uint32) {
 	if h.ds != nil {
 		h.ds.Close()
 		h.ds = nil
+	}
+	if !h.released {
+		h.released = true
+		h.n.fs.dirs.Add(-1)
 	}
 	h.mu.Unlock()
 	h.async.close()

@@ -123,6 +123,10 @@ type FS struct {
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
 	handles atomic.Int64 // open file handles
+	// dirs counts open directory handles: not bounded as files are (each
+	// holds at most its registrations and submitted calls, which are),
+	// but what keeps a lazily detached mount served, with the files.
+	dirs atomic.Int64
 	// ioctls counts the ioctls running, submitted calls included, and
 	// when one last ended (Unix ns): ioctls copy client memory, whose
 	// page faults can wait for ever (and GPU copies), and Unmount gives

@@ -333,6 +333,9 @@ func (m *Mount) OpenFiles() (open, limit uint64) {
 	return uint64(m.fs.handles.Load()), uint64(m.fs.opts.MaxOpen)
 }
 
+// OpenDirs returns how many directory handles of the mount are open.
+func (m *Mount) OpenDirs() int64 { return m.fs.dirs.Load() }
+
 // registerCUDA opens a CUDA allocation of the caller once (its IPC handle)
 // for PUT_BUF and GET_BUF: copies then go GPU <-> segment directly.
 func (f *FS) registerCUDA(ctx context.Context, t *regTable, a *ioctl.RegisterArg) error {

@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"os"
 	"strings"
@@ -75,5 +76,26 @@ func TestCUDARegistrationRefusals(t *testing.T) {
 	}
 	if err := checkDmabuf(memfd, 0); err == nil || !strings.Contains(err.Error(), "not a dma-buf") {
 		t.Errorf("a memfd as a dma-buf: %v", err)
+	}
+}
+
+// TestOpenDirsCounted: the mount counts a directory handle from its open
+// to its release, once however often it is released.
+func TestOpenDirsCounted(t *testing.T) {
+	fx := newFuzzFixture(t)
+	m := &Mount{fs: fx.root.fs}
+	base := m.OpenDirs()
+	fh, _, errno := fx.root.OpendirHandle(context.Background(), 0)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	dh := fh.(*dirHandle)
+	if n := m.OpenDirs(); n != base+1 {
+		t.Fatalf("%d directories open with one more handle, want %d", n, base+1)
+	}
+	dh.Releasedir(context.Background(), 0)
+	dh.Releasedir(context.Background(), 0)
+	if n := m.OpenDirs(); n != base {
+		t.Fatalf("%d directories open after the release, want %d", n, base)
 	}
 }

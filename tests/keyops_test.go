@@ -318,7 +318,8 @@ while True:
 			Procs int `json:"procs"`
 			IPC   int `json:"ipc_handles"`
 		} `json:"clients"`
-		Used uint64 `json:"used"`
+		Used     uint64 `json:"used"`
+		OpenDirs int64  `json:"open_dirs"`
 	}
 	get := func() (clients, string) {
 		out := run(t, daemonBin(), "status", "--json", d.dir)
@@ -328,9 +329,9 @@ while True:
 		}
 		return c, fmt.Sprintf("%+v", c)
 	}
-	waitFor(t, "the killed client's registrations and state gone", func() (bool, string) {
+	waitFor(t, "the killed client's registrations, directories and state gone", func() (bool, string) {
 		c, s := get()
-		return c.Registrations.Live == 0 && c.Clients.Procs == 0 && c.Clients.IPC == 0, s
+		return c.Registrations.Live == 0 && c.Clients.Procs == 0 && c.Clients.IPC == 0 && c.OpenDirs == 0, s
 	})
 	run(t, "rm", "-r", d.path("kill"), d.path("killstore"), d.path("killasync"))
 	waitFor(t, "no byte in use", func() (bool, string) {

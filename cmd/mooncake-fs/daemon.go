@@ -434,6 +434,7 @@ type Status struct {
 	Objects       int             `json:"objects"`
 	OpenObjects   int             `json:"open_objects"`
 	OpenFiles     LimitStatus     `json:"open_files"`
+	OpenDirs      int64           `json:"open_dirs"`
 	Batches       mfs.BatchStats  `json:"batches"`
 	Metadata      LimitStatus     `json:"metadata_bytes"`
 	Evict         EvictStatus     `json:"evict"`
@@ -526,6 +527,7 @@ func (d *daemon) status() Status {
 	}
 	s.Registrations.Live, s.Registrations.Total, s.Registrations.Bytes = d.mnt.Registrations()
 	s.OpenFiles.Used, s.OpenFiles.Limit = d.mnt.OpenFiles()
+	s.OpenDirs = d.mnt.OpenDirs()
 	s.Batches = d.mnt.Batches()
 	s.Clients = d.mnt.Procs()
 	s.GPUs = d.gpus
