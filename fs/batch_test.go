@@ -463,8 +463,8 @@ func BenchmarkBatchPutOne(b *testing.B) {
 }
 
 // TestBatchMovesLRU: the keys a batch puts, and those a batch gets, become
-// the most recently used, in the call's order; a key a get does not find
-// moves nothing.
+// the most recently used, in the call's order; a key a get does not find,
+// or may not read, moves nothing.
 func TestBatchMovesLRU(t *testing.T) {
 	fx := newFuzzFixture(t)
 	val := []byte("value")
@@ -489,4 +489,15 @@ func TestBatchMovesLRU(t *testing.T) {
 	want("f", "k1", "k3", "k2", "k0")
 	runBatch(t, fx, true, []batchEntry{{key: "k1", data: val}})
 	want("f", "k3", "k2", "k0", "k1")
+	// A get the caller may not make moves nothing: another user cannot
+	// keep a key cached by asking for it.
+	if _, err := fx.st.Update(context.Background(), "k2", 0, func(o *store.Object) error { o.Mode = 0o600; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want("f", "k3", "k2", "k0", "k1") // (a chmod is no use)
+	res = runBatchAs(t, fx, 65534, false, []batchEntry{{key: "k3", data: buf()}, {key: "k2", data: buf()}})
+	if res[0] != int64(len(val)) || res[1] != -int64(syscall.EACCES) {
+		t.Fatalf("gets by another user: %v", res)
+	}
+	want("f", "k2", "k0", "k1", "k3")
 }

@@ -739,6 +739,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	}
 	var chunks []*getChunk
 	readers := make([]*store.Reader, 0, len(ops))
+	read := make([]string, 0, len(ops)) // the keys of the reads started
 	defer func() {
 		for _, c := range chunks {
 			if c.m != nil {
@@ -783,6 +784,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 		cur.at = append(cur.at, op)
 		cur.reads = append(cur.reads, store.ReaderRead{Reader: r, Bufs: bufs, Off: op.objOff})
+		read = append(read, key)
 		for _, b := range bufs {
 			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
 		}
@@ -796,13 +798,9 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		start(cur)
 	}
 	// The keys read move up together, before their copies are waited
-	// for: eviction passes over keys being read (open), and would spend
-	// its look at the LRU's end on them.
-	keys := make([]string, len(readers))
-	for i, r := range readers {
-		keys[i] = r.Object().Key
-	}
-	n.fs.st.Touch(keys...)
+	// for (eviction passes over keys being read): those whose checks
+	// passed only, so a caller refused a key does not keep it cached.
+	n.fs.st.Touch(read...)
 	for _, c := range chunks {
 		if c.m == nil {
 			continue

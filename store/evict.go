@@ -39,6 +39,19 @@ func (s *Store) forget(key string) {
 	s.lru.Unlock()
 }
 
+// forgetAt takes key out of the LRU as it was at version v: a commit
+// since (bytes written, an unpin) put it back in, before or after the
+// forget, and keeps it there.
+func (s *Store) forgetAt(ctx context.Context, key string, v uint64) {
+	s.forget(key)
+	// A commit's own touch follows its swap: one that swapped before the
+	// look below may have touched before the forget above, so it is
+	// touched again; one after it touches after the forget.
+	if cur, err := s.idx.Get(ctx, key); err == nil && cur.Version != v {
+		s.touch(key)
+	}
+}
+
 // lruTail returns up to n keys, least recently used first.
 func (s *Store) lruTail(n int) []string {
 	if s.keeper != nil {
@@ -63,36 +76,54 @@ func (s *Store) lruLen() int {
 	return s.lru.list.Len()
 }
 
+// evictOutcome is what evictOne did with a key.
+type evictOutcome uint8
+
+const (
+	evictKept  evictOutcome = iota // not evicted, and where it was in the LRU
+	evictMoved                     // not evicted, and off the LRU's end (out of it, or up as in use)
+	evictDone                      // evicted
+)
+
 // evictOne removes key if it may be evicted: a file with local bytes,
 // not pinned and not open. A file with replicas on other nodes only loses
 // this node's copy (repair may place it elsewhere); the last copy takes
 // the key with it. It returns the bytes freed (possibly later, once a
-// racing reader lets go) and whether it evicted.
-func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
+// racing reader lets go) and what it did.
+func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome) {
 	o, err := s.idx.Get(ctx, key)
 	if err != nil {
-		if errors.Is(err, ErrNotFound) && s.keeper == nil {
-			s.forget(key) // (a keeper has no entry for a key that is gone)
+		if errors.Is(err, ErrNotFound) {
+			if s.keeper == nil {
+				s.forget(key) // (a keeper has no entry for a key that is gone)
+			}
+			return 0, evictMoved
 		}
-		return 0, false
+		return 0, evictKept
 	}
-	if o.Kind != KindFile || o.Size == 0 || len(s.localExtents(o)) == 0 {
-		// Nothing here to evict until a commit writes bytes here, which
-		// puts it back: out of the LRU (empty files cost metadata too).
-		s.forget(key)
-		return 0, false
-	}
-	if o.Pinned {
-		return 0, false // stays in the LRU: an unpin makes it evictable again
+	if o.Kind != KindFile || o.Size == 0 || len(s.localExtents(o)) == 0 || o.Pinned {
+		// Nothing here to evict until a commit writes bytes here, or
+		// unpins the file, which puts it back: out of the LRU (empty
+		// files cost metadata too; pinned ones left at its end would
+		// use up every pass's look).
+		s.forgetAt(ctx, key, o.Version)
+		return 0, evictMoved
 	}
 	// Not open, and no open may start until the swap below has landed or
 	// failed: an open that looked the key up meanwhile waits and looks
 	// again, so it either holds the file before it can be evicted or sees
 	// it gone.
 	s.mu.Lock()
-	if s.mu.opens[o.Ino] > 0 || s.mu.evicting[o.Ino] != nil {
+	if s.mu.opens[o.Ino] > 0 {
+		// In use: as recently used as it gets (left at the LRU's end,
+		// many open files would use up every pass's look).
 		s.mu.Unlock()
-		return 0, false
+		s.touch(key)
+		return 0, evictMoved
+	}
+	if s.mu.evicting[o.Ino] != nil {
+		s.mu.Unlock()
+		return 0, evictKept
 	}
 	done := make(chan struct{})
 	s.mu.evicting[o.Ino] = done
@@ -109,15 +140,15 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, bool) {
 		next.Replicas = others
 		swaps = []Swap{{Key: key, Old: o.Version, New: next}}
 	} else if swaps, err = s.removal(ctx, o); err != nil {
-		return 0, false
+		return 0, evictKept
 	}
 	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
-		return 0, false
+		return 0, evictKept
 	}
 	s.committed([]*Object{o}, nil, []string{key})
 	s.stats.evictions.Add(1)
 	s.stats.evictedBytes.Add(o.Size)
-	return o.Size, true
+	return o.Size, evictDone
 }
 
 // otherReplicas returns o's replicas on other nodes.
@@ -175,18 +206,29 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 	if keep != "" {
 		tried[keep] = true
 	}
-	misses := 0 // keys looked at and kept
-	for more() && misses < maxEvictMisses {
-		want := 64 + len(tried)
+	// misses: keys looked at, kept, and still at the LRU's end (with
+	// keep, what each look at the end passes over); keys that left the
+	// end (pinned or empty ones out of the LRU, open ones moved up) are
+	// not in the way of the next look.
+	misses, looked := 0, 0
+	if keep != "" {
+		misses++ // it stays, wherever it is
+	}
+	for more() && misses < maxEvictMisses && looked < maxEvictLooks {
+		want := 64 + misses
 		keys := s.lruTail(want)
-		progress := false
+		progress, fresh := false, false
 		for _, k := range keys {
 			if tried[k] {
 				continue
 			}
-			tried[k] = true
-			if _, ok := s.evictOne(ctx, k); !ok {
+			tried[k], fresh = true, true
+			looked++
+			switch _, out := s.evictOne(ctx, k); out {
+			case evictKept:
 				misses++
+				continue
+			case evictMoved:
 				continue
 			}
 			any, progress = true, true
@@ -194,16 +236,20 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 				return true
 			}
 		}
-		if !progress && len(keys) < want {
+		if !fresh || !progress && len(keys) < want {
 			break // every key of the LRU tried
 		}
 	}
 	return any
 }
 
-// maxEvictMisses bounds the keys one eviction pass looks at and cannot
-// evict (pinned, open, being written).
-const maxEvictMisses = 4096
+// maxEvictMisses bounds the keys one eviction pass looks at that it can
+// neither evict nor move off the LRU's end (being evicted or written
+// already), and maxEvictLooks all the keys it looks at.
+const (
+	maxEvictMisses = 4096
+	maxEvictLooks  = 1 << 16
+)
 
 // evictLoop keeps use under the high watermark in the background.
 func (s *Store) evictLoop() {

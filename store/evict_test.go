@@ -414,3 +414,64 @@ func TestEvictForMetadataPastEmptyFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestEvictPastPinnedAndOpen: more pinned files, and more open ones, than
+// one eviction pass may look at and keep (4096), all at the LRU's end, do
+// not keep a write that needs room from evicting the files behind them;
+// an unpinned file is evictable again.
+func TestEvictPastPinnedAndOpen(t *testing.T) {
+	const n, small, big = 4200, 4 << 10, 1 << 20
+	s := newTestStore(t, 48<<20, withOptions(func(o *store.Options) { o.HighWater = 1 }))
+	ctx := context.Background()
+	for i := range n {
+		k := fmt.Sprintf("p%d", i)
+		s.put(t, k, pattern(1, small))
+		s.pin(t, k)
+	}
+	var readers []*store.Reader
+	t.Cleanup(func() {
+		for _, r := range readers {
+			r.Close()
+		}
+	})
+	for i := range n {
+		k := fmt.Sprintf("r%d", i)
+		s.put(t, k, pattern(2, small))
+		r, err := s.OpenReader(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers = append(readers, r)
+	}
+	var old []string
+	for i := 0; s.used()+big <= 48<<20; i++ {
+		k := fmt.Sprintf("u%d", i)
+		old = append(old, k)
+		s.put(t, k, pattern(3, big))
+	}
+	for i := range 4 {
+		s.put(t, fmt.Sprintf("new%d", i), pattern(4, big)) // needs room: evicts
+	}
+	if _, gone := s.present(t, old); len(gone) < 4 {
+		t.Fatalf("evicted %q of the unpinned closed files", gone)
+	}
+	for i := range n {
+		for _, k := range []string{fmt.Sprintf("p%d", i), fmt.Sprintf("r%d", i)} {
+			if _, err := s.Index.Get(ctx, k); err != nil {
+				t.Fatalf("%s, pinned or open: %v", k, err)
+			}
+		}
+	}
+	// Unpinned, a file is evictable again (the unpin puts it back in the
+	// LRU, now its most recent end).
+	if _, err := s.Update(ctx, "p0", 0, func(o *store.Object) error { o.Pinned = false; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if lru := store.LRUTail(s.Store, 3*n); len(lru) == 0 || lru[len(lru)-1] != "p0" || slices.Contains(lru, "p1") {
+		t.Fatalf("the LRU after p0's unpin, most recent last: ...%q", lru[max(0, len(lru)-3):])
+	}
+	if !store.EvictKey(s.Store, "p0") {
+		t.Fatal("p0, unpinned, cannot be evicted")
+	}
+	s.checkAlloc(t)
+}

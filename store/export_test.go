@@ -10,8 +10,8 @@ func FollowState(s *Store) (seen uint64, idle bool) {
 
 // EvictKey runs one eviction attempt of key, for tests.
 func EvictKey(s *Store, key string) bool {
-	_, ok := s.evictOne(context.Background(), key)
-	return ok
+	_, out := s.evictOne(context.Background(), key)
+	return out == evictDone
 }
 
 // HoldAsked reports whether the follow loop asked for holds on r's bytes,

@@ -416,6 +416,11 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 			return nil, err
 		}
 		n.Version = in.Version
+		if o.Pinned && !n.Pinned && n.Kind == KindFile {
+			// Eviction takes pinned files out of the LRU (forgetAt): back
+			// in, as used now.
+			s.touch(n.Key)
+		}
 		return n, nil
 	}
 }
