@@ -46,7 +46,10 @@
 // files for room (never the key that needs it, at most 64), and past the
 // high watermark of the limit the eviction loop takes the entries down to
 // the low one, as it does for bytes. Files with no bytes here to evict
-// (empty ones) leave the LRU until a commit writes some.
+// (empty ones) leave the LRU until a commit writes some, pinned ones until
+// they are unpinned, and open ones move to its recent end when eviction
+// meets them: a pass's look (at most 4096 files it can neither evict nor
+// move, 65536 in all) goes to what it may take.
 //
 // # Indexes
 //
