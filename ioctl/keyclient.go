@@ -18,7 +18,11 @@ type keyScratch struct {
 
 // KeyCall runs PUT_KEY (put) or GET_KEY with a on directory f, setting
 // a.Key and a.KeyLen from key, and leaves the daemon's answer in a. A key
-// longer than KeyArgKeyBytes fails with ErrBadKey (use a batch).
+// longer than KeyArgKeyBytes fails with ErrBadKey (use a batch). The
+// daemon reads or fills the memory a.Addr names while the call runs: a
+// Go slice behind it must stay reachable until KeyCall returns
+// (runtime.KeepAlive after the call), or the collector may hand its
+// memory to another allocation meanwhile; PutKey and GetKey do that.
 func (f *File) KeyCall(put bool, key string, a *KeyArg) error {
 	op, cmd := "get_key", CmdGetKey
 	if put {
