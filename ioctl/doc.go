@@ -67,6 +67,12 @@
 // PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
 // caller's pages a folio at a time: buffers backed by transparent huge
 // pages (madvise MADV_HUGEPAGE) move about twice as fast as 4 KiB pages.
+// The daemon finds that memory by address, which the collector does not
+// see: the calls that take Go slices keep them reachable until they
+// return; a caller that passes an address itself (KeyCall, raw SegVM
+// segments) must do the same (runtime.KeepAlive), and keep memory it
+// registered by address (RegisterAddr) until it unregisters it, or the
+// memory may belong to another allocation while the daemon copies.
 //
 // # Errors
 //
