@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -500,4 +501,41 @@ func TestBatchMovesLRU(t *testing.T) {
 		t.Fatalf("gets by another user: %v", res)
 	}
 	want("f", "k2", "k0", "k1", "k3")
+}
+
+// TestPutParentsAgainstRmdir: a put with FlagParents lands although
+// another client keeps removing the directories it makes (while they are
+// still empty), also between its path check and its commit.
+func TestPutParentsAgainstRmdir(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	val := []byte("parents")
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = fx.st.Rmdir(ctx, "p/q")
+			_ = fx.st.Rmdir(ctx, "p")
+			// As often as another client could: one that removes them
+			// faster than a put makes them keeps any put out, as it would
+			// keep out mkdir -p and a create.
+			time.Sleep(20 * time.Microsecond)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := range 3000 {
+		res := runBatch(t, fx, true, []batchEntry{{key: "p/q/k", data: val, flags: ioctl.FlagParents}})
+		if res[0] != int64(len(val)) {
+			t.Fatalf("put %d of p/q/k with FlagParents while p and q are removed: %d", i, res[0])
+		}
+		if err := fx.st.Delete(ctx, "p/q/k", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

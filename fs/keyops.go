@@ -571,6 +571,15 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				dirs[parent] = di
 			}
 			err, place = di.err, di.place
+			if errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 {
+				// Its directory, made or found by its check, went since
+				// (an rmdir of it while empty): alone, after the keys
+				// before it, which makes it again.
+				delete(dirs, parent)
+				flush()
+				n.putAlone(ctx, bc, op)
+				continue
+			}
 			if err != nil {
 				if dir, _ := n.fs.st.HasChildren(ctx, key); dir {
 					err = store.ErrIsDir // as a directory there would say first
@@ -828,20 +837,32 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 		return 0, 0, err
 	}
 	// Checked on a version, acted on only if the key still holds it: a
-	// change in between (a rename over the key) is looked at again.
+	// change in between (a rename over the key) is looked at again, and
+	// so, with FlagParents, is a directory made for the key and removed
+	// before the commit (an rmdir of it while still empty): made again.
 	var o *store.Object
 	for attempt := 0; ; attempt++ {
 		cur, err := n.fs.st.Stat(ctx, key)
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return 0, 0, err
 		}
-		if err := n.mayPut(ctx, bc.p, key, cur); err != nil {
-			return 0, 0, err
+		if err = n.mayPut(ctx, bc.p, key, cur); err == nil {
+			tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: store.NewIno()}
+			o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, bc.metaXattrs(op, cur))
 		}
-		tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: store.NewIno()}
-		o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, bc.metaXattrs(op, cur))
-		if errors.Is(err, store.ErrConflict) && attempt < maxPutRetries && op.flags&ioctl.FlagExcl == 0 {
-			continue
+		if attempt < maxPutRetries {
+			switch {
+			case errors.Is(err, store.ErrConflict) && op.flags&ioctl.FlagExcl == 0:
+				continue
+			case errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0:
+				// The call's search of the directory found it: it went
+				// since. Look again, making it again.
+				delete(bc.searched, store.Parent(key))
+				if key, bufs, size, err = n.target(ctx, bc, op); err != nil {
+					return 0, 0, err
+				}
+				continue
+			}
 		}
 		if err != nil {
 			return 0, 0, err
