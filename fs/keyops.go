@@ -576,6 +576,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				// (an rmdir of it while empty): alone, after the keys
 				// before it, which makes it again.
 				delete(dirs, parent)
+				delete(bc.searched, parent)
 				flush()
 				n.putAlone(ctx, bc, op)
 				continue

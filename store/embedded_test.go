@@ -20,8 +20,9 @@ func TestEmbeddedConformance(t *testing.T) {
 }
 
 // TestEmbeddedLRU: the order a store keeps in the embedded index follows
-// its touches (by Touch, and by swaps that ask) against a model list, keys that leave the index leave the
-// order, and keys the index never had are not in it.
+// its touches (by Touch, and by swaps that ask) against a model list,
+// keys that leave the index leave the order, and keys the index never had
+// are not in it.
 func TestEmbeddedLRU(t *testing.T) {
 	ctx := context.Background()
 	x := store.NewEmbedded()

@@ -5,18 +5,26 @@ import (
 	"errors"
 )
 
-// touch marks key as most recently used.
-func (s *Store) touch(key string) {
+// Touch makes each key, in turn, the most recently used (a key removed
+// meanwhile leaves the order when eviction finds it gone, or with its
+// entry in a keeper's).
+func (s *Store) Touch(keys ...string) {
+	if len(keys) == 0 {
+		return
+	}
 	if s.keeper != nil {
-		s.keeper.Touch(key)
+		s.keeper.Touch(keys...)
 		return
 	}
 	s.lru.Lock()
-	s.touchLocked(key)
+	for _, k := range keys {
+		s.touchLocked(k)
+	}
 	s.lru.Unlock()
 }
 
-// touchLocked is touch for a caller holding s.lru (without a keeper).
+// touchLocked is Touch of one key for a caller holding s.lru (without a
+// keeper).
 func (s *Store) touchLocked(key string) {
 	if e, ok := s.lru.elem[key]; ok {
 		s.lru.list.MoveToFront(e)
@@ -48,7 +56,7 @@ func (s *Store) forgetAt(ctx context.Context, key string, v uint64) {
 	// look below may have touched before the forget above, so it is
 	// touched again; one after it touches after the forget.
 	if cur, err := s.idx.Get(ctx, key); err == nil && cur.Version != v {
-		s.touch(key)
+		s.Touch(key)
 	}
 }
 
@@ -118,7 +126,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 		// In use: as recently used as it gets (left at the LRU's end,
 		// many open files would use up every pass's look).
 		s.mu.Unlock()
-		s.touch(key)
+		s.Touch(key)
 		return 0, evictMoved
 	}
 	if s.mu.evicting[o.Ino] != nil {

@@ -419,7 +419,7 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 		if o.Pinned && !n.Pinned && n.Kind == KindFile {
 			// Eviction takes pinned files out of the LRU (forgetAt): back
 			// in, as used now.
-			s.touch(n.Key)
+			s.Touch(n.Key)
 		}
 		return n, nil
 	}

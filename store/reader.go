@@ -44,24 +44,6 @@ func (s *Store) OpenReaderUntouched(ctx context.Context, key string) (*Reader, e
 	return s.openReader(ctx, key, false)
 }
 
-// Touch makes each key, in turn, the most recently used (as OpenReader
-// does: a key removed meanwhile leaves the order when eviction finds it
-// gone, or with its entry in a keeper's).
-func (s *Store) Touch(keys ...string) {
-	if len(keys) == 0 {
-		return
-	}
-	if s.keeper != nil {
-		s.keeper.Touch(keys...)
-		return
-	}
-	s.lru.Lock()
-	for _, k := range keys {
-		s.touchLocked(k)
-	}
-	s.lru.Unlock()
-}
-
 func (s *Store) openReader(ctx context.Context, key string, touch bool) (*Reader, error) {
 	var noRecord uint64 // a version whose local bytes have no record here
 	for wait := time.Duration(0); ; wait = min(max(2*wait, 20*time.Microsecond), 5*time.Millisecond) {
@@ -145,7 +127,7 @@ func (s *Store) openReader(ctx context.Context, key string, touch bool) (*Reader
 			}
 		}
 		if touch {
-			s.touch(key)
+			s.Touch(key)
 		}
 		return r, nil
 	}

@@ -174,7 +174,7 @@ func (f *follower) apply(ev Event) {
 	// The LRU holds every key with bytes here, whichever node wrote
 	// them, so that eviction can make room for the next write.
 	if cur.ext != nil && ev.Object.Kind == KindFile {
-		f.s.touch(key)
+		f.s.Touch(key)
 		f.s.kickEvict()
 	} else {
 		f.s.forget(key)
@@ -256,7 +256,7 @@ func (s *Store) CheckBody(ctx context.Context, first segment.Extent, version uin
 	}
 	if key != "" {
 		// A read from another node is a use of this node's copy.
-		s.touch(key)
+		s.Touch(key)
 	}
 	var once sync.Once
 	return func() {

@@ -477,7 +477,7 @@ func (s *Store) committed(replaced []*Object, put []*Object, deleted []string) {
 	}
 	for _, o := range put {
 		if o.Kind == KindFile {
-			s.touch(o.Key)
+			s.Touch(o.Key)
 		}
 	}
 	s.stats.commits.Add(1)
