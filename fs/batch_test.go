@@ -30,6 +30,9 @@ func runBatch(t testing.TB, fx *fuzzFixture, put bool, entries []batchEntry) []i
 func runBatchAs(t testing.TB, fx *fuzzFixture, uid uint32, put bool, entries []batchEntry) []int64 {
 	t.Helper()
 	ctx := fuse.NewContext(context.Background(), &fuse.Caller{Owner: fuse.Owner{Uid: uid, Gid: uid}, Pid: uint32(os.Getpid())})
+	if viaTable {
+		return runTable(t, fx, ctx, put, entries)
+	}
 	a := ioctl.BatchArg{Source: ioctl.BatchVM}
 	for _, e := range entries {
 		be := ioctl.BatchEntry{Len: uint64(len(e.data)), ObjOff: e.off, Flags: e.flags}

@@ -269,6 +269,11 @@ func (n *node) ioctlFixed(ctx context.Context, fh any, cmd uint32, in, out []byt
 			return errNotDirFd
 		}
 		return n.batch(ctx, dh, key, cmd == ioctl.CmdBatchPut, in, out)
+	case ioctl.CmdBatchPutTable, ioctl.CmdBatchGetTable:
+		if dh == nil {
+			return errNotDirFd
+		}
+		return n.batchTable(ctx, dh, key, cmd == ioctl.CmdBatchPutTable, in, out)
 	case ioctl.CmdPutKey, ioctl.CmdGetKey:
 		if dh == nil {
 			return errNotDirFd

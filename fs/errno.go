@@ -66,6 +66,7 @@ var errnoTable = []struct {
 	{ioctl.ErrShortArg, syscall.EINVAL},
 	{ioctl.ErrArgSize, syscall.EINVAL},
 	{ioctl.ErrFlags, syscall.EINVAL},
+	{ioctl.ErrBadTable, syscall.EINVAL},
 	{context.Canceled, syscall.EINTR},
 	{context.DeadlineExceeded, syscall.ETIMEDOUT},
 }

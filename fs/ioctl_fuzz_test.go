@@ -108,6 +108,7 @@ var fuzzCmds = []uint32{
 	ioctl.CmdPutBuf, ioctl.CmdGetBuf, ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat,
 	ioctl.CmdBatchPut, ioctl.CmdBatchGet, ioctl.CmdPutCUDA, ioctl.CmdGetCUDA,
 	ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV, ioctl.CmdBatchWait,
+	ioctl.CmdBatchPutTable, ioctl.CmdBatchGetTable,
 }
 
 // allowedErrnos are the answers bad input may get.

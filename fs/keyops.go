@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -886,31 +888,43 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 	if a.Count > ioctl.MaxBatch || (a.Source != ioctl.BatchBuf && a.Source != ioctl.BatchVM) || a.Flags != 0 {
 		return fmt.Errorf("count %d, source %d, flags %#x: %w", a.Count, a.Source, a.Flags, errBadBatch)
 	}
-	bc, err := n.newBatchCall(ctx, dh, dir, nil, int(a.Count))
+	if err := n.batchEntries(ctx, dh, dir, put, a.Source, a.ID, a.Entries[:a.Count], a.Keys[:]); err != nil {
+		return err
+	}
+	a.MarshalInto(out)
+	return nil
+}
+
+// batchEntries runs the entries of a BATCH_PUT or BATCH_GET (or of a
+// table call) with keys from keys, and sets their out fields.
+func (n *node) batchEntries(ctx context.Context, dh *dirHandle, dir string, put bool, source uint32, id uint64, entries []ioctl.BatchEntry, keys []byte) error {
+	bc, err := n.newBatchCall(ctx, dh, dir, nil, len(entries))
 	if err != nil {
 		return err
 	}
 	defer bc.end()
-	ptrs, release := newOps(a.Count)
+	ptrs, release := newOps(uint32(len(entries)))
 	defer release()
-	segs := make([]seg, a.Count) // one each, in one allocation
+	segs := make([]seg, len(entries)) // one each, in one allocation
 	for i, op := range ptrs {
-		e := &a.Entries[i]
+		e := &entries[i]
 		op.flags, op.objOff, op.setMeta = e.Flags, e.ObjOff, put && putMeta(e.Flags, nil)
 		segs[i] = seg{kind: segVM, off: e.Addr, n: e.Len}
-		if a.Source == ioctl.BatchBuf {
-			segs[i] = seg{kind: segReg, id: a.ID, off: e.Addr, n: e.Len}
+		if source == ioctl.BatchBuf {
+			segs[i] = seg{kind: segReg, id: id, off: e.Addr, n: e.Len}
 		}
 		op.segs = segs[i : i+1 : i+1]
 		var rel []byte
-		if rel, op.err = a.KeyBytes(i); op.err == nil {
+		if rel, op.err = ioctl.EntryKey(keys, e); op.err == nil {
 			op.setKey(dir, rel)
 			op.err = op.check(put, nil) // a get takes no flags
+		} else {
+			op.err = fmt.Errorf("entry %d: %w", i, op.err)
 		}
 	}
 	n.runOps(ctx, bc, put, ptrs)
 	for i, op := range ptrs {
-		e := &a.Entries[i]
+		e := &entries[i]
 		e.Result, e.Version = op.result()
 		if !put {
 			e.Len = 0 // a failed get reports length 0
@@ -918,6 +932,57 @@ func (n *node) batch(ctx context.Context, dh *dirHandle, dir string, put bool, i
 				e.Len = uint64(e.Result)
 			}
 		}
+	}
+	return nil
+}
+
+// tableScratch holds a table call's entries between calls: tens of
+// kilobytes each, made and cleared on the heap otherwise.
+type tableScratch struct {
+	raw     [ioctl.MaxTable * ioctl.SizeBatchEntry]byte
+	keys    [ioctl.MaxTableKeyBytes]byte
+	entries [ioctl.MaxTable]ioctl.BatchEntry
+}
+
+var tableScratches = sync.Pool{New: func() any { return new(tableScratch) }}
+
+// batchTable serves BATCH_PUT_TABLE and BATCH_GET_TABLE on directory dir:
+// it reads the entry table and keys from the caller's memory, makes sure
+// the table can take the results, runs the entries as batch does and
+// writes the table back.
+func (n *node) batchTable(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
+	var a ioctl.TableArg
+	if err := a.Unmarshal(in); err != nil {
+		return err
+	}
+	// The caller is blocked in this ioctl: its thread id names its
+	// process for the whole call.
+	c, ok := fuse.FromContext(ctx)
+	if !ok || c.Pid == 0 {
+		return fmt.Errorf("table call: %w", errNotOwner)
+	}
+	pid, eng := int(c.Pid), n.fs.st.Engine()
+	t := tableScratches.Get().(*tableScratch)
+	defer tableScratches.Put(t)
+	raw, keys, entries := t.raw[:ioctl.TableBytes(int(a.Count))], t.keys[:a.KeysLen], t.entries[:a.Count]
+	if err := eng.ReadProcess(pid, a.Entries, raw); err != nil {
+		return fmt.Errorf("table of %d entries at %#x: %w", a.Count, a.Entries, err)
+	}
+	if err := eng.ReadProcess(pid, a.Keys, keys); err != nil {
+		return fmt.Errorf("table keys of %d B at %#x: %w", a.KeysLen, a.Keys, err)
+	}
+	// Written back as read, so that no key runs whose result could not
+	// be reported.
+	if err := eng.WriteProcess(pid, a.Entries, raw); err != nil {
+		return fmt.Errorf("table of %d entries at %#x, not writable: %w", a.Count, a.Entries, err)
+	}
+	ioctl.DecodeEntries(entries, raw)
+	if err := n.batchEntries(ctx, dh, dir, put, a.Source, a.ID, entries, keys); err != nil {
+		return err
+	}
+	ioctl.EncodeEntries(raw, entries)
+	if err := eng.WriteProcess(pid, a.Entries, raw); err != nil {
+		return fmt.Errorf("results of %d entries to %#x: %w", a.Count, a.Entries, err)
 	}
 	a.MarshalInto(out)
 	return nil

@@ -2,6 +2,7 @@ package ioctl
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -72,12 +73,7 @@ func encodeBatch(b []byte, a *BatchArg) {
 	le.PutUint32(b[12:], a.Source)
 	le.PutUint64(b[16:], a.ID)
 	for i := range a.Entries {
-		e := &a.Entries[i]
-		o := b[24+i*SizeBatchEntry:]
-		le.PutUint16(o[0:], e.KeyOff)
-		le.PutUint16(o[2:], e.KeyLen)
-		le.PutUint32(o[4:], e.Flags)
-		putU64s(o[8:], e.Addr, e.Len, e.ObjOff, uint64(e.Result), e.Version)
+		encodeEntry(b[24+i*SizeBatchEntry:], &a.Entries[i])
 	}
 	copy(b[batchKeysOff:], a.Keys[:])
 }
@@ -93,16 +89,8 @@ func batchEntryOut(b []byte, i int) (result int64, version uint64) {
 // starting when either is full. Every key is checked first, so a bad item
 // sends nothing.
 func packBatch(source uint32, id uint64, items []BatchItem) ([]batchChunk, error) {
-	for i, it := range items {
-		if len(it.Key) == 0 || len(it.Key) > BatchKeyBytes {
-			return nil, fmt.Errorf("item %d: key of %d B (1 to %d): %w", i, len(it.Key), BatchKeyBytes, ErrBadKey)
-		}
-		if source == BatchVM && (it.BufOff != 0 || it.Len != 0) {
-			return nil, fmt.Errorf("item %d (%s): BufOff/Len set in a VM batch: %w", i, it.Key, ErrBadItem)
-		}
-		if source == BatchBuf && it.Data != nil {
-			return nil, fmt.Errorf("item %d (%s): Data set in a buffer batch: %w", i, it.Key, ErrBadItem)
-		}
+	if err := checkItems(source, items); err != nil {
+		return nil, err
 	}
 	var chunks []batchChunk
 	var cur *batchChunk
@@ -117,13 +105,30 @@ func packBatch(source uint32, id uint64, items []BatchItem) ([]batchChunk, error
 			e.Addr, e.Len = addrOf(it.Data), uint64(len(it.Data))
 		}
 		if _, err := cur.sc.arg.AddKey(it.Key, e); err != nil {
-			releaseChunks(chunks)
-			return nil, fmt.Errorf("item %d (%s): %w", i, it.Key, err) // unreachable: checked above
+			panic(fmt.Sprintf("ioctl: item %d (%s), checked, does not fit: %v", i, it.Key, err))
 		}
 		used += len(it.Key)
 		cur.items = append(cur.items, i)
 	}
 	return chunks, nil
+}
+
+// checkItems checks the items of a batch before any is sent, so that a
+// bad one sends nothing: every key fits one call, and each item names
+// memory the way its source does.
+func checkItems(source uint32, items []BatchItem) error {
+	for i, it := range items {
+		if len(it.Key) == 0 || len(it.Key) > BatchKeyBytes {
+			return fmt.Errorf("item %d: key of %d B (1 to %d): %w", i, len(it.Key), BatchKeyBytes, ErrBadKey)
+		}
+		if source == BatchVM && (it.BufOff != 0 || it.Len != 0) {
+			return fmt.Errorf("item %d (%s): BufOff/Len set in a VM batch: %w", i, it.Key, ErrBadItem)
+		}
+		if source == BatchBuf && it.Data != nil {
+			return fmt.Errorf("item %d (%s): Data set in a buffer batch: %w", i, it.Key, ErrBadItem)
+		}
+	}
+	return nil
 }
 
 // batch runs the chunks of items in order. A failed ioctl (a malformed
@@ -164,65 +169,79 @@ func (f *File) batch(op string, cmd uint32, source uint32, id uint64, items []Ba
 // BatchInFlight at a time, when their order cannot show (independent);
 // otherwise they go one after the other.
 func (f *File) batchOnce(op string, cmd uint32, source uint32, id uint64, items []BatchItem, done func(j int, result int64, version uint64)) error {
+	if err := checkItems(source, items); err != nil {
+		return f.err(op, err, "%d items", len(items))
+	}
+	if BatchTables && !f.oldABI.Load() {
+		err := f.batchTables(op, cmd, source, id, items, done)
+		if !errors.Is(err, unix.ENOTTY) {
+			return err
+		}
+		// A daemon before ABI 1.8 knows no table call; the ones refused
+		// did nothing.
+		f.oldABI.Store(true)
+	}
 	chunks, err := packBatch(source, id, items)
 	if err != nil {
 		return f.err(op, err, "%d items", len(items))
 	}
 	defer releaseChunks(chunks)
-	send := func(c *batchChunk) error {
+	parallel := len(chunks) > 1 && BatchInFlight > 1 && independent(cmd, items)
+	var mu sync.Mutex // serializes done
+	return runCalls(len(chunks), parallel, func(ci int) error {
+		c := &chunks[ci]
 		b := c.sc.raw[:]
 		encodeBatch(b, &c.sc.arg)
 		if err := call(f.f, cmd, b); err != nil {
 			first, last := c.items[0], c.items[len(c.items)-1]
 			return f.err(op, err, "items %d..%d of %d (%q...)", first, last, len(items), items[first].Key)
 		}
-		return nil
-	}
-	report := func(c *batchChunk) {
+		mu.Lock()
+		defer mu.Unlock()
 		for j, i := range c.items {
-			r, v := batchEntryOut(c.sc.raw[:], j)
+			r, v := batchEntryOut(b, j)
 			done(i, r, v)
 		}
-	}
-	if len(chunks) == 1 || BatchInFlight < 2 || !independent(cmd, items) {
-		for ci := range chunks {
-			if err := send(&chunks[ci]); err != nil {
+		return nil
+	})
+}
+
+// runCalls runs call(0) to call(n-1): in order, or, when parallel, up to
+// BatchInFlight at a time, taken in order. Once one fails no new one
+// starts (those running finish: the daemon ends every request it
+// began); the first failure is returned.
+func runCalls(n int, parallel bool, call func(i int) error) error {
+	if !parallel {
+		for i := range n {
+			if err := call(i); err != nil {
 				return err
 			}
-			report(&chunks[ci])
 		}
 		return nil
 	}
-	// Workers take the chunks in order; once one fails no new one starts
-	// (those running finish: the daemon ends every request it began).
 	var (
 		mu    sync.Mutex
 		next  int
 		first error
 		wg    sync.WaitGroup
 	)
-	for range min(BatchInFlight, len(chunks)) {
+	for range min(BatchInFlight, n) {
 		wg.Go(func() {
 			for {
 				mu.Lock()
-				ci := next
-				if first != nil || ci == len(chunks) {
+				i := next
+				if first != nil || i == n {
 					mu.Unlock()
 					return
 				}
 				next++
 				mu.Unlock()
-				err := send(&chunks[ci])
-				mu.Lock()
-				if err != nil {
+				if err := call(i); err != nil {
+					mu.Lock()
 					if first == nil {
 						first = err
 					}
-				} else {
-					report(&chunks[ci])
-				}
-				mu.Unlock()
-				if err != nil {
+					mu.Unlock()
 					return
 				}
 			}
@@ -232,11 +251,28 @@ func (f *File) batchOnce(op string, cmd uint32, source uint32, id uint64, items 
 	return first
 }
 
-// BatchInFlight is how many calls of one batch of more than MaxBatch keys
-// may be in the daemon at once: while one call's reply travels back and
-// the next is being sent, another is at work there. 1 sends them one after
-// the other. Set it before any batch runs, not while one does.
-var BatchInFlight = 4
+// BatchInFlight is how many calls of one batch may be in the daemon at
+// once, each on its own daemon thread, when the batch is cut into more
+// than one call. 1 sends them one after the other. The default is 4 on a
+// host of 8 CPUs or more and half the CPUs below that: the daemon is on
+// the same host, and two calls on two CPUs, with the client and the
+// kernel's FUSE work beside them, took longer than one call of both
+// (2-CPU VM). Set it before any batch runs, not while one does.
+var BatchInFlight = min(4, max(1, runtime.NumCPU()/2))
+
+// BatchTables says whether batches go as table calls (ABI 1.8), their
+// entries read from this process's memory. A File whose daemon answers a
+// table call with ENOTTY (before ABI 1.8) sends BATCH_PUT and BATCH_GET
+// calls of MaxBatch keys instead, as all do with BatchTables false. Set
+// it before any batch runs, not while one does.
+var BatchTables = true
+
+// BatchCallKeys is the most keys one call of a batch carries: MaxBatch
+// to MaxTable. A batch of more keys than one call carries, whose calls
+// may overlap, is cut into BatchInFlight calls of about equal size, none
+// smaller than MaxBatch. Set it before any batch runs, not while one
+// does.
+var BatchCallKeys = MaxTable
 
 // independent says whether the calls of a batch may overlap: gets when
 // no two items' destinations overlap (the later one's bytes must stay);

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -92,6 +93,9 @@ func Probe(f *os.File) (ABIVersionArg, error) {
 type File struct {
 	f    *os.File
 	path string
+	// oldABI is set once the daemon answered a table call with ENOTTY
+	// (before ABI 1.8): batches go as BATCH_PUT/BATCH_GET calls.
+	oldABI atomic.Bool
 }
 
 // Open opens path with flag (os.O_RDONLY, os.O_RDWR|os.O_CREATE, ...),

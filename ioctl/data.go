@@ -324,12 +324,7 @@ func (a *BatchArg) Unmarshal(b []byte) error {
 	a.Header = h
 	a.Count, a.Source, a.ID = le.Uint32(b[8:]), le.Uint32(b[12:]), le.Uint64(b[16:])
 	for i := range a.Entries {
-		e := &a.Entries[i]
-		o := b[24+i*SizeBatchEntry:]
-		var res uint64
-		e.KeyOff, e.KeyLen, e.Flags = le.Uint16(o[0:]), le.Uint16(o[2:]), le.Uint32(o[4:])
-		getU64s(o[8:], &e.Addr, &e.Len, &e.ObjOff, &res, &e.Version)
-		e.Result = int64(res)
+		decodeEntry(&a.Entries[i], b[24+i*SizeBatchEntry:])
 	}
 	copy(a.Keys[:], b[batchKeysOff:])
 	return nil
@@ -343,12 +338,11 @@ func (a *BatchArg) Key(i int) (string, error) {
 
 // KeyBytes is Key without a copy: the bytes are a's.
 func (a *BatchArg) KeyBytes(i int) ([]byte, error) {
-	e := a.Entries[i]
-	end := int(e.KeyOff) + int(e.KeyLen)
-	if e.KeyLen == 0 || end > len(a.Keys) {
-		return nil, fmt.Errorf("entry %d key [%d+%d) outside %d B: %w", i, e.KeyOff, e.KeyLen, len(a.Keys), ErrShortArg)
+	k, err := EntryKey(a.Keys[:], &a.Entries[i])
+	if err != nil {
+		return nil, fmt.Errorf("entry %d: %w", i, err)
 	}
-	return a.Keys[e.KeyOff:end], nil
+	return k, nil
 }
 
 // AddKey appends key to Keys and entry Count, returning its index.

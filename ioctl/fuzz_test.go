@@ -17,6 +17,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add((&BatchArg{Count: 1}).Marshal())
 	f.Add((&KeyArg{KeyLen: 3, MetaLen: 2}).Marshal())
 	f.Add((&VBatchArg{Count: 2, NGPU: 1}).Marshal())
+	f.Add((&TableArg{Count: 3, Source: BatchVM, Entries: 4096, Keys: 8192, KeysLen: 12}).Marshal())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		decodeAll(t, b)
 		var m MagicArg
@@ -82,6 +83,36 @@ func decodeAll(t *testing.T, b []byte) {
 		}
 	} else {
 		ok(err)
+	}
+	var ta TableArg
+	if err := ta.Unmarshal(b); err == nil {
+		if ta.Count == 0 || ta.Count > MaxTable || ta.KeysLen > MaxTableKeyBytes {
+			t.Fatalf("table out of its limits decoded: %+v", ta)
+		}
+		if !bytes.Equal(ta.Marshal(), b[:SizeTableArg]) {
+			t.Fatalf("TableArg does not round-trip")
+		}
+	} else if !errors.Is(err, ErrBadTable) {
+		ok(err)
+	}
+	// Any bytes are a table of entries: decoded, their keys stay inside
+	// the key bytes, and they encode back to the same bytes.
+	if n := len(b) / SizeBatchEntry; n > 0 {
+		es := make([]BatchEntry, n)
+		DecodeEntries(es, b)
+		keys := b[:len(b)/2]
+		for i := range es {
+			if k, err := EntryKey(keys, &es[i]); err == nil && (len(k) == 0 || len(k) > len(keys)) {
+				t.Fatalf("entry %d: key of %d B from %d", i, len(k), len(keys))
+			} else if err != nil {
+				ok(err)
+			}
+		}
+		back := make([]byte, TableBytes(n))
+		EncodeEntries(back, es)
+		if !bytes.Equal(back, b[:TableBytes(n)]) {
+			t.Fatalf("entries do not round-trip")
+		}
 	}
 	var bt BatchArg
 	if err := bt.Unmarshal(b); err == nil {

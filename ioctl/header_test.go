@@ -24,7 +24,7 @@ func TestCHeader(t *testing.T) {
 #define O(t, f) printf("offsetof %s.%s %zu\n", #t, #f, offsetof(struct t, f));
 #define C(c) printf("cmd %s %lu\n", #c, (unsigned long)(c));
 int main(void) {
-	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch) S(mc_cuda) S(mc_key) S(mc_gpu_ref) S(mc_seg) S(mc_vbatch_entry) S(mc_vbatch)
+	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch) S(mc_cuda) S(mc_key) S(mc_gpu_ref) S(mc_seg) S(mc_vbatch_entry) S(mc_vbatch) S(mc_table)
 	O(mc_register, fd) O(mc_register, kind) O(mc_register, len) O(mc_register, offset) O(mc_register, id) O(mc_register, handle)
 	O(mc_buf, id) O(mc_buf, buf_off) O(mc_buf, len) O(mc_buf, obj_off) O(mc_buf, result) O(mc_buf, version)
 	O(mc_vm, addr) O(mc_vm, len) O(mc_vm, obj_off) O(mc_vm, result) O(mc_vm, version)
@@ -36,12 +36,14 @@ int main(void) {
 	O(mc_gpu_ref, handle) O(mc_gpu_ref, device) O(mc_seg, id) O(mc_seg, off) O(mc_seg, len)
 	O(mc_vbatch_entry, key_off) O(mc_vbatch_entry, key_len) O(mc_vbatch_entry, flags) O(mc_vbatch_entry, seg_off) O(mc_vbatch_entry, nseg) O(mc_vbatch_entry, meta_off) O(mc_vbatch_entry, meta_len) O(mc_vbatch_entry, obj_off) O(mc_vbatch_entry, result) O(mc_vbatch_entry, version)
 	O(mc_vbatch, count) O(mc_vbatch, ngpu) O(mc_vbatch, entries) O(mc_vbatch, gpus) O(mc_vbatch, area)
+	O(mc_table, count) O(mc_table, source) O(mc_table, id) O(mc_table, entries) O(mc_table, keys) O(mc_table, keys_len) O(mc_table, pad)
 	C(MC_IOC_GET_MAGIC) C(MC_IOC_GET_ABI_VERSION) C(MC_IOC_REGISTER_BUFFER) C(MC_IOC_UNREGISTER_BUFFER)
-	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA) C(MC_IOC_PUT_KEY) C(MC_IOC_GET_KEY) C(MC_IOC_BATCH_PUTV) C(MC_IOC_BATCH_GETV) C(MC_IOC_BATCH_WAIT)
+	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA) C(MC_IOC_PUT_KEY) C(MC_IOC_GET_KEY) C(MC_IOC_BATCH_PUTV) C(MC_IOC_BATCH_GETV) C(MC_IOC_BATCH_WAIT) C(MC_IOC_BATCH_PUT_TABLE) C(MC_IOC_BATCH_GET_TABLE)
 	printf("const MC_MAX_META %d\nconst MC_MAX_GPU_REFS %d\nconst MC_MAX_SEGS %d\nconst MC_KIND_VM %u\nconst MC_SRC_CUDA %u\nconst MC_SEG_GPU %llu\n", MC_MAX_META, MC_MAX_GPU_REFS, MC_MAX_SEGS, MC_KIND_VM, MC_SRC_CUDA, MC_SEG_GPU);
 	printf("const MC_MAX_BATCH %d\nconst MC_ABI_MINOR %d\nconst MC_ABI_MAJOR %d\n", MC_MAX_BATCH, MC_ABI_MINOR, MC_ABI_MAJOR);
 	printf("const MC_FLAG_EXCL %u\nconst MC_FLAG_UPDATE %u\nconst MC_FLAG_PARENTS %u\nconst MC_REGISTER_DMABUF %u\n", MC_FLAG_EXCL, MC_FLAG_UPDATE, MC_FLAG_PARENTS, MC_REGISTER_DMABUF);
 	printf("const MC_FLAG_WHOLE %u\nconst MC_VBATCH_ASYNC %u\nconst MC_MAX_ASYNC_CALLS %d\n", MC_FLAG_WHOLE, MC_VBATCH_ASYNC, MC_MAX_ASYNC_CALLS);
+	printf("const MC_MAX_TABLE %d\nconst MC_MAX_TABLE_KEY_BYTES %d\n", MC_MAX_TABLE, MC_MAX_TABLE_KEY_BYTES);
 	printf("const MC_MAGIC %llu\n", (unsigned long long)MC_MAGIC);
 	return 0;
 }
@@ -69,7 +71,9 @@ int main(void) {
 		"cmd MC_IOC_BATCH_PUTV": uint64(CmdBatchPutV), "cmd MC_IOC_BATCH_GETV": uint64(CmdBatchGetV),
 		"cmd MC_IOC_BATCH_WAIT": uint64(CmdBatchWait), "const MC_VBATCH_ASYNC": uint64(VBatchAsync),
 		"const MC_MAX_ASYNC_CALLS": MaxAsyncCalls,
-		"const MC_MAX_META":        MaxMeta, "const MC_MAX_GPU_REFS": MaxGPURefs, "const MC_MAX_SEGS": MaxSegs,
+		"sizeof mc_table":          SizeTableArg, "cmd MC_IOC_BATCH_PUT_TABLE": uint64(CmdBatchPutTable), "cmd MC_IOC_BATCH_GET_TABLE": uint64(CmdBatchGetTable),
+		"const MC_MAX_TABLE": MaxTable, "const MC_MAX_TABLE_KEY_BYTES": MaxTableKeyBytes,
+		"const MC_MAX_META": MaxMeta, "const MC_MAX_GPU_REFS": MaxGPURefs, "const MC_MAX_SEGS": MaxSegs,
 		"const MC_KIND_VM": uint64(KindVM), "const MC_SRC_CUDA": uint64(SrcCUDA), "const MC_SEG_GPU": SegGPU,
 		"cmd MC_IOC_PUT_CUDA": uint64(CmdPutCUDA), "cmd MC_IOC_GET_CUDA": uint64(CmdGetCUDA),
 		"cmd MC_IOC_GET_MAGIC": uint64(CmdGetMagic), "cmd MC_IOC_GET_ABI_VERSION": uint64(CmdGetABIVersion),
@@ -131,5 +135,7 @@ var fieldOffsets = map[string]uint64{
 	"mc_vbatch_entry.result": 32, "mc_vbatch_entry.version": 40,
 	"mc_vbatch.count": 8, "mc_vbatch.ngpu": 12, "mc_vbatch.entries": 16, "mc_vbatch.gpus": 16 + MaxBatch*SizeVBatchEntry,
 	"mc_vbatch.area": vbatchAreaOff,
+	"mc_table.count": 8, "mc_table.source": 12, "mc_table.id": 16, "mc_table.entries": 24, "mc_table.keys": 32,
+	"mc_table.keys_len": 40, "mc_table.pad": 44,
 	"mc_batch.count": 8, "mc_batch.source": 12, "mc_batch.id": 16, "mc_batch.entries": 24, "mc_batch.keys": batchKeysOff,
 }

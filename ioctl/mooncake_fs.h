@@ -20,7 +20,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 7
+#define MC_ABI_MINOR 8
 
 struct mc_header {
 	uint32_t size;
@@ -247,6 +247,31 @@ struct mc_vbatch {
 #define MC_VBATCH_ASYNC (1u << 0)
 #define MC_MAX_ASYNC_CALLS 16
 
+/*
+ * ABI 1.8: batches whose entries stay in the caller's memory. The
+ * argument names a table of count struct mc_batch_entry (the layout of
+ * struct mc_batch's) and the key bytes its key_off index, both in the
+ * caller's own memory: one call carries up to MC_MAX_TABLE keys, as one
+ * FUSE round trip. The daemon reads both when the call starts and checks
+ * that it can write the table (EFAULT, and nothing done, if not); at the
+ * end it writes every entry back with result, version and a get's len
+ * set. Keep the table mapped, writable and unchanged until the ioctl
+ * returns. Not submittable (no async flag).
+ */
+#define MC_MAX_TABLE 1024
+#define MC_MAX_TABLE_KEY_BYTES 65536
+
+struct mc_table {
+	struct mc_header h;
+	uint32_t count;    /* 1 to MC_MAX_TABLE */
+	uint32_t source;   /* MC_BATCH_BUF or MC_BATCH_VM */
+	uint64_t id;       /* registered buffer of MC_BATCH_BUF */
+	uint64_t entries;  /* address of count struct mc_batch_entry */
+	uint64_t keys;     /* address of the key bytes */
+	uint32_t keys_len; /* at most MC_MAX_TABLE_KEY_BYTES */
+	uint32_t pad;      /* zero */
+};
+
 #define MC_IOC_GET_MAGIC _IOR(MC_IOC_TYPE, 0x01, struct mc_magic)
 #define MC_IOC_GET_ABI_VERSION _IOR(MC_IOC_TYPE, 0x02, struct mc_abi_version)
 #define MC_IOC_REGISTER_BUFFER _IOWR(MC_IOC_TYPE, 0x10, struct mc_register)
@@ -265,5 +290,7 @@ struct mc_vbatch {
 #define MC_IOC_BATCH_PUTV _IOWR(MC_IOC_TYPE, 0x1d, struct mc_vbatch)
 #define MC_IOC_BATCH_GETV _IOWR(MC_IOC_TYPE, 0x1e, struct mc_vbatch)
 #define MC_IOC_BATCH_WAIT _IOWR(MC_IOC_TYPE, 0x1f, struct mc_vbatch)
+#define MC_IOC_BATCH_PUT_TABLE _IOWR(MC_IOC_TYPE, 0x20, struct mc_table)
+#define MC_IOC_BATCH_GET_TABLE _IOWR(MC_IOC_TYPE, 0x21, struct mc_table)
 
 #endif /* MOONCAKE_FS_H */

@@ -264,6 +264,9 @@ func (s *Store) Transport() transfer.Transport { return s.opts.Transport }
 // Index returns the index the store runs on.
 func (s *Store) Index() Index { return s.idx }
 
+// Engine returns the transfer engine the store moves bytes with.
+func (s *Store) Engine() *transfer.Engine { return s.eng }
+
 // Stats are the store's figures for status and metrics.
 type Stats struct {
 	Segments     segment.Stats

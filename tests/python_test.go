@@ -122,7 +122,8 @@ func TestPythonABI(t *testing.T) {
 		"MC_IOC_PUT_CUDA": ioctl.CmdPutCUDA, "MC_IOC_GET_CUDA": ioctl.CmdGetCUDA,
 		"MC_IOC_PUT_KEY": ioctl.CmdPutKey, "MC_IOC_GET_KEY": ioctl.CmdGetKey,
 		"MC_IOC_BATCH_PUTV": ioctl.CmdBatchPutV, "MC_IOC_BATCH_GETV": ioctl.CmdBatchGetV,
-		"MC_IOC_BATCH_WAIT": ioctl.CmdBatchWait,
+		"MC_IOC_BATCH_WAIT": ioctl.CmdBatchWait, "MC_IOC_BATCH_PUT_TABLE": ioctl.CmdBatchPutTable,
+		"MC_IOC_BATCH_GET_TABLE": ioctl.CmdBatchGetTable,
 	}
 	if len(l.Commands) != len(cmds) {
 		t.Errorf("python has %d commands, Go %d", len(l.Commands), len(cmds))
@@ -205,6 +206,8 @@ func TestPythonABI(t *testing.T) {
 				{"result", 9}, {"version", 10}, {"size", 11}, {"gpu", 0xAA}, {"meta", 'm'}, {"key", 'k'}}},
 		{"mc_vbatch", vb.Marshal(), ioctl.SizeVBatchArg,
 			[]fv{{"count", 2}, {"ngpu", 3}, {"gpus", 0xDD}, {"area", 'a'}}},
+		{"mc_table", (&ioctl.TableArg{Count: 2, Source: 1, ID: 3, Entries: 4, Keys: 5, KeysLen: 6}).Marshal(), ioctl.SizeTableArg,
+			[]fv{{"count", 2}, {"source", 1}, {"id", 3}, {"entries", 4}, {"keys", 5}, {"keys_len", 6}, {"pad", 0}}},
 	}
 	for _, c := range cases {
 		s, ok := l.Structs[c.name]

@@ -415,3 +415,88 @@ func TestVMJobs(t *testing.T) {
 		t.Fatalf("%d jobs: small pieces were not kept together", len(jobs))
 	}
 }
+
+// TestProcessVMNeighbours: requests whose ranges continue each other, on
+// either side, go as one range (vmCall merges them), and when a merged
+// range runs into an unmapped page each request still gets its own
+// outcome: the ones before the hole are done, the one in it fails.
+func TestProcessVMNeighbours(t *testing.T) {
+	e, tab := newEngine(t, 1<<20, Options{Workers: 1})
+	page := os.Getpagesize()
+	p, err := unix.MmapPtr(-1, 0, nil, uintptr(4*page), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANONYMOUS|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := unsafe.Slice((*byte)(p), 4*page)
+	rand.New(rand.NewSource(5)).Read(mem)
+	base, pid := uint64(uintptr(p)), os.Getpid()
+	// Four requests of one page each, neighbours in the process and in
+	// segment 0 (the last two swapped there: two local runs).
+	reqs := make([]Request, 4)
+	for i := range reqs {
+		off := uint64(i * page)
+		if i >= 2 {
+			off = uint64((5 - i) * page)
+		}
+		reqs[i] = Request{Op: Write, Buf: VMBuffer(pid, base, uint64(4*page)), BufOff: uint64(i * page),
+			Extent: segment.Extent{Segment: 0, Off: off, Len: uint64(page)}}
+	}
+	if errs := e.SubmitEach(context.Background(), reqs); errors.Join(errs...) != nil {
+		t.Fatal(errs)
+	}
+	seg, _ := tab.Get(0)
+	at := func(off uint64) []byte { return seg.Bytes(segment.Extent{Segment: 0, Off: off, Len: uint64(page)}) }
+	for i, r := range reqs {
+		if got := at(r.Extent.Off); !bytes.Equal(got, mem[i*page:(i+1)*page]) {
+			t.Fatalf("request %d: bytes differ", i)
+		}
+	}
+	// The third page unmapped: reads back into all four.
+	if err := unix.MunmapPtr(unsafe.Add(p, 2*page), uintptr(page)); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.MunmapPtr(p, uintptr(2*page))
+	defer unix.MunmapPtr(unsafe.Add(p, 3*page), uintptr(page))
+	clear(mem[:2*page])
+	for i := range reqs {
+		reqs[i].Op = Read
+	}
+	errs := e.SubmitEach(context.Background(), reqs)
+	for i, err := range errs {
+		if i == 2 && !errors.Is(err, ErrFault) || i != 2 && err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	for i := range 2 {
+		if got := at(reqs[i].Extent.Off); !bytes.Equal(got, mem[i*page:(i+1)*page]) {
+			t.Fatalf("request %d: not read back", i)
+		}
+	}
+	if !bytes.Equal(at(uint64(2*page)), unsafe.Slice((*byte)(unsafe.Add(p, 3*page)), page)) {
+		t.Fatal("request 3, after the hole: not read back")
+	}
+}
+
+// TestReadWriteProcess: a caller's arguments in its memory come in and go
+// back; memory it does not have fails with ErrFault.
+func TestReadWriteProcess(t *testing.T) {
+	e, _ := newEngine(t, 1<<20, Options{})
+	src, dst := []byte("table of entries"), make([]byte, 16)
+	pid := os.Getpid()
+	if err := e.ReadProcess(pid, uint64(uintptr(unsafe.Pointer(&src[0]))), dst); err != nil || string(dst) != string(src) {
+		t.Fatalf("read: %q, %v", dst, err)
+	}
+	if err := e.WriteProcess(pid, uint64(uintptr(unsafe.Pointer(&src[0]))), []byte("TABLE")); err != nil || string(src) != "TABLE of entries" {
+		t.Fatalf("write: %q, %v", src, err)
+	}
+	if err := e.ReadProcess(pid, 8, dst); !errors.Is(err, ErrFault) {
+		t.Fatalf("read of address 8: %v", err)
+	}
+	if err := e.WriteProcess(pid, 8, dst); !errors.Is(err, ErrFault) {
+		t.Fatalf("write to address 8: %v", err)
+	}
+	if st := e.Stats(); st.CopiedBytes != 0 {
+		t.Fatalf("arguments counted as data: %d B", st.CopiedBytes)
+	}
+	runtime.KeepAlive(src)
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -92,6 +93,20 @@ func (e *Engine) Stage(b Buffer, off uint64, dst []byte) error {
 	return err
 }
 
+// ReadProcess copies len(dst) bytes at addr of process pid into dst: a
+// call's arguments that live in its caller's memory (a batch's entry
+// table), not data, so not counted as bytes moved. ErrFault if any byte
+// is not readable there, ErrNoProcess if pid is gone.
+func (e *Engine) ReadProcess(pid int, addr uint64, dst []byte) error {
+	return errors.Join(vmGroups([]vmPiece{{op: Write, pid: pid, addr: addr, local: dst}})...)
+}
+
+// WriteProcess copies src to addr of process pid, as ReadProcess the
+// other way.
+func (e *Engine) WriteProcess(pid int, addr uint64, src []byte) error {
+	return errors.Join(vmGroups([]vmPiece{{op: Read, pid: pid, addr: addr, local: src}})...)
+}
+
 // vmJobs cuts pieces into jobs of about cb bytes: a piece larger than cb
 // in cb-sized parts, runs of smaller ones together (vmGroups copies each
 // run with one system call, up to maxIov pieces).
@@ -168,16 +183,36 @@ func vmGroups(ps []vmPiece) []error {
 }
 
 func vmCall(ps []vmPiece) error {
-	local := make([]unix.Iovec, len(ps))
-	remote := make([]unix.RemoteIovec, len(ps))
+	// The kernel reads both lists as byte streams: pieces that continue
+	// the one before on either side extend its iovec there, so a run of
+	// neighbouring values costs one page walk of the other process, not
+	// one per value.
+	local := make([]unix.Iovec, 0, len(ps))
+	remote := make([]unix.RemoteIovec, 0, len(ps))
 	var want int
-	for i, p := range ps {
-		if len(p.local) > 0 {
-			local[i].Base = &p.local[0]
+	var localEnd uintptr // where the last local iovec ends
+	for _, p := range ps {
+		n := len(p.local)
+		if n == 0 {
+			continue
 		}
-		local[i].SetLen(len(p.local))
-		remote[i] = unix.RemoteIovec{Base: uintptr(p.addr), Len: len(p.local)}
-		want += len(p.local)
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(p.local)))
+		if k := len(local) - 1; k >= 0 && localEnd == start {
+			local[k].Len += uint64(n)
+		} else {
+			local = append(local, unix.Iovec{Base: &p.local[0]})
+			local[len(local)-1].SetLen(n)
+		}
+		localEnd = start + uintptr(n)
+		if k := len(remote) - 1; k >= 0 && remote[k].Base+uintptr(remote[k].Len) == uintptr(p.addr) {
+			remote[k].Len += n
+		} else {
+			remote = append(remote, unix.RemoteIovec{Base: uintptr(p.addr), Len: n})
+		}
+		want += n
+	}
+	if want == 0 {
+		return nil
 	}
 	var n int
 	var err error

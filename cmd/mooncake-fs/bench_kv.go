@@ -19,17 +19,15 @@ import (
 // kv-{put,get}-host-SIZE moves them from and into one registered buffer
 // (the engine's pool); kv-{put,get}-host-vm-SIZE from and into plain
 // process memory. Each pass puts --files new keys, kvPass keys per
-// client call, which the client sends as ioctls of kvBatch keys, up to
-// ioctl.BatchInFlight of them at once (a get pass puts them first,
+// client call, which the client sends as table calls (ABI 1.8) of up to
+// ioctl.BatchCallKeys keys, cut into ioctl.BatchInFlight calls at once
+// where that is more than one (a get pass puts them first,
 // untimed; a put from the registered buffer follows an untimed pass that
 // has the daemon touch the buffer once, as an engine's reused pool is).
 // The ceiling is the same values written as files to tmpfs and read
 // back, one process.
 
-const (
-	kvBatch = ioctl.MaxBatch
-	kvPass  = 1024
-)
+const kvPass = 1024
 
 var kvHostSizes = []uint64{4 << 10, 64 << 10}
 

@@ -3,8 +3,9 @@ package main
 // KV-cache cases on GPU memory. kv-{put,get}-gpu-SIZE move at least
 // kvGPUBytes of blocks of SIZE between one CUDA allocation of the worker,
 // registered once on the directory (MC_KIND_CUDA), and the store, 64 keys
-// per BATCH_PUT/BATCH_GET (kvPass keys per client call, its ioctls
-// overlapping as bench_kv.go says): the daemon pipelines a call's chunks
+// per call, as the issue that made them defines them (kvPass keys per
+// client call, its table calls of ioctl.MaxBatch keys overlapping as
+// bench_kv.go says): the daemon pipelines a call's chunks
 // on its streams and merges copies of blocks that are neighbours on both
 // sides.
 // The ceiling, measured right after in the same process, is the same
@@ -89,6 +90,8 @@ func kvGPUCases() []benchCase {
 
 func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (benchSample, error) {
 	return func(dir string, p benchParams) (benchSample, error) {
+		defer func(keys int) { ioctl.BatchCallKeys = keys }(ioctl.BatchCallKeys)
+		ioctl.BatchCallKeys = ioctl.MaxBatch
 		keys := int(kvGPUBytes / size)
 		total := uint64(keys) * size
 		// at[k] is key k's block on the GPU.

@@ -1,4 +1,4 @@
-"""The mooncake-fs ioctl ABI (1.3), mirrored from ioctl/mooncake_fs.h.
+"""The mooncake-fs ioctl ABI (1.8), mirrored from ioctl/mooncake_fs.h.
 
 Every argument is a fixed-size, 8-byte-aligned, little-endian struct that
 starts with {size, flags}; ``size`` must be ``sizeof(struct)``. The classes
@@ -33,7 +33,7 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 7
+ABI_MINOR = 8
 
 KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
 KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
@@ -153,6 +153,26 @@ class Batch(_Arg):
     ]
 
 
+# ABI 1.8: a batch whose entries (BatchEntry, mc_batch's layout) and keys
+# stay in the caller's memory; the daemon reads them when the call starts
+# and writes the entries back with their results when it ends.
+MAX_TABLE = 1024
+MAX_TABLE_KEY_BYTES = 1 << 16
+
+
+class Table(_Arg):
+    _fields_ = [
+        ("h", Header),
+        ("count", ctypes.c_uint32),
+        ("source", ctypes.c_uint32),
+        ("id", ctypes.c_uint64),
+        ("entries", ctypes.c_uint64),
+        ("keys", ctypes.c_uint64),
+        ("keys_len", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
 class CUDA(_Arg):
     """GPU memory of the caller (ABI 1.2): one copy between it and the store."""
 
@@ -253,6 +273,7 @@ SIZES = {
     "mc_seg": (Seg, 24),
     "mc_vbatch_entry": (VBatchEntry, 48),
     "mc_vbatch": (VBatch, BATCH_SIZE),
+    "mc_table": (Table, 48),
 }
 for _name, (_cls, _size) in SIZES.items():
     if ctypes.sizeof(_cls) != _size or _size % 8:
@@ -283,6 +304,8 @@ BATCH_GETV = _IOC(_RW, 0x1E, ctypes.sizeof(VBatch))
 BATCH_WAIT = _IOC(_RW, 0x1F, ctypes.sizeof(VBatch))
 VBATCH_ASYNC = 1 << 0
 MAX_ASYNC_CALLS = 16
+BATCH_PUT_TABLE = _IOC(_RW, 0x20, ctypes.sizeof(Table))
+BATCH_GET_TABLE = _IOC(_RW, 0x21, ctypes.sizeof(Table))
 
 COMMANDS = {
     "MC_IOC_GET_MAGIC": GET_MAGIC,
@@ -303,6 +326,8 @@ COMMANDS = {
     "MC_IOC_BATCH_PUTV": BATCH_PUTV,
     "MC_IOC_BATCH_GETV": BATCH_GETV,
     "MC_IOC_BATCH_WAIT": BATCH_WAIT,
+    "MC_IOC_BATCH_PUT_TABLE": BATCH_PUT_TABLE,
+    "MC_IOC_BATCH_GET_TABLE": BATCH_GET_TABLE,
 }
 
 # C struct name -> (class, {C field path: python attribute path}) for the
@@ -326,6 +351,7 @@ STRUCTS = {
     "mc_vbatch_entry": (VBatchEntry, ["key_off", "key_len", "flags", "seg_off", "nseg", "meta_off", "meta_len", "obj_off",
                                       "result", "version"]),
     "mc_vbatch": (VBatch, ["h", "count", "ngpu", "entries", "gpus", "area"]),
+    "mc_table": (Table, ["h", "count", "source", "id", "entries", "keys", "keys_len", "pad"]),
 }
 
 

@@ -415,6 +415,7 @@ class _Handle:
     """An open file description on the mount; the base of File and Directory."""
 
     _oflags = os.O_RDONLY
+    _old_abi = False  # set once the daemon refused a table call (ENOTTY)
 
     def __init__(self, path, flags, perm=0o644):
         self.name = os.fspath(path)
@@ -733,6 +734,33 @@ def _chunks(entries):
         used += len(k)
     if chunk:
         yield chunk
+
+
+def _batch_tables(h, cmd, source, entries, buf_id):
+    """Directory.batch as table calls (ABI 1.8) on handle h."""
+    tcmd = _abi.BATCH_PUT_TABLE if cmd == _abi.BATCH_PUT else _abi.BATCH_GET_TABLE
+    keys = [_key_bytes(e.key) for e in entries]  # all checked before any call
+    out = []
+    lo = 0
+    while lo < len(entries):
+        hi, used = lo, 0
+        while hi < len(entries) and hi - lo < _abi.MAX_TABLE and used + len(keys[hi]) <= _abi.MAX_TABLE_KEY_BYTES:
+            used += len(keys[hi])
+            hi += 1
+        tab = (_abi.BatchEntry * (hi - lo))()
+        kbuf = ctypes.create_string_buffer(b"".join(keys[lo:hi]), used)
+        off = 0
+        for i in range(lo, hi):
+            e, ent = entries[i], tab[i - lo]
+            ent.key_off, ent.key_len, ent.flags = off, len(keys[i]), e.flags
+            ent.addr, ent.len, ent.obj_off = e.addr, e.len, e.obj_off
+            off += len(keys[i])
+        a = _abi.Table(count=hi - lo, source=source, id=buf_id, entries=ctypes.addressof(tab),
+                       keys=ctypes.addressof(kbuf), keys_len=used)
+        h._ioctl(tcmd, a)
+        out.extend((t.result, t.version) for t in tab)
+        lo = hi
+    return out
 
 
 def pack_batch(source, buf_id, chunk, flags=0):
@@ -1097,13 +1125,24 @@ class Directory(_Handle):
 
     def batch(self, cmd, source, entries, buf_id=0):
         """Run BATCH_PUT or BATCH_GET (cmd) over entries (Entry tuples), in
-        as many calls as the limits need. Returns [(result, version)] in
-        order: result is bytes moved or a negative errno for that key."""
+        as many calls as the limits need: table calls of up to MAX_TABLE
+        keys (ABI 1.8), or, against an older daemon, calls of MAX_BATCH.
+        Returns [(result, version)] in order: result is bytes moved or a
+        negative errno for that key."""
+        if not self._old_abi:
+            try:
+                return _batch_tables(self, cmd, source, entries, buf_id)
+            except OSError as e:
+                if e.errno != errno.ENOTTY:
+                    raise
+                # A daemon before ABI 1.8; the call it refused did nothing.
+                self._old_abi = True
         out = []
         for chunk in _chunks(entries):
             b = self._ioctl(cmd, pack_batch(source, buf_id, chunk))
             out.extend((b.entries[i].result, b.entries[i].version) for i in range(len(chunk)))
         return out
+
 
     def _makedirs_for(self, keys):
         made = False

@@ -383,6 +383,24 @@ class TestBatch(Live):
                 self.assertEqual(outs[k][:len(v)], v)
         self.assertEqual(self.c.get(self.key("b042")), items["b042"])
 
+    def test_table_calls(self):
+        # More keys than one table call carries, and more key bytes than
+        # one holds: several table calls (ABI 1.8), results in order.
+        items = {f"t{i:05d}-" + "k" * 40: pattern(i, 1 + i % 300) for i in range(2500)}
+        with self.c.opendir(self.base) as d:
+            self.assertFalse(d._old_abi)
+            self.assertEqual(d.batch_put(items), {k: len(v) for k, v in items.items()})
+            outs = {k: bytearray(len(v)) for k, v in items.items()}
+            self.assertEqual(d.batch_get_into(outs), {k: len(v) for k, v in items.items()})
+            self.assertEqual(outs, items)
+            self.assertFalse(d._old_abi)
+        # Against a daemon before ABI 1.8 the same calls go as BATCH_PUT
+        # and BATCH_GET.
+        with self.c.opendir(self.base) as d:
+            d._old_abi = True
+            some = dict(list(items.items())[:100])
+            self.assertEqual(d.batch_get(list(some)), some)
+
     def test_missing_keys(self):
         with self.c.opendir(self.base) as d:
             d.batch_put({"have1": b"one", "have2": b"two"})

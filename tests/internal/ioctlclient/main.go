@@ -317,6 +317,21 @@ func roundtrip(dir string) {
 		emitBatch("batch_get_vm", res, func(i int) bool { return bytes.Equal(dst[i].Data[:res[i].N], items[i].Data) })
 	}
 
+	// The same as BATCH_PUT and BATCH_GET calls of MaxBatch keys (ABI
+	// 1.7, what a client of a daemon before table calls sends).
+	ioctl.BatchTables = false
+	for i := range items {
+		items[i].Key = "old-" + items[i].Key
+		dst[i].Key, dst[i].Data = items[i].Key, make([]byte, len(items[i].Data)+16)
+	}
+	emitBatch("batch_put_vm_calls", must(d.BatchPut(items)), nil)
+	if res, err = d.BatchGet(dst); err != nil {
+		emit("batch_get_vm_calls", 0, 0, err)
+	} else {
+		emitBatch("batch_get_vm_calls", res, func(i int) bool { return bytes.Equal(dst[i].Data[:res[i].N], items[i].Data) })
+	}
+	ioctl.BatchTables = true
+
 	// Batches through a buffer registered on the directory.
 	m = must(newMemfd(2 << 20))
 	reg, err = d.Register(m.f, 0, 2<<20)
