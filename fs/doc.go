@@ -74,6 +74,10 @@
 // name on directories (keyops.go: the batches, their vector forms and the
 // one-key commands, all as keyOps of one or more segments) check mode bits
 // themselves (access.go), since the kernel never looked those keys up. A
+// table call (BATCH_PUT_TABLE) is a batch whose entries and keys the
+// daemon reads from the caller's memory (through the transfer engine, by
+// the caller's thread id, as process memory is) and writes back with
+// their results: it checks it can write them before any key runs. A
 // vector batch submitted with ioctl.VBatchAsync runs in a goroutine of its
 // own and waits, results and all, in its directory handle's table
 // (async.go) until BATCH_WAIT collects it. What it needs of its caller

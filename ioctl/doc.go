@@ -64,6 +64,15 @@
 // daemon runs it; PendingV.Wait collects its results and WaitCalls waits
 // for every call submitted on the File before it.
 //
+// BatchPut, BatchGet, BatchPutBuf and BatchGetBuf send their keys as table
+// calls (ABI 1.8, BATCH_PUT_TABLE): the argument names the entries and
+// keys in this process's memory, which the daemon reads, so one call
+// carries up to BatchCallKeys (MaxTable) keys in one FUSE round trip. A
+// batch of more keys than one call carries goes as calls up to
+// BatchInFlight at once, when their order cannot show. Against a daemon
+// before 1.8 a File falls back to BATCH_PUT/BATCH_GET calls of MaxBatch
+// keys (so does every File with BatchTables false).
+//
 // PUT_VM and GET_VM copy with process_vm_readv/writev, which pin the
 // caller's pages a folio at a time: buffers backed by transparent huge
 // pages (madvise MADV_HUGEPAGE) move about twice as fast as 4 KiB pages.
