@@ -34,9 +34,10 @@ type Embedded struct {
 		lru        slot
 		lruLen     int
 		lruClaimed bool
-		// seen and found are CompareAndSwap's scratch, reused under mu.
-		seen  map[string]struct{}
+		// found is CompareAndSwap's scratch, reused under mu; txn counts
+		// its calls (slot.txn).
 		found []*slot
+		txn   uint64
 	}
 	hub WatchHub
 }
@@ -48,6 +49,7 @@ type slot struct {
 	key        string
 	obj        *Object
 	prev, next *slot
+	txn        uint64 // the last CompareAndSwap that checked it
 }
 
 var (
@@ -76,7 +78,6 @@ func NewEmbeddedFor(keys int) *Embedded {
 	x.mu.tree = btree.NewG(32, func(a, b treeItem) bool { return a.key < b.key })
 	x.mu.under = make(map[string]int)
 	x.mu.lru.prev, x.mu.lru.next = &x.mu.lru, &x.mu.lru
-	x.mu.seen = make(map[string]struct{})
 	return x
 }
 
@@ -116,37 +117,50 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	}
 	found := x.mu.found[:0]
 	defer func() {
-		// Kept for the next commit only when small: clearing a map costs
-		// its room, not its entries, and one large commit (a rename of a
-		// big directory) would slow every later one.
+		// Kept for the next commit only when small: one large commit (a
+		// rename of a big directory) would hold its room for good.
 		if len(swaps) > maxScratch {
-			x.mu.found, x.mu.seen = nil, make(map[string]struct{})
+			x.mu.found = nil
 			return
 		}
 		clear(found)
 		x.mu.found = found[:0]
-		if len(swaps) > 1 {
-			clear(x.mu.seen)
-		}
 	}()
-	for _, s := range swaps {
-		if len(swaps) > 1 {
-			if _, dup := x.mu.seen[s.Key]; dup {
-				return 0, fmt.Errorf("swap %q twice in one transaction: %w", s.Key, ErrInvalid)
-			}
-			x.mu.seen[s.Key] = struct{}{}
-		}
-		if s.New != nil && s.New.Key != s.Key {
-			return 0, fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
-		}
-		var cur uint64
+	// The first pass checks every swap and marks each key's slot with the
+	// transaction, so that a key that comes twice finds its mark. A key
+	// with no slot gets one now, empty (obj nil), which the second pass
+	// fills: one probe of the table for a new key, not two. A failed check
+	// removes the empty slots made so far; no one else sees them (mu).
+	x.mu.txn++
+	txn := x.mu.txn
+	for i, s := range swaps {
+		var err error
 		sl := x.mu.slots[s.Key]
-		if sl != nil {
-			cur = sl.obj.Version
+		switch {
+		case s.New != nil && s.New.Key != s.Key:
+			err = fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
+		case sl != nil && sl.txn == txn:
+			err = fmt.Errorf("swap %q twice in one transaction: %w", s.Key, ErrInvalid)
+		case sl == nil && s.Old != 0 || sl != nil && sl.obj.Version != s.Old:
+			var cur uint64
+			if sl != nil {
+				cur = sl.obj.Version
+			}
+			err = fmt.Errorf("swap %q: have version %d, want %d: %w", s.Key, cur, s.Old, ErrConflict)
 		}
-		if cur != s.Old {
-			return 0, fmt.Errorf("swap %q: have version %d, want %d: %w", s.Key, cur, s.Old, ErrConflict)
+		if err != nil {
+			for _, made := range found[:i] {
+				if made.obj == nil {
+					delete(x.mu.slots, made.key)
+				}
+			}
+			return 0, err
 		}
+		if sl == nil {
+			sl = &slot{key: s.Key}
+			x.mu.slots[s.Key] = sl
+		}
+		sl.txn = txn
 		found = append(found, sl)
 	}
 	x.mu.rev++
@@ -159,15 +173,17 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	for i, s := range swaps {
 		sl := found[i]
 		if s.New == nil {
-			if sl != nil {
-				delete(x.mu.slots, s.Key)
-				x.mu.tree.Delete(treeItem{sl.key, sl})
-				x.countUnderLocked(sl.key, -1)
-				x.unlinkLocked(sl)
-				x.mu.bytes -= sl.obj.MetaBytes()
-				if watched {
-					events = append(events, Event{Type: EventDelete, Object: sl.obj, Rev: rev})
-				}
+			if sl.obj == nil {
+				delete(x.mu.slots, s.Key) // a key that was not there
+				continue
+			}
+			delete(x.mu.slots, s.Key)
+			x.mu.tree.Delete(treeItem{sl.key, sl})
+			x.countUnderLocked(sl.key, -1)
+			x.unlinkLocked(sl)
+			x.mu.bytes -= sl.obj.MetaBytes()
+			if watched {
+				events = append(events, Event{Type: EventDelete, Object: sl.obj, Rev: rev})
 			}
 			continue
 		}
@@ -176,12 +192,11 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 		if !s.Owned {
 			o = s.New.Clone()
 		}
-		if sl != nil {
+		if sl.obj != nil {
 			x.mu.bytes -= sl.obj.MetaBytes()
 			sl.obj = o
 		} else {
-			sl = &slot{key: o.Key, obj: o}
-			x.mu.slots[o.Key] = sl
+			sl.key, sl.obj = o.Key, o
 			x.mu.tree.ReplaceOrInsert(treeItem{sl.key, sl})
 			x.countUnderLocked(sl.key, 1)
 		}

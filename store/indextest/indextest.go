@@ -266,6 +266,22 @@ func testDuplicateKey(t *testing.T, x store.Index) {
 	if got := mustGet(t, x, "a"); !same(got, before) {
 		t.Fatalf("rejected swap changed the object: %+v", got)
 	}
+	// A new key twice, and a delete of a missing key twice: refused, and
+	// nothing of them is left (the key can be made after).
+	for _, swaps := range [][]store.Swap{
+		{{Key: "n", New: obj("n", 1)}, {Key: "m", New: obj("m", 1)}, {Key: "n", New: obj("n", 2)}},
+		{{Key: "n"}, {Key: "n"}},
+	} {
+		if _, err := x.CompareAndSwap(context.Background(), swaps...); err == nil {
+			t.Fatalf("%d swaps naming n twice succeeded", len(swaps))
+		}
+		wantAbsent(t, x, "n")
+		wantAbsent(t, x, "m")
+	}
+	put(t, x, "n", 0, obj("n", 3))
+	if got := mustGet(t, x, "n"); got.Size != 3 {
+		t.Fatalf("n after the refused swaps: %+v", got)
+	}
 }
 
 func testDelete(t *testing.T, x store.Index) {
