@@ -28,50 +28,6 @@ const (
 	maxAsyncPerUser = maxAsyncTotal / 4
 )
 
-// asyncCounts is the mount's count of submitted calls held (running, or
-// done and not yet waited for), all together and by user.
-type asyncCounts struct {
-	mu     sync.Mutex
-	total  int
-	byUser map[uint32]int
-}
-
-// take counts one more call of uid, or fails with EBUSY when the mount,
-// or uid's share of it, holds as many as it may.
-func (c *asyncCounts) take(uid uint32) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.total >= maxAsyncTotal {
-		return fmt.Errorf("the mount holds %d submitted calls not waited for: %w", c.total, syscall.EBUSY)
-	}
-	if uid != 0 && c.byUser[uid] >= maxAsyncPerUser {
-		return fmt.Errorf("user %d holds %d submitted calls not waited for: %w", uid, c.byUser[uid], syscall.EBUSY)
-	}
-	if c.byUser == nil {
-		c.byUser = map[uint32]int{}
-	}
-	c.total++
-	c.byUser[uid]++
-	return nil
-}
-
-// put uncounts a call of uid.
-func (c *asyncCounts) put(uid uint32) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.total--
-	if c.byUser[uid]--; c.byUser[uid] <= 0 {
-		delete(c.byUser, uid)
-	}
-}
-
-// held returns how many calls the mount holds.
-func (c *asyncCounts) held() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.total
-}
-
 // asyncTable is a directory handle's vector batches submitted with
 // ioctl.VBatchAsync (ABI 1.7): each runs in its own goroutine and stays
 // here, with its results, until BATCH_WAIT collects it. At most
@@ -82,8 +38,8 @@ type asyncTable struct {
 	mu     sync.Mutex
 	last   uint32 // the number given last
 	calls  map[uint32]*asyncCall
-	closed bool         // the handle was released: results go unread
-	counts *asyncCounts // the mount's
+	closed bool        // the handle was released: results go unread
+	counts *userCounts // the mount's (asyncHeld)
 	// ctx is the context of the handle's calls, made with the first:
 	// releasing the handle cancels it, stopping those still running at
 	// their next key.

@@ -187,7 +187,7 @@ func TestAsyncVBatchModel(t *testing.T) {
 			}
 		}
 	}
-	if n := fx.root.fs.asyncHeld.held(); n != 0 {
+	if n := fx.root.fs.asyncHeld.count(); n != 0 {
 		t.Fatalf("every call waited for, and the mount counts %d", n)
 	}
 }
@@ -307,7 +307,7 @@ func TestAsyncVBatchLimits(t *testing.T) {
 	for k, h := range many[:len(many)-1] {
 		for range ioctl.MaxAsyncCalls {
 			if _, errno := submitV(fx, h, true, oneOf("m", seg(regIDs[k]))); errno != 0 {
-				t.Fatalf("call %d of the mount: %v", fx.root.fs.asyncHeld.held(), errno)
+				t.Fatalf("call %d of the mount: %v", fx.root.fs.asyncHeld.count(), errno)
 			}
 		}
 	}
@@ -325,7 +325,7 @@ func TestAsyncVBatchLimits(t *testing.T) {
 		h.Releasedir(ctx, 0)
 	}
 	fx.root.fs.async.Wait()
-	if n := fx.root.fs.asyncHeld.held(); n != 0 {
+	if n := fx.root.fs.asyncHeld.count(); n != 0 {
 		t.Fatalf("the mount counts %d calls after every handle was released", n)
 	}
 	runtime.KeepAlive(val)
@@ -365,7 +365,7 @@ func TestAsyncCloseRacesFinish(t *testing.T) {
 		}
 		dh.Releasedir(ctx, 0)
 		fx.root.fs.async.Wait()
-		if n := fx.root.fs.asyncHeld.held(); n != 0 {
+		if n := fx.root.fs.asyncHeld.count(); n != 0 {
 			t.Fatalf("round %d: the mount counts %d calls once every handle was released", round, n)
 		}
 	}
@@ -666,14 +666,14 @@ func TestAsyncUserShare(t *testing.T) {
 	if _, errno := submitAs(65534, handles[0]); errno != 0 {
 		t.Fatalf("the user's call once one of its share was collected: %v", errno)
 	}
-	if n, want := fx.root.fs.asyncHeld.held(), 2*maxAsyncPerUser+2; n != want {
+	if n, want := fx.root.fs.asyncHeld.count(), 2*maxAsyncPerUser+2; n != want {
 		t.Fatalf("the mount holds %d calls, want %d", n, want)
 	}
 	for _, h := range handles {
 		h.async.close()
 	}
 	fx.root.fs.async.Wait()
-	if n := fx.root.fs.asyncHeld.held(); n != 0 {
+	if n := fx.root.fs.asyncHeld.count(); n != 0 {
 		t.Fatalf("the mount holds %d calls after every handle was released", n)
 	}
 }

@@ -134,6 +134,9 @@ type FS struct {
 	ioctls struct {
 		running atomic.Int64
 		lastEnd atomic.Int64
+		// byUser counts the data-path ioctls of users other than root
+		// running (share.go).
+		byUser userCounts
 	}
 	gpus gpus
 	ipc  ipcTable
@@ -148,7 +151,7 @@ type FS struct {
 	// from) and waits for them; asyncHeld counts those held, running or
 	// not yet waited for (at most maxAsyncTotal).
 	async     sync.WaitGroup
-	asyncHeld asyncCounts
+	asyncHeld userCounts
 	asyncCtx  context.Context
 	asyncStop context.CancelFunc
 }
@@ -190,7 +193,7 @@ type BatchStats struct {
 func (m *Mount) Batches() BatchStats {
 	b := &m.fs.batches
 	st := BatchStats{Keys: b.keys.Load(), HandlerNs: b.handlerNs.Load(), TransferNs: b.transferNs.Load(),
-		Submitted: int64(m.fs.asyncHeld.held()), Submits: b.submits.Load(), SubmitNs: b.submitNs.Load()}
+		Submitted: int64(m.fs.asyncHeld.count()), Submits: b.submits.Load(), SubmitNs: b.submitNs.Load()}
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPUNs = uint64(ru.Utime.Nano() + ru.Stime.Nano())
@@ -211,6 +214,8 @@ func newFS(o Options) (*FS, error) {
 	}
 	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
 	f.asyncCtx, f.asyncStop = context.WithCancel(context.Background())
+	f.asyncHeld = userCounts{what: "submitted calls not waited for", total: maxAsyncTotal, perUser: maxAsyncPerUser}
+	f.ioctls.byUser = userCounts{what: "running ioctls", total: maxIoctlsTotal, perUser: maxIoctlsPerUser, rootFree: true}
 	f.ipc.register = o.RegisterDevice
 	f.ipc.log = func(noExport bool, err error) {
 		if noExport {

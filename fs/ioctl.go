@@ -6,6 +6,7 @@ import (
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
@@ -50,9 +51,24 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 		if ioctl.Dir(cmd)&1 != 0 && len(input) < size || ioctl.Dir(cmd)&2 != 0 && len(output) < size {
 			return 0, syscall.EINVAL
 		}
+		var uid uint32 // root's (no caller: the daemon's own)
+		if c, ok := fuse.FromContext(ctx); ok {
+			uid = c.Uid
+		}
+		if err = n.fs.ioctls.byUser.take(uid); err != nil {
+			return 0, toErrno(err)
+		}
+		defer n.fs.ioctls.byUser.put(uid)
+		if hook := ioctlHook; hook != nil {
+			hook(cmd)
+		}
 		var res int32
 		res, err = n.ioctlData(ctx, fh, cmd, input, output)
 		return res, toErrno(err)
 	}
 	return 0, syscall.ENOTTY
 }
+
+// ioctlHook, when set (tests), runs in every data-path ioctl once it is
+// counted, before the command.
+var ioctlHook func(cmd uint32)

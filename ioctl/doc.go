@@ -87,6 +87,10 @@
 //
 // A failed command returns an error naming the command, the path and the
 // arguments, wrapping the daemon's errno (errors.Is(err, unix.EEXIST)).
+// A user other than root runs at most 256 data commands at once on a
+// mount, and all such users 4096: past that a command fails with EBUSY
+// (a command whose copy waits on memory that never answers holds one of
+// the daemon's threads, which are finite).
 // Batch commands succeed or fail per key (BatchResult.Err); the call
 // itself fails only for a batch the daemon refused whole. Nothing is
 // retried: the daemon runs every request it received to its end (FUSE

@@ -9,7 +9,9 @@
  * (memory outside a registered buffer or the caller's address space),
  * ERANGE (offset outside the object), ENOENT, EEXIST (MC_FLAG_EXCL),
  * ENOSPC, EBADMSG (meta mismatch), EPERM (another process's MC_KIND_VM
- * registration). This header must agree with package ioctl; a Go test checks it.
+ * registration), EBUSY (a user other than root with 256 data commands
+ * running at once, or all such users with 4096). This header must agree
+ * with package ioctl; a Go test checks it.
  */
 #ifndef MOONCAKE_FS_H
 #define MOONCAKE_FS_H
