@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -173,12 +174,17 @@ func (f *File) batchOnce(op string, cmd uint32, source uint32, id uint64, items 
 		return f.err(op, err, "%d items", len(items))
 	}
 	if BatchTables && !f.oldABI.Load() {
-		err := f.batchTables(op, cmd, source, id, items, done)
-		if !errors.Is(err, unix.ENOTTY) {
+		var started atomic.Bool // some call of the batch was done
+		err := f.batchTables(op, cmd, source, id, items, func(j int, result int64, version uint64) {
+			started.Store(true)
+			done(j, result, version)
+		})
+		if started.Load() || !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EPERM) {
 			return err
 		}
-		// A daemon before ABI 1.8 knows no table call; the ones refused
-		// did nothing.
+		// A daemon before ABI 1.8 knows no table call (ENOTTY), and one
+		// not allowed to read this process's memory refuses it (EPERM):
+		// before any key, so the calls refused did nothing.
 		f.oldABI.Store(true)
 	}
 	chunks, err := packBatch(source, id, items)
@@ -261,17 +267,21 @@ func runCalls(n int, parallel bool, call func(i int) error) error {
 var BatchInFlight = min(4, max(1, runtime.NumCPU()/2))
 
 // BatchTables says whether batches go as table calls (ABI 1.8), their
-// entries read from this process's memory. A File whose daemon answers a
-// table call with ENOTTY (before ABI 1.8) sends BATCH_PUT and BATCH_GET
-// calls of MaxBatch keys instead, as all do with BatchTables false. Set
-// it before any batch runs, not while one does.
+// entries read from this process's memory. A File whose daemon refuses
+// the first table call of a batch with ENOTTY (before ABI 1.8) or EPERM
+// (not allowed to read this process's memory: no CAP_SYS_PTRACE, Yama)
+// sends BATCH_PUT and BATCH_GET calls of MaxBatch keys from then on, as
+// all do with BatchTables false. Set it before any batch runs, not while
+// one does.
 var BatchTables = true
 
-// BatchCallKeys is the most keys one call of a batch carries: MaxBatch
-// to MaxTable. A batch of more keys than one call carries, whose calls
-// may overlap, is cut into BatchInFlight calls of about equal size, none
-// smaller than MaxBatch. Set it before any batch runs, not while one
-// does.
+// BatchCallKeys is the most keys one table call of a batch carries:
+// MaxBatch to MaxTable. A batch whose calls may overlap is cut into calls
+// of about len/BatchInFlight keys, at least MaxBatch and at most
+// BatchCallKeys; any other batch into calls of BatchCallKeys, one after
+// the other (a get whose destinations overlap also ends a call before an
+// item that overlaps one in it). Set it before any batch runs, not while
+// one does.
 var BatchCallKeys = MaxTable
 
 // independent says whether the calls of a batch may overlap: gets when
@@ -332,8 +342,8 @@ func independent(cmd uint32, items []BatchItem) bool {
 
 // BatchPut stores each item's Data as the value of its key (relative to
 // directory f, parents existing) with one copy each, in calls of up to
-// MaxBatch keys. Each key succeeds or fails alone (BatchResult.Err); the
-// error is for a batch the daemon refused whole.
+// BatchCallKeys keys (see BatchTables). Each key succeeds or fails alone
+// (BatchResult.Err); the error is for a batch the daemon refused whole.
 func (f *File) BatchPut(items []BatchItem) ([]BatchResult, error) {
 	return f.batch("batch_put", CmdBatchPut, BatchVM, 0, items)
 }

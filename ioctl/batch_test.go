@@ -147,6 +147,9 @@ func TestErrorsOnOtherFS(t *testing.T) {
 	if !errors.Is(err, unix.ENOTTY) || len(res) != 2 || !errors.Is(res[1].Err, unix.ENOTTY) {
 		t.Errorf("BatchGet: %v, results %v", err, res)
 	}
+	if !d.oldABI.Load() {
+		t.Error("a table call refused with ENOTTY left the File on table calls")
+	}
 	if _, err := OpenDir(path); !errors.Is(err, unix.ENOTDIR) {
 		t.Errorf("OpenDir of a file: %v", err)
 	}

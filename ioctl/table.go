@@ -1,8 +1,10 @@
 package ioctl
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 )
 
@@ -156,21 +158,7 @@ func (f *File) batchTables(op string, cmd uint32, source uint32, id uint64, item
 	if cmd == CmdBatchGet {
 		tcmd = CmdBatchGetTable
 	}
-	parallel := len(items) > MaxBatch && BatchInFlight > 1 && independent(cmd, items)
-	per := tableKeys(len(items), parallel)
-	parallel = parallel && len(items) > per
-	var calls [][2]int // items [lo, hi) of each call
-	lo, kb := 0, 0
-	for i, it := range items {
-		if i-lo == per || kb+len(it.Key) > MaxTableKeyBytes {
-			calls = append(calls, [2]int{lo, i})
-			lo, kb = i, 0
-		}
-		kb += len(it.Key)
-	}
-	if lo < len(items) {
-		calls = append(calls, [2]int{lo, len(items)})
-	}
+	calls, parallel := tableCalls(cmd, items)
 	var mu sync.Mutex // serializes done
 	return runCalls(len(calls), parallel, func(ci int) error {
 		lo, hi := calls[ci][0], calls[ci][1]
@@ -199,4 +187,63 @@ func (f *File) batchTables(op string, cmd uint32, source uint32, id uint64, item
 		}
 		return nil
 	})
+}
+
+// tableCalls cuts a batch into table calls, items [lo, hi) each, and
+// says whether they may overlap.
+func tableCalls(cmd uint32, items []BatchItem) (calls [][2]int, parallel bool) {
+	// A get's destinations that overlap must be written in order, the
+	// later last; inside one call the daemon may copy them at once. So
+	// such a get goes as calls one after the other, each ending before an
+	// item whose destination overlaps one already in it.
+	var cut []bool
+	if cmd == CmdBatchGet && len(items) > 1 {
+		if !independent(cmd, items) {
+			cut = overlapCuts(items)
+		} else {
+			parallel = len(items) > MaxBatch && BatchInFlight > 1
+		}
+	} else {
+		parallel = len(items) > MaxBatch && BatchInFlight > 1 && independent(cmd, items)
+	}
+	per := tableKeys(len(items), parallel)
+	parallel = parallel && len(items) > per
+	lo, kb := 0, 0
+	for i, it := range items {
+		if i-lo == per || kb+len(it.Key) > MaxTableKeyBytes || cut != nil && cut[i] && i > lo {
+			calls = append(calls, [2]int{lo, i})
+			lo, kb = i, 0
+		}
+		kb += len(it.Key)
+	}
+	if lo < len(items) {
+		calls = append(calls, [2]int{lo, len(items)})
+	}
+	return calls, parallel
+}
+
+// overlapCuts says, for each item of a get, whether its destination
+// overlaps that of an item before it since the last cut: where a call
+// must end so that no call holds two that overlap.
+func overlapCuts(items []BatchItem) []bool {
+	type span struct{ lo, hi uint64 }
+	cut := make([]bool, len(items))
+	var in []span // the current call's destinations, by start
+	for i, it := range items {
+		lo, n := it.BufOff, it.Len
+		if it.Data != nil {
+			lo, n = addrOf(it.Data), uint64(len(it.Data))
+		}
+		if n == 0 {
+			continue
+		}
+		s := span{lo, lo + n}
+		at, _ := slices.BinarySearchFunc(in, s, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+		if at > 0 && in[at-1].hi > s.lo || at < len(in) && in[at].lo < s.hi {
+			cut[i], in = true, in[:0]
+			at = 0
+		}
+		in = slices.Insert(in, at, s)
+	}
+	return cut
 }

@@ -93,3 +93,44 @@ func TestEntryCodec(t *testing.T) {
 		t.Fatalf("empty key: %v", err)
 	}
 }
+
+// TestTableCalls: how a batch is cut into table calls, and which may
+// overlap: a get whose destinations overlap goes in order, each call
+// ending before an item that overlaps one already in it.
+func TestTableCalls(t *testing.T) {
+	defer func(n, k int) { BatchInFlight, BatchCallKeys = n, k }(BatchInFlight, BatchCallKeys)
+	BatchInFlight, BatchCallKeys = 4, MaxTable
+	gets := func(n int, dst func(i int) uint64) []BatchItem {
+		items := make([]BatchItem, n)
+		for i := range items {
+			items[i] = BatchItem{Key: fmt.Sprint("k", i), BufOff: dst(i), Len: 4096}
+		}
+		return items
+	}
+	for _, c := range []struct {
+		name     string
+		cmd      uint32
+		items    []BatchItem
+		want     string
+		parallel bool
+	}{
+		{"apart", CmdBatchGet, gets(1024, func(i int) uint64 { return uint64(i) * 4096 }), "[[0 256] [256 512] [512 768] [768 1024]]", true},
+		{"few apart", CmdBatchGet, gets(10, func(i int) uint64 { return uint64(i) * 4096 }), "[[0 10]]", false},
+		// Items 0 and 600 share a buffer, and 700 and 701.
+		{"overlapping", CmdBatchGet, gets(1024, func(i int) uint64 {
+			switch i {
+			case 600:
+				return 0
+			case 701:
+				return 700*4096 + 100
+			}
+			return uint64(i) * 4096
+		}), "[[0 600] [600 701] [701 1024]]", false},
+		{"puts", CmdBatchPut, gets(2000, func(int) uint64 { return 0 }), "[[0 500] [500 1000] [1000 1500] [1500 2000]]", true},
+	} {
+		calls, parallel := tableCalls(c.cmd, c.items)
+		if fmt.Sprint(calls) != c.want || parallel != c.parallel {
+			t.Errorf("%s: %v, parallel %v; want %s, %v", c.name, calls, parallel, c.want, c.parallel)
+		}
+	}
+}

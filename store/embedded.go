@@ -117,6 +117,14 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	}
 	found := x.mu.found[:0]
 	defer func() {
+		// Empty slots are filled or removed before a normal return; one
+		// left here means a panic on the way (a broken invariant): no one
+		// may find it.
+		for _, sl := range found {
+			if sl != nil && sl.obj == nil && x.mu.slots[sl.key] == sl {
+				delete(x.mu.slots, sl.key)
+			}
+		}
 		// Kept for the next commit only when small: one large commit (a
 		// rename of a big directory) would hold its room for good.
 		if len(swaps) > maxScratch {
@@ -130,7 +138,8 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	// transaction, so that a key that comes twice finds its mark. A key
 	// with no slot gets one now, empty (obj nil), which the second pass
 	// fills: one probe of the table for a new key, not two. A failed check
-	// removes the empty slots made so far; no one else sees them (mu).
+	// removes the empty slots made so far, and so does the deferred
+	// cleanup on a panic; no one else sees them (mu).
 	x.mu.txn++
 	txn := x.mu.txn
 	for i, s := range swaps {

@@ -96,7 +96,8 @@ func (e *Engine) Stage(b Buffer, off uint64, dst []byte) error {
 // ReadProcess copies len(dst) bytes at addr of process pid into dst: a
 // call's arguments that live in its caller's memory (a batch's entry
 // table), not data, so not counted as bytes moved. ErrFault if any byte
-// is not readable there, ErrNoProcess if pid is gone.
+// is not readable there, ErrNoProcess if pid is gone, the system call's
+// errno otherwise (EPERM: not allowed to read that process).
 func (e *Engine) ReadProcess(pid int, addr uint64, dst []byte) error {
 	return errors.Join(vmGroups([]vmPiece{{op: Write, pid: pid, addr: addr, local: dst}})...)
 }

@@ -73,11 +73,12 @@ def ioctl(fd, cmd, arg, name=None):
         raise OSError(e.errno, os.strerror(e.errno), name) from None
 
 
-# IN_FLIGHT is how many calls of one batch of more than MAX_BATCH keys
-# may be in the daemon at once (the Go client's ioctl.BatchInFlight;
-# environment MOONCAKE_FS_IN_FLIGHT): while one call's reply travels back
-# and the next is being built, others are at work there. 1 sends them one
-# after the other.
+# IN_FLIGHT is how many calls of one vector batch of more than MAX_BATCH
+# keys may be in the daemon at once (environment MOONCAKE_FS_IN_FLIGHT,
+# default 4): while one call's reply travels back and the next is being
+# built, others are at work there. 1 sends them one after the other.
+# (Plain batches go as table calls of up to MAX_TABLE keys, one after the
+# other: Directory.batch.)
 def _in_flight_env():
     try:
         return max(1, int(os.environ.get("MOONCAKE_FS_IN_FLIGHT") or 4))
@@ -736,6 +737,10 @@ def _chunks(entries):
         yield chunk
 
 
+class _NoTables(Exception):
+    """The daemon refused the first table call of a batch (ENOTTY, EPERM)."""
+
+
 def _batch_tables(h, cmd, source, entries, buf_id):
     """Directory.batch as table calls (ABI 1.8) on handle h."""
     tcmd = _abi.BATCH_PUT_TABLE if cmd == _abi.BATCH_PUT else _abi.BATCH_GET_TABLE
@@ -757,7 +762,12 @@ def _batch_tables(h, cmd, source, entries, buf_id):
             off += len(keys[i])
         a = _abi.Table(count=hi - lo, source=source, id=buf_id, entries=ctypes.addressof(tab),
                        keys=ctypes.addressof(kbuf), keys_len=used)
-        h._ioctl(tcmd, a)
+        try:
+            h._ioctl(tcmd, a)
+        except OSError as e:
+            if not out and e.errno in (errno.ENOTTY, errno.EPERM):
+                raise _NoTables() from e
+            raise
         out.extend((t.result, t.version) for t in tab)
         lo = hi
     return out
@@ -1132,10 +1142,10 @@ class Directory(_Handle):
         if not self._old_abi:
             try:
                 return _batch_tables(self, cmd, source, entries, buf_id)
-            except OSError as e:
-                if e.errno != errno.ENOTTY:
-                    raise
-                # A daemon before ABI 1.8; the call it refused did nothing.
+            except _NoTables:
+                # A daemon before ABI 1.8 (ENOTTY), or one not allowed to
+                # read this process's memory (EPERM): its first table call
+                # refused, nothing done.
                 self._old_abi = True
         out = []
         for chunk in _chunks(entries):
@@ -1154,7 +1164,7 @@ class Directory(_Handle):
         return made
 
     def batch_put(self, items, *, exclusive=False, update=False, makedirs=True, check=True):
-        """Put many keys in one call per 64 keys. items maps key -> buffer
+        """Put many keys in one call per 1024 keys (see batch). items maps key -> buffer
         (bytes, bytearray, numpy array...). Returns key -> bytes written or
         -errno; with check, raises BatchError if any key failed. makedirs
         creates missing parent directories of keys that failed with ENOENT
@@ -1181,7 +1191,7 @@ class Directory(_Handle):
         return results
 
     def batch_get_into(self, items, *, offset=0, check=True):
-        """Read many keys in one call per 64 keys. items maps key -> writable
+        """Read many keys in one call per 1024 keys (see batch). items maps key -> writable
         buffer; each gets up to len(buffer) bytes from offset. Returns key ->
         bytes read or -errno (-ENOENT for a missing key); with check, raises
         BatchError if any key failed."""

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import tempfile
 import unittest
 import uuid
 from unittest import mock
@@ -400,6 +401,13 @@ class TestBatch(Live):
             d._old_abi = True
             some = dict(list(items.items())[:100])
             self.assertEqual(d.batch_get(list(some)), some)
+        # A directory of another file system refuses the table call
+        # (ENOTTY): the handle falls back, and the old call fails alike.
+        with tempfile.TemporaryDirectory() as tmp, mc.client.Directory(tmp) as d:
+            with self.assertRaises(OSError) as cm:
+                d.batch(_abi.BATCH_GET, _abi.BATCH_VM, [mc.Entry("x", 0, 0)])
+            self.assertEqual(cm.exception.errno, errno.ENOTTY)
+            self.assertTrue(d._old_abi)
 
     def test_missing_keys(self):
         with self.c.opendir(self.base) as d:
