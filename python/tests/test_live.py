@@ -20,9 +20,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-import tempfile
 import unittest
 import uuid
 from unittest import mock
