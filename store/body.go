@@ -151,13 +151,10 @@ func (s *Store) tryFreeLocked(b *body) {
 		b.delayed, b.waiting = true, true
 		n := int64(segment.TotalLen(b.extents))
 		s.stats.delayed.Add(n)
-		time.AfterFunc(s.opts.FreeDelay, func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.stats.delayed.Add(-n)
-			b.waiting = false
-			s.tryFreeLocked(b)
-		})
+		s.mu.delayed = append(s.mu.delayed, delayedBody{b: b, n: n, due: time.Now().Add(s.opts.FreeDelay)})
+		if len(s.mu.delayed) == 1 {
+			s.armDelayedLocked()
+		}
 		return
 	}
 	b.state = bodyFreed
@@ -254,4 +251,46 @@ func spanIdx(ext []segment.Extent, starts []uint64, off, n uint64, fn func(i int
 		}
 		rel += take
 	}
+}
+
+// delayedBody is a retired body waiting for FreeDelay: n bytes, until due.
+type delayedBody struct {
+	b   *body
+	n   int64
+	due time.Time
+}
+
+// armDelayedLocked sets the store's one delayed-free timer to fire when
+// the first waiting body is due. One timer for all, not one a body: a
+// store that replaces keys at a high rate would otherwise start a timer
+// and, when it fires, a goroutine per key. Caller holds s.mu, and
+// s.mu.delayed is not empty.
+func (s *Store) armDelayedLocked() {
+	d := time.Until(s.mu.delayed[0].due)
+	if s.mu.delayedTimer == nil {
+		s.mu.delayedTimer = time.AfterFunc(d, s.freeDelayed)
+		return
+	}
+	s.mu.delayedTimer.Reset(d)
+}
+
+// freeDelayed ends the delay of every body due, freeing those nothing
+// holds (tryFreeLocked), and sets the timer for the next.
+func (s *Store) freeDelayed() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, q := time.Now(), s.mu.delayed
+	i := 0
+	for ; i < len(q) && !q[i].due.After(now); i++ {
+		s.stats.delayed.Add(-q[i].n)
+		q[i].b.waiting = false
+		s.tryFreeLocked(q[i].b)
+		q[i] = delayedBody{}
+	}
+	if i == len(q) {
+		s.mu.delayed = q[:0]
+		return
+	}
+	s.mu.delayed = q[i:] // appends move the rest to a new array in time
+	s.armDelayedLocked()
 }

@@ -150,6 +150,11 @@ type Store struct {
 		remoteReaders map[string]map[*Reader]struct{}
 		// leases: this node's reservations on other nodes (lease.go).
 		leases map[leaseKey]*resvLease
+		// delayed: retired bodies waiting for FreeDelay, in the order
+		// they started (so by when it ends), and the one timer that
+		// frees them (body.go).
+		delayed      []delayedBody
+		delayedTimer *time.Timer
 	}
 	follow struct {
 		seen atomic.Uint64 // highest version the follow loop processed
