@@ -64,6 +64,25 @@ def pinned(obj, writable=False):
         _release_buffer(ctypes.byref(view))
 
 
+@contextmanager
+def pinned_all(objs, writable=False):
+    """pinned for every obj of a list at once: yield [(address, nbytes)],
+    the exports held until the block ends (one context, not one each)."""
+    views = (_PyBuffer * len(objs))()
+    flags = _PyBUF_C_CONTIGUOUS | (_PyBUF_WRITABLE if writable else 0)
+    got, out = 0, []
+    try:
+        for obj in objs:
+            view = views[got]
+            _get_buffer(obj, ctypes.byref(view), flags)
+            got += 1
+            out.append((view.buf or 0, view.len))
+        yield out
+    finally:
+        for i in range(got):
+            _release_buffer(ctypes.byref(views[i]))
+
+
 def new_bytes(n):
     """Return (b, address): a new, unshared bytes object of n bytes whose
     contents the caller fills through address before anyone else sees b.

@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from typing import NamedTuple
 
 from . import _abi
-from ._buffer import new_bytes, pinned
+from ._buffer import new_bytes, pinned, pinned_all
 
 
 class NotMooncakeError(OSError):
@@ -741,25 +741,32 @@ class _NoTables(Exception):
     """The daemon refused the first table call of a batch (ENOTTY, EPERM)."""
 
 
+# mc_batch_entry: key_off key_len flags addr len obj_off result version.
+_BENTRY = struct.Struct("<HHIQQQqQ")
+
+
 def _batch_tables(h, cmd, source, entries, buf_id):
     """Directory.batch as table calls (ABI 1.8) on handle h."""
     tcmd = _abi.BATCH_PUT_TABLE if cmd == _abi.BATCH_PUT else _abi.BATCH_GET_TABLE
     keys = [_key_bytes(e.key) for e in entries]  # all checked before any call
+    for e in entries:
+        if not (0 <= e.addr < 1 << 64 and 0 <= e.len < 1 << 64 and 0 <= e.obj_off < 1 << 64 and 0 <= e.flags < 1 << 32):
+            raise ValueError(f"batch entry {e.key!r}: address, length, offset or flags out of range")
     out = []
-    lo = 0
+    lo, size, pack = 0, _BENTRY.size, _BENTRY.pack_into
     while lo < len(entries):
         hi, used = lo, 0
         while hi < len(entries) and hi - lo < _abi.MAX_TABLE and used + len(keys[hi]) <= _abi.MAX_TABLE_KEY_BYTES:
             used += len(keys[hi])
             hi += 1
-        tab = (_abi.BatchEntry * (hi - lo))()
+        raw = bytearray(size * (hi - lo))
         kbuf = ctypes.create_string_buffer(b"".join(keys[lo:hi]), used)
         off = 0
-        for i in range(lo, hi):
-            e, ent = entries[i], tab[i - lo]
-            ent.key_off, ent.key_len, ent.flags = off, len(keys[i]), e.flags
-            ent.addr, ent.len, ent.obj_off = e.addr, e.len, e.obj_off
-            off += len(keys[i])
+        for j, i in enumerate(range(lo, hi)):
+            e, k = entries[i], len(keys[i])
+            pack(raw, j * size, off, k, e.flags, e.addr, e.len, e.obj_off, 0, 0)
+            off += k
+        tab = (ctypes.c_char * len(raw)).from_buffer(raw)
         a = _abi.Table(count=hi - lo, source=source, id=buf_id, entries=ctypes.addressof(tab),
                        keys=ctypes.addressof(kbuf), keys_len=used)
         try:
@@ -768,7 +775,7 @@ def _batch_tables(h, cmd, source, entries, buf_id):
             if not out and e.errno in (errno.ENOTTY, errno.EPERM):
                 raise _NoTables() from e
             raise
-        out.extend((t.result, t.version) for t in tab)
+        out.extend((r[6], r[7]) for r in _BENTRY.iter_unpack(raw))
         lo = hi
     return out
 
@@ -1174,11 +1181,8 @@ class Directory(_Handle):
         results = {}
         todo = list(items)
         for attempt in range(2):
-            with ExitStack() as stack:
-                entries = []
-                for k in todo:
-                    addr, n = stack.enter_context(pinned(items[k]))
-                    entries.append(Entry(k, addr, n, 0, flags))
+            with pinned_all([items[k] for k in todo]) as bufs:
+                entries = [Entry(k, addr, n, 0, flags) for k, (addr, n) in zip(todo, bufs)]
                 res = self.batch(_abi.BATCH_PUT, _abi.BATCH_VM, entries)
             for k, (r, _) in zip(todo, res):
                 results[k] = r
@@ -1196,11 +1200,8 @@ class Directory(_Handle):
         bytes read or -errno (-ENOENT for a missing key); with check, raises
         BatchError if any key failed."""
         items = dict(items)
-        with ExitStack() as stack:
-            entries = []
-            for k, out in items.items():
-                addr, n = stack.enter_context(pinned(out, writable=True))
-                entries.append(Entry(k, addr, n, offset))
+        with pinned_all(list(items.values()), writable=True) as bufs:
+            entries = [Entry(k, addr, n, offset) for k, (addr, n) in zip(items, bufs)]
             res = self.batch(_abi.BATCH_GET, _abi.BATCH_VM, entries)
         results = {k: r for k, (r, _) in zip(items, res)}
         if check and any(r < 0 for r in results.values()):

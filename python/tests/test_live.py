@@ -401,6 +401,10 @@ class TestBatch(Live):
             d._old_abi = True
             some = dict(list(items.items())[:100])
             self.assertEqual(d.batch_get(list(some)), some)
+        # An entry out of range is refused before any call goes.
+        with self.c.opendir(self.base) as d:
+            with self.assertRaises(ValueError):
+                d.batch_get_into({"t00000-" + "k" * 40: bytearray(8), "t00001-" + "k" * 40: bytearray(8)}, offset=-1)
         # A directory of another file system refuses the table call
         # (ENOTTY): the handle falls back, and the old call fails alike.
         with tempfile.TemporaryDirectory() as tmp, mc.client.Directory(tmp) as d:

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import mooncake_fs as mc  # noqa: E402
 from mooncake_fs import _abi  # noqa: E402
-from mooncake_fs._buffer import new_bytes, pinned  # noqa: E402
+from mooncake_fs._buffer import new_bytes, pinned, pinned_all  # noqa: E402
 from mooncake_fs import client as mcc  # noqa: E402
 from mooncake_fs.client import Entry, _chunks, overlapped, pack_batch  # noqa: E402
 from mooncake_fs.pool import Lease, PoolClosed, PoolExhausted, _Slots  # noqa: E402
@@ -55,6 +55,25 @@ class TestBuffer(unittest.TestCase):
             with self.assertRaises(BufferError):
                 b.extend(b"more")
         b.extend(b"more")
+
+    def test_pinned_all(self):
+        a, b, c = bytearray(b"one"), bytearray(b"two!"), b"ro"
+        with pinned_all([a, b]) as bufs:
+            self.assertEqual([n for _, n in bufs], [3, 4])
+            self.assertEqual([ctypes.string_at(p, n) for p, n in bufs], [b"one", b"two!"])
+            for x in (a, b):
+                with self.assertRaises(BufferError):
+                    x.extend(b"more")
+        a.extend(b"more")
+        b.extend(b"more")
+        # One that cannot be exported fails the whole, and the exports
+        # taken before it are released.
+        with self.assertRaises(BufferError):
+            with pinned_all([a, c], writable=True):
+                pass
+        a.extend(b"again")
+        with pinned_all([]) as bufs:
+            self.assertEqual(bufs, [])
 
     @unittest.skipIf(np is None, "no numpy")
     def test_numpy(self):
