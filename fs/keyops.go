@@ -403,7 +403,10 @@ func (bc *batchCall) metaXattrs(op *keyOp, cur *store.Object) map[string][]byte 
 		if set, ok := bc.metaSets[string(op.meta)]; ok {
 			return set
 		}
-		set := map[string][]byte{xattrMeta: op.meta}
+		// Its own copy of the meta (op.meta is in the call's argument,
+		// which is reused): new keys take the set as it is
+		// (store.PutSpec.SharedXattrs), and the set is never changed.
+		set := map[string][]byte{xattrMeta: bytes.Clone(op.meta)}
 		if bc.metaSets == nil {
 			bc.metaSets = map[string]map[string][]byte{}
 		}
@@ -611,8 +614,9 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 		if n.fs.st.BatchPuts(place) {
 			cur.fast = append(cur.fast, op)
+			set := bc.metaXattrs(op, old)
 			cur.specs = append(cur.specs, store.PutSpec{Key: key, Bufs: bufs, Cur: old, Template: tmpl,
-				SetXattrs: bc.metaXattrs(op, old), Place: place})
+				SetXattrs: set, SharedXattrs: set != nil && len(op.meta) > 0, Place: place})
 		} else {
 			cur.addDraft(n.fs.st, op, key, bufs, size, old, tmpl, place)
 		}

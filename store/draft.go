@@ -825,6 +825,12 @@ type CommitOptions struct {
 	// content (a nil value removes the name): attributes that describe
 	// the bytes change with them, atomically.
 	SetXattrs map[string][]byte
+	// SharedXattrs says SetXattrs never changes and names no attribute to
+	// remove: a new key with no attribute of its own may take the map as
+	// its own (committed objects never change theirs; every change is
+	// made on a copy), instead of a copy of it. A batch whose keys carry
+	// one meta shares one map.
+	SharedXattrs bool
 	// Last closes the draft with a successful commit: it keeps nothing of
 	// the committed version to continue from (a one-shot put saves the
 	// lease it would drop at once). A failed commit leaves it open.
@@ -997,7 +1003,11 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		}
 		next = s.newObjectIn(into, o.Key, KindFile, o.Template, memo.time(s))
 		parent.inherit(next)
-		setXattrs(next, o.SetXattrs)
+		if o.SharedXattrs && next.Xattrs == nil {
+			next.Xattrs = o.SetXattrs
+		} else {
+			setXattrs(next, o.SetXattrs)
+		}
 		if err := s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
 			return nil, 0, err
 		}

@@ -30,8 +30,10 @@ type PutSpec struct {
 	// Template gives a new key's Mode, Uid, Gid and Ino, as
 	// CommitOptions.Template.
 	Template Object
-	// SetXattrs are set with the value, as CommitOptions.SetXattrs.
-	SetXattrs map[string][]byte
+	// SetXattrs are set with the value, as CommitOptions.SetXattrs, and
+	// SharedXattrs says what CommitOptions.SharedXattrs does of them.
+	SetXattrs    map[string][]byte
+	SharedXattrs bool
 	// Place is the key's placement; it must be one BatchPuts takes.
 	Place Placement
 }
@@ -217,7 +219,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		// Over the version the caller checked: the swap fails if the key
 		// moved on since (ErrConflict), so it is not looked up again.
 		cur := sp.Cur
-		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, Exclusive: cur == nil}
+		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, SharedXattrs: sp.SharedXattrs, Exclusive: cur == nil}
 		if cur != nil {
 			o.IfVersion = cur.Version
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -293,6 +294,62 @@ func TestPutsXattrsOfOldVersions(t *testing.T) {
 		t.Fatalf("Stat: %+v, %v", got, err)
 	} else {
 		has(got, map[string]string{"user.a": "2"})
+	}
+}
+
+// TestPutsSharedXattrs: new keys of a batch take a shared attribute map
+// as it is, except where they have attributes of their own (inherited
+// from their directory); a change of one key's attributes (Update), or a
+// put that changes them, leaves the others as they were; a key that
+// exists gets the set applied to its own map.
+func TestPutsSharedXattrs(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	if _, err := s.Mkdir(ctx, "r", &store.Object{Xattrs: map[string][]byte{store.XattrReplicas: []byte("1")}}); err != nil {
+		t.Fatal(err)
+	}
+	old, err := s.StartPuts(ctx, []store.PutSpec{{Key: "old", Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("v"))},
+		SetXattrs: map[string][]byte{"user.x": []byte("1")}, Place: store.DefaultPlacement()}}).Commit()
+	if err[0] != nil {
+		t.Fatal(err[0])
+	}
+	set := map[string][]byte{"user.meta": []byte("f16 (4,)")}
+	var specs []store.PutSpec
+	for _, k := range []string{"a", "b", "r/c", "old"} {
+		sp := store.PutSpec{Key: k, Bufs: []transfer.Buffer{transfer.HostBuffer([]byte(k))}, SetXattrs: set, SharedXattrs: true,
+			Place: store.DefaultPlacement()}
+		if k == "old" {
+			sp.Cur = old[0]
+		}
+		specs = append(specs, sp)
+	}
+	objs, errs := s.StartPuts(ctx, specs).Commit()
+	if e := errors.Join(errs...); e != nil {
+		t.Fatal(e)
+	}
+	shares := func(o *store.Object) bool {
+		return reflect.ValueOf(o.Xattrs).UnsafePointer() == reflect.ValueOf(set).UnsafePointer()
+	}
+	if !shares(objs[0]) || !shares(objs[1]) || shares(objs[2]) || shares(objs[3]) {
+		t.Fatalf("shared by a, b, r/c, old: %v %v %v %v", shares(objs[0]), shares(objs[1]), shares(objs[2]), shares(objs[3]))
+	}
+	if string(objs[2].Xattrs["user.meta"]) != "f16 (4,)" || string(objs[2].Xattrs[store.XattrReplicas]) != "1" ||
+		string(objs[3].Xattrs["user.meta"]) != "f16 (4,)" || string(objs[3].Xattrs["user.x"]) != "1" {
+		t.Fatalf("r/c holds %q, old %q", objs[2].Xattrs, objs[3].Xattrs)
+	}
+	if _, err := s.Update(ctx, "a", objs[0].Ino, func(o *store.Object) error {
+		o.Xattrs["user.meta"] = []byte("changed")
+		o.Xattrs["user.y"] = []byte("new")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b, err2 := s.Stat(ctx, "b")
+	if err2 != nil || len(b.Xattrs) != 1 || string(b.Xattrs["user.meta"]) != "f16 (4,)" || len(set) != 1 || string(set["user.meta"]) != "f16 (4,)" {
+		t.Fatalf("b after a changed: %q (set %q), %v", b.Xattrs, set, err2)
+	}
+	if a, _ := s.Stat(ctx, "a"); string(a.Xattrs["user.meta"]) != "changed" || string(a.Xattrs["user.y"]) != "new" {
+		t.Fatalf("a: %q", a.Xattrs)
 	}
 }
 
