@@ -66,7 +66,8 @@ type keyOp struct {
 	segs   []seg
 	// setMeta: the put stores meta as user.mooncake.meta (nil: removes
 	// it); see putMeta. For a get, a non-nil meta is the one the value
-	// must have.
+	// must have. meta is in the call's argument, which outlives the
+	// call's ops: whatever keeps it past them copies it (metaXattrs).
 	setMeta bool
 	meta    []byte
 
@@ -105,7 +106,7 @@ func (op *keyOp) check(put bool, meta []byte) error {
 		return fmt.Errorf("get flags %#x: %w", op.flags, ioctl.ErrFlags)
 	}
 	if len(meta) > 0 {
-		op.meta = bytes.Clone(meta)
+		op.meta = meta // the call's argument's: it outlives the call's ops
 	}
 	op.setMeta = put && putMeta(op.flags, op.meta)
 	return nil
