@@ -831,6 +831,10 @@ type CommitOptions struct {
 	// made on a copy), instead of a copy of it. A batch whose keys carry
 	// one meta shares one map.
 	SharedXattrs bool
+	// replicas is the metadata of the replicas the commit will give the
+	// new version (set by the store's own commits): a new key's room for
+	// its entry (metaRoom) is checked before they are set on it.
+	replicas uint64
 	// Last closes the draft with a successful commit: it keeps nothing of
 	// the committed version to continue from (a one-shot put saves the
 	// lease it would drop at once). A failed commit leaves it open.
@@ -895,6 +899,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			d.s.freeReservations(ctx, extraResv)
 		}
 	}()
+	if len(ext) > 0 {
+		o.replicas = replicasMeta([]Replica{primary}) + replicasMeta(extra)
+	}
 	for {
 		cur, err := d.s.idx.Get(ctx, o.Key)
 		if err != nil && !errors.Is(err, ErrNotFound) {
@@ -1008,8 +1015,14 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		} else {
 			setXattrs(next, o.SetXattrs)
 		}
-		if err := s.metaRoom("commit", o.Key, next.MetaBytes()); err != nil {
+		grow := next.MetaBytes() + o.replicas
+		if err := s.metaRoom("commit", o.Key, grow); err != nil {
 			return nil, 0, err
+		}
+		if memo != nil {
+			// Held until the batch's swap (Puts.Commit lets it go).
+			s.metaHeld.Add(int64(grow))
+			memo.metaHeld += grow
 		}
 	}
 	next.Size = size

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 // present reports which of keys exist.
@@ -474,4 +476,38 @@ func TestEvictPastPinnedAndOpen(t *testing.T) {
 		t.Fatal("p0, unpinned, cannot be evicted")
 	}
 	s.checkAlloc(t)
+}
+
+// TestMetaRoomOfBatches: batch puts of new keys into a store whose
+// entries are at their limit: each key finds room by evicting older
+// ones, counting the keys of its own batch not yet in the index, so no
+// key fails for room and the entries never pass the limit. (Before,
+// every key checked the limit against the index alone: a batch of 128
+// passed it by its own keys, and keys of the next batch failed with
+// ErrNoSpace while eviction caught up.)
+func TestMetaRoomOfBatches(t *testing.T) {
+	const limit = 1 << 20
+	s := newTestStore(t, 64<<20, withOptions(func(o *store.Options) { o.MetaLimit = limit }))
+	ctx := context.Background()
+	data := []byte("v")
+	specs := make([]store.PutSpec, 128)
+	for round := range 200 {
+		for k := range specs {
+			specs[k] = store.PutSpec{Key: fmt.Sprintf("r%03d-k%03d-%s", round, k, strings.Repeat("x", 24)),
+				Bufs: []transfer.Buffer{transfer.HostBuffer(data)}, Place: store.DefaultPlacement(),
+				SetXattrs: map[string][]byte{"user.mooncake.meta": []byte("f16 (1, 2, 3)")}}
+		}
+		p := s.StartPuts(ctx, specs)
+		_, errs := p.Commit()
+		p.Release()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if m := s.Stats().MetaBytes; m > limit {
+			t.Fatalf("round %d: entries take %d B, limit %d", round, m, limit)
+		}
+	}
+	if st := s.Stats(); st.Evictions == 0 {
+		t.Fatalf("nothing evicted: %+v", st)
+	}
 }

@@ -68,7 +68,13 @@ func (o *Object) MetaBytes() uint64 {
 	for k, v := range o.Xattrs {
 		n += uint64(len(k) + len(v) + 16)
 	}
-	for _, r := range o.Replicas {
+	return n + replicasMeta(o.Replicas)
+}
+
+// replicasMeta is the part of MetaBytes that replicas rs take.
+func replicasMeta(rs []Replica) uint64 {
+	var n uint64
+	for _, r := range rs {
 		n += uint64(len(r.Node) + 24*len(r.Extents) + 16)
 	}
 	return n

@@ -200,6 +200,11 @@ func (pi *parentInfo) inherit(o *Object) {
 type commitMemo struct {
 	now     int64
 	parents map[string]*parentInfo
+	// metaHeld is the metadata of the batch's new keys that found room,
+	// counted in Store.metaHeld until the batch's swap: a batch must not
+	// pass Options.MetaLimit by its own keys (leaving the next one to
+	// fail while eviction catches up), nor by another batch's.
+	metaHeld uint64
 }
 
 // time returns the commit's time.

@@ -205,6 +205,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	p.copyNs += int64(time.Since(t0))
 	swaps, at := p.swaps[:0], p.at[:0] // at: the spec index of each swap
 	memo := &commitMemo{}
+	defer func() { s.metaHeld.Add(-int64(memo.metaHeld)) }() // in the index now, or not put
 	for i := range p.specs {
 		sp, st := &p.specs[i], &p.st[i]
 		if st.err != nil {
@@ -220,6 +221,9 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		// moved on since (ErrConflict), so it is not looked up again.
 		cur := sp.Cur
 		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, SharedXattrs: sp.SharedXattrs, Exclusive: cur == nil}
+		if len(st.ext) > 0 {
+			o.replicas = replicasMeta([]Replica{{Node: s.opts.Node, Extents: st.ext}})
+		}
 		if cur != nil {
 			o.IfVersion = cur.Version
 		}

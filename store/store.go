@@ -122,7 +122,12 @@ type Store struct {
 	started int64 // Unix ns; the root directory's times
 	wg      sync.WaitGroup
 	cancel  context.CancelFunc // ends the follow watch
-	stats   struct {
+	// metaHeld is the metadata of new keys of batch commits that found
+	// room (metaRoom) and are not yet in the index: room that other
+	// commits must leave them, so that batches committing together do
+	// not pass Options.MetaLimit by each other's keys.
+	metaHeld atomic.Int64
+	stats    struct {
 		evictions, evictedBytes atomic.Uint64
 		commits, revokes        atomic.Uint64
 		reserved, reaped        atomic.Uint64
@@ -336,8 +341,12 @@ func (s *Store) metaBytes() uint64 {
 	return 0
 }
 
-// maxMetaEvictions bounds the files one new entry evicts for its room.
-const maxMetaEvictions = 64
+// maxMetaEvictions bounds the files one round of a new entry's eviction
+// for its room evicts, and maxMetaEvictRounds the rounds.
+const (
+	maxMetaEvictions   = 64
+	maxMetaEvictRounds = 4
+)
 
 // metaRoom fails with ErrNoSpace when grow more bytes of metadata would
 // pass Options.MetaLimit, after evicting least recently used files to
@@ -350,13 +359,20 @@ func (s *Store) metaRoom(op, key string, grow uint64) error {
 		return nil
 	}
 	limit := s.opts.MetaLimit
-	used := s.metaBytes()
-	if used+grow > limit && s.metaEvicts() && grow <= limit {
+	held := uint64(max(s.metaHeld.Load(), 0))
+	used := s.metaBytes() + held
+	for try := 0; used+grow > limit && s.metaEvicts() && grow+held <= limit && try < maxMetaEvictRounds; try++ {
 		// Not the key that needs the room; a bounded number of files, the
-		// loop (kicked) doing the rest.
-		s.evictMetaUntil(context.Background(), limit-grow, key, maxMetaEvictions)
+		// loop (kicked) doing the rest. Other commits evicting and
+		// filling at once may take what a round freed: another round,
+		// while rounds still evict.
+		evicted := s.evictMetaUntil(context.Background(), limit-grow-held, key, maxMetaEvictions)
 		s.kickEvict()
-		used = s.metaBytes()
+		held = uint64(max(s.metaHeld.Load(), 0))
+		used = s.metaBytes() + held
+		if !evicted {
+			break
+		}
 	}
 	if used+grow > limit {
 		return fmt.Errorf("%s %q: metadata would take %d B of its %d B limit: %w", op, key, used+grow, limit, ErrNoSpace)
