@@ -127,7 +127,9 @@ type Store struct {
 	// commits must leave them, so that batches committing together do
 	// not pass Options.MetaLimit by each other's keys.
 	metaHeld atomic.Int64
-	stats    struct {
+	// metaEvicting is held by the commit evicting for metadata room.
+	metaEvicting sync.Mutex
+	stats        struct {
 		evictions, evictedBytes atomic.Uint64
 		commits, revokes        atomic.Uint64
 		reserved, reaped        atomic.Uint64
@@ -361,18 +363,28 @@ func (s *Store) metaRoom(op, key string, grow uint64) error {
 	limit := s.opts.MetaLimit
 	held := uint64(max(s.metaHeld.Load(), 0))
 	used := s.metaBytes() + held
-	for try := 0; used+grow > limit && s.metaEvicts() && grow+held <= limit && try < maxMetaEvictRounds; try++ {
-		// Not the key that needs the room; a bounded number of files, the
-		// loop (kicked) doing the rest. Other commits evicting and
-		// filling at once may take what a round freed: another round,
-		// while rounds still evict.
-		evicted := s.evictMetaUntil(context.Background(), limit-grow-held, key, maxMetaEvictions)
-		s.kickEvict()
+	if used+grow > limit && s.metaEvicts() {
+		// One commit evicts for room at a time: commits evicting at once
+		// took the same keys at the LRU's end from each other and each
+		// found it had evicted nothing. The ones that waited may find
+		// the room made already.
+		s.metaEvicting.Lock()
 		held = uint64(max(s.metaHeld.Load(), 0))
 		used = s.metaBytes() + held
-		if !evicted {
-			break
+		for try := 0; used+grow > limit && grow+held <= limit && try < maxMetaEvictRounds; try++ {
+			// Not the key that needs the room; a bounded number of files,
+			// the loop (kicked) doing the rest. Commits filling at once
+			// may take what a round freed: another round, while rounds
+			// still evict.
+			evicted := s.evictMetaUntil(context.Background(), limit-grow-held, key, maxMetaEvictions)
+			s.kickEvict()
+			held = uint64(max(s.metaHeld.Load(), 0))
+			used = s.metaBytes() + held
+			if !evicted {
+				break
+			}
 		}
+		s.metaEvicting.Unlock()
 	}
 	if used+grow > limit {
 		return fmt.Errorf("%s %q: metadata would take %d B of its %d B limit: %w", op, key, used+grow, limit, ErrNoSpace)
