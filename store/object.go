@@ -75,10 +75,14 @@ func (o *Object) MetaBytes() uint64 {
 func replicasMeta(rs []Replica) uint64 {
 	var n uint64
 	for _, r := range rs {
-		n += uint64(len(r.Node) + 24*len(r.Extents) + 16)
+		n += replicaMeta(r.Node, len(r.Extents))
 	}
 	return n
 }
+
+// replicaMeta is the part of MetaBytes that a replica on node of extents
+// extents takes.
+func replicaMeta(node string, extents int) uint64 { return uint64(len(node) + 24*extents + 16) }
 
 // XattrBytes is the size of o's user xattrs, names and values.
 func (o *Object) XattrBytes() int {

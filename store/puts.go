@@ -221,8 +221,8 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		// moved on since (ErrConflict), so it is not looked up again.
 		cur := sp.Cur
 		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, SharedXattrs: sp.SharedXattrs, Exclusive: cur == nil}
-		if len(st.ext) > 0 {
-			o.replicas = replicasMeta([]Replica{{Node: s.opts.Node, Extents: st.ext}})
+		if cur == nil && len(st.ext) > 0 {
+			o.replicas = replicaMeta(s.opts.Node, len(st.ext)) // a new key's room counts it
 		}
 		if cur != nil {
 			o.IfVersion = cur.Version
