@@ -43,9 +43,12 @@
 // indexes do), creates, new keys and growing updates past
 // Options.MetaLimit fail with ErrNoSpace; with eviction on and an index
 // of this node alone (not Follow) they first evict least recently used
-// files for room (never the key that needs it, at most 64), and past the
-// high watermark of the limit the eviction loop takes the entries down to
-// the low one, as it does for bytes. Files with no bytes here to evict
+// files for room (never the key that needs it; rounds of at most 64, at
+// most 4, one commit evicting at a time), and past the high watermark of
+// the limit the eviction loop takes the entries down to the low one, as
+// it does for bytes. The new keys of a batch put hold the room they
+// found (their replicas counted) until the batch's swap, so that a batch
+// does not pass the limit by its own keys nor by another's. Files with no bytes here to evict
 // (empty ones) leave the LRU until a commit writes some, pinned ones until
 // they are unpinned, and open ones move to its recent end when eviction
 // meets them: a pass's look (at most 4096 files it can neither evict nor
