@@ -273,7 +273,11 @@ func (s *Store) evictLoop() {
 			s.evictUntil(context.Background(), st.Size-uint64(s.opts.LowWater*float64(st.Size)))
 		}
 		if s.metaEvicts() && s.metaAboveHighWater() {
+			// As a commit evicting for room does (metaRoom): commits short
+			// of room wait for the pass, which makes theirs.
+			s.metaEvicting.Lock()
 			s.evictMetaUntil(context.Background(), uint64(s.opts.LowWater*float64(s.opts.MetaLimit)), "", 0)
+			s.metaEvicting.Unlock()
 		}
 	}
 }
