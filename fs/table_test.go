@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"runtime"
 	"syscall"
 	"testing"
@@ -278,4 +279,50 @@ func FuzzTable(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestTableCallerNotReadable: a daemon not allowed to read the caller's
+// memory (here: a thread without CAP_SYS_PTRACE, the caller another
+// user's process) refuses a table call whole with EPERM, before any key:
+// what the clients take to fall back to BATCH_PUT and BATCH_GET.
+func TestTableCallerNotReadable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a child of another user, and capabilities to drop")
+	}
+	fx := newFuzzFixture(t)
+	child := exec.Command("sleep", "60")
+	child.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { child.Process.Kill(); child.Wait() })
+	c := newTableCall(ioctl.BatchVM, []batchEntry{{key: "a", data: []byte("value")}})
+	errno := make(chan syscall.Errno, 1)
+	go func() {
+		// Never unlocked: the thread, without its capability, ends with
+		// the goroutine.
+		runtime.LockOSThread()
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			t.Error(err)
+			errno <- 0
+			return
+		}
+		data[0].Effective &^= 1 << unix.CAP_SYS_PTRACE
+		if err := unix.Capset(&hdr, &data[0]); err != nil { // this thread's only
+			t.Error(err)
+			errno <- 0
+			return
+		}
+		e, _ := c.run(fx, callerCtx(child.Process.Pid), true)
+		errno <- e
+	}()
+	if e := <-errno; e != syscall.EPERM {
+		t.Fatalf("table call of a caller the daemon may not read: %v, want EPERM", e)
+	}
+	if _, err := fx.st.Stat(context.Background(), "a"); err == nil {
+		t.Fatal("the refused call made a")
+	}
+	runtime.KeepAlive(c)
 }
