@@ -6,7 +6,6 @@ import (
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
@@ -51,10 +50,7 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 		if ioctl.Dir(cmd)&1 != 0 && len(input) < size || ioctl.Dir(cmd)&2 != 0 && len(output) < size {
 			return 0, syscall.EINVAL
 		}
-		var uid uint32 // root's (no caller: the daemon's own)
-		if c, ok := fuse.FromContext(ctx); ok {
-			uid = c.Uid
-		}
+		uid, _ := caller(ctx) // root's without a caller: the daemon's own
 		if err = n.fs.ioctls.byUser.take(uid); err != nil {
 			return 0, toErrno(err)
 		}

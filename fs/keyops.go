@@ -10,8 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fuse"
-
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
@@ -962,11 +960,11 @@ func (n *node) batchTable(ctx context.Context, dh *dirHandle, dir string, put bo
 	}
 	// The caller is blocked in this ioctl: its thread id names its
 	// process for the whole call.
-	c, ok := fuse.FromContext(ctx)
-	if !ok || c.Pid == 0 {
-		return fmt.Errorf("table call: %w", errNotOwner)
+	p, err := procOf(ctx)
+	if err != nil {
+		return fmt.Errorf("table call: %w", err)
 	}
-	pid, eng := int(c.Pid), n.fs.st.Engine()
+	pid, eng := p.tid, n.fs.st.Engine()
 	t := tableScratches.Get().(*tableScratch)
 	defer tableScratches.Put(t)
 	raw, keys, entries := t.raw[:ioctl.TableBytes(int(a.Count))], t.keys[:a.KeysLen], t.entries[:a.Count]

@@ -900,7 +900,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		}
 	}()
 	if len(ext) > 0 {
-		o.replicas = replicasMeta([]Replica{primary}) + replicasMeta(extra)
+		o.replicas = replicaMeta(primary.Node, len(primary.Extents)) + replicasMeta(extra)
 	}
 	for {
 		cur, err := d.s.idx.Get(ctx, o.Key)
