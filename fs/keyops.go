@@ -426,6 +426,11 @@ func (bc *batchCall) metaXattrs(op *keyOp, cur *store.Object) map[string][]byte 
 // more often, a whole call of 64 waits for its copies unhidden.
 const gpuChunkKeys = 32
 
+// openKeys is how many keys of a get batchGet opens at once: a GPU
+// chunk's worth, so that a chunk's copies start as soon as it is looked
+// up, as before the opens were batched.
+const openKeys = gpuChunkKeys
+
 // chunkAlways chunks calls without GPU buffers too, and chunkKeys is the
 // chunk size (tests: the chunked path without a GPU, more chunk
 // boundaries than a call of MaxBatch keys has).
@@ -744,13 +749,20 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 // is opened and its mode (and meta, when asked) checked on it first, then
 // every copy runs in one engine batch (StartReads), or, into GPU memory,
 // one per chunk of gpuChunkKeys keys, started as soon as the chunk is
-// looked up; each key gets its own result.
+// looked up; each key gets its own result. Keys are opened openKeys at a
+// time (Store.OpenReadersUntouched: one lock of the index and of the
+// store for them all), and their readers closed together at the end.
 func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	type getChunk struct {
 		at    []*keyOp
 		reads []store.ReaderRead
 		gpu   bool
 		m     *store.Reads
+	}
+	type target struct {
+		op   *keyOp
+		bufs []transfer.Buffer
+		room uint64
 	}
 	var chunks []*getChunk
 	readers := make([]*store.Reader, 0, len(ops))
@@ -761,52 +773,66 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				c.m.Wait()
 			}
 		}
-		for _, r := range readers {
-			r.Close()
-		}
+		n.fs.st.CloseReaders(readers)
 	}()
 	start := func(c *getChunk) { c.m = n.fs.st.StartReads(ctx, c.reads) }
 	cur := &getChunk{at: make([]*keyOp, 0, len(ops)), reads: make([]store.ReaderRead, 0, len(ops))}
 	chunks = append(chunks, cur)
-	for _, op := range ops {
-		if op.err != nil {
+	win := make([]target, 0, min(len(ops), openKeys))
+	keys := make([]string, 0, min(len(ops), openKeys))
+	for len(ops) > 0 {
+		// The next window's keys, their paths and buffers checked.
+		win, keys = win[:0], keys[:0]
+		for len(ops) > 0 && len(win) < openKeys {
+			op := ops[0]
+			ops = ops[1:]
+			if op.err != nil {
+				continue
+			}
+			key, bufs, room, err := n.target(ctx, bc, op)
+			if err != nil {
+				op.fail(err)
+				continue
+			}
+			win = append(win, target{op, bufs, room})
+			keys = append(keys, key)
+		}
+		if len(win) == 0 {
 			continue
 		}
-		key, bufs, room, err := n.target(ctx, bc, op)
-		if err != nil {
-			op.fail(err)
-			continue
-		}
-		r, err := n.fs.st.OpenReaderUntouched(ctx, key) // moved up together once opened
-		if err != nil {
-			op.fail(err)
-			continue
-		}
-		readers = append(readers, r)
-		o := r.Object()
-		if !allowed(bc.p, o, mayRead) {
-			op.fail(syscall.EACCES)
-			continue
-		}
-		op.size, op.gotMeta = o.Size, o.Xattrs[xattrMeta]
-		if op.meta != nil && !bytes.Equal(op.meta, op.gotMeta) {
-			op.fail(fmt.Errorf("%s: meta %q, asked for %q: %w", key, op.gotMeta, op.meta, errMetaMismatch))
-			continue
-		}
-		if op.flags&ioctl.FlagWhole != 0 && o.Size > op.objOff && o.Size-op.objOff > room {
-			op.fail(fmt.Errorf("%s: %d B from %d, %d B of buffers: %w", key, o.Size, op.objOff, room, errValueTooLong))
-			continue
-		}
-		cur.at = append(cur.at, op)
-		cur.reads = append(cur.reads, store.ReaderRead{Reader: r, Bufs: bufs, Off: op.objOff})
-		read = append(read, key)
-		for _, b := range bufs {
-			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
-		}
-		if (cur.gpu || chunkAlways) && len(cur.at) >= chunkKeys {
-			start(cur)
-			cur = &getChunk{at: make([]*keyOp, 0, chunkKeys), reads: make([]store.ReaderRead, 0, chunkKeys)}
-			chunks = append(chunks, cur)
+		rs, errs := n.fs.st.OpenReadersUntouched(ctx, keys) // moved up together once read
+		for i, t := range win {
+			op, key, r := t.op, keys[i], rs[i]
+			if errs != nil && errs[i] != nil {
+				op.fail(errs[i])
+				continue
+			}
+			readers = append(readers, r)
+			o := r.Object()
+			if !allowed(bc.p, o, mayRead) {
+				op.fail(syscall.EACCES)
+				continue
+			}
+			op.size, op.gotMeta = o.Size, o.Xattrs[xattrMeta]
+			if op.meta != nil && !bytes.Equal(op.meta, op.gotMeta) {
+				op.fail(fmt.Errorf("%s: meta %q, asked for %q: %w", key, op.gotMeta, op.meta, errMetaMismatch))
+				continue
+			}
+			if op.flags&ioctl.FlagWhole != 0 && o.Size > op.objOff && o.Size-op.objOff > t.room {
+				op.fail(fmt.Errorf("%s: %d B from %d, %d B of buffers: %w", key, o.Size, op.objOff, t.room, errValueTooLong))
+				continue
+			}
+			cur.at = append(cur.at, op)
+			cur.reads = append(cur.reads, store.ReaderRead{Reader: r, Bufs: t.bufs, Off: op.objOff})
+			read = append(read, key)
+			for _, b := range t.bufs {
+				cur.gpu = cur.gpu || b.Kind == transfer.CUDA
+			}
+			if (cur.gpu || chunkAlways) && len(cur.at) >= chunkKeys {
+				start(cur)
+				cur = &getChunk{at: make([]*keyOp, 0, chunkKeys), reads: make([]store.ReaderRead, 0, chunkKeys)}
+				chunks = append(chunks, cur)
+			}
 		}
 	}
 	if len(cur.at) > 0 {

@@ -56,6 +56,7 @@ var (
 	_ Index        = (*Embedded)(nil)
 	_ ChildChecker = (*Embedded)(nil)
 	_ Finder       = (*Embedded)(nil)
+	_ ManyFinder   = (*Embedded)(nil)
 	_ LRUKeeper    = (*Embedded)(nil)
 )
 
@@ -106,6 +107,22 @@ func (x *Embedded) Find(_ context.Context, key string) (*Object, error) {
 		return sl.obj, nil
 	}
 	return nil, nil
+}
+
+// FindMany implements ManyFinder.
+func (x *Embedded) FindMany(_ context.Context, keys []string, objs []*Object) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.mu.closed {
+		return ErrClosed
+	}
+	for i, k := range keys {
+		objs[i] = nil
+		if sl := x.mu.slots[k]; sl != nil {
+			objs[i] = sl.obj
+		}
+	}
+	return nil
 }
 
 // CompareAndSwap implements Index.

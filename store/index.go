@@ -72,6 +72,13 @@ type Finder interface {
 	Find(ctx context.Context, key string) (*Object, error)
 }
 
+// ManyFinder is a Finder that looks up many keys at once: objs[i] gets
+// keys[i]'s object, nil for none (a batch's reads look their keys up
+// under one lock of the index, not one each).
+type ManyFinder interface {
+	FindMany(ctx context.Context, keys []string, objs []*Object) error
+}
+
 // ChildChecker is an Index that can tell whether any key is under a
 // directory (starts with dir+"/") without listing one (the store asks on
 // every new key: is it an implicit directory?). Indexes without it answer

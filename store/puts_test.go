@@ -410,13 +410,21 @@ func TestPutsMoveLRU(t *testing.T) {
 				t.Fatalf("puts over a stale version and a good one: %v", errs)
 			}
 			want("k1", "k2", "k0", "k3")
-			// Readers: OpenReader moves its key up, OpenReaderUntouched
+			// Readers: OpenReader moves its key up, OpenReadersUntouched
 			// does not, and Touch moves the keys it is given, in order.
+			untouched := func(ctx context.Context, key string) (*store.Reader, error) {
+				rs, errs := s.OpenReadersUntouched(ctx, []string{key, "k3"})
+				if errs != nil {
+					return nil, errors.Join(errs...)
+				}
+				rs[1].Close()
+				return rs[0], nil
+			}
 			for _, open := range []struct {
 				fn    func(context.Context, string) (*store.Reader, error)
 				order []string
 			}{
-				{s.OpenReaderUntouched, []string{"k1", "k2", "k0", "k3"}},
+				{untouched, []string{"k1", "k2", "k0", "k3"}},
 				{s.OpenReader, []string{"k2", "k0", "k3", "k1"}},
 			} {
 				r, err := open.fn(ctx, "k1")

@@ -38,12 +38,6 @@ func (s *Store) OpenReader(ctx context.Context, key string) (*Reader, error) {
 	return s.openReader(ctx, key, true)
 }
 
-// OpenReaderUntouched is OpenReader that leaves key's place in the LRU:
-// a caller that opens many keys moves them up together, with one Touch.
-func (s *Store) OpenReaderUntouched(ctx context.Context, key string) (*Reader, error) {
-	return s.openReader(ctx, key, false)
-}
-
 func (s *Store) openReader(ctx context.Context, key string, touch bool) (*Reader, error) {
 	var noRecord uint64 // a version whose local bytes have no record here
 	for wait := time.Duration(0); ; wait = min(max(2*wait, 20*time.Microsecond), 5*time.Millisecond) {
@@ -143,14 +137,112 @@ func (s *Store) readerLocked(obj *Object, rb *remoteBody) *Reader {
 // local (OpenReader found no record of it: its bytes are not obj's).
 func (s *Store) readerOfLocked(obj *Object, rb *remoteBody, local bool) *Reader {
 	r := &Reader{s: s, obj: obj, remote: rb}
+	s.initReaderLocked(r, local)
+	return r
+}
+
+// initReaderLocked leases what r, a reader of r.obj (and r.remote), holds.
+// Caller holds s.mu.
+func (s *Store) initReaderLocked(r *Reader, local bool) {
 	if local {
-		r.b = s.acquireLocked(obj)
+		r.b = s.acquireLocked(r.obj)
 	}
-	s.mu.opens[obj.Ino]++
-	if rb != nil && s.opts.Follow {
+	s.mu.opens[r.obj.Ino]++
+	if r.remote != nil && s.opts.Follow {
 		s.watchRemoteReaderLocked(r)
 	}
-	return r
+}
+
+// OpenReadersUntouched opens a reader of each of keys, as OpenReader
+// does one, but leaves the keys' places in the LRU (the caller moves
+// those it reads up together, with one Touch): rs[i], or errs[i] (errs
+// is nil when every key opened). The keys are looked up together where
+// the index can (ManyFinder), and the versions whose bytes are here and
+// need nothing more are leased under one lock of the store, their
+// readers allocated together: a lock of each per call, not per key. Any
+// other key (missing, a directory, being evicted, its bytes on another
+// node or without a record here) is then opened alone, as OpenReader
+// opens one.
+func (s *Store) OpenReadersUntouched(ctx context.Context, keys []string) (rs []*Reader, errs []error) {
+	rs = make([]*Reader, len(keys))
+	objs := make([]*Object, len(keys))
+	mf, _ := s.idx.(ManyFinder)
+	if mf == nil || len(keys) < 2 || mf.FindMany(ctx, keys, objs) != nil {
+		clear(objs) // each alone; a failed lookup fails there again
+	}
+	var slab []Reader
+	alone := 0
+	s.mu.Lock()
+	for i, obj := range objs {
+		if obj == nil || obj.Kind == KindDir || s.mu.evicting[obj.Ino] != nil {
+			alone++
+			continue
+		}
+		local := s.localExtents(obj)
+		if len(local) == 0 {
+			if obj.Size > 0 {
+				alone++ // on another node
+				continue
+			}
+		} else if rec := s.bodyOfLocked(obj, local[0]); !rec.readableLocked(obj.Version) {
+			alone++ // freed since, not yet recorded, or not this version's
+			continue
+		}
+		if slab == nil {
+			slab = make([]Reader, len(keys)-i)
+		}
+		r := &slab[0]
+		slab = slab[1:]
+		r.s, r.obj = s, obj
+		s.initReaderLocked(r, len(local) > 0)
+		rs[i] = r
+	}
+	s.mu.Unlock()
+	if alone == 0 {
+		return rs, nil
+	}
+	for i, k := range keys {
+		if rs[i] != nil {
+			continue
+		}
+		var err error
+		if rs[i], err = s.openReader(ctx, k, false); err != nil {
+			if errs == nil {
+				errs = make([]error, len(keys))
+			}
+			errs[i] = err
+		}
+	}
+	return rs, errs
+}
+
+// CloseReaders closes every reader of rs (nil ones skipped), as Close
+// does each; those of local versions under one lock of the store.
+func (s *Store) CloseReaders(rs []*Reader) {
+	var rest []*Reader // remote, or another store's
+	func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, r := range rs {
+			switch {
+			case r == nil:
+			case r.s != s || r.remote != nil:
+				rest = append(rest, r)
+			case !r.closed.Swap(true):
+				if b := r.b; b != nil {
+					if n := b.refs.Add(-1); n == 0 {
+						s.tryFreeLocked(b)
+					} else if n < 0 {
+						panic("store: body released more often than acquired")
+					}
+				}
+				s.closeInoLocked(r.obj.Ino)
+			}
+		}
+	}()
+	for _, r := range rest {
+		r.Close()
+	}
 }
 
 // Dup returns another lease on the version r holds, closed on its own;

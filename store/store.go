@@ -479,12 +479,17 @@ func (s *Store) openIno(ino uint64) {
 
 func (s *Store) closeIno(ino uint64) {
 	s.mu.Lock()
+	s.closeInoLocked(ino)
+	s.mu.Unlock()
+}
+
+// closeInoLocked is closeIno for a caller holding s.mu.
+func (s *Store) closeInoLocked(ino uint64) {
 	if s.mu.opens[ino] <= 1 {
 		delete(s.mu.opens, ino)
 	} else {
 		s.mu.opens[ino]--
 	}
-	s.mu.Unlock()
 }
 
 // IsOpen reports whether any reader or draft holds the object with ino.

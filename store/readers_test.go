@@ -1,0 +1,172 @@
+package store_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
+)
+
+// TestOpenReaders: OpenReadersUntouched gives every key what OpenReader
+// gives it (a reader of the current version, or the
+// same error), with the index's batch lookup and without it; the readers
+// hold their versions past a replace and a delete until CloseReaders, and
+// closing them all leaves nothing open or held.
+func TestOpenReaders(t *testing.T) {
+	// plainIndex (puts_test.go) hides ManyFinder: each key alone.
+	for _, plain := range []bool{false, true} {
+		t.Run(fmt.Sprintf("plain=%v", plain), func(t *testing.T) {
+			var opts []testOpt
+			if plain {
+				opts = append(opts, withIndex(plainIndex{store.NewEmbedded()}))
+			}
+			s := newTestStore(t, 4<<20, opts...)
+			ctx := context.Background()
+			va, vb := pattern(1, 30_000), pattern(2, 5000)
+			s.put(t, "a", va)
+			s.put(t, "b", vb)
+			s.put(t, "empty", nil)
+			if _, err := s.Mkdir(ctx, "d", &store.Object{Mode: 0o755}); err != nil {
+				t.Fatal(err)
+			}
+			keys := []string{"a", "missing", "b", "d", "empty", "a"}
+			rs, errs := s.OpenReadersUntouched(ctx, keys)
+			if len(rs) != len(keys) || len(errs) != len(keys) {
+				t.Fatalf("%d readers, %d errors for %d keys", len(rs), len(errs), len(keys))
+			}
+			for i, k := range keys {
+				r1, err1 := s.OpenReader(ctx, k)
+				if (err1 == nil) != (errs[i] == nil) || err1 != nil && err1.Error() != errs[i].Error() {
+					t.Fatalf("%s: batch error %v, alone %v", k, errs[i], err1)
+				}
+				if err1 != nil {
+					if rs[i] != nil {
+						t.Fatalf("%s: a reader and the error %v", k, errs[i])
+					}
+					continue
+				}
+				if rs[i].Object() != r1.Object() {
+					t.Fatalf("%s: batch opened version %d, alone %d", k, rs[i].Object().Version, r1.Object().Version)
+				}
+				r1.Close()
+			}
+			if !errors.Is(errs[1], store.ErrNotFound) || !errors.Is(errs[3], store.ErrIsDir) {
+				t.Fatalf("errors: %v", errs)
+			}
+			// The versions stay while their readers are open.
+			s.put(t, "a", pattern(3, 70_000))
+			if err := s.Delete(ctx, "b", 0); err != nil {
+				t.Fatal(err)
+			}
+			for i, want := range map[int][]byte{0: va, 2: vb, 4: {}, 5: va} {
+				got, err := readAll(rs[i])
+				if err != nil {
+					t.Fatal(err)
+				}
+				equalBytes(t, keys[i], got, want)
+			}
+			held := roundUp(uint64(len(va))) + roundUp(uint64(len(vb))) + roundUp(70_000)
+			if u := s.used(); u != held {
+				t.Fatalf("used %d B with the old versions open, want %d", u, held)
+			}
+			rs[4].Close() // closed before: CloseReaders skips it
+			s.CloseReaders(rs)
+			s.CloseReaders(rs) // twice: nothing more
+			if u := s.used(); u != roundUp(70_000) {
+				t.Fatalf("used %d B after CloseReaders, want %d", u, roundUp(70_000))
+			}
+			if st := s.Stats(); st.OpenObjects != 0 || st.LiveBodies != 1 {
+				t.Fatalf("after CloseReaders: %d objects open, %d live bodies", st.OpenObjects, st.LiveBodies)
+			}
+			rs, errs = s.OpenReadersUntouched(ctx, nil)
+			if len(rs) != 0 || errs != nil {
+				t.Fatalf("no keys: %v %v", rs, errs)
+			}
+		})
+	}
+}
+
+// TestOpenReadersRace: batch opens against writers that replace and
+// delete the same keys. Every reader reads whole the bytes of the version
+// it holds (each put's value starts with a tag that the version maps
+// to), never a freed or reused extent, and once all is closed only the
+// live values hold memory.
+func TestOpenReadersRace(t *testing.T) {
+	s := newTestStore(t, 8<<20, noEvict())
+	ctx := context.Background()
+	const nkeys = 16
+	keys := make([]string, nkeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	var tags sync.Map // version -> the tag its value starts with
+	value := func(tag uint64, n int) []byte {
+		b := pattern(byte(tag), n)
+		binary.LittleEndian.PutUint64(b, tag)
+		return b
+	}
+	var stop atomic.Bool
+	var next atomic.Uint64
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				k := keys[(i*7+w)%nkeys]
+				if i%5 == 4 {
+					_ = s.Delete(ctx, k, 0)
+					continue
+				}
+				tag := next.Add(1)
+				o, err := s.tryPut(k, value(tag, 1000+(i%37)*300))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				tags.Store(o.Version, tag)
+			}
+		})
+	}
+	for round := 0; round < 600 && !t.Failed(); round++ {
+		rs, errs := s.OpenReadersUntouched(ctx, keys)
+		for i, r := range rs {
+			if r == nil {
+				if !errors.Is(errs[i], store.ErrNotFound) {
+					t.Errorf("%s: %v", keys[i], errs[i])
+				}
+				continue
+			}
+			got, err := readAll(r)
+			if err != nil {
+				t.Errorf("%s: %v", keys[i], err)
+				continue
+			}
+			tag, ok := tags.Load(r.Object().Version)
+			for !ok { // committed; its writer records it next
+				runtime.Gosched()
+				tag, ok = tags.Load(r.Object().Version)
+			}
+			equalBytes(t, fmt.Sprintf("%s version %d", keys[i], r.Object().Version), got, value(tag.(uint64), len(got)))
+		}
+		s.CloseReaders(rs)
+	}
+	stop.Store(true)
+	wg.Wait()
+	var live uint64
+	for _, k := range keys {
+		if o, err := s.Stat(ctx, k); err == nil {
+			live += roundUp(o.Size)
+		}
+	}
+	if st := s.Stats(); st.OpenObjects != 0 {
+		t.Fatalf("%d objects open after every reader closed", st.OpenObjects)
+	}
+	if u := s.used(); u != live {
+		t.Fatalf("used %d B, the live values %d", u, live)
+	}
+}
