@@ -431,6 +431,9 @@ const gpuChunkKeys = 32
 // up, as before the opens were batched.
 const openKeys = gpuChunkKeys
 
+// lookupKeys is how many keys of a put batchPut looks up at once.
+const lookupKeys = 64
+
 // chunkAlways chunks calls without GPU buffers too, and chunkKeys is the
 // chunk size (tests: the chunked path without a GPU, more chunk
 // boundaries than a call of MaxBatch keys has).
@@ -550,7 +553,31 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		cur = newPutChunk(len(ops))
 		chunks = append(chunks, cur)
 	}
-	for _, op := range ops {
+	// The keys' own objects are looked up a window of lookupKeys at a
+	// time (Store.LookupMany: one lock of the index, the table's misses
+	// overlapping), before their keys are checked. One may be stale by
+	// the time its key commits (a key the call puts twice, a writer in
+	// between): its commit then fails its version check, and the key is
+	// checked again alone, as a key changed by another writer is.
+	olds := make([]*store.Object, min(len(ops), lookupKeys))
+	wkeys := make([]string, 0, len(olds))
+	var win []*keyOp // the ops whose objects olds holds
+	for i, op := range ops {
+		if len(win) == 0 {
+			win, wkeys = ops[i:min(len(ops), i+lookupKeys)], wkeys[:0]
+			for _, w := range win {
+				if w.key == "" {
+					w.key = store.Join(bc.dir, w.rel)
+				}
+				wkeys = append(wkeys, w.key)
+			}
+			if err := n.fs.st.LookupMany(ctx, wkeys, olds[:len(wkeys)]); err != nil {
+				clear(olds) // looked up alone below
+				wkeys = wkeys[:0]
+			}
+		}
+		wi := len(wkeys) - len(win) // op's place in the window
+		win = win[1:]
 		key, bufs, size, err := n.targetAfter(ctx, bc, op, flush)
 		if err != nil {
 			op.fail(err)
@@ -558,8 +585,10 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 		// The key's own object: an implicit directory there fails at the
 		// commit (or below, if the put may not go on anyway).
-		old, err := n.fs.st.Lookup(ctx, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
+		var old *store.Object
+		if wi >= 0 && wkeys[wi] == key {
+			old = olds[wi]
+		} else if old, err = n.fs.st.Lookup(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
 			op.fail(err)
 			continue
 		}

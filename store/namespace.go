@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -72,6 +73,23 @@ func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 		return nil, &keyError{"stat", key, ErrNotFound}
 	}
 	return &Object{Key: key, Kind: KindDir, Ino: implicitIno(key), Mode: 0o755}, nil
+}
+
+// LookupMany sets objs[i] to keys[i]'s own object, nil for none, as
+// Lookup finds it: all at once where the index can (ManyFinder). An error
+// is the index's, with objs unspecified.
+func (s *Store) LookupMany(ctx context.Context, keys []string, objs []*Object) error {
+	if mf, ok := s.idx.(ManyFinder); ok && !slices.Contains(keys, "") {
+		return mf.FindMany(ctx, keys, objs)
+	}
+	for i, k := range keys {
+		o, err := s.Lookup(ctx, k)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		objs[i] = o
+	}
+	return nil
 }
 
 // Lookup returns key's own object, or ErrNotFound: unlike Stat it does

@@ -36,6 +36,18 @@ func TestOpenReaders(t *testing.T) {
 				t.Fatal(err)
 			}
 			keys := []string{"a", "missing", "b", "d", "empty", "a"}
+			// LookupMany finds what Lookup finds (a directory's own
+			// object too), nil for none.
+			objs := make([]*store.Object, len(keys))
+			if err := s.LookupMany(ctx, keys, objs); err != nil {
+				t.Fatal(err)
+			}
+			for i, k := range keys {
+				o, err := s.Lookup(ctx, k)
+				if o != objs[i] || (err != nil) != (o == nil) {
+					t.Fatalf("%s: LookupMany %v, Lookup %v (%v)", k, objs[i], o, err)
+				}
+			}
 			rs, errs := s.OpenReadersUntouched(ctx, keys)
 			if len(rs) != len(keys) || len(errs) != len(keys) {
 				t.Fatalf("%d readers, %d errors for %d keys", len(rs), len(errs), len(keys))
