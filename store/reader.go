@@ -165,41 +165,8 @@ func (s *Store) initReaderLocked(r *Reader, local bool) {
 // opens one.
 func (s *Store) OpenReadersUntouched(ctx context.Context, keys []string) (rs []*Reader, errs []error) {
 	rs = make([]*Reader, len(keys))
-	objs := make([]*Object, len(keys))
-	mf, _ := s.idx.(ManyFinder)
-	if mf == nil || len(keys) < 2 || mf.FindMany(ctx, keys, objs) != nil {
-		clear(objs) // each alone; a failed lookup fails there again
-	}
-	var slab []Reader
-	alone := 0
-	s.mu.Lock()
-	for i, obj := range objs {
-		if obj == nil || obj.Kind == KindDir || s.mu.evicting[obj.Ino] != nil {
-			alone++
-			continue
-		}
-		local := s.localExtents(obj)
-		if len(local) == 0 {
-			if obj.Size > 0 {
-				alone++ // on another node
-				continue
-			}
-		} else if rec := s.bodyOfLocked(obj, local[0]); !rec.readableLocked(obj.Version) {
-			alone++ // freed since, not yet recorded, or not this version's
-			continue
-		}
-		if slab == nil {
-			slab = make([]Reader, len(keys)-i)
-		}
-		r := &slab[0]
-		slab = slab[1:]
-		r.s, r.obj = s, obj
-		s.initReaderLocked(r, len(local) > 0)
-		rs[i] = r
-	}
-	s.mu.Unlock()
-	if alone == 0 {
-		return rs, nil
+	if mf, _ := s.idx.(ManyFinder); mf != nil && len(keys) > 1 {
+		s.openTogether(ctx, mf, keys, rs)
 	}
 	for i, k := range keys {
 		if rs[i] != nil {
@@ -214,6 +181,40 @@ func (s *Store) OpenReadersUntouched(ctx context.Context, keys []string) (rs []*
 		}
 	}
 	return rs, errs
+}
+
+// openTogether sets rs[i] to a reader of keys[i] where one lookup of all
+// keys in mf and one lock of s.mu can lease it (OpenReadersUntouched);
+// it leaves the other keys' nil.
+func (s *Store) openTogether(ctx context.Context, mf ManyFinder, keys []string, rs []*Reader) {
+	objs := make([]*Object, len(keys))
+	if mf.FindMany(ctx, keys, objs) != nil {
+		return // each alone: a failed lookup fails there again
+	}
+	var slab []Reader
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, obj := range objs {
+		if obj == nil || obj.Kind == KindDir || s.mu.evicting[obj.Ino] != nil {
+			continue
+		}
+		local := s.localExtents(obj)
+		if len(local) == 0 {
+			if obj.Size > 0 {
+				continue // on another node
+			}
+		} else if rec := s.bodyOfLocked(obj, local[0]); !rec.readableLocked(obj.Version) {
+			continue // freed since, not yet recorded, or not this version's
+		}
+		if slab == nil {
+			slab = make([]Reader, len(keys)-i)
+		}
+		r := &slab[0]
+		slab = slab[1:]
+		r.s, r.obj = s, obj
+		s.initReaderLocked(r, len(local) > 0)
+		rs[i] = r
+	}
 }
 
 // CloseReaders closes every reader of rs (nil ones skipped), as Close

@@ -126,6 +126,11 @@ func TestOpenReadersRace(t *testing.T) {
 	var stop atomic.Bool
 	var next atomic.Uint64
 	var wg sync.WaitGroup
+	for _, k := range keys {
+		tag := next.Add(1)
+		tags.Store(s.put(t, k, value(tag, 2000)).Version, tag)
+	}
+	defer func() { stop.Store(true); wg.Wait() }() // a failed check ends the test with them running
 	for w := range 2 {
 		wg.Go(func() {
 			for i := 0; !stop.Load(); i++ {
@@ -144,7 +149,9 @@ func TestOpenReadersRace(t *testing.T) {
 			}
 		})
 	}
-	for round := 0; round < 600 && !t.Failed(); round++ {
+	// Rounds until the writers made their share of versions too (the
+	// reader must not finish before they start).
+	for round := 0; (round < 1500 || next.Load() < 3000) && !t.Failed(); round++ {
 		rs, errs := s.OpenReadersUntouched(ctx, keys)
 		for i, r := range rs {
 			if r == nil {
