@@ -427,8 +427,9 @@ func (bc *batchCall) metaXattrs(op *keyOp, cur *store.Object) map[string][]byte 
 const gpuChunkKeys = 32
 
 // openKeys is how many keys of a get batchGet opens at once: a GPU
-// chunk's worth, so that a chunk's copies start as soon as it is looked
-// up, as before the opens were batched.
+// chunk's worth, so that a chunk's copies start once its keys are
+// opened (a window's keys that fail their checks shift the chunks by as
+// many keys).
 const openKeys = gpuChunkKeys
 
 // lookupKeys is how many keys of a put batchPut looks up at once.
@@ -526,9 +527,14 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			c.w = n.fs.st.StartWrites(ctx, c.writes)
 		}
 	}
+	// changes counts what the call did to the namespace so far (chunks
+	// committed, keys put alone, directories made): the keys' objects
+	// looked up before one are looked up again.
+	changes := 0
 	commitUpTo := func(k int) {
 		for ; done < k; done++ {
 			n.commitChunk(ctx, bc, chunks[done], &invs, &again)
+			changes++
 		}
 	}
 	// New keys of one directory share its placement and its permission
@@ -544,6 +550,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	// flush commits every key checked so far (FlagParents: before a key's
 	// directories are made, see targetAfter).
 	flush := func() {
+		changes++ // directories follow
 		if cur.keys() == 0 {
 			commitUpTo(len(chunks) - 1) // a chunk started, not committed
 			return
@@ -555,29 +562,27 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	}
 	// The keys' own objects are looked up a window of lookupKeys at a
 	// time (Store.LookupMany: one lock of the index, the table's misses
-	// overlapping), before their keys are checked. One may be stale by
-	// the time its key commits (a key the call puts twice, a writer in
-	// between): its commit then fails its version check, and the key is
-	// checked again alone, as a key changed by another writer is.
+	// overlapping), before their keys are checked, and again from the
+	// key at hand once the call changed anything (changes): each key
+	// sees what the keys before it did, as when it was looked up alone.
+	// Only another writer's change can come between a key's lookup and
+	// its commit, whose version check then sends it alone.
 	olds := make([]*store.Object, min(len(ops), lookupKeys))
 	wkeys := make([]string, 0, len(olds))
-	var win []*keyOp // the ops whose objects olds holds
+	wstart, wend, wchanges := 0, 0, 0 // olds holds the objects of ops[wstart:wend], looked up at wchanges
 	for i, op := range ops {
-		if len(win) == 0 {
-			win, wkeys = ops[i:min(len(ops), i+lookupKeys)], wkeys[:0]
-			for _, w := range win {
+		if i >= wend || wchanges != changes {
+			wstart, wend, wchanges, wkeys = i, min(len(ops), i+lookupKeys), changes, wkeys[:0]
+			for _, w := range ops[wstart:wend] {
 				if w.key == "" {
 					w.key = store.Join(bc.dir, w.rel)
 				}
 				wkeys = append(wkeys, w.key)
 			}
 			if err := n.fs.st.LookupMany(ctx, wkeys, olds[:len(wkeys)]); err != nil {
-				clear(olds) // looked up alone below
-				wkeys = wkeys[:0]
+				wend = i // each alone below
 			}
 		}
-		wi := len(wkeys) - len(win) // op's place in the window
-		win = win[1:]
 		key, bufs, size, err := n.targetAfter(ctx, bc, op, flush)
 		if err != nil {
 			op.fail(err)
@@ -586,8 +591,8 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		// The key's own object: an implicit directory there fails at the
 		// commit (or below, if the put may not go on anyway).
 		var old *store.Object
-		if wi >= 0 && wkeys[wi] == key {
-			old = olds[wi]
+		if i < wend && wchanges == changes {
+			old = olds[i-wstart]
 		} else if old, err = n.fs.st.Lookup(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
 			op.fail(err)
 			continue
@@ -617,6 +622,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				delete(bc.searched, parent)
 				flush()
 				n.putAlone(ctx, bc, op)
+				changes++
 				continue
 			}
 			if err != nil {
@@ -779,8 +785,9 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 // every copy runs in one engine batch (StartReads), or, into GPU memory,
 // one per chunk of gpuChunkKeys keys, started as soon as the chunk is
 // looked up; each key gets its own result. Keys are opened openKeys at a
-// time (Store.OpenReadersUntouched: one lock of the index and of the
-// store for them all), and their readers closed together at the end.
+// time (Store.OpenReadersUntouched: one lock of the index for them all,
+// and one of the store for those whose bytes are here), and their
+// readers closed together at the end.
 func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	type getChunk struct {
 		at    []*keyOp

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -325,4 +326,49 @@ func TestTableCallerNotReadable(t *testing.T) {
 		t.Fatal("the refused call made a")
 	}
 	runtime.KeepAlive(c)
+}
+
+// TestTableLaterEntryWins: a key a table call puts more than once, its
+// entries in different windows of lookups (lookupKeys) with some of the
+// call's keys committed between them (before a FlagParents key's missing
+// directory is made, or at a chunk boundary), ends with the last entry's
+// value, which its result reports. Looked up before those commits, an
+// earlier entry once failed its commit while the last one went through
+// in the same chunk, and the earlier one, put again alone, overwrote it.
+func TestTableLaterEntryWins(t *testing.T) {
+	viaTable = true
+	t.Cleanup(func() { viaTable, chunkAlways, chunkKeys = false, false, gpuChunkKeys })
+	for _, tc := range []struct {
+		name   string
+		n      int
+		chunks bool
+		e      []int // the entries of key "e"
+	}{
+		// Entry 1 makes directory d: entry 0 commits first.
+		{"parents", lookupKeys + 1, false, []int{0, 2, lookupKeys}},
+		// Chunks of 32, shifted by a key that fails its check.
+		{"chunks", 140, true, []int{40, 100, 128}},
+	} {
+		chunkAlways, chunkKeys = tc.chunks, 32
+		fx := newFuzzFixture(t)
+		var es []batchEntry
+		for i := range tc.n {
+			e := batchEntry{key: fmt.Sprintf("p%d", i), data: []byte("v")}
+			switch {
+			case slices.Contains(tc.e, i):
+				e = batchEntry{key: "e", data: []byte(fmt.Sprintf("entry%03d", i))}
+			case i == 1 && !tc.chunks:
+				e = batchEntry{key: "d/k", data: []byte("v"), flags: ioctl.FlagParents}
+			case i == 5 && tc.chunks:
+				e.key = "../bad"
+			}
+			es = append(es, e)
+		}
+		res := runBatch(t, fx, true, es)
+		last := tc.e[len(tc.e)-1]
+		want := fmt.Sprintf("entry%03d", last)
+		if got := string(readKey(t, fx, "e")); res[last] != int64(len(want)) || got != want {
+			t.Fatalf("%s: the last entry's result %d, e holds %q, want %q", tc.name, res[last], got, want)
+		}
+	}
 }

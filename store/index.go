@@ -72,9 +72,9 @@ type Finder interface {
 	Find(ctx context.Context, key string) (*Object, error)
 }
 
-// ManyFinder is a Finder that looks up many keys at once: objs[i] gets
-// keys[i]'s object, nil for none (a batch's reads look their keys up
-// under one lock of the index, not one each).
+// ManyFinder is an Index that looks up many keys at once, as Finder
+// does one: objs[i] gets keys[i]'s object, nil for none (a batch's keys
+// are looked up under one lock of the index, not one each).
 type ManyFinder interface {
 	FindMany(ctx context.Context, keys []string, objs []*Object) error
 }

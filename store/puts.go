@@ -192,8 +192,9 @@ func (p *Puts) CopyNs() int64 { return p.copyNs }
 // Commit waits for the copies and commits every key whose copy
 // succeeded: all in one index transaction, or, when that fails (a key
 // changed since it was checked, or a key comes twice), one by one in
-// order. It returns each key's committed object and error; a key that
-// fails leaves nothing (its room is freed). It may be called once.
+// order, where a key's puts after one that failed fail too, untried
+// (ErrConflict). It returns each key's committed object and error; a key
+// that fails leaves nothing (its room is freed). It may be called once.
 func (p *Puts) Commit() ([]*Object, []error) {
 	if p.done {
 		panic("store: Puts.Commit called twice")
@@ -260,9 +261,16 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	s.mu.Unlock()
 	if len(swaps) > 0 {
 		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
-			// One by one: each key fails or commits alone.
+			// One by one: each key fails or commits alone. A key that
+			// failed fails at its later swaps too, untried (ErrConflict):
+			// a later one committed before the caller put the earlier
+			// again would end under the earlier value.
+			var failed map[string]bool
 			for k, sw := range swaps {
-				_, err := s.idx.CompareAndSwap(ctx, sw)
+				err := fmt.Errorf("an earlier put of the key failed: %w", ErrConflict)
+				if !failed[sw.Key] {
+					_, err = s.idx.CompareAndSwap(ctx, sw)
+				}
 				if errors.Is(err, ErrConflict) && sw.Old == 0 {
 					// Absent when checked, there now: as an exclusive
 					// commit says.
@@ -270,6 +278,10 @@ func (p *Puts) Commit() ([]*Object, []error) {
 				}
 				if err != nil {
 					p.st[at[k]].err = fmt.Errorf("commit %q: %w", sw.Key, err)
+					if failed == nil {
+						failed = map[string]bool{}
+					}
+					failed[sw.Key] = true
 				}
 			}
 		}

@@ -18,7 +18,8 @@ import (
 // TestPutsModel puts rounds of keys in batches (new, replaced over the
 // version checked, stale, twice in one batch, under a missing directory,
 // too large, of no bytes, from memory that faults) and checks every key
-// against a model after each round: each key commits or fails alone, a
+// against a model after each round: each key commits or fails alone
+// (once a key's swap failed, its later ones in the batch fail too), a
 // failed one leaves nothing, and the store's space is that of the live
 // values only.
 func TestPutsModel(t *testing.T) {
@@ -37,7 +38,8 @@ func TestPutsModel(t *testing.T) {
 			data []byte
 		}
 		var wants []want
-		ok := map[string]bool{} // keys of this batch that commit
+		ok := map[string]bool{}         // keys of this batch that commit
+		swapFailed := map[string]bool{} // keys of this batch whose swap failed
 		for k := range 20 {
 			key := fmt.Sprintf("d/k%d", rng.IntN(30))
 			data := pattern(byte(round*20+k), rng.IntN(40000))
@@ -69,6 +71,14 @@ func TestPutsModel(t *testing.T) {
 				w.err = errAnyFailure
 			case r == 4:
 				sp.Bufs, w.data = nil, nil // an empty value, new or over one with bytes
+			}
+			// One that reaches the index after a put of its key failed
+			// there fails too, untried: the caller puts them again in order.
+			if reaches := w.err == nil || errors.Is(w.err, store.ErrConflict) || errors.Is(w.err, store.ErrExists); reaches {
+				if swapFailed[key] {
+					w.err = store.ErrConflict
+				}
+				swapFailed[key] = w.err != nil
 			}
 			if w.err == nil {
 				ok[key] = true
@@ -163,6 +173,33 @@ func TestPutsKeepReaders(t *testing.T) {
 	r.Close()
 	if got, want := s.used(), roundUp(uint64(len(two))); got != want {
 		t.Fatalf("used %d after the reader closed, want %d", got, want)
+	}
+}
+
+// TestPutsLaterSwapAfterFailure: a batch that puts a key twice, the
+// first over a version replaced since (by another writer) and the second
+// over the current one, commits neither: once the key's first swap
+// failed, its later one is not tried (ErrConflict), so the caller, which
+// puts the failed keys again in order, ends with the second value, not
+// the first over it. Nothing of either stays in the store.
+func TestPutsLaterSwapAfterFailure(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	place := store.DefaultPlacement()
+	spec := func(cur *store.Object, v []byte) store.PutSpec {
+		return store.PutSpec{Key: "k", Cur: cur, Bufs: []transfer.Buffer{transfer.HostBuffer(v)}, Place: place}
+	}
+	v1 := s.put(t, "k", pattern(1, 3000))
+	v2 := s.put(t, "k", pattern(2, 3000)) // another writer, after v1 was looked up
+	_, errs := s.StartPuts(ctx, []store.PutSpec{spec(v1, pattern(3, 3000)), spec(v2, pattern(4, 3000))}).Commit()
+	for i, err := range errs {
+		if !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("put %d of the key: %v, want ErrConflict", i, err)
+		}
+	}
+	equalBytes(t, "k", s.read(t, "k"), pattern(2, 3000))
+	if u := s.used(); u != roundUp(3000) {
+		t.Fatalf("used %d B, want the one value's %d", u, roundUp(3000))
 	}
 }
 
@@ -415,6 +452,7 @@ func TestPutsMoveLRU(t *testing.T) {
 			untouched := func(ctx context.Context, key string) (*store.Reader, error) {
 				rs, errs := s.OpenReadersUntouched(ctx, []string{key, "k3"})
 				if errs != nil {
+					s.CloseReaders(rs)
 					return nil, errors.Join(errs...)
 				}
 				rs[1].Close()

@@ -230,12 +230,8 @@ func (s *Store) CloseReaders(rs []*Reader) {
 			case r.s != s || r.remote != nil:
 				rest = append(rest, r)
 			case !r.closed.Swap(true):
-				if b := r.b; b != nil {
-					if n := b.refs.Add(-1); n == 0 {
-						s.tryFreeLocked(b)
-					} else if n < 0 {
-						panic("store: body released more often than acquired")
-					}
+				if r.b != nil && r.b.unref() == 0 {
+					s.tryFreeLocked(r.b)
 				}
 				s.closeInoLocked(r.obj.Ino)
 			}

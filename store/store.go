@@ -458,17 +458,20 @@ func (s *Store) acquireLocked(obj *Object) *body {
 }
 
 func (s *Store) release(b *body) {
-	if b == nil {
-		return
+	if b != nil && b.unref() == 0 {
+		s.mu.Lock()
+		s.tryFreeLocked(b)
+		s.mu.Unlock()
 	}
-	if n := b.refs.Add(-1); n > 0 {
-		return
-	} else if n < 0 {
+}
+
+// unref drops a reference on b and returns how many are left.
+func (b *body) unref() int64 {
+	n := b.refs.Add(-1)
+	if n < 0 {
 		panic("store: body released more often than acquired")
 	}
-	s.mu.Lock()
-	s.tryFreeLocked(b)
-	s.mu.Unlock()
+	return n
 }
 
 func (s *Store) openIno(ino uint64) {
