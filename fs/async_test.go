@@ -269,7 +269,7 @@ func TestAsyncVBatchLimits(t *testing.T) {
 		t.Fatal(errno)
 	}
 	// A handle released with calls not waited for.
-	dh := newDirHandle(fx.root)
+	dh := testDirHandle(t, fx.root)
 	rid, rmem := memfdOn(t, fx, dh, 4096)
 	copy(rmem, val)
 	for i := range 4 {
@@ -294,12 +294,12 @@ func TestAsyncVBatchLimits(t *testing.T) {
 			t.Fatalf("r%d: a released handle's call left other bytes", i)
 		}
 	}
-	// The mount's bound: handles are not open files, so many of them
-	// together hold at most maxAsyncTotal calls.
+	// The mount's bound: many handles together hold at most
+	// maxAsyncTotal calls.
 	var many []*dirHandle
 	var regIDs []uint64
 	for len(many)*ioctl.MaxAsyncCalls < maxAsyncTotal+1 {
-		h := newDirHandle(fx.root)
+		h := testDirHandle(t, fx.root)
 		hid, hmem := memfdOn(t, fx, h, 4096)
 		copy(hmem, val)
 		many, regIDs = append(many, h), append(regIDs, hid)
@@ -355,7 +355,7 @@ func TestAsyncCloseRacesFinish(t *testing.T) {
 	ctx := callerCtx(os.Getpid())
 	val := bytes.Repeat([]byte("c"), 4096)
 	for round := range 300 {
-		dh := newDirHandle(fx.root)
+		dh := testDirHandle(t, fx.root)
 		rid, rmem := memfdOn(t, fx, dh, len(val))
 		copy(rmem, val)
 		for i := range 4 {
@@ -382,7 +382,7 @@ func subdirOn(t *testing.T, fx *fuzzFixture, name string) (*node, *dirHandle) {
 	}
 	sub := fx.root.fs.newNode()
 	fx.root.AddChild(name, fx.root.NewPersistentInode(ctx, sub, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: o.Ino}), false)
-	dh := newDirHandle(sub)
+	dh := testDirHandle(t, sub)
 	t.Cleanup(func() { dh.async.close() })
 	return sub, dh
 }
@@ -625,7 +625,7 @@ func TestAsyncUserShare(t *testing.T) {
 	onThread(t, 65534, 65534, nil, func(tid int) {
 		ctx := callerAs(tid, 65534, 65534)
 		for held := 0; held <= maxAsyncPerUser; {
-			h := newDirHandle(fx.root)
+			h := testDirHandle(t, fx.root)
 			handles = append(handles, h)
 			for range ioctl.MaxAsyncCalls {
 				if _, errno = fx.root.Ioctl(ctx, h, ioctl.CmdBatchGetV, 0, get().Marshal(), make([]byte, ioctl.SizeVBatchArg)); errno != 0 {
@@ -641,7 +641,7 @@ func TestAsyncUserShare(t *testing.T) {
 	if errno != syscall.EBUSY {
 		t.Fatalf("the call past one user's share: %v, want EBUSY", errno)
 	}
-	other := newDirHandle(fx.root)
+	other := testDirHandle(t, fx.root)
 	handles = append(handles, other)
 	if _, errno := submitAs(65533, other); errno != 0 {
 		t.Fatalf("another user's call while the first holds its share: %v", errno)
@@ -650,7 +650,7 @@ func TestAsyncUserShare(t *testing.T) {
 	var h *dirHandle
 	for i := range maxAsyncPerUser + 1 {
 		if i%ioctl.MaxAsyncCalls == 0 {
-			h = newDirHandle(fx.root)
+			h = testDirHandle(t, fx.root)
 			handles = append(handles, h)
 		}
 		if _, errno := submitV(fx, h, false, get()); errno != 0 {

@@ -4,22 +4,36 @@ import (
 	"context"
 	"sync"
 	"syscall"
+	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/mooncake-fs/mooncake-fs/store"
 )
 
-// dirHandle is an open directory: a listing made at the first read, and
+// dirHandle is an open directory: a listing read a page at a time, and
 // the buffers registered on it for batch ioctls.
 type dirHandle struct {
 	n     *node
 	regs  regTable
 	async asyncTable
 	mu    sync.Mutex
-	ds    gofs.DirStream
+	// The listing: "." and ".." (dots of them given), then the store's
+	// pages (Store.ListPage): the entries of the page not given yet, and
+	// where the next page starts (done: none). A handle holds one page,
+	// whatever the size of its directory.
+	dots int
+	page []store.DirEntry
+	next string
+	done bool
 	// released: Releasedir ran (FS.dirs counts the handle until then).
 	released bool
 }
+
+// dirPage is how many entries a directory handle reads from the store at
+// once.
+const dirPage = 128
 
 var (
 	_ gofs.NodeOpendirHandler = (*node)(nil)
@@ -30,69 +44,113 @@ var (
 
 // OpendirHandle implements gofs.NodeOpendirHandler.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	return newDirHandle(n), 0, 0
+	h, errno := newDirHandle(n)
+	if errno != 0 {
+		return nil, 0, errno
+	}
+	return h, 0, 0
 }
 
-// newDirHandle returns an open directory of n.
-func newDirHandle(n *node) *dirHandle {
+// newDirHandle returns an open directory of n. It counts as an open file
+// against Options.MaxOpen (ENFILE beyond), until Releasedir.
+func newDirHandle(n *node) (*dirHandle, syscall.Errno) {
+	if !n.fs.takeHandle() {
+		return nil, syscall.ENFILE
+	}
 	h := &dirHandle{n: n}
 	h.regs.fs = n.fs
 	h.async.counts = &n.fs.asyncHeld
 	n.fs.dirs.Add(1)
-	return h
-}
-
-func (h *dirHandle) stream(ctx context.Context) (gofs.DirStream, syscall.Errno) {
-	if h.ds == nil {
-		ds, errno := h.n.Readdir(ctx)
-		if errno != 0 {
-			return nil, errno
-		}
-		h.ds = ds
-	}
-	return h.ds, 0
+	return h, 0
 }
 
 // Readdirent implements gofs.FileReaddirenter.
 func (h *dirHandle) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	ds, errno := h.stream(ctx)
-	if errno != 0 || !ds.HasNext() {
-		return nil, errno
-	}
-	e, errno := ds.Next()
-	return &e, errno
+	return h.nextEntry(ctx)
 }
 
-// Seekdir implements gofs.FileSeekdirer; seeking to 0 lists afresh.
+// nextEntry returns the listing's next entry, nil at its end. Caller
+// holds h.mu.
+func (h *dirHandle) nextEntry(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	switch h.dots {
+	case 0:
+		h.dots++
+		return &fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: h.n.StableAttr().Ino}, 0
+	case 1:
+		h.dots++
+		ino := h.n.StableAttr().Ino
+		if _, p := h.n.Parent(); p != nil {
+			ino = p.StableAttr().Ino
+		}
+		return &fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: ino}, 0
+	}
+	if len(h.page) == 0 && !h.done {
+		if errno := h.readPage(ctx); errno != 0 {
+			return nil, errno
+		}
+	}
+	if len(h.page) == 0 {
+		return nil, 0
+	}
+	e := h.page[0]
+	h.page[0] = store.DirEntry{}
+	h.page = h.page[1:]
+	mode := uint32(syscall.S_IFREG)
+	if e.Kind == store.KindDir {
+		mode = syscall.S_IFDIR
+	}
+	return &fuse.DirEntry{Name: e.Name, Mode: mode, Ino: e.Ino}, 0
+}
+
+// readPage reads the listing's next page from the store. Caller holds
+// h.mu.
+func (h *dirHandle) readPage(ctx context.Context) (errno syscall.Errno) {
+	start := time.Now()
+	var err error
+	key, ok := h.n.key()
+	defer func() { h.n.fs.opDone(ctx, "readdir", key, 0, start, errno, err) }()
+	if !ok {
+		return syscall.ENOENT
+	}
+	var page []store.DirEntry
+	if page, h.next, err = h.n.fs.st.ListPage(ctx, key, h.next, dirPage); err != nil {
+		return toErrno(err)
+	}
+	for i := range page {
+		page[i].Object = nil // the handle keeps names, not versions
+	}
+	h.page, h.done = page, h.next == ""
+	return 0
+}
+
+// Seekdir implements gofs.FileSeekdirer: the listing from its start,
+// past off entries (offsets count entries, ".." and "." included).
 func (h *dirHandle) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if off == 0 && h.ds != nil {
-		h.ds.Close()
-		h.ds = nil
+	h.dots, h.page, h.next, h.done = 0, nil, "", false
+	for ; off > 0; off-- {
+		e, errno := h.nextEntry(ctx)
+		if errno != 0 {
+			return errno
+		}
+		if e == nil {
+			break
+		}
 	}
-	ds, errno := h.stream(ctx)
-	if errno != 0 {
-		return errno
-	}
-	if sd, ok := ds.(gofs.FileSeekdirer); ok {
-		return sd.Seekdir(ctx, off)
-	}
-	return syscall.ENOTSUP
+	return 0
 }
 
 // Releasedir implements gofs.FileReleasedirer.
 func (h *dirHandle) Releasedir(ctx context.Context, releaseFlags uint32) {
 	h.mu.Lock()
-	if h.ds != nil {
-		h.ds.Close()
-		h.ds = nil
-	}
+	h.page = nil
 	if !h.released {
 		h.released = true
 		h.n.fs.dirs.Add(-1)
+		h.n.fs.handles.Add(-1)
 	}
 	h.mu.Unlock()
 	h.async.close()

@@ -109,14 +109,15 @@
 //
 // # Limits
 //
-// Everything a user can make the daemon hold is bounded: open files
-// (Options.MaxOpen, ENFILE), registered buffers per open file and per
-// mount, by count and bytes (Options.MaxRegistrations and the others,
-// EMFILE), xattrs per file (128 KiB, ENOSPC),
-// and index metadata as a whole (store.Options.MetaLimit, ENOSPC unless
-// eviction makes room). Only
-// shmem and hugetlbfs memory can be registered: a file of a FUSE mount
-// (this one above all) would make a copy wait on that mount's daemon.
+// Everything a user can make the daemon hold is bounded: open files and
+// directories (Options.MaxOpen, ENFILE; an open directory holds one page
+// of its listing, Store.ListPage, not the directory), registered buffers
+// per open file and per mount, by count and bytes (Options.MaxRegistrations
+// and the others, EMFILE), xattrs per file (128 KiB, ENOSPC), and index
+// metadata as a whole (store.Options.MetaLimit, ENOSPC unless eviction
+// makes room). Only shmem and hugetlbfs memory can be registered: a file
+// of a FUSE mount (this one above all) would make a copy wait on that
+// mount's daemon.
 //
 // # Lock order and deadlocks
 //

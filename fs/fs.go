@@ -50,8 +50,8 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
-	// MaxOpen bounds the open files of the mount, all users together;
-	// past it open fails with ENFILE. MaxRegistrations bounds the buffers
+	// MaxOpen bounds the open files of the mount, directories included,
+	// all users together; past it open fails with ENFILE. MaxRegistrations bounds the buffers
 	// registered on one open file, MaxRegistrationsTotal those of the
 	// whole mount (each is a mapping in the daemon, and the kernel allows
 	// a process about 65530) and MaxRegisteredBytes the address space they
@@ -122,10 +122,9 @@ type FS struct {
 	metrics *metrics
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
-	handles atomic.Int64 // open file handles
-	// dirs counts open directory handles: not bounded as files are (each
-	// holds at most its registrations and submitted calls, which are),
-	// but what keeps a lazily detached mount served, with the files.
+	handles atomic.Int64 // open files and directories (MaxOpen)
+	// dirs counts open directory handles (handles counts them too): what
+	// keeps a lazily detached mount served, with the files.
 	dirs atomic.Int64
 	// ioctls counts the ioctls running, submitted calls included, and
 	// when one last ended (Unix ns): ioctls copy client memory, whose

@@ -97,7 +97,7 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 		t.Fatal(err)
 	}
 	h.regs.add(&registration{sh: sh, mem: sh.Bytes()})
-	dh := newDirHandle(root)
+	dh := testDirHandle(t, root)
 	t.Cleanup(func() { h.regs.closeAll() })
 	t.Cleanup(func() { dh.async.close(); f.async.Wait() }) // before the store closes
 	return &fuzzFixture{st: st, idx: idx, root: root, file: fn, fh: h, dh: dh}

@@ -70,7 +70,6 @@ var (
 	_ gofs.NodeRmdirer       = (*node)(nil)
 	_ gofs.NodeMkdirer       = (*node)(nil)
 	_ gofs.NodeRenamer       = (*node)(nil)
-	_ gofs.NodeReaddirer     = (*node)(nil)
 	_ gofs.NodeStatfser      = (*node)(nil)
 	_ gofs.NodeAllocater     = (*node)(nil)
 	_ gofs.NodeSymlinker     = (*node)(nil)
@@ -555,36 +554,6 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		}
 	}
 	return toErrno(err)
-}
-
-// Readdir implements gofs.NodeReaddirer.
-func (n *node) Readdir(ctx context.Context) (ds gofs.DirStream, errno syscall.Errno) {
-	start := time.Now()
-	var err error
-	key, ok := n.key()
-	defer func() { n.fs.opDone(ctx, "readdir", key, 0, start, errno, err) }()
-	if !ok {
-		return nil, syscall.ENOENT
-	}
-	ents, err := n.fs.st.List(ctx, key)
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	list := make([]fuse.DirEntry, 0, len(ents)+2)
-	list = append(list, fuse.DirEntry{Name: ".", Mode: syscall.S_IFDIR, Ino: n.StableAttr().Ino})
-	parentIno := n.StableAttr().Ino
-	if _, p := n.Parent(); p != nil {
-		parentIno = p.StableAttr().Ino
-	}
-	list = append(list, fuse.DirEntry{Name: "..", Mode: syscall.S_IFDIR, Ino: parentIno})
-	for _, e := range ents {
-		mode := uint32(syscall.S_IFREG)
-		if e.Kind == store.KindDir {
-			mode = syscall.S_IFDIR
-		}
-		list = append(list, fuse.DirEntry{Name: e.Name, Mode: mode, Ino: e.Ino})
-	}
-	return gofs.NewListDirStream(list), 0
 }
 
 // Statfs implements gofs.NodeStatfser: the store's capacity.

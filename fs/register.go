@@ -328,7 +328,8 @@ func (m *Mount) Registrations() (live, total, bytes int64) {
 	return r.live.Load(), r.total.Load(), r.bytes.Load()
 }
 
-// OpenFiles returns the open files of the mount and their bound.
+// OpenFiles returns the open files of the mount, directories included
+// (OpenDirs says how many), and their bound, Options.MaxOpen.
 func (m *Mount) OpenFiles() (open, limit uint64) {
 	return uint64(m.fs.handles.Load()), uint64(m.fs.opts.MaxOpen)
 }

@@ -3,7 +3,9 @@ package fs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -79,6 +81,16 @@ func TestCUDARegistrationRefusals(t *testing.T) {
 	}
 }
 
+// testDirHandle opens a directory handle of n, as OpendirHandle does.
+func testDirHandle(t testing.TB, n *node) *dirHandle {
+	t.Helper()
+	h, errno := newDirHandle(n)
+	if errno != 0 {
+		t.Fatalf("open directory: %v", errno)
+	}
+	return h
+}
+
 // TestOpenDirsCounted: the mount counts a directory handle from its open
 // to its release, once however often it is released.
 func TestOpenDirsCounted(t *testing.T) {
@@ -97,5 +109,77 @@ func TestOpenDirsCounted(t *testing.T) {
 	dh.Releasedir(context.Background(), 0)
 	if n := m.OpenDirs(); n != base {
 		t.Fatalf("%d directories open after the release, want %d", n, base)
+	}
+}
+
+// TestDirHandlePages: an open directory lists its entries a page at a
+// time (".", "..", then every child once), holds at most one page of
+// them, lists from any offset after a Seekdir as it would have
+// continued, and counts against MaxOpen with the files (ENFILE beyond).
+func TestDirHandlePages(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	const n = 3*dirPage + 17
+	_, h := subdirOn(t, fx, "big")
+	var entries []batchEntry
+	for i := range n {
+		entries = append(entries, batchEntry{key: fmt.Sprintf("big/k%04d", i), data: []byte("v")})
+	}
+	for i := 0; i < n; i += ioctl.MaxBatch {
+		for _, r := range runBatch(t, fx, true, entries[i:min(n, i+ioctl.MaxBatch)]) {
+			if r != 1 {
+				t.Fatalf("put: %d", r)
+			}
+		}
+	}
+	defer h.Releasedir(ctx, 0)
+	read := func() []string {
+		var names []string
+		for {
+			e, errno := h.Readdirent(ctx)
+			if errno != 0 {
+				t.Fatal(errno)
+			}
+			if len(h.page) > dirPage {
+				t.Fatalf("the handle holds %d entries, a page is %d", len(h.page), dirPage)
+			}
+			if e == nil {
+				return names
+			}
+			names = append(names, e.Name)
+		}
+	}
+	all := read()
+	if len(all) != n+2 || all[0] != "." || all[1] != ".." {
+		t.Fatalf("%d entries (%v...), want %d", len(all), all[:min(3, len(all))], n+2)
+	}
+	seen := map[string]bool{}
+	for _, name := range all[2:] {
+		if seen[name] || !strings.HasPrefix(name, "k") {
+			t.Fatalf("entry %q twice or foreign", name)
+		}
+		seen[name] = true
+	}
+	for _, off := range []uint64{0, 1, 2, 5, dirPage + 2, 2*dirPage + 1, n + 2, n + 10} {
+		if errno := h.Seekdir(ctx, off); errno != 0 {
+			t.Fatal(errno)
+		}
+		got := read()
+		if want := all[min(int(off), len(all)):]; !slices.Equal(got, want) {
+			t.Fatalf("from offset %d: %d entries, want %d", off, len(got), len(want))
+		}
+	}
+	// The bound: directory handles count with the open files.
+	m := &Mount{fs: fx.root.fs}
+	open, _ := m.OpenFiles()
+	fx.root.fs.opts.MaxOpen = int(open) + 1
+	extra := testDirHandle(t, fx.root)
+	if _, _, errno := fx.root.OpendirHandle(ctx, 0); errno != syscall.ENFILE {
+		t.Fatalf("a directory past MaxOpen: %v, want ENFILE", errno)
+	}
+	extra.Releasedir(ctx, 0)
+	extra.Releasedir(ctx, 0) // once counted, once given back
+	if now, _ := m.OpenFiles(); now != open {
+		t.Fatalf("%d open after the release, %d before", now, open)
 	}
 }

@@ -151,66 +151,87 @@ type DirEntry struct {
 
 // List returns the immediate children of directory dir in name order.
 func (s *Store) List(ctx context.Context, dir string) ([]DirEntry, error) {
-	d, err := s.Stat(ctx, dir)
-	if err != nil {
-		return nil, err
-	}
-	if d.Kind != KindDir {
-		return nil, fmt.Errorf("list %q: %w", dir, ErrNotDir)
-	}
-	prefix := ""
-	if dir != "" {
-		prefix = dir + "/"
-	}
 	var out []DirEntry
-	seen := map[string]bool{}
-	from := prefix
-	if prefix == "" {
-		from = "\x01" // past the store's hidden records (rename.go)
-	}
-	const batch = 256
-	for {
-		objs, err := s.idx.Scan(ctx, prefix, from, batch)
+	for after := ""; ; {
+		page, next, err := s.ListPage(ctx, dir, after, 256)
 		if err != nil {
 			return nil, err
 		}
-		if len(objs) == 0 {
+		out = append(out, page...)
+		if next == "" {
 			break
 		}
-		next := ""
-		for _, o := range objs {
-			rest := o.Key[len(prefix):]
-			if i := strings.IndexByte(rest, '/'); i >= 0 {
-				name := rest[:i]
-				if !seen[name] {
-					seen[name] = true
-					out = append(out, DirEntry{Name: name, Kind: KindDir, Ino: implicitIno(prefix + name)})
-				}
-				// Skip the rest of this subtree: '0' follows '/'.
-				next = prefix + name + "0"
-				break
-			}
-			if !seen[rest] {
-				seen[rest] = true
-				out = append(out, DirEntry{Name: rest, Kind: o.Kind, Ino: o.Ino, Object: o})
-			} else if o.Kind == KindDir {
-				// An explicit directory listed after its implicit form:
-				// prefer the real inode.
-				for i := range out {
-					if out[i].Name == rest {
-						out[i] = DirEntry{Name: rest, Kind: KindDir, Ino: o.Ino, Object: o}
-					}
-				}
-			}
-			next = o.Key + "\x00"
-		}
-		from = next
+		after = next
 	}
 	// Explicit entries and implicit ones arrive in key order, which is
 	// name order except that a subtree "a/" sorts after "a.b"; sort to be
 	// exact.
 	sortEntries(out)
 	return out, nil
+}
+
+// ListPage returns up to limit children of directory dir, in key order
+// (name order but for a subtree "a/", which sorts after "a.b"), from
+// position after on ("" for the first page), and the position of the
+// next page ("" after the last). Positions are relative to dir, so a
+// listing goes on where it was if dir is renamed meanwhile. A listing
+// read a page at a time holds one page: a child added or removed
+// meanwhile may or may not be in it, any other child is in it once.
+func (s *Store) ListPage(ctx context.Context, dir, after string, limit int) ([]DirEntry, string, error) {
+	if after == "" {
+		d, err := s.Stat(ctx, dir)
+		if err != nil {
+			return nil, "", err
+		}
+		if d.Kind != KindDir {
+			return nil, "", fmt.Errorf("list %q: %w", dir, ErrNotDir)
+		}
+	}
+	prefix := ""
+	if dir != "" {
+		prefix = dir + "/"
+	}
+	from := prefix + after
+	if from == "" {
+		from = "\x01" // past the store's hidden records (rename.go)
+	}
+	limit = max(limit, 1)
+	var out []DirEntry
+	for len(out) < limit {
+		objs, err := s.idx.Scan(ctx, prefix, from, limit-len(out))
+		if err != nil {
+			return nil, "", err
+		}
+		if len(objs) == 0 {
+			return out, "", nil
+		}
+		for _, o := range objs {
+			rest := o.Key[len(prefix):]
+			i := strings.IndexByte(rest, '/')
+			if i < 0 {
+				out = append(out, DirEntry{Name: rest, Kind: o.Kind, Ino: o.Ino, Object: o})
+				from = o.Key + "\x00"
+				if len(out) == limit {
+					break
+				}
+				continue
+			}
+			// A key below a child: the child is a directory, listed
+			// here unless it is one of its own, whose key sorts before
+			// its subtree. Its subtree is skipped: '0' follows '/'.
+			name := rest[:i]
+			from = prefix + name + "0"
+			own, err := s.find(ctx, prefix+name)
+			if err != nil {
+				return nil, "", err
+			}
+			if own == nil {
+				out = append(out, DirEntry{Name: name, Kind: KindDir, Ino: implicitIno(prefix + name)})
+			}
+			break // the rest of this scan is in the subtree
+		}
+	}
+	return out, from[len(prefix):], nil
 }
 
 func sortEntries(es []DirEntry) {

@@ -668,3 +668,117 @@ func TestNameValidation(t *testing.T) {
 		t.Errorf("ValidateName(a/b): %v", err)
 	}
 }
+
+// TestListPage: a directory read a page at a time, with pages of 1 to
+// more than it holds, lists what List lists (in key order, not sorted),
+// each child once: files, explicit directories with and without
+// children, implicit ones, names that sort between a directory and its
+// subtree ("b-x" between "b" and "b/"). The position of the next page
+// is relative to the directory, so a listing renamed between pages goes
+// on where it was; children neither added nor removed meanwhile are
+// listed once, whatever changes around them between the pages.
+func TestListPage(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	for _, k := range []string{"d/a", "d/b-x", "d/b.y", "d/b/c", "d/b/c2", "d/c/deep/x", "d/c.z", "d/f0", "d/f1", "d/g/h", "d/g/i/j", "top"} {
+		s.create(t, k)
+	}
+	s.mkdir(t, "d/e")
+	for _, d := range []string{"d/c/deep", "d/c", "d/g/i", "d/g"} {
+		s.makeImplicit(t, d) // "d/b" stays explicit, with children
+	}
+	want, err := s.List(ctx, "d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func(es []store.DirEntry) []string {
+		var out []string
+		for _, e := range es {
+			out = append(out, e.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	list := func(dir string, limit int, between func(page int)) []store.DirEntry {
+		var all []store.DirEntry
+		for page, after := 0, ""; ; page++ {
+			es, next, err := s.ListPage(ctx, dir, after, limit)
+			if err != nil {
+				t.Fatalf("page %d of %q (limit %d): %v", page, dir, limit, err)
+			}
+			if len(es) > limit {
+				t.Fatalf("page %d: %d entries, limit %d", page, len(es), limit)
+			}
+			all = append(all, es...)
+			if next == "" {
+				return all
+			}
+			if between != nil {
+				between(page)
+			}
+			after = next
+		}
+	}
+	for limit := 1; limit <= 14; limit++ {
+		got := list("d", limit, nil)
+		if !slices.Equal(names(got), names(want)) {
+			t.Fatalf("limit %d: %v, List %v", limit, names(got), names(want))
+		}
+		for _, e := range got {
+			i := slices.IndexFunc(want, func(w store.DirEntry) bool { return w.Name == e.Name })
+			if w := want[i]; w.Kind != e.Kind || w.Ino != e.Ino || (w.Object == nil) != (e.Object == nil) {
+				t.Fatalf("limit %d: %q is %+v, List has %+v", limit, e.Name, e, w)
+			}
+		}
+	}
+	if got := names(list("", 1, nil)); !slices.Equal(got, []string{"d", "top"}) {
+		t.Fatalf("root: %v", got)
+	}
+	if _, _, err := s.ListPage(ctx, "top", "", 5); !errors.Is(err, store.ErrNotDir) {
+		t.Fatalf("a file listed: %v", err)
+	}
+	// Renamed between pages: the listing goes on in the new place, each
+	// child once.
+	dir, renamed := "d", false
+	var all []store.DirEntry
+	for after := ""; ; {
+		es, next, err := s.ListPage(ctx, dir, after, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, es...)
+		if next == "" {
+			break
+		}
+		if !renamed {
+			if err := s.Rename(ctx, "d", "d2", 0); err != nil {
+				t.Fatal(err)
+			}
+			dir, renamed = "d2", true
+		}
+		after = next
+	}
+	if !slices.Equal(names(all), names(want)) {
+		t.Fatalf("renamed after the first page: %v, want %v", names(all), names(want))
+	}
+	// Listing "d2" now, a page at a time, while other children come and
+	// go between the pages: the ones that stay are listed once each.
+	var churn int
+	got := list("d2", 2, func(page int) {
+		churn++
+		s.create(t, fmt.Sprintf("d2/new%d", churn))
+		s.create(t, fmt.Sprintf("d2/b/new%d", churn))
+		if err := s.Delete(ctx, fmt.Sprintf("d2/new%d", churn), 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	seen := map[string]int{}
+	for _, e := range got {
+		seen[e.Name]++
+	}
+	for _, w := range want {
+		if seen[w.Name] != 1 {
+			t.Fatalf("%q listed %d times while others changed: %v", w.Name, seen[w.Name], names(got))
+		}
+	}
+}

@@ -355,6 +355,7 @@ type status struct {
 		Used  uint64 `json:"used"`
 		Limit uint64 `json:"limit"`
 	} `json:"open_files"`
+	OpenDirs int64 `json:"open_dirs"`
 	Metadata struct {
 		Used  uint64 `json:"used"`
 		Limit uint64 `json:"limit"`
