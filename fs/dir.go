@@ -27,6 +27,7 @@ type dirHandle struct {
 	page []store.DirEntry
 	next string
 	done bool
+	uid  uint32 // who opened it (FS.opens)
 	// released: Releasedir ran (FS.dirs counts the handle until then).
 	released bool
 }
@@ -44,20 +45,22 @@ var (
 
 // OpendirHandle implements gofs.NodeOpendirHandler.
 func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
-	h, errno := newDirHandle(n)
+	uid, _ := caller(ctx)
+	h, errno := newDirHandle(n, uid)
 	if errno != 0 {
 		return nil, 0, errno
 	}
 	return h, 0, 0
 }
 
-// newDirHandle returns an open directory of n. It counts as an open file
-// against Options.MaxOpen (ENFILE beyond), until Releasedir.
-func newDirHandle(n *node) (*dirHandle, syscall.Errno) {
-	if !n.fs.takeHandle() {
+// newDirHandle returns an open directory of n for user uid. It counts as
+// one of uid's open files (FS.opens: ENFILE past the mount's bound or the
+// user's share of it), until Releasedir.
+func newDirHandle(n *node, uid uint32) (*dirHandle, syscall.Errno) {
+	if n.fs.opens.take(uid) != nil {
 		return nil, syscall.ENFILE
 	}
-	h := &dirHandle{n: n}
+	h := &dirHandle{n: n, uid: uid}
 	h.regs.fs = n.fs
 	h.async.counts = &n.fs.asyncHeld
 	n.fs.dirs.Add(1)
@@ -150,7 +153,7 @@ func (h *dirHandle) Releasedir(ctx context.Context, releaseFlags uint32) {
 	if !h.released {
 		h.released = true
 		h.n.fs.dirs.Add(-1)
-		h.n.fs.handles.Add(-1)
+		h.n.fs.opens.put(h.uid)
 	}
 	h.mu.Unlock()
 	h.async.close()

@@ -110,8 +110,9 @@
 // # Limits
 //
 // Everything a user can make the daemon hold is bounded: open files and
-// directories (Options.MaxOpen, ENFILE; an open directory holds one page
-// of its listing, Store.ListPage, not the directory), registered buffers
+// directories (Options.MaxOpen, a quarter of it for a user other than
+// root, ENFILE; an open directory holds one page of its listing,
+// Store.ListPage, not the directory), registered buffers
 // per open file and per mount, by count and bytes (Options.MaxRegistrations
 // and the others, EMFILE), xattrs per file (128 KiB, ENOSPC), and index
 // metadata as a whole (store.Options.MetaLimit, ENOSPC unless eviction

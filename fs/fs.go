@@ -51,7 +51,8 @@ type Options struct {
 	// Debug logs every FUSE request (very verbose).
 	Debug bool
 	// MaxOpen bounds the open files of the mount, directories included,
-	// all users together; past it open fails with ENFILE. MaxRegistrations bounds the buffers
+	// all users together, and a quarter of it those of any one user but
+	// root; past either, open fails with ENFILE. MaxRegistrations bounds the buffers
 	// registered on one open file, MaxRegistrationsTotal those of the
 	// whole mount (each is a mapping in the daemon, and the kernel allows
 	// a process about 65530) and MaxRegisteredBytes the address space they
@@ -122,8 +123,8 @@ type FS struct {
 	metrics *metrics
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
-	handles atomic.Int64 // open files and directories (MaxOpen)
-	// dirs counts open directory handles (handles counts them too): what
+	opens   userCounts // open files and directories (MaxOpen), by user
+	// dirs counts open directory handles (opens counts them too): what
 	// keeps a lazily detached mount served, with the files.
 	dirs atomic.Int64
 	// ioctls counts the ioctls running, submitted calls included, and
@@ -213,6 +214,7 @@ func newFS(o Options) (*FS, error) {
 	}
 	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
 	f.asyncCtx, f.asyncStop = context.WithCancel(context.Background())
+	f.opens = userCounts{what: "open files and directories", total: f.opts.MaxOpen, perUser: max(1, f.opts.MaxOpen/openSharePerUser), full: errTooManyOpen}
 	f.asyncHeld = userCounts{what: "submitted calls not waited for", total: maxAsyncTotal, perUser: maxAsyncPerUser}
 	f.ioctls.byUser = userCounts{what: "running ioctls", total: maxIoctlsTotal, perUser: maxIoctlsPerUser, rootFree: true}
 	f.ipc.register = o.RegisterDevice

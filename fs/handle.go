@@ -3,7 +3,6 @@ package fs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,6 +27,7 @@ import (
 // see each other, as in-place updates and appends need.
 type handle struct {
 	n        *node
+	uid      uint32        // who opened it (FS.opens)
 	reader   *store.Reader // read-only handles
 	writable bool
 	priv     *store.Draft // O_TRUNC handles: their own new version
@@ -58,14 +58,17 @@ func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint
 	if n.IsDir() {
 		return nil, store.ErrIsDir
 	}
-	if !n.fs.takeHandle() {
-		return nil, fmt.Errorf("fs: %d files open: %w", n.fs.opts.MaxOpen, errTooManyOpen)
+	uid, _ := caller(ctx)
+	if err := n.fs.opens.take(uid); err != nil {
+		return nil, err
 	}
 	h, err := n.openHandle(ctx, key, o, flags)
 	if err != nil {
-		n.fs.handles.Add(-1)
+		n.fs.opens.put(uid)
+		return nil, err
 	}
-	return h, err
+	h.uid = uid
+	return h, nil
 }
 
 func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flags uint32) (*handle, error) {
@@ -110,28 +113,19 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	return h, nil
 }
 
-// takeHandle counts one more open file, false past Options.MaxOpen.
-func (f *FS) takeHandle() bool {
-	if f.handles.Add(1) > int64(f.opts.MaxOpen) {
-		f.handles.Add(-1)
-		return false
-	}
-	return true
-}
-
 // openGhost opens the version a rename replaced (see node.mu.ghost), nil
 // without one. Writes through it go where writes to a replaced file go on
 // any POSIX file system: nowhere, once the last descriptor closes.
-func (n *node) openGhost(flags uint32) *handle {
+func (n *node) openGhost(uid uint32, flags uint32) *handle {
 	g := n.ghostReader()
 	if g == nil {
 		return nil
 	}
-	if !n.fs.takeHandle() {
+	if n.fs.opens.take(uid) != nil {
 		g.Close()
 		return nil
 	}
-	h := &handle{n: n, obj: g.Object()}
+	h := &handle{n: n, obj: g.Object(), uid: uid}
 	h.regs.fs = n.fs
 	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
 		h.reader = g
@@ -459,7 +453,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	if done {
 		return 0
 	}
-	defer n.fs.handles.Add(-1)
+	defer n.fs.opens.put(h.uid)
 	h.regs.closeAll()
 	if h.reader != nil {
 		h.reader.Close()

@@ -446,7 +446,8 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		err = store.ErrStale
 	}
 	if errors.Is(err, store.ErrStale) {
-		if gh := n.openGhost(flags); gh != nil {
+		uid, _ := caller(ctx)
+		if gh := n.openGhost(uid, flags); gh != nil {
 			h, err = gh, nil
 		}
 	}

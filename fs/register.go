@@ -331,7 +331,7 @@ func (m *Mount) Registrations() (live, total, bytes int64) {
 // OpenFiles returns the open files of the mount, directories included
 // (OpenDirs says how many), and their bound, Options.MaxOpen.
 func (m *Mount) OpenFiles() (open, limit uint64) {
-	return uint64(m.fs.handles.Load()), uint64(m.fs.opts.MaxOpen)
+	return uint64(m.fs.opens.count()), uint64(m.fs.opts.MaxOpen)
 }
 
 // OpenDirs returns how many directory handles of the mount are open.

@@ -84,7 +84,7 @@ func TestCUDARegistrationRefusals(t *testing.T) {
 // testDirHandle opens a directory handle of n, as OpendirHandle does.
 func testDirHandle(t testing.TB, n *node) *dirHandle {
 	t.Helper()
-	h, errno := newDirHandle(n)
+	h, errno := newDirHandle(n, 0)
 	if errno != 0 {
 		t.Fatalf("open directory: %v", errno)
 	}
@@ -115,7 +115,7 @@ func TestOpenDirsCounted(t *testing.T) {
 // TestDirHandlePages: an open directory lists its entries a page at a
 // time (".", "..", then every child once), holds at most one page of
 // them, lists from any offset after a Seekdir as it would have
-// continued, and counts against MaxOpen with the files (ENFILE beyond).
+// continued.
 func TestDirHandlePages(t *testing.T) {
 	fx := newFuzzFixture(t)
 	ctx := context.Background()
@@ -169,17 +169,74 @@ func TestDirHandlePages(t *testing.T) {
 			t.Fatalf("from offset %d: %d entries, want %d", off, len(got), len(want))
 		}
 	}
-	// The bound: directory handles count with the open files.
+}
+
+// TestOpenShare: open directories count with the open files against the
+// mount's bound, and a user other than root holds at most a share of it:
+// past it that user gets ENFILE while root and other users still open;
+// a handle released (once, however often released) gives its place back.
+func TestOpenShare(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
 	m := &Mount{fs: fx.root.fs}
 	open, _ := m.OpenFiles()
-	fx.root.fs.opts.MaxOpen = int(open) + 1
-	extra := testDirHandle(t, fx.root)
-	if _, _, errno := fx.root.OpendirHandle(ctx, 0); errno != syscall.ENFILE {
-		t.Fatalf("a directory past MaxOpen: %v, want ENFILE", errno)
+	opens := &fx.root.fs.opens
+	opens.total, opens.perUser = int(open)+6, 2
+	as := func(uid uint32) context.Context { return callerAs(os.Getpid(), uid, uid) }
+	openAs := func(uid uint32) (*dirHandle, syscall.Errno) {
+		fh, _, errno := fx.root.OpendirHandle(as(uid), 0)
+		if errno != 0 {
+			return nil, errno
+		}
+		return fh.(*dirHandle), 0
 	}
-	extra.Releasedir(ctx, 0)
-	extra.Releasedir(ctx, 0) // once counted, once given back
+	var held []*dirHandle
+	for range 2 {
+		h, errno := openAs(1000)
+		if errno != 0 {
+			t.Fatalf("user 1000 within its share: %v", errno)
+		}
+		held = append(held, h)
+	}
+	if _, errno := openAs(1000); errno != syscall.ENFILE {
+		t.Fatalf("user 1000 past its share: %v, want ENFILE", errno)
+	}
+	for _, uid := range []uint32{1001, 0, 0} {
+		h, errno := openAs(uid)
+		if errno != 0 {
+			t.Fatalf("user %d while 1000 holds its share: %v", uid, errno)
+		}
+		held = append(held, h)
+	}
+	// Files count with the directories: user 1001 holds one of each.
+	fh, err := fx.file.open(as(1001), "f", nil, syscall.O_RDONLY)
+	if err != nil {
+		t.Fatalf("a file of user 1001 within its share: %v", err)
+	}
+	if _, err := fx.file.open(as(1001), "f", nil, syscall.O_RDONLY); toErrno(err) != syscall.ENFILE {
+		t.Fatalf("a file of user 1001 past its share: %v, want ENFILE", err)
+	}
+	fx.file.Release(ctx, fh)
+	// The mount's bound: root too.
+	h, errno := openAs(0)
+	if errno != 0 {
+		t.Fatalf("root within the mount's bound: %v", errno)
+	}
+	held = append(held, h)
+	if _, errno := openAs(0); errno != syscall.ENFILE {
+		t.Fatalf("past the mount's bound: %v, want ENFILE", errno)
+	}
+	held[0].Releasedir(ctx, 0)
+	held[0].Releasedir(ctx, 0) // once counted, once given back
+	h, errno = openAs(1000)
+	if errno != 0 {
+		t.Fatalf("user 1000 after a release: %v", errno)
+	}
+	held = append(held[1:], h)
+	for _, h := range held {
+		h.Releasedir(ctx, 0)
+	}
 	if now, _ := m.OpenFiles(); now != open {
-		t.Fatalf("%d open after the release, %d before", now, open)
+		t.Fatalf("%d open after every release, %d before", now, open)
 	}
 }

@@ -14,24 +14,29 @@ type userCounts struct {
 	what           string // what is counted, for errors
 	total, perUser int    // the bounds
 	rootFree       bool
+	full           error // what take's error wraps; nil: EBUSY
 	mu             sync.Mutex
 	held           int
 	byUser         map[uint32]int
 }
 
-// take counts one more of uid's, or fails with EBUSY when the mount, or
-// uid's share of it, holds as many as it may.
+// take counts one more of uid's, or fails (full, else EBUSY) when the
+// mount, or uid's share of it, holds as many as it may.
 func (c *userCounts) take(uid uint32) error {
 	if uid == 0 && c.rootFree {
 		return nil
 	}
+	full := c.full
+	if full == nil {
+		full = syscall.EBUSY
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.held >= c.total {
-		return fmt.Errorf("the mount holds %d %s: %w", c.held, c.what, syscall.EBUSY)
+		return fmt.Errorf("the mount holds %d %s: %w", c.held, c.what, full)
 	}
 	if uid != 0 && c.byUser[uid] >= c.perUser {
-		return fmt.Errorf("user %d holds %d %s: %w", uid, c.byUser[uid], c.what, syscall.EBUSY)
+		return fmt.Errorf("user %d holds %d %s: %w", uid, c.byUser[uid], c.what, full)
 	}
 	if c.byUser == nil {
 		c.byUser = map[uint32]int{}
@@ -72,3 +77,9 @@ const (
 	maxIoctlsTotal   = 4096
 	maxIoctlsPerUser = 256
 )
+
+// The open files and directories of the mount (Options.MaxOpen, all users
+// together) are counted by user too: a user other than root may hold a
+// quarter of them, so that one user's descriptors cannot leave every
+// other user ENFILE.
+const openSharePerUser = 4
