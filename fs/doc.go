@@ -114,7 +114,8 @@
 // root, ENFILE; an open directory holds one page of its listing,
 // Store.ListPage, not the directory), registered buffers
 // per open file and per mount, by count and bytes (Options.MaxRegistrations
-// and the others, EMFILE), xattrs per file (128 KiB, ENOSPC), and index
+// and the others, EMFILE; a quarter of the mount's for a user other than
+// root), xattrs per file (128 KiB, ENOSPC), and index
 // metadata as a whole (store.Options.MetaLimit, ENOSPC unless eviction
 // makes room). Only shmem and hugetlbfs memory can be registered: a file
 // of a FUSE mount (this one above all) would make a copy wait on that

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,11 +53,12 @@ type Options struct {
 	Debug bool
 	// MaxOpen bounds the open files of the mount, directories included,
 	// all users together, and a quarter of it those of any one user but
-	// root; past either, open fails with ENFILE. MaxRegistrations bounds the buffers
-	// registered on one open file, MaxRegistrationsTotal those of the
-	// whole mount (each is a mapping in the daemon, and the kernel allows
-	// a process about 65530) and MaxRegisteredBytes the address space they
-	// take; past any of them REGISTER_BUFFER fails with EMFILE.
+	// root; past either, open fails with ENFILE. MaxRegistrations bounds
+	// the buffers registered on one open file, MaxRegistrationsTotal those
+	// of the whole mount (each is a mapping in the daemon, and the kernel
+	// allows a process about 65530) and MaxRegisteredBytes the address
+	// space they take (a user other than root a quarter of either); past
+	// any of them REGISTER_BUFFER fails with EMFILE.
 	MaxOpen, MaxRegistrations, MaxRegistrationsTotal int
 	MaxRegisteredBytes                               uint64
 	// RegisterMemory, when set, registers a host buffer's mapping with
@@ -201,6 +203,18 @@ func (m *Mount) Batches() BatchStats {
 	return st
 }
 
+// initCounts sets the bounds of what the mount counts by user (share.go)
+// from f.opts.
+func (f *FS) initCounts() {
+	o := &f.opts
+	f.opens = userCounts{what: "open files and directories", total: o.MaxOpen, perUser: max(1, o.MaxOpen/sharePerUser), full: errTooManyOpen}
+	regBytes := int(min(o.MaxRegisteredBytes, math.MaxInt))
+	f.regs.live = userCounts{what: "registered buffers", total: o.MaxRegistrationsTotal, perUser: max(1, o.MaxRegistrationsTotal/sharePerUser), full: errTooManyRegs}
+	f.regs.bytes = userCounts{what: "bytes of registered buffers", total: regBytes, perUser: max(1, regBytes/sharePerUser), full: errTooManyRegs}
+	f.asyncHeld = userCounts{what: "submitted calls not waited for", total: maxAsyncTotal, perUser: maxAsyncPerUser}
+	f.ioctls.byUser = userCounts{what: "running ioctls", total: maxIoctlsTotal, perUser: maxIoctlsPerUser, rootFree: true}
+}
+
 func newFS(o Options) (*FS, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -214,9 +228,7 @@ func newFS(o Options) (*FS, error) {
 	}
 	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
 	f.asyncCtx, f.asyncStop = context.WithCancel(context.Background())
-	f.opens = userCounts{what: "open files and directories", total: f.opts.MaxOpen, perUser: max(1, f.opts.MaxOpen/openSharePerUser), full: errTooManyOpen}
-	f.asyncHeld = userCounts{what: "submitted calls not waited for", total: maxAsyncTotal, perUser: maxAsyncPerUser}
-	f.ioctls.byUser = userCounts{what: "running ioctls", total: maxIoctlsTotal, perUser: maxIoctlsPerUser, rootFree: true}
+	f.initCounts()
 	f.ipc.register = o.RegisterDevice
 	f.ipc.log = func(noExport bool, err error) {
 		if noExport {

@@ -96,7 +96,7 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.regs.add(&registration{sh: sh, mem: sh.Bytes()})
+	h.regs.add(0, &registration{sh: sh, mem: sh.Bytes()})
 	dh := testDirHandle(t, root)
 	t.Cleanup(func() { h.regs.closeAll() })
 	t.Cleanup(func() { dh.async.close(); f.async.Wait() }) // before the store closes

@@ -353,12 +353,12 @@ func TestRegisterByAddress(t *testing.T) {
 			t.Errorf("register %+v: %v", bad, e)
 		}
 	}
-	bytesBefore := fx.root.fs.regs.bytes.Load()
+	bytesBefore := fx.root.fs.regs.bytes.count()
 	id, e := reg(ioctl.RegisterArg{Fd: -1, Kind: ioctl.KindVM, Offset: addr(mem), Len: n})
 	if e != 0 {
 		t.Fatal(e)
 	}
-	if b := fx.root.fs.regs.bytes.Load(); b != bytesBefore {
+	if b := fx.root.fs.regs.bytes.count(); b != bytesBefore {
 		t.Errorf("mapped bytes %d -> %d for an address registration", bytesBefore, b)
 	}
 	put := ioctl.KeyArg{Source: ioctl.SrcBuf, ID: id, Addr: 100, Len: 1000}

@@ -44,6 +44,7 @@ type registration struct {
 	gpuOff   uint64      // and the registered range in it
 	gpuLen   uint64
 	rdma     func() // releases the RDMA registration; nil when none
+	uid      uint32 // who registered it (regStats)
 	inflight sync.WaitGroup
 }
 
@@ -79,12 +80,18 @@ type regTable struct {
 	}
 }
 
-// regStats are the daemon-wide figures of registered buffers.
+// regStats are the daemon-wide figures of registered buffers: those
+// live and the bytes they map, by user within the mount's bounds
+// (userCounts), and how many were ever made.
 type regStats struct {
-	live, total, bytes atomic.Int64
+	live, bytes userCounts
+	total       atomic.Int64
 }
 
-func (t *regTable) add(r *registration) (uint64, error) {
+// add records r, registered by user uid, and returns its id: EMFILE past
+// Options.MaxRegistrations on this file, or past the mount's bounds or
+// uid's share of them (regStats).
+func (t *regTable) add(uid uint32, r *registration) (uint64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mu.m == nil {
@@ -93,18 +100,18 @@ func (t *regTable) add(r *registration) (uint64, error) {
 	if max := t.fs.opts.MaxRegistrations; len(t.mu.m) >= max {
 		return 0, fmt.Errorf("fs: %d buffers registered on this file: %w", max, errTooManyRegs)
 	}
-	o := &t.fs.opts
-	if live := t.fs.regs.live.Load(); live >= int64(o.MaxRegistrationsTotal) {
-		return 0, fmt.Errorf("fs: %d buffers registered on the mount: %w", live, errTooManyRegs)
+	regs := &t.fs.regs
+	if err := regs.live.take(uid); err != nil {
+		return 0, err
 	}
-	if b := uint64(t.fs.regs.bytes.Load()); b+r.mapped() > o.MaxRegisteredBytes {
-		return 0, fmt.Errorf("fs: %d B registered on the mount, %d B more would pass %d B: %w", b, r.mapped(), o.MaxRegisteredBytes, errTooManyRegs)
+	if err := regs.bytes.takeN(uid, int(r.mapped())); err != nil {
+		regs.live.put(uid)
+		return 0, err
 	}
+	r.uid = uid
 	t.mu.next++
 	t.mu.m[t.mu.next] = r
-	t.fs.regs.live.Add(1)
-	t.fs.regs.total.Add(1)
-	t.fs.regs.bytes.Add(int64(r.mapped()))
+	regs.total.Add(1)
 	return t.mu.next, nil
 }
 
@@ -156,8 +163,8 @@ func (t *regTable) release(r *registration) {
 			t.fs.log.WithError(err).Warn("unmap registered buffer")
 		}
 	}
-	t.fs.regs.live.Add(-1)
-	t.fs.regs.bytes.Add(-int64(r.mapped()))
+	t.fs.regs.live.put(r.uid)
+	t.fs.regs.bytes.putN(r.uid, int(r.mapped()))
 }
 
 // closeAll releases every registration (the file was released).
@@ -293,7 +300,8 @@ func (f *FS) register(ctx context.Context, t *regTable, a *ioctl.RegisterArg) er
 			f.log.WithError(err).Warn("RDMA registration of a buffer failed: its remote transfers are staged")
 		}
 	}
-	if a.ID, err = t.add(r); err != nil {
+	uid, _ := caller(ctx)
+	if a.ID, err = t.add(uid, r); err != nil {
 		if r.rdma != nil {
 			r.rdma()
 		}
@@ -317,7 +325,7 @@ func (f *FS) registerVM(ctx context.Context, t *regTable, a *ioctl.RegisterArg) 
 	if err := p.load(); err != nil {
 		return err
 	}
-	a.ID, err = t.add(&registration{vmTgid: p.tgid, vmAddr: a.Offset, vmLen: a.Len})
+	a.ID, err = t.add(p.uid, &registration{vmTgid: p.tgid, vmAddr: a.Offset, vmLen: a.Len})
 	return err
 }
 
@@ -325,7 +333,7 @@ func (f *FS) registerVM(ctx context.Context, t *regTable, a *ioctl.RegisterArg) 
 // and the bytes mapped now.
 func (m *Mount) Registrations() (live, total, bytes int64) {
 	r := &m.fs.regs
-	return r.live.Load(), r.total.Load(), r.bytes.Load()
+	return int64(r.live.count()), r.total.Load(), int64(r.bytes.count())
 }
 
 // OpenFiles returns the open files of the mount, directories included
@@ -371,7 +379,8 @@ func (f *FS) registerCUDA(ctx context.Context, t *regTable, a *ioctl.RegisterArg
 		}
 		f.ipc.registerDmabuf(m, dmabuf)
 	}
-	if a.ID, err = t.add(&registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len}); err != nil {
+	uid, _ := caller(ctx)
+	if a.ID, err = t.add(uid, &registration{gpu: m, gpuOff: a.Offset, gpuLen: a.Len}); err != nil {
 		_ = f.ipc.release(m)
 		return err
 	}

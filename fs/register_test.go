@@ -21,6 +21,7 @@ import (
 func TestRegistrationLimits(t *testing.T) {
 	f := &FS{opts: DefaultOptions()}
 	f.opts.MaxRegistrations, f.opts.MaxRegistrationsTotal, f.opts.MaxRegisteredBytes = 2, 3, 10<<10
+	f.initCounts()
 	a, b := &regTable{fs: f}, &regTable{fs: f}
 	reg := func(n int) *registration { return &registration{mem: make([]byte, n)} }
 	for i, c := range []struct {
@@ -35,13 +36,45 @@ func TestRegistrationLimits(t *testing.T) {
 		{b, 1 << 10, true},
 		{b, 1 << 10, false}, // a fourth on the mount
 	} {
-		_, err := c.t.add(reg(c.size))
+		_, err := c.t.add(0, reg(c.size))
 		if (err == nil) != c.ok || err != nil && !errors.Is(err, errTooManyRegs) {
 			t.Errorf("registration %d (%d B): %v, want ok=%v", i, c.size, err, c.ok)
 		}
 	}
-	if live, bytes := f.regs.live.Load(), f.regs.bytes.Load(); live != 3 || bytes != 6<<10 {
+	if live, bytes := f.regs.live.count(), f.regs.bytes.count(); live != 3 || bytes != 6<<10 {
 		t.Errorf("live %d, %d B after the refusals; want 3, %d B", live, bytes, 6<<10)
+	}
+	// A user but root holds a quarter of the mount's registrations and
+	// of their bytes, rounded down (at least one).
+	f.opts.MaxRegistrationsTotal, f.opts.MaxRegisteredBytes = 8, 16<<10
+	f.initCounts()
+	c := &regTable{fs: f}
+	id, err := c.add(1000, reg(3<<10))
+	if err != nil {
+		t.Fatalf("user 1000 within its share: %v", err)
+	}
+	if _, err := c.add(1000, reg(2<<10)); !errors.Is(err, errTooManyRegs) {
+		t.Errorf("user 1000 past its 4 KiB of bytes: %v, want EMFILE", err)
+	}
+	if _, err := c.add(1001, reg(4<<10)); err != nil {
+		t.Errorf("user 1001 while 1000 holds its share: %v", err)
+	}
+	if err := c.remove(id); err != nil {
+		t.Fatal(err)
+	}
+	d := &regTable{fs: f}
+	for i := range 2 {
+		if _, err := d.add(1000, reg(1)); err != nil {
+			t.Fatalf("user 1000's registration %d after a removal: %v", i, err)
+		}
+	}
+	if _, err := d.add(1000, reg(1)); !errors.Is(err, errTooManyRegs) {
+		t.Errorf("user 1000's third registration of 8: %v, want EMFILE", err)
+	}
+	c.closeAll()
+	d.closeAll()
+	if live, bytes := f.regs.live.count(), f.regs.bytes.count(); live != 0 || bytes != 0 {
+		t.Errorf("live %d, %d B after every file closed", live, bytes)
 	}
 }
 
@@ -52,7 +85,7 @@ func TestRegistrationLimits(t *testing.T) {
 func TestCUDARegistrationRefusals(t *testing.T) {
 	fx := newFuzzFixture(t)
 	me := callerCtx(os.Getpid())
-	before := fx.root.fs.regs.live.Load()
+	before := fx.root.fs.regs.live.count()
 	memfd, err := unix.MemfdCreate("not-a-dmabuf", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +106,7 @@ func TestCUDARegistrationRefusals(t *testing.T) {
 			t.Errorf("register %+v: %v, want %v", c.a, e, c.want)
 		}
 	}
-	if live := fx.root.fs.regs.live.Load(); live != before {
+	if live := fx.root.fs.regs.live.count(); live != before {
 		t.Errorf("%d registrations after the refusals, %d before", live, before)
 	}
 	if err := checkDmabuf(memfd, 0); err == nil || !strings.Contains(err.Error(), "not a dma-buf") {

@@ -22,7 +22,14 @@ type userCounts struct {
 
 // take counts one more of uid's, or fails (full, else EBUSY) when the
 // mount, or uid's share of it, holds as many as it may.
-func (c *userCounts) take(uid uint32) error {
+func (c *userCounts) take(uid uint32) error { return c.takeN(uid, 1) }
+
+// put uncounts one of uid's that take counted.
+func (c *userCounts) put(uid uint32) { c.putN(uid, 1) }
+
+// takeN counts n more of uid's (bytes, say), as take does one: all or,
+// past a bound, none.
+func (c *userCounts) takeN(uid uint32, n int) error {
 	if uid == 0 && c.rootFree {
 		return nil
 	}
@@ -32,29 +39,29 @@ func (c *userCounts) take(uid uint32) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.held >= c.total {
-		return fmt.Errorf("the mount holds %d %s: %w", c.held, c.what, full)
+	if n > c.total-c.held {
+		return fmt.Errorf("the mount holds %d %s, %d more would pass %d: %w", c.held, c.what, n, c.total, full)
 	}
-	if uid != 0 && c.byUser[uid] >= c.perUser {
-		return fmt.Errorf("user %d holds %d %s: %w", uid, c.byUser[uid], c.what, full)
+	if uid != 0 && n > c.perUser-c.byUser[uid] {
+		return fmt.Errorf("user %d holds %d %s, %d more would pass its %d: %w", uid, c.byUser[uid], c.what, n, c.perUser, full)
 	}
 	if c.byUser == nil {
 		c.byUser = map[uint32]int{}
 	}
-	c.held++
-	c.byUser[uid]++
+	c.held += n
+	c.byUser[uid] += n
 	return nil
 }
 
-// put uncounts one of uid's that take counted.
-func (c *userCounts) put(uid uint32) {
+// putN uncounts n of uid's that takeN counted.
+func (c *userCounts) putN(uid uint32, n int) {
 	if uid == 0 && c.rootFree {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.held--
-	if c.byUser[uid]--; c.byUser[uid] <= 0 {
+	c.held -= n
+	if c.byUser[uid] -= n; c.byUser[uid] <= 0 {
 		delete(c.byUser, uid)
 	}
 }
@@ -79,7 +86,8 @@ const (
 )
 
 // The open files and directories of the mount (Options.MaxOpen, all users
-// together) are counted by user too: a user other than root may hold a
-// quarter of them, so that one user's descriptors cannot leave every
-// other user ENFILE.
-const openSharePerUser = 4
+// together), and its registered buffers (Options.MaxRegistrationsTotal,
+// MaxRegisteredBytes), are counted by user too: a user other than root
+// may hold a quarter of each, so that one user cannot leave every other
+// user ENFILE or EMFILE.
+const sharePerUser = 4
