@@ -837,13 +837,17 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			continue
 		}
 		rs, errs := n.fs.st.OpenReadersUntouched(ctx, keys) // moved up together once read
+		for _, r := range rs {
+			if r != nil {
+				readers = append(readers, r) // closed at the end, whatever comes
+			}
+		}
 		for i, t := range win {
 			op, key, r := t.op, keys[i], rs[i]
 			if errs != nil && errs[i] != nil {
 				op.fail(errs[i])
 				continue
 			}
-			readers = append(readers, r)
 			o := r.Object()
 			if !allowed(bc.p, o, mayRead) {
 				op.fail(syscall.EACCES)
