@@ -542,3 +542,20 @@ func TestPutParentsAgainstRmdir(t *testing.T) {
 		}
 	}
 }
+
+// TestExclusiveOverMadeDirectory: an exclusive put of a key that an
+// earlier entry of the same call made a directory (FlagParents) gets
+// EEXIST, as a put one key at a time does, whether or not the two were
+// looked up together.
+func TestExclusiveOverMadeDirectory(t *testing.T) {
+	fx := newFuzzFixture(t)
+	par, excl := ioctl.FlagParents, ioctl.FlagExcl
+	res := runBatch(t, fx, true, []batchEntry{
+		{key: "x/y/z", data: []byte("v"), flags: par},
+		{key: "x/y", data: []byte("w"), flags: excl},
+		{key: "x", data: []byte("w"), flags: excl},
+	})
+	if want := []int64{1, -int64(syscall.EEXIST), -int64(syscall.EEXIST)}; !slices.Equal(res, want) {
+		t.Fatalf("results %v, want %v", res, want)
+	}
+}
