@@ -117,14 +117,14 @@ func (h *dirHandle) readPage(ctx context.Context) (errno syscall.Errno) {
 	if !ok {
 		return syscall.ENOENT
 	}
-	var page []store.DirEntry
-	if page, h.next, err = h.n.fs.st.ListPage(ctx, key, h.next, dirPage); err != nil {
-		return toErrno(err)
+	page, next, err := h.n.fs.st.ListPage(ctx, key, h.next, dirPage)
+	if err != nil {
+		return toErrno(err) // the next read asks for the same page
 	}
 	for i := range page {
 		page[i].Object = nil // the handle keeps names, not versions
 	}
-	h.page, h.done = page, h.next == ""
+	h.page, h.next, h.done = page, next, next == ""
 	return 0
 }
 
