@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -165,5 +166,63 @@ func TestReaddirLarge(t *testing.T) {
 	st := d.status(t)
 	if st.OpenDirs < 200 || st.OpenFiles.Used < 200 {
 		t.Fatalf("status with 200 directories open: %d directories, %d open", st.OpenDirs, st.OpenFiles.Used)
+	}
+}
+
+// TestOpenShare: with --max-open 40, a user other than root holds at most
+// 10 open files and directories of the mount (ENFILE past them, through
+// the kernel), while root goes on opening; a --max-open below 4 is
+// refused with a clear error.
+func TestOpenShare(t *testing.T) {
+	requireTools(t, python, "setpriv")
+	d := startDaemon(t, "--size", "64MiB", "--max-open", "40")
+	script := `
+import os, sys
+fds = []
+try:
+    while len(fds) < 100:
+        fds.append(os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY))
+except OSError as e:
+    print(len(fds), e.errno, flush=True)
+sys.stdin.read()
+`
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script, d.dir)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		in.Close()
+		_ = cmd.Wait()
+	}()
+	var held, errno int
+	if _, err := fmt.Fscan(out, &held, &errno); err != nil {
+		t.Fatalf("the unprivileged opener: %v", err)
+	}
+	if held != 10 || errno != int(unix.ENFILE) {
+		t.Fatalf("user 65534 held %d and got errno %d; want 10, then ENFILE", held, errno)
+	}
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	for range 5 {
+		fd, err := unix.Open(d.dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+		if err != nil {
+			t.Fatalf("root while user 65534 holds its share: %v", err)
+		}
+		fds = append(fds, fd)
+	}
+	if out, err := runErr(daemonBin(), "mount", "--max-open", "2", newMountpoint(t)); err == nil || !strings.Contains(out, "--max-open 2") {
+		t.Fatalf("--max-open 2: %v\n%s", err, out)
 	}
 }

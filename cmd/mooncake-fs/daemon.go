@@ -44,6 +44,7 @@ type mountConfig struct {
 	fuseDebug   bool
 	node        string
 	pinMax      uint64
+	maxOpen     int
 	cpus        []int // nil: wherever the scheduler puts them
 	stopTimeout time.Duration
 	cluster     clusterConfig
@@ -67,11 +68,12 @@ func defaultSize() uint64 {
 }
 
 func parseMountFlags(args []string) (*mountConfig, error) {
-	c := &mountConfig{size: defaultSize(), segmentSize: 1 << 30}
+	c := &mountConfig{size: defaultSize(), segmentSize: 1 << 30, maxOpen: mfs.DefaultOptions().MaxOpen}
 	fl := flag.NewFlagSet("mount", flag.ContinueOnError)
 	fl.Var(sizeFlag{&c.size}, "size", "store capacity (e.g. 4GiB); default: a quarter of available memory, at most 4 GiB")
 	fl.Var(sizeFlag{&c.segmentSize}, "segment-size", "largest single segment (one pinned region)")
 	fl.StringVar(&c.evict, "evict", "on", "on: evict least recently used objects when full; off: writes fail with ENOSPC")
+	fl.IntVar(&c.maxOpen, "max-open", c.maxOpen, "open files and directories of the mount, all users together (ENFILE beyond); a user other than root may hold a quarter")
 	fl.Float64Var(&c.high, "evict-high", 0.95, "eviction starts above this fraction of capacity")
 	fl.Float64Var(&c.low, "evict-low", 0.85, "eviction stops below this fraction of capacity")
 	fl.StringVar(&c.huge, "hugepages", "auto", "auto: 2 MiB pages if obtainable; require; off")
@@ -146,6 +148,9 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 	}
 	if c.size < 4<<20 {
 		errs = append(errs, fmt.Errorf("--size %d: at least 4 MiB", c.size))
+	}
+	if c.maxOpen < 4 || c.maxOpen > 1<<24 {
+		errs = append(errs, fmt.Errorf("--max-open %d: want 4 to %d", c.maxOpen, 1<<24))
 	}
 	if c.segmentSize < 2<<20 {
 		errs = append(errs, fmt.Errorf("--segment-size %d: at least 2 MiB", c.segmentSize))
@@ -323,6 +328,7 @@ func (d *daemon) start() error {
 	fo.AllowOther = d.cfg.allowOther
 	fo.Registerer = d.reg
 	fo.Debug = d.cfg.fuseDebug
+	fo.MaxOpen = d.cfg.maxOpen
 	fo.Status = func() ([]byte, error) { return json.Marshal(d.status()) }
 	fo.Cluster = d.cl != nil
 	if d.rdma != nil && d.rdma.path != nil {
