@@ -559,3 +559,22 @@ func TestExclusiveOverMadeDirectory(t *testing.T) {
 		t.Fatalf("results %v, want %v", res, want)
 	}
 }
+
+// TestBatchPathThroughEarlierKey: a key whose path runs through a file
+// an earlier entry of the same call put gets ENOTDIR, as it does put
+// after that entry on its own, and one whose directory is missing
+// ENOENT; the keys around them are put.
+func TestBatchPathThroughEarlierKey(t *testing.T) {
+	fx := newFuzzFixture(t)
+	res := runBatch(t, fx, true, []batchEntry{
+		{key: "q/a", data: []byte("v")}, // q missing yet
+		{key: "q", data: []byte("file")},
+		{key: "q/g", data: []byte("v")},
+		{key: "q/h/i", data: []byte("v")},
+		{key: "k", data: []byte("v")},
+	})
+	want := []int64{-int64(syscall.ENOENT), 4, -int64(syscall.ENOTDIR), -int64(syscall.ENOTDIR), 1}
+	if !slices.Equal(res, want) {
+		t.Fatalf("results %v, want %v", res, want)
+	}
+}

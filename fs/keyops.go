@@ -305,9 +305,11 @@ func (n *node) target(ctx context.Context, bc *batchCall, op *keyOp) (key string
 }
 
 // targetAfter is target that runs beforeParents, when given, before it
-// makes a key's missing directories (FlagParents): batchPut commits the
-// keys it checked so far there, for the call's keys act in their order
-// and an earlier one may be where a directory would go.
+// makes a key's missing directories (FlagParents), or looks again at a
+// path it found missing: batchPut commits the keys it checked so far
+// there, for the call's keys act in their order and an earlier one may
+// be where a directory would go, or on the path (a file there makes it
+// ENOTDIR, as a put of one key after the other says).
 func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, beforeParents func()) (key string, bufs []transfer.Buffer, size uint64, err error) {
 	if err = ctx.Err(); err != nil {
 		return // a submitted call whose handle closed: its keys stop here
@@ -323,6 +325,11 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 		return
 	}
 	err = bc.checkPath(ctx, n.fs, key)
+	if errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents == 0 && beforeParents != nil {
+		beforeParents()
+		delete(bc.searched, store.Parent(key))
+		err = bc.checkPath(ctx, n.fs, key)
+	}
 	for try := 0; errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 && try < maxParentTries; try++ {
 		if try == 0 && beforeParents != nil {
 			beforeParents()
