@@ -2,6 +2,7 @@ package fs
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -33,8 +34,13 @@ type dirHandle struct {
 }
 
 // dirPage is how many entries a directory handle reads from the store at
-// once.
-const dirPage = 128
+// once: what it holds between reads, names of up to 255 bytes each.
+const dirPage = 32
+
+// maxPageTries bounds how often a handle reads a page again because its
+// directory was renamed meanwhile (readPage): about 50 ms of pauses, for a
+// rename that does not end or a directory removed.
+const maxPageTries = 16
 
 var (
 	_ gofs.NodeOpendirHandler = (*node)(nil)
@@ -109,20 +115,53 @@ func (h *dirHandle) nextEntry(ctx context.Context) (*fuse.DirEntry, syscall.Errn
 
 // readPage reads the listing's next page from the store. Caller holds
 // h.mu.
+//
+// The directory's key is its node's place in the tree, which the kernel
+// moves after a rename returns, while the store has the directory at its
+// new key from the rename's commit on: a page read in between would list
+// its old key (nothing, or another directory moved there). So a page
+// counts only if the key held the handle's directory, the same version,
+// before and after the page was read (a rename makes a new version); else
+// it is read again, after a pause that lets the rename finish.
 func (h *dirHandle) readPage(ctx context.Context) (errno syscall.Errno) {
 	start := time.Now()
 	var err error
-	key, ok := h.n.key()
+	var key string
 	defer func() { h.n.fs.opDone(ctx, "readdir", key, 0, start, errno, err) }()
-	if !ok {
-		return syscall.ENOENT
-	}
-	page, next, err := h.n.fs.st.ListPage(ctx, key, h.next, dirPage)
-	if err != nil {
-		return toErrno(err) // the next read asks for the same page
+	st, ino := h.n.fs.st, h.n.StableAttr().Ino
+	same := func(a, b *store.Object) bool { return a.Ino == b.Ino && a.Version == b.Version }
+	var page []store.DirEntry
+	var next string
+	for try, pause := 0, 50*time.Microsecond; ; try, pause = try+1, min(2*pause, 5*time.Millisecond) {
+		if try > 0 {
+			time.Sleep(pause)
+		}
+		var ok bool
+		if key, ok = h.n.key(); !ok {
+			return syscall.ENOENT
+		}
+		var before, after *store.Object
+		if before, err = st.Stat(ctx, key); err == nil {
+			page, next, err = st.ListPage(ctx, key, h.next, dirPage)
+		}
+		if err == nil {
+			after, err = st.Stat(ctx, key)
+		}
+		// An implicit directory (no version) has no identity to check.
+		if err == nil && (before.Version == 0 || before.Ino == ino && same(before, after)) {
+			break
+		}
+		if try == maxPageTries {
+			if err == nil {
+				err = store.ErrNotFound // the directory never came back to a key
+			}
+			return toErrno(err) // the next read asks for the same page
+		}
 	}
 	for i := range page {
-		page[i].Object = nil // the handle keeps names, not versions
+		// Names only: a name is a part of its object's key, which would
+		// keep the whole key (and the page's objects) alive.
+		page[i] = store.DirEntry{Name: strings.Clone(page[i].Name), Kind: page[i].Kind, Ino: page[i].Ino}
 	}
 	h.page, h.next, h.done = page, next, next == ""
 	return 0

@@ -62,6 +62,12 @@ func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint
 	if err := n.fs.opens.take(uid); err != nil {
 		return nil, err
 	}
+	return n.openCounted(ctx, uid, key, o, flags)
+}
+
+// openCounted is open for user uid, whose count (FS.opens) the caller
+// took: given back if the open fails.
+func (n *node) openCounted(ctx context.Context, uid uint32, key string, o *store.Object, flags uint32) (*handle, error) {
 	h, err := n.openHandle(ctx, key, o, flags)
 	if err != nil {
 		n.fs.opens.put(uid)

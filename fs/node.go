@@ -417,13 +417,19 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if key, err = n.childKey(name); err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
+	// The caller's open is counted first: past its share nothing is made.
+	uid, _ := caller(ctx)
+	if err = n.fs.opens.take(uid); err != nil {
+		return nil, nil, 0, toErrno(err)
+	}
 	o, err := n.fs.st.Create(ctx, key, n.template(ctx, mode), flags&syscall.O_EXCL != 0)
 	if err != nil {
+		n.fs.opens.put(uid)
 		return nil, nil, 0, toErrno(err)
 	}
 	ch = n.newChild(ctx, o)
 	cn := ch.Operations().(*node)
-	h, err := cn.open(ctx, key, o, flags)
+	h, err := cn.openCounted(ctx, uid, key, o, flags)
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}

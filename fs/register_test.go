@@ -9,7 +9,10 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+	"unsafe"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
@@ -234,6 +237,13 @@ func TestOpenShare(t *testing.T) {
 	if _, errno := openAs(1000); errno != syscall.ENFILE {
 		t.Fatalf("user 1000 past its share: %v, want ENFILE", errno)
 	}
+	// A create past the share makes nothing.
+	if _, _, _, errno := fx.root.Create(as(1000), "lock", syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR, 0o644, &fuse.EntryOut{}); errno != syscall.ENFILE {
+		t.Fatalf("user 1000 creating past its share: %v, want ENFILE", errno)
+	}
+	if _, err := fx.st.Stat(ctx, "lock"); err == nil {
+		t.Fatal("a create refused past the share made its file")
+	}
 	for _, uid := range []uint32{1001, 0, 0} {
 		h, errno := openAs(uid)
 		if errno != 0 {
@@ -271,5 +281,82 @@ func TestOpenShare(t *testing.T) {
 	}
 	if now, _ := m.OpenFiles(); now != open {
 		t.Fatalf("%d open after every release, %d before", now, open)
+	}
+}
+
+// TestDirHandleRenamed: a directory renamed while a handle lists it is
+// listed whole and alone. The store has it at its new key from the
+// rename's commit, the tree (the handle's key) only once the kernel's
+// rename moves the node: pages read in between, when the old key is empty
+// or holds another directory, are read again once the node has moved.
+// The page's names are copies, not parts of their objects' keys.
+func TestDirHandleRenamed(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	mk := func(dir, prefix string, n int) {
+		var es []batchEntry
+		for i := range n {
+			es = append(es, batchEntry{key: fmt.Sprintf("%s/%s%03d", dir, prefix, i), data: []byte("v")})
+		}
+		for i := 0; i < n; i += ioctl.MaxBatch {
+			runBatch(t, fx, true, es[i:min(n, i+ioctl.MaxBatch)])
+		}
+	}
+	a, h := subdirOn(t, fx, "A")
+	defer h.Releasedir(ctx, 0)
+	subdirOn(t, fx, "C")
+	mk("A", "a", 2*dirPage+5)
+	mk("C", "c", dirPage)
+	first, errno := h.Readdirent(ctx) // ".": no page yet
+	if errno != 0 || first.Name != "." {
+		t.Fatalf("first entry %v, %v", first, errno)
+	}
+	// A to T and C to A in the store; the tree follows a moment later.
+	if err := fx.st.Rename(ctx, "A", "T", 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fx.st.Rename(ctx, "C", "A", 0); err != nil {
+		t.Fatal(err)
+	}
+	moved := make(chan struct{})
+	go func() {
+		defer close(moved)
+		time.Sleep(2 * time.Millisecond)
+		fx.root.MvChild("A", &fx.root.Inode, "T", true)
+	}()
+	var names []string
+	for {
+		e, errno := h.Readdirent(ctx)
+		if errno != 0 {
+			t.Fatal(errno)
+		}
+		if e == nil {
+			break
+		}
+		if e.Name != ".." {
+			names = append(names, e.Name)
+		}
+		for _, p := range h.page {
+			o, err := fx.st.Lookup(ctx, "T/"+p.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k := unsafe.StringData(o.Key); uintptr(unsafe.Pointer(unsafe.StringData(p.Name))) >= uintptr(unsafe.Pointer(k)) &&
+				uintptr(unsafe.Pointer(unsafe.StringData(p.Name))) < uintptr(unsafe.Pointer(k))+uintptr(len(o.Key)) {
+				t.Fatalf("entry %q is a part of its object's key", p.Name)
+			}
+		}
+	}
+	<-moved
+	if k, _ := a.key(); k != "T" {
+		t.Fatalf("the node is at %q", k)
+	}
+	if len(names) != 2*dirPage+5 {
+		t.Fatalf("%d entries of the renamed directory (%v...), want %d", len(names), names[:min(3, len(names))], 2*dirPage+5)
+	}
+	for _, n := range names {
+		if !strings.HasPrefix(n, "a") {
+			t.Fatalf("entry %q of another directory", n)
+		}
 	}
 }
