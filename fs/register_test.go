@@ -227,13 +227,16 @@ func TestOpenShare(t *testing.T) {
 		return fh.(*dirHandle), 0
 	}
 	var held []*dirHandle
-	for range 2 {
-		h, errno := openAs(1000)
+	hold := func(uid uint32, when string) {
+		t.Helper()
+		h, errno := openAs(uid)
 		if errno != 0 {
-			t.Fatalf("user 1000 within its share: %v", errno)
+			t.Fatalf("user %d %s: %v", uid, when, errno)
 		}
 		held = append(held, h)
 	}
+	hold(1000, "within its share")
+	hold(1000, "within its share")
 	if _, errno := openAs(1000); errno != syscall.ENFILE {
 		t.Fatalf("user 1000 past its share: %v, want ENFILE", errno)
 	}
@@ -245,11 +248,7 @@ func TestOpenShare(t *testing.T) {
 		t.Fatal("a create refused past the share made its file")
 	}
 	for _, uid := range []uint32{1001, 0, 0} {
-		h, errno := openAs(uid)
-		if errno != 0 {
-			t.Fatalf("user %d while 1000 holds its share: %v", uid, errno)
-		}
-		held = append(held, h)
+		hold(uid, "while 1000 holds its share")
 	}
 	// Files count with the directories: user 1001 holds one of each.
 	fh, err := fx.file.open(as(1001), "f", nil, syscall.O_RDONLY)
@@ -261,21 +260,14 @@ func TestOpenShare(t *testing.T) {
 	}
 	fx.file.Release(ctx, fh)
 	// The mount's bound: root too.
-	h, errno := openAs(0)
-	if errno != 0 {
-		t.Fatalf("root within the mount's bound: %v", errno)
-	}
-	held = append(held, h)
+	hold(0, "within the mount's bound")
 	if _, errno := openAs(0); errno != syscall.ENFILE {
 		t.Fatalf("past the mount's bound: %v, want ENFILE", errno)
 	}
 	held[0].Releasedir(ctx, 0)
 	held[0].Releasedir(ctx, 0) // once counted, once given back
-	h, errno = openAs(1000)
-	if errno != 0 {
-		t.Fatalf("user 1000 after a release: %v", errno)
-	}
-	held = append(held[1:], h)
+	held = held[1:]
+	hold(1000, "after a release")
 	for _, h := range held {
 		h.Releasedir(ctx, 0)
 	}
