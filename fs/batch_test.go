@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -284,6 +285,41 @@ func BenchmarkBatchPutResident(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkBatchPutParallel is BenchmarkBatchPutResident's "over" with
+// calls in flight together, as the clients' BatchInFlight sends them:
+// two per CPU, each replacing keys of its own. Its work-ns/key counts
+// the calls' waits for each other's locks (mutexprofile says whose).
+func BenchmarkBatchPutParallel(b *testing.B) {
+	data := bytes.Repeat([]byte{7}, 4096)
+	const keys = 64 << 10
+	fx := newFixtureOf(b, keys*4096+(64<<20))
+	if _, err := fx.st.Mkdir(context.Background(), "a", &store.Object{Mode: 0o755}); err != nil {
+		b.Fatal(err)
+	}
+	name := func(i int) string { return fmt.Sprintf("a/k%d", i%keys) }
+	entries := make([]batchEntry, 64)
+	for i := 0; i < keys; i += 64 {
+		for k := range entries {
+			entries[k] = batchEntry{key: name(i + k), data: data}
+		}
+		runBatch(b, fx, true, entries)
+	}
+	var worker atomic.Int64
+	defer reportKeyWork(b, fx.root.fs)()
+	b.SetParallelism(2)
+	b.RunParallel(func(pb *testing.PB) {
+		w := int(worker.Add(1)) - 1
+		entries := make([]batchEntry, 64)
+		for i := 0; pb.Next(); i++ {
+			for k := range entries {
+				// Worker w owns the keys equal to w mod 8.
+				entries[k] = batchEntry{key: name(((i*64+k)*40503%(keys/8))*8 + w), data: data}
+			}
+			runBatch(b, fx, true, entries)
+		}
+	})
 }
 
 // reportKeyWork reports the daemon's own work per key (handler time

@@ -202,6 +202,11 @@ func (a *Allocator) allocUpTo(n uint64) []Range {
 func (a *Allocator) takeFit(n, below uint64) (taken Range, best uint64, ok bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.takeFitLocked(n, below)
+}
+
+// takeFitLocked is takeFit with a.mu held.
+func (a *Allocator) takeFitLocked(n, below uint64) (taken Range, best uint64, ok bool) {
 	r, ok := a.bestFitLocked(n)
 	if !ok {
 		return Range{}, 0, false
@@ -299,13 +304,31 @@ func (a *Allocator) countClassLocked(c, d int) {
 // wrapping ErrDoubleFree, or panics in builds with -tags invariants. Either
 // way nothing changes.
 func (a *Allocator) Free(r Range) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.freeLocked(r)
+}
+
+// freeMany frees each of rs (checked as Free checks them) under one hold
+// of the lock, and returns every error joined.
+func (a *Allocator) freeMany(rs []Range) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var errs []error
+	for _, r := range rs {
+		if err := a.freeLocked(r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// freeLocked is Free with a.mu held.
+func (a *Allocator) freeLocked(r Range) error {
 	if r.Len == 0 || r.Off%Granule != 0 || r.Len%Granule != 0 ||
 		r.Len > a.size || r.Off > a.size-r.Len {
 		return fmt.Errorf("segment: free %v (size %d B): %w", r, a.size, ErrBadRange)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-
 	// prev is the last free range starting at or before r, next the first
 	// one starting after r. Free ranges do not overlap, so r overlaps free
 	// space exactly when it overlaps one of them.

@@ -177,6 +177,74 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 	return t.fill(dst, order, total, rn)
 }
 
+// AllocMany allocates sizes[k] bytes for each k, in order, as
+// AllocTo(dst[k], sizes[k]) would one after the other: dst[k] gets the
+// extents (in its own array when that is large enough) or errs[k] the
+// error. Where AllocTo takes a segment's lock for every size, AllocMany
+// keeps the lock of the last segment it took from while the next sizes
+// fit best there too, so a batch of keys takes it about once. A size
+// that one look does not place (a better fit was taken meanwhile, or only
+// a split holds it) goes to AllocTo with no lock held.
+func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
+	segs := t.snap.Load().list
+	var laterBuf [64]uint64
+	later := laterBuf[:]
+	if len(segs) > len(later) {
+		later = make([]uint64, len(segs))
+	}
+	var held *Segment // whose lock is held
+	release := func() {
+		if held != nil {
+			held.Alloc.mu.Unlock()
+			held = nil
+		}
+	}
+	defer release()
+	for k, n := range sizes {
+		dst[k], errs[k] = dst[k][:0], nil
+		if n == 0 {
+			continue
+		}
+		rn, ok := roundUp(n)
+		placed := false
+		if ok {
+			// AllocTo's first look, its classes read for this size.
+			var after uint64
+			for i := len(segs) - 1; i >= 0; i-- {
+				later[i] = after
+				after |= segs[i].Alloc.classes.Load()
+			}
+			bestLen := uint64(math.MaxUint64)
+			for i, s := range segs {
+				if !s.Alloc.mayHold(rn, bestLen-1) {
+					continue
+				}
+				below := bestLen
+				if bound := fitBound(later[i], rn); bound < below {
+					below = bound + 1
+				}
+				if held != s {
+					release()
+					s.Alloc.mu.Lock()
+					held = s
+				}
+				r, l, ok := s.Alloc.takeFitLocked(rn, below)
+				if r.Len > 0 {
+					dst[k], placed = append(dst[k], Extent{Segment: s.ID, Off: r.Off, Len: r.Len}), true
+					break
+				}
+				if ok && l < bestLen {
+					bestLen = l
+				}
+			}
+		}
+		if !placed {
+			release()
+			dst[k], errs[k] = t.AllocTo(dst[k], n)
+		}
+	}
+}
+
 // fitBound is a lower bound on the best fit for n bytes among free ranges
 // of the given size classes: MaxUint64 when none may hold n.
 func fitBound(classes, n uint64) uint64 {
@@ -223,17 +291,35 @@ func (t *Table) fill(out []Extent, order []segFree, total, rn uint64) ([]Extent,
 // it frees the rest and returns every error joined, each wrapping
 // ErrUnknownSegment, ErrBadRange or ErrDoubleFree (the last panics in
 // -tags invariants builds).
+//
+// Extents of one segment that follow each other in es are freed under one
+// hold of its lock: a batch frees its keys' room in one go.
 func (t *Table) Free(es []Extent) error {
 	snap := t.snap.Load()
 	var errs []error
-	for _, e := range es {
-		s, ok := snap.byID[e.Segment]
+	var buf [16]Range
+	for i := 0; i < len(es); {
+		id := es[i].Segment
+		j := i + 1
+		for j < len(es) && es[j].Segment == id {
+			j++
+		}
+		s, ok := snap.byID[id]
 		if !ok {
-			errs = append(errs, fmt.Errorf("segment: free %v: %w", e, ErrUnknownSegment))
+			for _, e := range es[i:j] {
+				errs = append(errs, fmt.Errorf("segment: free %v: %w", e, ErrUnknownSegment))
+			}
+			i = j
 			continue
 		}
-		if err := s.Alloc.Free(e.Range()); err != nil {
-			errs = append(errs, fmt.Errorf("segment: seg%d: %w", e.Segment, err))
+		for i < j {
+			rs := buf[:0]
+			for ; i < j && len(rs) < len(buf); i++ {
+				rs = append(rs, es[i].Range())
+			}
+			if err := s.Alloc.freeMany(rs); err != nil {
+				errs = append(errs, fmt.Errorf("segment: seg%d: %w", id, err))
+			}
 		}
 	}
 	return errors.Join(errs...)

@@ -311,12 +311,36 @@ func TestTableConcurrent(t *testing.T) {
 			rng := rand.New(rand.NewPCG(s, uint64(w)))
 			stamp := byte(w + 1)
 			for range iters {
-				es, err := tb.Alloc(uint64(rng.IntN(40<<10) + 1))
-				if errors.Is(err, ErrNoSpace) {
-					continue
-				} else if err != nil {
-					errc <- err
-					return
+				var es []Extent
+				if w%2 == 0 {
+					var err error
+					es, err = tb.Alloc(uint64(rng.IntN(40<<10) + 1))
+					if errors.Is(err, ErrNoSpace) {
+						continue
+					} else if err != nil {
+						errc <- err
+						return
+					}
+				} else {
+					// Odd workers allocate batches (AllocMany), some of
+					// whose sizes may fail alone.
+					n := 1 + rng.IntN(4)
+					sizes, dst, errs := make([]uint64, n), make([][]Extent, n), make([]error, n)
+					for k := range sizes {
+						sizes[k] = uint64(rng.IntN(12<<10) + 1)
+					}
+					tb.AllocMany(dst, sizes, errs)
+					for k, err := range errs {
+						if err != nil && !errors.Is(err, ErrNoSpace) {
+							errc <- err
+							return
+						}
+						if rn, _ := roundUp(sizes[k]); err == nil && TotalLen(dst[k]) != rn {
+							errc <- fmt.Errorf("worker %d: AllocMany(%d) = %v", w, sizes[k], dst[k])
+							return
+						}
+						es = append(es, dst[k]...)
+					}
 				}
 				for _, e := range es {
 					b, err := tb.Bytes(e)
@@ -521,5 +545,104 @@ func TestTableAllocSeesFitsDuringFrees(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkTable(t, tb)
+	}
+}
+
+// TestTableAllocMany checks AllocMany against AllocTo: on tables of one
+// segment it must allocate exactly what AllocTo one size after the other
+// allocates on a twin table; on tables of several it must give every size
+// its bytes in extents no one else holds, or ErrNoSpace. Batches run past
+// 64 sizes (the stack state) and mix in sizes of 0 and unroundable ones;
+// frees give back many extents of a segment at a time (Free's groups).
+func TestTableAllocMany(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for round := range 40 {
+		var sizes []uint64
+		for range 1 + rng.IntN(4) {
+			sizes = append(sizes, pg(uint64(1+rng.IntN(400))))
+		}
+		twin := len(sizes) == 1
+		tb, tw := newTable(t, sizes...), newTable(t, sizes...)
+		var held, heldTwin [][]Extent
+		var used uint64
+		for step := range 60 {
+			if len(held) > 0 && rng.IntN(3) == 0 {
+				// Free a run of held values at once, as Commit does.
+				i := rng.IntN(len(held))
+				j := min(len(held), i+1+rng.IntN(40))
+				var all, allTwin []Extent
+				for k := i; k < j; k++ {
+					all = append(all, held[k]...)
+					used -= TotalLen(held[k])
+					if twin {
+						allTwin = append(allTwin, heldTwin[k]...)
+					}
+				}
+				if err := tb.Free(all); err != nil {
+					t.Fatal(err)
+				}
+				held = append(held[:i], held[j:]...)
+				if twin {
+					if err := tw.Free(allTwin); err != nil {
+						t.Fatal(err)
+					}
+					heldTwin = append(heldTwin[:i], heldTwin[j:]...)
+				}
+				continue
+			}
+			n := 1 + rng.IntN(100)
+			want := make([]uint64, n)
+			for k := range want {
+				switch r := rng.IntN(40); {
+				case r == 0:
+					want[k] = 0
+				case r == 1:
+					want[k] = ^uint64(0) - 5 // rounding overflows
+				case r < 5:
+					want[k] = pg(uint64(1+rng.IntN(100))) - uint64(rng.IntN(100))
+				default:
+					want[k] = pg(uint64(1 + rng.IntN(6)))
+				}
+			}
+			dst, errs := make([][]Extent, n), make([]error, n)
+			for k := range dst {
+				dst[k] = make([]Extent, 0, 1)
+			}
+			tb.AllocMany(dst, want, errs)
+			for k, sz := range want {
+				if twin {
+					es, err := tw.AllocTo(nil, sz)
+					if (err == nil) != (errs[k] == nil) || !reflect.DeepEqual(append([]Extent{}, es...), append([]Extent{}, dst[k]...)) {
+						t.Fatalf("round %d step %d size %d: AllocMany %v, %v; AllocTo %v, %v", round, step, sz, dst[k], errs[k], es, err)
+					}
+					if err == nil && sz > 0 {
+						heldTwin = append(heldTwin, es)
+					}
+				}
+				switch {
+				case errs[k] != nil:
+					if !errors.Is(errs[k], ErrNoSpace) || len(dst[k]) != 0 {
+						t.Fatalf("size %d: %v, %v", sz, dst[k], errs[k])
+					}
+				case sz == 0:
+					if len(dst[k]) != 0 {
+						t.Fatalf("size 0: %v", dst[k])
+					}
+				default:
+					rn, _ := roundUp(sz)
+					if TotalLen(dst[k]) != rn {
+						t.Fatalf("size %d: got %v", sz, dst[k])
+					}
+					held = append(held, dst[k])
+					used += rn
+				}
+			}
+			// Overlaps between held extents would show as used bytes that
+			// the allocators do not count, or as broken free lists.
+			if got := tb.Stats().Used; got != used {
+				t.Fatalf("round %d step %d: used %d, held %d", round, step, got, used)
+			}
+			checkTable(t, tb)
+		}
 	}
 }

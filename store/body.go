@@ -159,6 +159,10 @@ func (s *Store) tryFreeLocked(b *body) {
 	}
 	b.state = bodyFreed
 	s.dropBodyLocked(b)
+	if s.mu.freeing != nil {
+		*s.mu.freeing = append(*s.mu.freeing, b.extents...)
+		return
+	}
 	_ = s.segs.Free(b.extents)
 }
 

@@ -19,7 +19,9 @@ import (
 // the version of the objects it wrote.
 type Embedded struct {
 	mu struct {
-		sync.Mutex
+		// Lookups, scans and LRU reads share it; swaps and LRU moves
+		// take it alone.
+		sync.RWMutex
 		slots map[string]*slot
 		tree  *btree.BTreeG[treeItem]
 		// under counts, for every d such that some key starts with d+"/",
@@ -84,8 +86,8 @@ func NewEmbeddedFor(keys int) *Embedded {
 
 // Get implements Index.
 func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return nil, ErrClosed
 	}
@@ -98,8 +100,8 @@ func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
 
 // Find implements Finder.
 func (x *Embedded) Find(_ context.Context, key string) (*Object, error) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return nil, ErrClosed
 	}
@@ -111,8 +113,8 @@ func (x *Embedded) Find(_ context.Context, key string) (*Object, error) {
 
 // FindMany implements ManyFinder.
 func (x *Embedded) FindMany(_ context.Context, keys []string, objs []*Object) error {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return ErrClosed
 	}
@@ -287,8 +289,8 @@ func (x *Embedded) Forget(key string) {
 
 // LRUTail implements LRUKeeper.
 func (x *Embedded) LRUTail(n int) []string {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	out := make([]string, 0, min(n, x.mu.lruLen))
 	for sl := x.mu.lru.prev; sl != &x.mu.lru && len(out) < n; sl = sl.prev {
 		out = append(out, sl.key)
@@ -298,8 +300,8 @@ func (x *Embedded) LRUTail(n int) []string {
 
 // LRULen implements LRUKeeper.
 func (x *Embedded) LRULen() int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	return x.mu.lruLen
 }
 
@@ -315,15 +317,15 @@ func (x *Embedded) unlinkLocked(sl *slot) {
 
 // MetaBytes implements MetaSizer.
 func (x *Embedded) MetaBytes() uint64 {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	return x.mu.bytes
 }
 
 // Scan implements Index.
 func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*Object, error) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return nil, ErrClosed
 	}
@@ -343,8 +345,8 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 
 // HasChildren implements ChildChecker.
 func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return false, ErrClosed
 	}

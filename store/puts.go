@@ -62,6 +62,11 @@ type Puts struct {
 	objs  []*Object
 	errs  []error
 	put   []*Object
+	free  []segment.Extent // the replaced versions' room, freed after s.mu
+	// AllocMany's arguments.
+	sizes     []uint64
+	dsts      [][]segment.Extent
+	allocErrs []error
 }
 
 // putsPool holds released batches (Release).
@@ -79,7 +84,8 @@ func (p *Puts) Release() {
 	clear(p.objs)
 	clear(p.errs)
 	clear(p.put)
-	*p = Puts{st: p.st[:0], reqs: p.reqs[:0], swaps: p.swaps[:0], at: p.at[:0], objs: p.objs[:0], errs: p.errs[:0], put: p.put[:0]}
+	*p = Puts{st: p.st[:0], reqs: p.reqs[:0], swaps: p.swaps[:0], at: p.at[:0], objs: p.objs[:0], errs: p.errs[:0], put: p.put[:0], free: p.free[:0],
+		sizes: p.sizes[:0], dsts: p.dsts[:0], allocErrs: p.allocErrs[:0]}
 	putsPool.Put(p)
 }
 
@@ -146,7 +152,23 @@ func (s *Store) StartPuts(ctx context.Context, specs []PutSpec) *Puts {
 			continue
 		}
 		st.rec = new(putRecord)
-		ext, err := s.segs.AllocTo(st.rec.ext[:0], st.size)
+	}
+	// Every key's room at once: the segments' locks once per batch.
+	sizes, dsts, errs := p.sizes[:0], p.dsts[:0], p.allocErrs[:0]
+	for i := range p.st {
+		if st := &p.st[i]; st.rec != nil {
+			sizes, dsts, errs = append(sizes, st.size), append(dsts, st.rec.ext[:0]), append(errs, nil)
+		}
+	}
+	s.segs.AllocMany(dsts, sizes, errs)
+	k := 0
+	for i := range specs {
+		sp, st := &specs[i], &p.st[i]
+		if st.rec == nil {
+			continue
+		}
+		ext, err := dsts[k], errs[k]
+		k++
 		if err != nil {
 			if errors.Is(err, segment.ErrNoSpace) {
 				err = fmt.Errorf("store: reserve %d B without evicting: %w", st.size, errors.Join(ErrNoSpace, err))
@@ -159,6 +181,9 @@ func (s *Store) StartPuts(ctx context.Context, specs []PutSpec) *Puts {
 		all = appendPieces(all, ext, sp.Bufs, s.opts.Node, s.opts.Epoch)
 		st.span = [2]int{first, len(all)}
 	}
+	clear(dsts)
+	clear(errs)
+	p.sizes, p.dsts, p.allocErrs = sizes, dsts, errs
 	p.reqs = all
 	t0 := time.Now()
 	p.flight = s.eng.Start(ctx, all)
@@ -289,7 +314,12 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	p.swaps, p.at = swaps, at
 	objs, errs, put := grown(p.objs, len(p.specs)), grown(p.errs, len(p.specs)), p.put[:0]
 	p.objs, p.errs = objs, errs
+	// The replaced versions that nothing reads are freed here; their
+	// room goes back to the segments after s.mu, which the segments'
+	// locks would lengthen for every reader and writer.
+	free := p.free[:0]
 	s.mu.Lock()
+	s.mu.freeing = &free
 	for i := range p.st {
 		st := &p.st[i]
 		if st.err != nil {
@@ -307,7 +337,10 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		objs[i] = st.obj
 		put = append(put, st.obj)
 	}
+	s.mu.freeing = nil
 	s.mu.Unlock()
+	_ = s.segs.Free(free)
+	p.free = free
 	var revoked uint64
 	for i := range p.st {
 		st := &p.st[i]

@@ -162,6 +162,11 @@ type Store struct {
 		// frees them (body.go).
 		delayed      []delayedBody
 		delayedTimer *time.Timer
+		// freeing, while set, collects the extents of the bodies that
+		// tryFreeLocked frees, for the holder of s.mu to give back to
+		// the segments once it has let go (Puts.Commit): the bodies are
+		// gone from here already, their room a moment later.
+		freeing *[]segment.Extent
 	}
 	follow struct {
 		seen atomic.Uint64 // highest version the follow loop processed
