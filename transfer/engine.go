@@ -193,8 +193,9 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 	f.held = true
 	defer e.closeMu.RUnlock()
 	start := time.Now()
-	var mem []memPair
-	var vm []vmPiece
+	sc := scratchPool.Get().(*startScratch)
+	defer sc.release()
+	mem, vm := sc.mem[:0], sc.vm[:0]
 	var gpu []gpuPiece
 	var remote []remotePiece
 	var memBytes, vmBytes uint64
@@ -225,9 +226,6 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 			// Memory shared with a client can shrink under us (the client
 			// truncates its file): guard those copies against the fault.
 			guard := r.Buf.Kind == Registered
-			if mem == nil {
-				mem = make([]memPair, 0, len(reqs)-i)
-			}
 			if r.Op == Read {
 				mem = append(mem, memPair{buf, seg, guard, i})
 			} else {
@@ -235,9 +233,6 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 			}
 			memBytes += r.Extent.Len
 		case ProcessVM:
-			if vm == nil {
-				vm = make([]vmPiece, 0, len(reqs)-i)
-			}
 			vm = append(vm, vmPiece{idx: i, op: r.Op, pid: r.Buf.Pid, addr: r.Buf.Addr + r.BufOff, local: seg})
 			vmBytes += r.Extent.Len
 		case CUDA:
@@ -257,6 +252,7 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 		f.gpu, errs = e.queueGPU(gpu)
 		f.errs = append(f.errs, errs...)
 	}
+	sc.mem, sc.vm = mem, vm // grown: kept for the next batch
 	if len(mem) > 0 {
 		f.errs = append(f.errs, e.copyMem(mem, memBytes)...)
 		e.account(idMemcpy, reqs, Host, memBytes, len(mem), time.Since(start))
@@ -324,6 +320,35 @@ func (e *RequestError) Error() string { return fmt.Sprintf("request %d: %v", e.I
 func (e *RequestError) Unwrap() error { return e.Err }
 
 func reqError(i int, err error) error { return &RequestError{Index: i, Err: err} }
+
+// startScratch is Start's lists of host and process-memory copies, kept
+// between batches (scratchPool): kilobytes a call, made and collected
+// for every call otherwise. The copies are done when Start returns.
+type startScratch struct {
+	mem []memPair
+	vm  []vmPiece
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(startScratch) }}
+
+// maxScratchPieces is the most pieces a pooled list keeps room for: one
+// large batch does not hold its room for good.
+const maxScratchPieces = 4096
+
+// release drops the lists' references to client and segment memory and
+// returns sc to the pool.
+func (sc *startScratch) release() {
+	clear(sc.mem)
+	clear(sc.vm)
+	sc.mem, sc.vm = sc.mem[:0], sc.vm[:0]
+	if cap(sc.mem) > maxScratchPieces {
+		sc.mem = nil
+	}
+	if cap(sc.vm) > maxScratchPieces {
+		sc.vm = nil
+	}
+	scratchPool.Put(sc)
+}
 
 type memPair struct {
 	dst, src []byte

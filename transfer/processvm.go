@@ -19,6 +19,22 @@ type vmPiece struct {
 	local []byte
 }
 
+// iovecs is vmCall's two lists, kept between calls (iovPool).
+type iovecs struct {
+	local  []unix.Iovec
+	remote []unix.RemoteIovec
+}
+
+var iovPool = sync.Pool{New: func() any { return new(iovecs) }}
+
+// release forgets the memory the lists named and returns iov to the pool.
+func (iov *iovecs) release() {
+	clear(iov.local)
+	clear(iov.remote)
+	iov.local, iov.remote = iov.local[:0], iov.remote[:0]
+	iovPool.Put(iov)
+}
+
 // maxIov is the kernel's limit on iovecs per call (UIO_MAXIOV).
 const maxIov = 1024
 
@@ -188,8 +204,10 @@ func vmCall(ps []vmPiece) error {
 	// the one before on either side extend its iovec there, so a run of
 	// neighbouring values costs one page walk of the other process, not
 	// one per value.
-	local := make([]unix.Iovec, 0, len(ps))
-	remote := make([]unix.RemoteIovec, 0, len(ps))
+	iov := iovPool.Get().(*iovecs)
+	defer iov.release()
+	local, remote := iov.local[:0], iov.remote[:0]
+	defer func() { iov.local, iov.remote = local, remote }() // grown: kept
 	var want int
 	var localEnd uintptr // where the last local iovec ends
 	for _, p := range ps {
