@@ -126,33 +126,9 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 		later = make([]uint64, len(segs))
 	}
 	for range maxContiguousTries {
-		// Segments are looked at in order, by their lock, only when their
-		// size classes say they may beat the best fit so far (a fit as
-		// good goes to the earlier segment). A fit that no later segment
-		// can beat is taken in the look: an exact one always. later[i]
-		// is the classes of the segments after i, read once per look.
-		var after uint64
-		for i := len(segs) - 1; i >= 0; i-- {
-			later[i] = after
-			after |= segs[i].Alloc.classes.Load()
-		}
-		var best *Segment
-		bestLen := uint64(math.MaxUint64)
-		for i, s := range segs {
-			if !s.Alloc.mayHold(rn, bestLen-1) {
-				continue
-			}
-			below := bestLen
-			if bound := fitBound(later[i], rn); bound < below {
-				below = bound + 1 // a later fit as long loses to this one
-			}
-			r, l, ok := s.Alloc.takeFit(rn, below)
-			if r.Len > 0 {
-				return append(dst, Extent{Segment: s.ID, Off: r.Off, Len: r.Len}), nil
-			}
-			if ok && l < bestLen {
-				best, bestLen = s, l
-			}
+		e, best := look(segs, later, rn, nil)
+		if e.Len > 0 {
+			return append(dst, e), nil
 		}
 		if best == nil {
 			break
@@ -192,56 +168,78 @@ func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 	if len(segs) > len(later) {
 		later = make([]uint64, len(segs))
 	}
-	var held *Segment // whose lock is held
-	release := func() {
-		if held != nil {
-			held.Alloc.mu.Unlock()
-			held = nil
-		}
-	}
-	defer release()
+	var held *Segment
+	defer release(&held)
 	for k, n := range sizes {
 		dst[k], errs[k] = dst[k][:0], nil
 		if n == 0 {
 			continue
 		}
-		rn, ok := roundUp(n)
-		placed := false
-		if ok {
-			// AllocTo's first look, its classes read for this size.
-			var after uint64
-			for i := len(segs) - 1; i >= 0; i-- {
-				later[i] = after
-				after |= segs[i].Alloc.classes.Load()
-			}
-			bestLen := uint64(math.MaxUint64)
-			for i, s := range segs {
-				if !s.Alloc.mayHold(rn, bestLen-1) {
-					continue
-				}
-				below := bestLen
-				if bound := fitBound(later[i], rn); bound < below {
-					below = bound + 1
-				}
-				if held != s {
-					release()
-					s.Alloc.mu.Lock()
-					held = s
-				}
-				r, l, ok := s.Alloc.takeFitLocked(rn, below)
-				if r.Len > 0 {
-					dst[k], placed = append(dst[k], Extent{Segment: s.ID, Off: r.Off, Len: r.Len}), true
-					break
-				}
-				if ok && l < bestLen {
-					bestLen = l
-				}
+		if rn, ok := roundUp(n); ok {
+			if e, _ := look(segs, later, rn, &held); e.Len > 0 {
+				dst[k] = append(dst[k], e)
+				continue
 			}
 		}
-		if !placed {
-			release()
-			dst[k], errs[k] = t.AllocTo(dst[k], n)
+		release(&held)
+		dst[k], errs[k] = t.AllocTo(dst[k], n)
+	}
+}
+
+// look makes AllocTo's look at segs for one contiguous fit of rn bytes.
+// It looks at the segments in order, by their lock, only where their
+// size classes say they may beat the best fit so far (a fit as good goes
+// to the earlier segment), and takes a fit that no later segment can
+// beat (an exact one always): it returns that extent, or none and the
+// segment of the best fit it saw (nil: no single range holds rn). later
+// (len(segs), scratch) gets the classes of the segments after each, read
+// once per look. With held non-nil the lock of the segment looked into
+// last stays held, *held naming it, for the next look (AllocMany, which
+// lets go with release); otherwise each segment's lock is taken alone.
+func look(segs []*Segment, later []uint64, rn uint64, held **Segment) (Extent, *Segment) {
+	var after uint64
+	for i := len(segs) - 1; i >= 0; i-- {
+		later[i] = after
+		after |= segs[i].Alloc.classes.Load()
+	}
+	var best *Segment
+	bestLen := uint64(math.MaxUint64)
+	for i, s := range segs {
+		if !s.Alloc.mayHold(rn, bestLen-1) {
+			continue
 		}
+		below := bestLen
+		if bound := fitBound(later[i], rn); bound < below {
+			below = bound + 1 // a later fit as long loses to this one
+		}
+		var r Range
+		var l uint64
+		var ok bool
+		if held == nil {
+			r, l, ok = s.Alloc.takeFit(rn, below)
+		} else {
+			if *held != s {
+				release(held)
+				s.Alloc.mu.Lock()
+				*held = s
+			}
+			r, l, ok = s.Alloc.takeFitLocked(rn, below)
+		}
+		if r.Len > 0 {
+			return Extent{Segment: s.ID, Off: r.Off, Len: r.Len}, s
+		}
+		if ok && l < bestLen {
+			best, bestLen = s, l
+		}
+	}
+	return Extent{}, best
+}
+
+// release lets go of the lock look kept for *held, if any.
+func release(held **Segment) {
+	if *held != nil {
+		(*held).Alloc.mu.Unlock()
+		*held = nil
 	}
 }
 
