@@ -19,7 +19,11 @@
 // ranges have, so Table.Alloc skips the segments that cannot beat the fit
 // it has found and takes a fit no later segment can beat in the same look;
 // a change adds a class before it removes one, so a reader may see a class
-// too many, never one missing.
+// too many, never one missing. Table.AllocMany allocates many sizes in
+// order with the choices Table.AllocTo would make one after the other,
+// keeping the lock of the allocator it took from last while the next
+// sizes fit best there too (a batch of keys takes it about once), and
+// Table.Free frees a run of one segment's extents under one hold.
 //
 // Allocation is all-or-nothing: on ErrNoSpace nothing stays allocated.
 //
@@ -39,7 +43,8 @@
 //	  Allocator.mu  (one allocator at a time; never two)
 //
 // No lock in this package is held across a copy into or out of segment
-// memory, or across any call out of the package. Table.Alloc locks each
+// memory, or across any call out of the package (AllocMany lets go of
+// the allocator's lock before it returns). Table.Alloc locks each
 // allocator separately, so a multi-segment allocation is not atomic: a
 // concurrent Alloc may fail with ErrNoSpace while another one's partial
 // allocation is being rolled back.

@@ -95,7 +95,11 @@
 // freed, not a later object's: readableLocked), else looks again.
 // Draft.mu is held across the draft's own reservations, zero-fill and
 // copies, which only its own writers wait for; Size, Dirty, Err, SetMtime
-// and Place never wait for it.
+// and Place never wait for it. Freeing a body under Store.mu frees its
+// extents in the segments under it too, except in a batch put's commit,
+// which collects them (Store.mu.freeing) and frees them after Store.mu.
+// The embedded index's lookups and scans share its lock; swaps and LRU
+// moves take it alone.
 //
 // # Errors
 //
