@@ -194,8 +194,11 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 	defer e.closeMu.RUnlock()
 	start := time.Now()
 	sc := scratchPool.Get().(*startScratch)
-	defer sc.release()
 	mem, vm := sc.mem[:0], sc.vm[:0]
+	defer func() {
+		sc.mem, sc.vm = mem, vm // grown: kept for the next batch
+		sc.release()
+	}()
 	var gpu []gpuPiece
 	var remote []remotePiece
 	var memBytes, vmBytes uint64
@@ -252,7 +255,6 @@ func (e *Engine) Start(ctx context.Context, reqs []Request) *Flight {
 		f.gpu, errs = e.queueGPU(gpu)
 		f.errs = append(f.errs, errs...)
 	}
-	sc.mem, sc.vm = mem, vm // grown: kept for the next batch
 	if len(mem) > 0 {
 		f.errs = append(f.errs, e.copyMem(mem, memBytes)...)
 		e.account(idMemcpy, reqs, Host, memBytes, len(mem), time.Since(start))
