@@ -205,9 +205,11 @@ func vmCall(ps []vmPiece) error {
 	// neighbouring values costs one page walk of the other process, not
 	// one per value.
 	iov := iovPool.Get().(*iovecs)
-	defer iov.release()
 	local, remote := iov.local[:0], iov.remote[:0]
-	defer func() { iov.local, iov.remote = local, remote }() // grown: kept
+	defer func() {
+		iov.local, iov.remote = local, remote // grown: kept for the next call
+		iov.release()
+	}()
 	var want int
 	var localEnd uintptr // where the last local iovec ends
 	for _, p := range ps {
