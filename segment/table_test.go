@@ -434,6 +434,16 @@ func BenchmarkTableReplace(b *testing.B) {
 	}
 }
 
+// segmentSizes returns the sizes of 1 to most segments of 1 to pages
+// pages each, at random.
+func segmentSizes(rng *rand.Rand, most, pages int) []uint64 {
+	var sizes []uint64
+	for range 1 + rng.IntN(most) {
+		sizes = append(sizes, pg(uint64(1+rng.IntN(pages))))
+	}
+	return sizes
+}
+
 // TestTableBestFitModel allocates and frees at random in tables of
 // several segments and checks every contiguous allocation against the
 // rule, worked out from each segment's free ranges: the smallest free
@@ -443,11 +453,7 @@ func BenchmarkTableReplace(b *testing.B) {
 func TestTableBestFitModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	for round := range 20 {
-		var sizes []uint64
-		for range 1 + rng.IntN(6) {
-			sizes = append(sizes, pg(uint64(1+rng.IntN(300))))
-		}
-		tb := newTable(t, sizes...)
+		tb := newTable(t, segmentSizes(rng, 6, 300)...)
 		var held [][]Extent
 		for step := range 400 {
 			if len(held) > 0 && rng.IntN(5) < 2 {
@@ -558,10 +564,7 @@ func TestTableAllocSeesFitsDuringFrees(t *testing.T) {
 func TestTableAllocMany(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
 	for round := range 40 {
-		var sizes []uint64
-		for range 1 + rng.IntN(4) {
-			sizes = append(sizes, pg(uint64(1+rng.IntN(400))))
-		}
+		sizes := segmentSizes(rng, 4, 400)
 		if round%10 == 9 {
 			for range 66 {
 				sizes = append(sizes, pg(uint64(1+rng.IntN(8))))
