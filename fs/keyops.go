@@ -88,6 +88,15 @@ func (op *keyOp) setKey(dir string, rel []byte) {
 	op.rel = op.key[len(dir)+1:]
 }
 
+// fullKey returns op's key, joining dir and op.rel the first time (when
+// it was not decoded with the call's directory).
+func (op *keyOp) fullKey(dir string) string {
+	if op.key == "" {
+		op.key = store.Join(dir, op.rel)
+	}
+	return op.key
+}
+
 func (op *keyOp) fail(err error) {
 	op.err, op.n, op.version = err, 0, 0
 }
@@ -317,10 +326,7 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 	if err = store.ValidateKey(op.rel); err != nil {
 		return
 	}
-	if key = op.key; key == "" {
-		key = store.Join(bc.dir, op.rel)
-	}
-	if len(key) > store.MaxKeyLen {
+	if key = op.fullKey(bc.dir); len(key) > store.MaxKeyLen {
 		err = store.ErrNameTooLong
 		return
 	}
@@ -581,10 +587,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		if i >= wend || wchanges != changes {
 			wstart, wend, wchanges, wkeys = i, min(len(ops), i+lookupKeys), changes, wkeys[:0]
 			for _, w := range ops[wstart:wend] {
-				if w.key == "" {
-					w.key = store.Join(bc.dir, w.rel)
-				}
-				wkeys = append(wkeys, w.key)
+				wkeys = append(wkeys, w.fullKey(bc.dir))
 			}
 			if err := n.fs.st.LookupMany(ctx, wkeys, olds[:len(wkeys)]); err != nil {
 				wend = i // each alone below

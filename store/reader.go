@@ -230,10 +230,7 @@ func (s *Store) CloseReaders(rs []*Reader) {
 			case r.s != s || r.remote != nil:
 				rest = append(rest, r)
 			case !r.closed.Swap(true):
-				if r.b != nil && r.b.unref() == 0 {
-					s.tryFreeLocked(r.b)
-				}
-				s.closeInoLocked(r.obj.Ino)
+				r.dropLocked()
 			}
 		}
 	}()
@@ -362,11 +359,22 @@ func (r *Reader) Close() {
 	if r.closed.Swap(true) {
 		return
 	}
-	r.s.release(r.b)
-	r.s.closeIno(r.obj.Ino)
+	r.s.mu.Lock()
+	r.dropLocked()
+	r.s.mu.Unlock()
 	if r.remote != nil && r.s.opts.Follow {
 		r.s.closeRemoteReader(r)
 	}
+}
+
+// dropLocked drops r's lease on its body (freeing a retired one that
+// nothing else holds) and its count of open readers of its inode, for
+// Close and CloseReaders. Caller holds r.s.mu.
+func (r *Reader) dropLocked() {
+	if r.b != nil && r.b.unref() == 0 {
+		r.s.tryFreeLocked(r.b)
+	}
+	r.s.closeInoLocked(r.obj.Ino)
 }
 
 // ReaderRead is one read of a ReadMany: Reader's bytes at Off into Bufs,
