@@ -19,10 +19,9 @@ var errNoCall = errors.New("no such submitted call")
 // maxAsyncTotal bounds the submitted calls the whole mount holds, all
 // handles and users together (each keeps its 16 KiB of arguments until
 // it is waited for): the per-handle bound times Options.MaxOpen handles
-// would be gigabytes. maxAsyncPerUser
-// is one user's share of them (root's aside): a user who never waits,
-// over many handles, cannot take every call of the mount and leave the
-// others EBUSY.
+// would be gigabytes. maxAsyncPerUser is one user's share of them
+// (root's aside): a user who never waits, over many handles, cannot take
+// every call of the mount and leave the others EBUSY.
 const (
 	maxAsyncTotal   = 1024
 	maxAsyncPerUser = maxAsyncTotal / 4

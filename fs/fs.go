@@ -126,8 +126,8 @@ type FS struct {
 	splice  bool // large read replies are spliced (see splice.go)
 	regs    regStats
 	opens   userCounts // open files and directories (MaxOpen), by user
-	// dirs counts open directory handles (opens counts them too): what
-	// keeps a lazily detached mount served, with the files.
+	// dirs counts open directory handles, which opens counts too
+	// (status reports how many of the open files are directories).
 	dirs atomic.Int64
 	// ioctls counts the ioctls running, submitted calls included, and
 	// when one last ended (Unix ns): ioctls copy client memory, whose

@@ -128,7 +128,7 @@ func (m *Mount) Unmount(timeout time.Duration) error {
 				return fmt.Errorf("fs: unmount %s: %w (lazy: %v)", m.Dir, err, lerr)
 			}
 			open, _ := m.OpenFiles()
-			m.fs.log.WithFields(logrus.Fields{"open_files": open, "open_dirs": m.OpenDirs()}).Info("detached lazily; serving the open files and directories until they are closed")
+			m.fs.log.WithFields(logrus.Fields{"open_files": open, "of_them_dirs": m.OpenDirs()}).Info("detached lazily; serving the open files and directories until they are closed")
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
