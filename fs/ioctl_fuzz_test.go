@@ -33,7 +33,11 @@ func newFuzzFixture(t testing.TB) *fuzzFixture {
 }
 
 // newFixtureOf is newFuzzFixture with a store of size bytes.
-func newFixtureOf(t testing.TB, size int) *fuzzFixture {
+func newFixtureOf(t testing.TB, size int) *fuzzFixture { return newFixtureWith(t, size, false) }
+
+// newFixtureWith is newFixtureOf with eviction on or off: on, the store
+// keeps its LRU in the index, as the daemon's does by default.
+func newFixtureWith(t testing.TB, size int, evict bool) *fuzzFixture {
 	tab := segment.NewTable()
 	// Mapped and faulted in as a daemon's segments are, outside the Go
 	// heap: a heap-allocated store of gigabytes put the collector's next
@@ -59,7 +63,7 @@ func newFixtureOf(t testing.TB, size int) *fuzzFixture {
 	t.Cleanup(eng.Close)
 	so := store.DefaultOptions()
 	idx := store.NewEmbeddedFor(store.KeysFor(uint64(size)))
-	so.Index, so.Segments, so.Engine, so.Evict = idx, tab, eng, false
+	so.Index, so.Segments, so.Engine, so.Evict = idx, tab, eng, evict
 	st, err := store.New(so)
 	if err != nil {
 		t.Fatal(err)
