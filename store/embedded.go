@@ -46,10 +46,13 @@ type Embedded struct {
 
 // slot is a key's place in the index: the tree orders slots by key, the
 // object in a slot changes with every version. A slot in the LRU is
-// linked through prev and next (nil: not in it).
+// linked through prev and next (nil: not in it). A slot out of the table
+// has no object, so that an object's slot (Object.slot) holding it again
+// means the slot is the key's.
 type slot struct {
 	key        string
 	obj        *Object
+	meta       uint64 // obj.MetaBytes(), kept: obj is cold when replaced
 	prev, next *slot
 	txn        uint64 // the last CompareAndSwap that checked it
 }
@@ -163,7 +166,7 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	txn := x.mu.txn
 	for i, s := range swaps {
 		var err error
-		sl := x.mu.slots[s.Key]
+		sl := x.slotLocked(&swaps[i])
 		switch {
 		case s.New != nil && s.New.Key != s.Key:
 			err = fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
@@ -209,10 +212,11 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			x.mu.tree.Delete(treeItem{sl.key, sl})
 			x.countUnderLocked(sl.key, -1)
 			x.unlinkLocked(sl)
-			x.mu.bytes -= sl.obj.MetaBytes()
+			x.mu.bytes -= sl.meta
 			if watched {
 				events = append(events, Event{Type: EventDelete, Object: sl.obj, Rev: rev})
 			}
+			sl.obj = nil
 			continue
 		}
 		s.New.Version = rev
@@ -221,14 +225,15 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			o = s.New.Clone()
 		}
 		if sl.obj != nil {
-			x.mu.bytes -= sl.obj.MetaBytes()
+			x.mu.bytes -= sl.meta
 			sl.obj = o
 		} else {
 			sl.key, sl.obj = o.Key, o
 			x.mu.tree.ReplaceOrInsert(treeItem{sl.key, sl})
 			x.countUnderLocked(sl.key, 1)
 		}
-		x.mu.bytes += o.MetaBytes()
+		o.slot, sl.meta = sl, o.MetaBytes()
+		x.mu.bytes += sl.meta
 		if s.Touch && x.mu.lruClaimed {
 			x.toFrontLocked(sl)
 		}
@@ -238,6 +243,15 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 	}
 	x.hub.Publish(events)
 	return rev, nil
+}
+
+// slotLocked returns the slot of s's key, nil if it has none: s.Cur's
+// while s.Cur is the key's object there, without a probe of the table.
+func (x *Embedded) slotLocked(s *Swap) *slot {
+	if c := s.Cur; c != nil && c.slot != nil && c.slot.obj == c && c.Key == s.Key {
+		return c.slot
+	}
+	return x.mu.slots[s.Key]
 }
 
 // maxScratch is the largest commit whose scratch CompareAndSwap keeps.

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/store"
 	"github.com/mooncake-fs/mooncake-fs/store/indextest"
 )
@@ -155,5 +156,83 @@ func TestEmbeddedHasChildren(t *testing.T) {
 	}
 	if got := x.MetaBytes(); got != empty {
 		t.Fatalf("MetaBytes with every key gone = %d, want %d", got, empty)
+	}
+}
+
+// TestEmbeddedSwapCur: a swap's Cur (the object the caller found) is a
+// hint only. Given the key's current object, a stale one of the same key
+// (replaced, or deleted and the key made again), another key's, or none,
+// every swap succeeds exactly when Old is the key's version, changes
+// that key alone, and the index's MetaBytes stays the sum of its
+// objects'; checked against a model after every step, multi-key swaps
+// included.
+func TestEmbeddedSwapCur(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	t.Cleanup(func() { _ = x.Close() })
+	r := rand.New(rand.NewPCG(5, 6))
+	const n = 12
+	key := func(i int) string { return fmt.Sprintf("k%d", i) }
+	model := map[string]*store.Object{} // what Find must return
+	var seen []*store.Object            // every object the index took, some stale
+	for step := range 4000 {
+		swaps := make([]store.Swap, 1+r.IntN(3))
+		want := true // every swap's Old is the key's version
+		used := map[string]bool{}
+		for i := range swaps {
+			k := key(r.IntN(n))
+			for used[k] {
+				k = key(r.IntN(n))
+			}
+			used[k] = true
+			sw := store.Swap{Key: k, Owned: r.IntN(2) == 0}
+			if cur := model[k]; cur != nil {
+				sw.Old = cur.Version
+			}
+			if r.IntN(6) == 0 { // a stale version
+				sw.Old += uint64(1 + r.IntN(3))
+				want = false
+			}
+			switch c := r.IntN(4); {
+			case c == 0:
+				sw.Cur = model[k]
+			case c == 1 && len(seen) > 0:
+				sw.Cur = seen[r.IntN(len(seen))] // stale, or another key's
+			}
+			if r.IntN(4) != 0 {
+				sw.New = &store.Object{Key: k, Size: uint64(r.IntN(100)), Replicas: []store.Replica{{Node: "n", Extents: make([]segment.Extent, r.IntN(3))}}}
+			}
+			swaps[i] = sw
+		}
+		_, err := x.CompareAndSwap(ctx, swaps...)
+		if (err == nil) != want {
+			t.Fatalf("step %d: swaps %+v: err %v, want success %v", step, swaps, err, want)
+		}
+		if err == nil {
+			for _, sw := range swaps {
+				delete(model, sw.Key)
+				if sw.New != nil {
+					o, err := x.Find(ctx, sw.Key)
+					if err != nil || o == nil || o.Size != sw.New.Size || o.Version != sw.New.Version {
+						t.Fatalf("step %d: %q after its put: %+v, %v", step, sw.Key, o, err)
+					}
+					model[sw.Key] = o
+					seen = append(seen, o)
+				}
+			}
+		}
+		var meta uint64
+		for i := range n {
+			o, err := x.Find(ctx, key(i))
+			if err != nil || o != model[key(i)] {
+				t.Fatalf("step %d: %q is %+v (%v), want %+v", step, key(i), o, err, model[key(i)])
+			}
+			if o != nil {
+				meta += o.MetaBytes()
+			}
+		}
+		if got := x.MetaBytes(); got != meta {
+			t.Fatalf("step %d: MetaBytes %d, want %d", step, got, meta)
+		}
 	}
 }

@@ -17,6 +17,11 @@ type Swap struct {
 	// claimed): the commit of a put finds the key's entry anyway. Other
 	// indexes ignore it.
 	Touch bool
+	// Cur, when set, is the key's object as the caller found it in this
+	// index (Get, Find): the embedded index then finds the key's entry
+	// through it, without a lookup, while it is still the key's current
+	// object. Old alone decides the check.
+	Cur *Object
 }
 
 // EventType says what happened to a key.

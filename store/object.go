@@ -55,6 +55,9 @@ type Object struct {
 	// record up by extent (bodyOfLocked). Nil in clones and in objects
 	// read from elsewhere.
 	body *body
+	// slot is the embedded index's entry that took this object (Swap.Cur);
+	// nil in clones and in objects no embedded index holds.
+	slot *slot
 }
 
 // objectOverhead is what an index entry costs beyond its key, xattrs and
@@ -97,7 +100,7 @@ func (o *Object) XattrBytes() int {
 func (o *Object) Clone() *Object {
 	c := new(Object)
 	*c = *o
-	c.body = nil // another version's bytes
+	c.body, c.slot = nil, nil // another version's bytes, not in the index
 	// The values too: a caller may hand in a buffer it reuses (a FUSE
 	// request), and the index keeps what it was given.
 	c.Xattrs = maps.Clone(o.Xattrs)
@@ -119,7 +122,7 @@ func (o *Object) Clone() *Object {
 // without copying its values.
 func (o *Object) nextBareTo(c *Object, set map[string][]byte) *Object {
 	*c = *o
-	c.body, c.Replicas = nil, nil
+	c.body, c.Replicas, c.slot = nil, nil, nil
 	if xattrsChanged(o.Xattrs, set) {
 		c.Xattrs = maps.Clone(o.Xattrs)
 		setXattrs(c, set)
