@@ -89,7 +89,7 @@
 //
 // Draft.appendMu -> Draft.rw -> Draft.mu -> Draft.meta -> Store.mu ->
 // Index internals; Store.lru is a leaf (on one machine the LRU is the
-// index's own, LRUKeeper, under its lock). No store lock is held across
+// index's own, LRUKeeper, under a lock of its own). No store lock is held across
 // an index lookup, a transfer or a control call: OpenReader looks the key
 // up first and leases the body only if it still holds that version (not
 // freed, not a later object's: readableLocked), else looks again.
@@ -98,8 +98,11 @@
 // and Place never wait for it. Freeing a body under Store.mu frees its
 // extents in the segments under it too, except in a batch put's commit,
 // which collects them (Store.mu.freeing) and frees them after Store.mu.
-// The embedded index's lookups and scans share its lock; swaps and LRU
-// moves take it alone.
+// The embedded index's lookups and scans share its lock and swaps take it
+// alone; its LRU has a second lock, taken after the first or alone: a
+// swap moves its keys up the LRU after it lets go of the table, and Touch
+// finds its keys under the shared lock, then moves them. A swap finds a
+// replaced key's entry through the object it replaces (Swap.Cur).
 //
 // # Errors
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/btree"
 )
@@ -16,11 +17,13 @@ import (
 // table counts the keys under each directory, so that asking whether a
 // new key is an implicit directory costs a probe, not a walk down the
 // tree. Every successful swap bumps one revision counter, which becomes
-// the version of the objects it wrote.
+// the version of the objects it wrote. The store's LRU, when kept here,
+// has a lock of its own: a put's swap moves its keys up after letting go
+// of the table, so that the next call's swap need not wait for those
+// moves, nor for a get's.
 type Embedded struct {
 	mu struct {
-		// Lookups, scans and LRU reads share it; swaps and LRU moves
-		// take it alone.
+		// Lookups and scans share it; swaps take it alone.
 		sync.RWMutex
 		slots map[string]*slot
 		tree  *btree.BTreeG[treeItem]
@@ -30,30 +33,36 @@ type Embedded struct {
 		rev    uint64
 		bytes  uint64 // MetaBytes of every entry and of under's entries
 		closed bool
-		// lru is the head of the store's LRU (LRUKeeper), a ring of
-		// slots: lru.next the most recently used. lruLen slots are in it;
-		// lruClaimed once a store keeps its LRU here.
-		lru        slot
-		lruLen     int
-		lruClaimed bool
 		// found is CompareAndSwap's scratch, reused under mu; txn counts
 		// its calls (slot.txn).
 		found []*slot
 		txn   uint64
 	}
-	hub WatchHub
+	// lru is the store's LRU (LRUKeeper), a ring of slots through head:
+	// head.next the most recently used, n slots in it. Its lock guards
+	// the ring and every slot's prev, next and gone; one who holds mu too
+	// took mu first.
+	lru struct {
+		sync.Mutex
+		head slot
+		n    int
+	}
+	lruClaimed atomic.Bool // a store keeps its LRU here
+	hub        WatchHub
 }
 
 // slot is a key's place in the index: the tree orders slots by key, the
 // object in a slot changes with every version. A slot in the LRU is
 // linked through prev and next (nil: not in it). A slot out of the table
 // has no object, so that an object's slot (Object.slot) holding it again
-// means the slot is the key's.
+// means the slot is the key's, and is gone, so that a move up the LRU
+// decided before it left does not link it again.
 type slot struct {
 	key        string
 	obj        *Object
 	meta       uint64 // obj.MetaBytes(), kept: obj is cold when replaced
 	prev, next *slot
+	gone       bool
 	txn        uint64 // the last CompareAndSwap that checked it
 }
 
@@ -83,7 +92,7 @@ func NewEmbeddedFor(keys int) *Embedded {
 	x.mu.slots = make(map[string]*slot, keys)
 	x.mu.tree = btree.NewG(32, func(a, b treeItem) bool { return a.key < b.key })
 	x.mu.under = make(map[string]int)
-	x.mu.lru.prev, x.mu.lru.next = &x.mu.lru, &x.mu.lru
+	x.lru.head.prev, x.lru.head.next = &x.lru.head, &x.lru.head
 	return x
 }
 
@@ -132,10 +141,19 @@ func (x *Embedded) FindMany(_ context.Context, keys []string, objs []*Object) er
 
 // CompareAndSwap implements Index.
 func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, error) {
+	var local [64]*slot
+	rev, up, err := x.swap(swaps, local[:0])
+	x.toFront(up) // once mu is free
+	return rev, err
+}
+
+// swap is CompareAndSwap under mu; it returns up with the slots of the
+// swaps that ask for a move up the LRU added.
+func (x *Embedded) swap(swaps []Swap, up []*slot) (uint64, []*slot, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.mu.closed {
-		return 0, ErrClosed
+		return 0, nil, ErrClosed
 	}
 	found := x.mu.found[:0]
 	defer func() {
@@ -185,7 +203,7 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 					delete(x.mu.slots, made.key)
 				}
 			}
-			return 0, err
+			return 0, nil, err
 		}
 		if sl == nil {
 			sl = &slot{key: s.Key}
@@ -211,7 +229,10 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 			delete(x.mu.slots, s.Key)
 			x.mu.tree.Delete(treeItem{sl.key, sl})
 			x.countUnderLocked(sl.key, -1)
+			x.lru.Lock()
 			x.unlinkLocked(sl)
+			sl.gone = true
+			x.lru.Unlock()
 			x.mu.bytes -= sl.meta
 			if watched {
 				events = append(events, Event{Type: EventDelete, Object: sl.obj, Rev: rev})
@@ -234,15 +255,15 @@ func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, err
 		}
 		o.slot, sl.meta = sl, o.MetaBytes()
 		x.mu.bytes += sl.meta
-		if s.Touch && x.mu.lruClaimed {
-			x.toFrontLocked(sl)
+		if s.Touch && x.lruClaimed.Load() {
+			up = append(up, sl)
 		}
 		if watched {
 			events = append(events, Event{Type: EventPut, Object: o, Rev: rev})
 		}
 	}
 	x.hub.Publish(events)
-	return rev, nil
+	return rev, up, nil
 }
 
 // slotLocked returns the slot of s's key, nil if it has none: s.Cur's
@@ -258,55 +279,60 @@ func (x *Embedded) slotLocked(s *Swap) *slot {
 const maxScratch = 1024
 
 // ClaimLRU implements LRUKeeper: the first caller keeps its LRU here.
-func (x *Embedded) ClaimLRU() bool {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.mu.lruClaimed {
-		return false
-	}
-	x.mu.lruClaimed = true
-	return true
-}
+func (x *Embedded) ClaimLRU() bool { return x.lruClaimed.CompareAndSwap(false, true) }
 
 // Touch implements LRUKeeper.
 func (x *Embedded) Touch(keys ...string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	var local [64]*slot
+	up := local[:0]
+	x.mu.RLock()
 	for _, k := range keys {
 		if sl := x.mu.slots[k]; sl != nil {
-			x.toFrontLocked(sl)
+			up = append(up, sl)
 		}
 	}
+	x.mu.RUnlock()
+	x.toFront(up)
 }
 
-// toFrontLocked makes sl the most recently used.
-func (x *Embedded) toFrontLocked(sl *slot) {
-	head := &x.mu.lru
-	if head.next == sl {
+// toFront makes the slots of up the most recently used, the last one
+// most, skipping those that left the table since they were found.
+func (x *Embedded) toFront(up []*slot) {
+	if len(up) == 0 {
 		return
 	}
-	x.unlinkLocked(sl)
-	sl.prev, sl.next = head, head.next
-	head.next.prev = sl
-	head.next = sl
-	x.mu.lruLen++
+	x.lru.Lock()
+	defer x.lru.Unlock()
+	head := &x.lru.head
+	for _, sl := range up {
+		if sl.gone || head.next == sl {
+			continue
+		}
+		x.unlinkLocked(sl)
+		sl.prev, sl.next = head, head.next
+		head.next.prev = sl
+		head.next = sl
+		x.lru.n++
+	}
 }
 
 // Forget implements LRUKeeper.
 func (x *Embedded) Forget(key string) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
+	x.mu.RLock()
+	defer x.mu.RUnlock()
 	if sl := x.mu.slots[key]; sl != nil {
+		x.lru.Lock()
 		x.unlinkLocked(sl)
+		x.lru.Unlock()
 	}
 }
 
 // LRUTail implements LRUKeeper.
 func (x *Embedded) LRUTail(n int) []string {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	out := make([]string, 0, min(n, x.mu.lruLen))
-	for sl := x.mu.lru.prev; sl != &x.mu.lru && len(out) < n; sl = sl.prev {
+	x.lru.Lock()
+	defer x.lru.Unlock()
+	out := make([]string, 0, min(n, x.lru.n))
+	for sl := x.lru.head.prev; sl != &x.lru.head && len(out) < n; sl = sl.prev {
 		out = append(out, sl.key)
 	}
 	return out
@@ -314,19 +340,20 @@ func (x *Embedded) LRUTail(n int) []string {
 
 // LRULen implements LRUKeeper.
 func (x *Embedded) LRULen() int {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	return x.mu.lruLen
+	x.lru.Lock()
+	defer x.lru.Unlock()
+	return x.lru.n
 }
 
-// unlinkLocked takes sl out of the LRU, if it is in it.
+// unlinkLocked takes sl out of the LRU, if it is in it. Caller holds
+// x.lru.
 func (x *Embedded) unlinkLocked(sl *slot) {
 	if sl.next == nil {
 		return
 	}
 	sl.prev.next, sl.next.prev = sl.next, sl.prev
 	sl.prev, sl.next = nil, nil
-	x.mu.lruLen--
+	x.lru.n--
 }
 
 // MetaBytes implements MetaSizer.

@@ -2,9 +2,11 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -234,5 +236,63 @@ func TestEmbeddedSwapCur(t *testing.T) {
 		if got := x.MetaBytes(); got != meta {
 			t.Fatalf("step %d: MetaBytes %d, want %d", step, got, meta)
 		}
+	}
+}
+
+// TestEmbeddedLRUConcurrent: puts that move their keys up (after the
+// swap lets go of the table), deletes, Touch and Forget from several
+// goroutines at once leave an LRU that holds only keys in the index,
+// each once, as many as LRULen says; run it with -race.
+func TestEmbeddedLRUConcurrent(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	t.Cleanup(func() { _ = x.Close() })
+	x.ClaimLRU()
+	const keys = 8
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			for range 3000 {
+				k := fmt.Sprintf("k%d", r.IntN(keys))
+				switch r.IntN(4) {
+				case 0: // put or delete, over whatever version is there
+					o, err := x.Find(ctx, k)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					sw := store.Swap{Key: k, Cur: o, Touch: true}
+					if o != nil {
+						sw.Old = o.Version
+					}
+					if o == nil || r.IntN(2) == 0 {
+						sw.New = &store.Object{Key: k}
+					}
+					if _, err := x.CompareAndSwap(ctx, sw); err != nil && !errors.Is(err, store.ErrConflict) {
+						t.Error(err)
+						return
+					}
+				case 1:
+					x.Touch(k, fmt.Sprintf("k%d", r.IntN(keys)))
+				case 2:
+					x.Forget(k)
+				case 3:
+					x.LRUTail(keys)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	tail := x.LRUTail(2 * keys)
+	if len(tail) != x.LRULen() {
+		t.Fatalf("LRUTail has %d keys, LRULen says %d", len(tail), x.LRULen())
+	}
+	seen := map[string]bool{}
+	for _, k := range tail {
+		if o, _ := x.Find(ctx, k); o == nil || seen[k] {
+			t.Fatalf("LRU %q: %q is not in the index, or twice", tail, k)
+		}
+		seen[k] = true
 	}
 }
