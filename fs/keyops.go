@@ -812,7 +812,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	}
 	var chunks []*getChunk
 	readers := make([]*store.Reader, 0, len(ops))
-	read := make([]string, 0, len(ops)) // the keys of the reads started
+	read := make([]*store.Object, 0, len(ops)) // the versions of the reads started
 	defer func() {
 		for _, c := range chunks {
 			if c.m != nil {
@@ -874,7 +874,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			}
 			cur.at = append(cur.at, op)
 			cur.reads = append(cur.reads, store.ReaderRead{Reader: r, Bufs: t.bufs, Off: op.objOff})
-			read = append(read, key)
+			read = append(read, o)
 			for _, b := range t.bufs {
 				cur.gpu = cur.gpu || b.Kind == transfer.CUDA
 			}
@@ -891,7 +891,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 	// The keys read move up together, before their copies are waited
 	// for (eviction passes over keys being read): those whose checks
 	// passed only, so a caller refused a key does not keep it cached.
-	n.fs.st.Touch(read...)
+	n.fs.st.TouchObjects(read...)
 	for _, c := range chunks {
 		if c.m == nil {
 			continue

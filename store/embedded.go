@@ -295,6 +295,32 @@ func (x *Embedded) Touch(keys ...string) {
 	x.toFront(up)
 }
 
+// TouchObjects implements LRUKeeper: an object this index took knows its
+// slot, which is the key's until the key leaves the table (gone); an
+// object it did not take is found by its key.
+func (x *Embedded) TouchObjects(objs ...*Object) {
+	var local [64]*slot
+	up := local[:0]
+	locked := false
+	for _, o := range objs {
+		sl := o.slot
+		if sl == nil {
+			if !locked {
+				x.mu.RLock()
+				locked = true
+			}
+			if sl = x.mu.slots[o.Key]; sl == nil {
+				continue
+			}
+		}
+		up = append(up, sl)
+	}
+	if locked {
+		x.mu.RUnlock()
+	}
+	x.toFront(up)
+}
+
 // toFront makes the slots of up the most recently used, the last one
 // most, skipping those that left the table since they were found.
 func (x *Embedded) toFront(up []*slot) {

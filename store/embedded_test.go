@@ -23,7 +23,8 @@ func TestEmbeddedConformance(t *testing.T) {
 }
 
 // TestEmbeddedLRU: the order a store keeps in the embedded index follows
-// its touches (by Touch, and by swaps that ask) against a model list,
+// its touches (by Touch, by TouchObjects of objects found now or before
+// the key was replaced or deleted, and by swaps that ask) against a model list,
 // keys that leave the index leave the order, and keys the index never had
 // are not in it.
 func TestEmbeddedLRU(t *testing.T) {
@@ -35,10 +36,40 @@ func TestEmbeddedLRU(t *testing.T) {
 	}
 	ver := map[string]uint64{}
 	var model []string // least recently used first, as LRUTail answers
+	// Objects found before, for TouchObjects: gen counts each key's
+	// deletes, and an object touches its key only while the key was not
+	// deleted since it was found.
+	type found struct {
+		o   *store.Object
+		gen int
+	}
+	var history []found
+	gen := map[string]int{}
 	r := rand.New(rand.NewPCG(3, 4))
 	for step := range 3000 {
 		k := fmt.Sprintf("k%d", r.IntN(40))
-		switch r.IntN(5) {
+		if o, _ := x.Find(ctx, k); o != nil {
+			history = append(history, found{o, gen[k]})
+		}
+		switch r.IntN(6) {
+		case 5: // TouchObjects: found now or before, or never the index's
+			var objs []*store.Object
+			for range 1 + r.IntN(3) {
+				if len(history) == 0 || r.IntN(4) == 0 {
+					k := fmt.Sprintf("k%d", r.IntN(40))
+					objs = append(objs, &store.Object{Key: k})
+					if ver[k] != 0 {
+						model = append(slices.DeleteFunc(model, func(m string) bool { return m == k }), k)
+					}
+					continue
+				}
+				h := history[r.IntN(len(history))]
+				objs = append(objs, h.o)
+				if k := h.o.Key; ver[k] != 0 && gen[k] == h.gen {
+					model = append(slices.DeleteFunc(model, func(m string) bool { return m == k }), k)
+				}
+			}
+			x.TouchObjects(objs...)
 		case 0, 1: // put, moving the key up with the swap or not
 			touch := r.IntN(2) == 0
 			rev, err := x.CompareAndSwap(ctx, store.Swap{Key: k, Old: ver[k], New: &store.Object{Key: k}, Touch: touch})
@@ -57,6 +88,7 @@ func TestEmbeddedLRU(t *testing.T) {
 				t.Fatal(err)
 			}
 			delete(ver, k)
+			gen[k]++
 			model = slices.DeleteFunc(model, func(m string) bool { return m == k })
 		case 3: // touch, one or two keys
 			keys := []string{k}
@@ -240,7 +272,7 @@ func TestEmbeddedSwapCur(t *testing.T) {
 }
 
 // TestEmbeddedLRUConcurrent: puts that move their keys up (after the
-// swap lets go of the table), deletes, Touch and Forget from several
+// swap lets go of the table), deletes, Touch, TouchObjects and Forget from several
 // goroutines at once leave an LRU that holds only keys in the index,
 // each once, as many as LRULen says; run it with -race.
 func TestEmbeddedLRUConcurrent(t *testing.T) {
@@ -274,6 +306,10 @@ func TestEmbeddedLRUConcurrent(t *testing.T) {
 						return
 					}
 				case 1:
+					if o, _ := x.Find(ctx, k); o != nil && r.IntN(2) == 0 {
+						x.TouchObjects(o)
+						break
+					}
 					x.Touch(k, fmt.Sprintf("k%d", r.IntN(keys)))
 				case 2:
 					x.Forget(k)

@@ -23,6 +23,24 @@ func (s *Store) Touch(keys ...string) {
 	s.lru.Unlock()
 }
 
+// TouchObjects is Touch of the keys of objs, objects this store returned
+// (a reader's): the index that keeps the LRU finds their entries through
+// them, without a lookup.
+func (s *Store) TouchObjects(objs ...*Object) {
+	if len(objs) == 0 {
+		return
+	}
+	if s.keeper != nil {
+		s.keeper.TouchObjects(objs...)
+		return
+	}
+	s.lru.Lock()
+	for _, o := range objs {
+		s.touchLocked(o.Key)
+	}
+	s.lru.Unlock()
+}
+
 // touchLocked is Touch of one key for a caller holding s.lru (without a
 // keeper).
 func (s *Store) touchLocked(key string) {

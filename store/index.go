@@ -103,6 +103,10 @@ type LRUKeeper interface {
 	ClaimLRU() bool
 	// Touch makes each key, in turn, the most recently used.
 	Touch(keys ...string)
+	// TouchObjects is Touch of the keys of objs, objects this index
+	// returned: it may find their entries through them. A key deleted
+	// since its object was returned stays out of the order.
+	TouchObjects(objs ...*Object)
 	// Forget takes key out of the order (until its next Touch).
 	Forget(key string)
 	// LRUTail returns up to n keys, least recently used first.

@@ -58,7 +58,7 @@ func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 			return &Object{Key: "", Kind: KindDir, Ino: 1, Mode: 0o755, Mtime: s.started, Ctime: s.started}, nil
 		}
 		r := *o // the index's own: read only
-		r.Key = ""
+		r.Key, r.slot = "", nil // not the index's object
 		return &r, nil
 	}
 	o, err := s.idx.Get(ctx, key)
