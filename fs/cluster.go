@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
 )
@@ -64,5 +65,13 @@ func invalidatePath(root *gofs.Inode, key string) {
 // cancellation: a change, once started, runs to its end. The kernel
 // interrupts a request when its caller gets any signal (Go programs get
 // them all the time), and a commit cut off midway -- an etcd transaction
-// whose outcome is unknown -- must not be reported as EINTR.
-func detached(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+// whose outcome is unknown -- must not be reported as EINTR. The caller
+// is kept on top, where a lookup of it (several a call) finds it without
+// the allocation that each lookup through context.WithoutCancel makes.
+func detached(ctx context.Context) context.Context {
+	d := context.WithoutCancel(ctx)
+	if c, ok := fuse.FromContext(ctx); ok {
+		return fuse.NewContext(d, c)
+	}
+	return d
+}

@@ -317,9 +317,9 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	// The replaced versions that nothing reads are freed here; their
 	// room goes back to the segments after s.mu, which the segments'
 	// locks would lengthen for every reader and writer.
-	free := p.free[:0]
+	p.free = p.free[:0]
 	s.mu.Lock()
-	s.mu.freeing = &free
+	s.mu.freeing = &p.free // p's own: a local's address would escape
 	for i := range p.st {
 		st := &p.st[i]
 		if st.err != nil {
@@ -339,8 +339,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	}
 	s.mu.freeing = nil
 	s.mu.Unlock()
-	_ = s.segs.Free(free)
-	p.free = free
+	_ = s.segs.Free(p.free)
 	var revoked uint64
 	for i := range p.st {
 		st := &p.st[i]
