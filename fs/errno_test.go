@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/store"
 )
@@ -31,5 +33,28 @@ func TestErrno(t *testing.T) {
 		if got := toErrno(c.err); got != c.want {
 			t.Errorf("toErrno(%v) = %v, want %v", c.err, got, c.want)
 		}
+	}
+}
+
+// TestDetached: a detached request is not cancelled with its request,
+// and keeps the caller's credentials (and any other value) for the
+// commit it runs.
+func TestDetached(t *testing.T) {
+	type other struct{}
+	parent, cancel := context.WithCancel(context.WithValue(context.Background(), other{}, "v"))
+	ctx := fuse.NewContext(parent, &fuse.Caller{Owner: fuse.Owner{Uid: 7, Gid: 8}, Pid: 9})
+	d := detached(ctx)
+	cancel()
+	if ctx.Err() == nil || d.Err() != nil || d.Done() != nil {
+		t.Fatalf("after cancel: request %v, detached %v (done %v)", ctx.Err(), d.Err(), d.Done())
+	}
+	if c, ok := fuse.FromContext(d); !ok || c.Uid != 7 || c.Gid != 8 || c.Pid != 9 {
+		t.Fatalf("caller %+v, %v", c, ok)
+	}
+	if d.Value(other{}) != "v" {
+		t.Fatal("detached lost a value")
+	}
+	if d := detached(context.Background()); d.Done() != nil {
+		t.Fatal("no caller: not detached")
 	}
 }
