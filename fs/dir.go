@@ -106,11 +106,7 @@ func (h *dirHandle) nextEntry(ctx context.Context) (*fuse.DirEntry, syscall.Errn
 	e := h.page[0]
 	h.page[0] = store.DirEntry{}
 	h.page = h.page[1:]
-	mode := uint32(syscall.S_IFREG)
-	if e.Kind == store.KindDir {
-		mode = syscall.S_IFDIR
-	}
-	return &fuse.DirEntry{Name: e.Name, Mode: mode, Ino: e.Ino}, 0
+	return &fuse.DirEntry{Name: e.Name, Mode: fileType(e.Kind), Ino: e.Ino}, 0
 }
 
 // readPage reads the listing's next page from the store. Caller holds

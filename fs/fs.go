@@ -207,10 +207,9 @@ func (m *Mount) Batches() BatchStats {
 // from f.opts.
 func (f *FS) initCounts() {
 	o := &f.opts
-	f.opens = userCounts{what: "open files and directories", total: o.MaxOpen, perUser: max(1, o.MaxOpen/sharePerUser), full: errTooManyOpen}
-	regBytes := int(min(o.MaxRegisteredBytes, math.MaxInt))
-	f.regs.live = userCounts{what: "registered buffers", total: o.MaxRegistrationsTotal, perUser: max(1, o.MaxRegistrationsTotal/sharePerUser), full: errTooManyRegs}
-	f.regs.bytes = userCounts{what: "bytes of registered buffers", total: regBytes, perUser: max(1, regBytes/sharePerUser), full: errTooManyRegs}
+	f.opens = sharedCounts("open files and directories", o.MaxOpen, errTooManyOpen)
+	f.regs.live = sharedCounts("registered buffers", o.MaxRegistrationsTotal, errTooManyRegs)
+	f.regs.bytes = sharedCounts("bytes of registered buffers", int(min(o.MaxRegisteredBytes, math.MaxInt)), errTooManyRegs)
 	f.asyncHeld = userCounts{what: "submitted calls not waited for", total: maxAsyncTotal, perUser: maxAsyncPerUser}
 	f.ioctls.byUser = userCounts{what: "running ioctls", total: maxIoctlsTotal, perUser: maxIoctlsPerUser, rootFree: true}
 }

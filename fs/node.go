@@ -147,11 +147,15 @@ func (n *node) childKey(name string) (string, error) {
 }
 
 func (n *node) newChild(ctx context.Context, o *store.Object) *gofs.Inode {
-	mode := uint32(syscall.S_IFREG)
-	if o.Kind == store.KindDir {
-		mode = syscall.S_IFDIR
+	return n.NewInode(ctx, n.fs.newNode(), gofs.StableAttr{Mode: fileType(o.Kind), Ino: o.Ino})
+}
+
+// fileType is the file type bits (S_IFMT) of a key of kind k.
+func fileType(k store.Kind) uint32 {
+	if k == store.KindDir {
+		return syscall.S_IFDIR
 	}
-	return n.NewInode(ctx, n.fs.newNode(), gofs.StableAttr{Mode: mode, Ino: o.Ino})
+	return syscall.S_IFREG
 }
 
 func (f *FS) newNode() *node {
@@ -166,14 +170,12 @@ func (f *FS) fillAttr(o *store.Object, size uint64, a *fuse.Attr) {
 	a.Size = size
 	a.Blocks = (size + 511) / 512
 	a.Blksize = 1 << 20
+	a.Mode = fileType(o.Kind) | o.Mode&0o7777
+	a.Nlink = 1
 	if o.Kind == store.KindDir {
-		a.Mode = syscall.S_IFDIR | o.Mode&0o7777
 		a.Nlink = 2
 		a.Size = 4096
 		a.Blocks = 8
-	} else {
-		a.Mode = syscall.S_IFREG | o.Mode&0o7777
-		a.Nlink = 1
 	}
 	a.Uid, a.Gid = o.Uid, o.Gid
 	mt := time.Unix(0, o.Mtime)

@@ -91,3 +91,10 @@ const (
 // may hold a quarter of each, so that one user cannot leave every other
 // user ENFILE or EMFILE.
 const sharePerUser = 4
+
+// sharedCounts counts what, total of it for all users together and a
+// sharePerUser-th of that (at least one) for a user other than root; a
+// count past either fails with full.
+func sharedCounts(what string, total int, full error) userCounts {
+	return userCounts{what: what, total: total, perUser: max(1, total/sharePerUser), full: full}
+}
