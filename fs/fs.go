@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	rtmetrics "runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,6 +182,17 @@ type BatchStats struct {
 	// FUSE included, however many calls overlapped (their handler times
 	// add up waits and CPUs shared, this does not).
 	CPUNs uint64 `json:"cpu_ns"`
+	// LockWaitNs is the time the daemon's goroutines spent blocked on
+	// locks (sync.Mutex, sync.RWMutex and the runtime's own), SchedWaitNs
+	// their time ready to run but not running, about (from the runtime's
+	// histogram), and GCCPUNs the collector's CPU time, an estimate the
+	// runtime updates as collections end; all since the daemon started.
+	// Over a pass of batch calls their differences per key say where a
+	// key's handler time went beyond its work: waits for other calls'
+	// locks, for a CPU, or the collector's share.
+	LockWaitNs  uint64 `json:"lock_wait_ns"`
+	SchedWaitNs uint64 `json:"sched_wait_ns"`
+	GCCPUNs     uint64 `json:"gc_cpu_ns"`
 	// Submitted is how many submitted calls (ABI 1.7) the mount holds:
 	// running, or done and not yet waited for.
 	Submitted int64 `json:"submitted"`
@@ -200,7 +212,41 @@ func (m *Mount) Batches() BatchStats {
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPUNs = uint64(ru.Utime.Nano() + ru.Stime.Nano())
 	}
+	st.LockWaitNs, st.SchedWaitNs, st.GCCPUNs = runtimeWaits()
 	return st
+}
+
+// runtimeWaits reads the runtime's lock waits, scheduling latency and
+// collector CPU so far, in nanoseconds (BatchStats).
+func runtimeWaits() (lock, sched, gc uint64) {
+	s := []rtmetrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}, {Name: "/sched/latencies:seconds"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	rtmetrics.Read(s)
+	ns := func(v rtmetrics.Value) uint64 {
+		if v.Kind() != rtmetrics.KindFloat64 {
+			return 0
+		}
+		return uint64(v.Float64() * 1e9)
+	}
+	lock, gc = ns(s[0].Value), ns(s[2].Value)
+	if s[1].Value.Kind() == rtmetrics.KindFloat64Histogram {
+		// Each bucket's waits counted at its middle (its finite end for
+		// the two open ones).
+		h := s[1].Value.Float64Histogram()
+		var sum float64
+		for i, n := range h.Counts {
+			lo, hi := h.Buckets[i], h.Buckets[i+1]
+			mid := (lo + hi) / 2
+			switch {
+			case math.IsInf(lo, -1):
+				mid = hi
+			case math.IsInf(hi, 1):
+				mid = lo
+			}
+			sum += float64(n) * mid
+		}
+		sched = uint64(sum * 1e9)
+	}
+	return lock, sched, gc
 }
 
 // initCounts sets the bounds of what the mount counts by user (share.go)

@@ -57,8 +57,10 @@ func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 		if o == nil {
 			return &Object{Key: "", Kind: KindDir, Ino: 1, Mode: 0o755, Mtime: s.started, Ctime: s.started}, nil
 		}
-		r := *o // the index's own: read only
-		r.Key, r.slot = "", nil // not the index's object
+		// A copy of the index's own object (read only), which is not the
+		// index's: not its entry's.
+		r := *o
+		r.Key, r.slot = "", nil
 		return &r, nil
 	}
 	o, err := s.idx.Get(ctx, key)

@@ -339,6 +339,14 @@ type benchResult struct {
 	// with several calls in flight, their handler times overlap and
 	// key_work_us adds up waits; this does not.
 	KeyCPUUs float64 `json:"key_cpu_us,omitempty"`
+	// KeyLockWaitUs, KeySchedWaitUs and KeyGCUs are the daemon's
+	// goroutines' time blocked on locks, their time ready for a CPU and
+	// the collector's CPU, per key of the pass (kv cases): where
+	// key_work_us goes beyond the work itself. The runtime's figures,
+	// approximate (fs.BatchStats).
+	KeyLockWaitUs  float64 `json:"key_lock_wait_us,omitempty"`
+	KeySchedWaitUs float64 `json:"key_sched_wait_us,omitempty"`
+	KeyGCUs        float64 `json:"key_gc_us,omitempty"`
 	// TransferUs is the batches' transfer time per key (kv cases).
 	TransferUs float64 `json:"transfer_us,omitempty"`
 	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
@@ -382,6 +390,8 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.Ratio = round(ratio(m.opsPerS(), ceil.opsPerS()), 3)
 		res.KeyWorkUs = round(float64(m.KeyWorkNs)/1e3, 2)
 		res.KeyCPUUs = round(float64(m.KeyCPUNs)/1e3, 2)
+		res.KeyLockWaitUs, res.KeySchedWaitUs = round(float64(m.LockNs)/1e3, 2), round(float64(m.SchedNs)/1e3, 2)
+		res.KeyGCUs = round(float64(m.GCNs)/1e3, 2)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
 		res.ClientUs, res.FuseUs = round(float64(m.ClientNs)/1e3, 2), round(float64(m.FuseNs)/1e3, 2)

@@ -211,7 +211,7 @@ func kvHostRun(size uint64, put, vm bool) func(dir string, p benchParams) (bench
 			return benchSample{}, err
 		}
 		return benchSample{Bytes: n, Ns: elapsed.Nanoseconds(), Ops: p.Files, KeyWorkNs: keyWork(before, after),
-			KeyCPUNs: keyCPU(before, after), TransferNs: transferWork(before, after)}, nil
+			KeyCPUNs: keyCPU(before, after), KeyWaits: keyWaits(before, after), TransferNs: transferWork(before, after)}, nil
 	}
 }
 
@@ -224,6 +224,25 @@ func keyWork(before, after mfs.BatchStats) int64 {
 	}
 	work := int64(after.HandlerNs-before.HandlerNs) - int64(after.TransferNs-before.TransferNs)
 	return max(work, 0) / int64(keys)
+}
+
+// KeyWaits is where a key's handler time went beyond its work, per key
+// of a pass (mfs.BatchStats' LockWaitNs, SchedWaitNs, GCCPUNs).
+type KeyWaits struct {
+	LockNs  int64 `json:"key_lock_wait_ns,omitempty"`
+	SchedNs int64 `json:"key_sched_wait_ns,omitempty"`
+	GCNs    int64 `json:"key_gc_ns,omitempty"`
+}
+
+// keyWaits is KeyWaits between two readings of the batch figures.
+func keyWaits(before, after mfs.BatchStats) KeyWaits {
+	keys := int64(after.Keys - before.Keys)
+	if keys <= 0 {
+		return KeyWaits{}
+	}
+	per := func(a, b uint64) int64 { return max(int64(b-a), 0) / keys }
+	return KeyWaits{LockNs: per(before.LockWaitNs, after.LockWaitNs), SchedNs: per(before.SchedWaitNs, after.SchedWaitNs),
+		GCNs: per(before.GCCPUNs, after.GCCPUNs)}
 }
 
 // keyCPU is the daemon's CPU time per key between two readings of its

@@ -184,7 +184,7 @@ func kvGPURun(size uint64, put, scatter bool) func(dir string, p benchParams) (b
 		if err := checkPattern("gpu blocks", check); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys, KeyWorkNs: keyWork(before, after), KeyCPUNs: keyCPU(before, after),
+		s := benchSample{Bytes: total, Ns: elapsed.Nanoseconds(), Ops: keys, KeyWorkNs: keyWork(before, after), KeyCPUNs: keyCPU(before, after), KeyWaits: keyWaits(before, after),
 			TransferNs: transferWork(before, after), CopiesPerKey: float64(copies1-copies0) / float64(keys)}
 		// The ceiling: the same blocks, async copies on one stream, one
 		// synchronize, between the allocation and pinned host memory.
@@ -307,8 +307,9 @@ func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, e
 			Keys       int    `json:"keys"`
 			MooncakeNs int64  `json:"mooncake_ns"`
 			// The daemon's, per key of the timed pass.
-			KeyWorkNs    int64   `json:"key_work_ns"`
-			KeyCPUNs     int64   `json:"key_cpu_ns"`
+			KeyWorkNs int64 `json:"key_work_ns"`
+			KeyCPUNs  int64 `json:"key_cpu_ns"`
+			KeyWaits
 			TransferNs   int64   `json:"transfer_ns"`
 			CopiesPerKey float64 `json:"copies_per_key"`
 			// The caller's own time per key, and its ioctls' beyond the
@@ -322,7 +323,7 @@ func kvTensorRun(op, api string) func(dir string, p benchParams) (benchSample, e
 		if err := unix.Rmdir(sub); err != nil {
 			return benchSample{}, err
 		}
-		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: r.Keys, KeyWorkNs: r.KeyWorkNs, KeyCPUNs: r.KeyCPUNs, TransferNs: r.TransferNs, CopiesPerKey: r.CopiesPerKey,
+		s := benchSample{Bytes: r.Bytes, Ns: r.MooncakeNs, Ops: r.Keys, KeyWorkNs: r.KeyWorkNs, KeyCPUNs: r.KeyCPUNs, KeyWaits: r.KeyWaits, TransferNs: r.TransferNs, CopiesPerKey: r.CopiesPerKey,
 			ClientNs: r.ClientNs, FuseNs: r.FuseNs}
 		// The ceiling, and for the Mooncake API the direct path: the same
 		// blocks through kv-*-gpu-256KiB, in this repetition.

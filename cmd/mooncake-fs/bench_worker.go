@@ -57,6 +57,10 @@ type benchSample struct {
 	// KeyCPUNs is the daemon's CPU time per key of the pass (its
 	// process's, copies and FUSE included; kv cases).
 	KeyCPUNs int64 `json:"key_cpu_ns,omitempty"`
+	// KeyWaits is the daemon's waits per key of the pass: for locks, for
+	// a CPU, and its collector's CPU (kv cases; mfs.BatchStats says how
+	// approximate they are).
+	KeyWaits
 	// TransferNs is the batches' transfers per key (started and waited
 	// for), the rest of the handler time.
 	TransferNs int64 `json:"transfer_ns,omitempty"`
