@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 
@@ -56,5 +59,27 @@ func TestDetached(t *testing.T) {
 	}
 	if d := detached(context.Background()); d.Done() != nil {
 		t.Fatal("no caller: not detached")
+	}
+}
+
+// TestRuntimeWaits: the batch figures' lock waits grow with waits on a
+// held lock, and the collector's CPU with a collection. The runtime
+// samples one goroutine wait in eight, so the test waits 200 times.
+func TestRuntimeWaits(t *testing.T) {
+	lock0, sched0, gc0 := runtimeWaits()
+	var mu sync.Mutex
+	for range 200 {
+		mu.Lock()
+		go func() {
+			time.Sleep(50 * time.Microsecond)
+			mu.Unlock()
+		}()
+		mu.Lock() // waits for the goroutine's unlock
+		mu.Unlock()
+	}
+	runtime.GC()
+	lock1, sched1, gc1 := runtimeWaits()
+	if lock1 <= lock0 || sched1 < sched0 || gc1 <= gc0 {
+		t.Fatalf("lock waits %d -> %d, scheduling %d -> %d, collector %d -> %d ns", lock0, lock1, sched0, sched1, gc0, gc1)
 	}
 }
