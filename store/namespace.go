@@ -391,7 +391,9 @@ func (s *Store) Delete(ctx context.Context, key string, ifIno uint64) error {
 		o, err := s.idx.Get(ctx, key)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
-				if _, serr := s.Stat(ctx, key); serr == nil {
+				// A directory there (implicit: keys under it) says so; a
+				// file made since the lookup was not there to delete.
+				if d, serr := s.Stat(ctx, key); serr == nil && d.Kind == KindDir {
 					return fmt.Errorf("delete %q: %w", key, ErrIsDir)
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
@@ -781,4 +782,31 @@ func TestListPage(t *testing.T) {
 			t.Fatalf("%q listed %d times while others changed: %v", w.Name, seen[w.Name], names(got))
 		}
 	}
+}
+
+// TestDeleteRacingCreate: a delete of a key that a create makes at the
+// same moment either removes it or finds nothing; it never calls the
+// key a directory (as it did when the key came between its lookup and
+// its check for a directory there).
+func TestDeleteRacingCreate(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 3000 {
+				var err error
+				if (i+w)%2 == 0 {
+					_, err = s.Create(ctx, "f", nil, false)
+				} else {
+					err = s.Delete(ctx, "f", 0)
+				}
+				if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, store.ErrExists) {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
