@@ -64,8 +64,30 @@ func TestDetached(t *testing.T) {
 
 // TestRuntimeWaits: the batch figures' lock waits grow with waits on a
 // held lock, and the collector's CPU with a collection. The runtime
-// samples one goroutine wait in eight, so the test waits 200 times.
+// samples one goroutine wait in eight, so the test waits 200 times. Their
+// scheduling waits count the unsampled waits too: four goroutines that
+// share one P for 200 ms wait about 600 ms in all (three wait while one
+// runs), and the figure must say at least half of that (a busier machine
+// only makes them wait longer).
 func TestRuntimeWaits(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	_, before, _ := runtimeWaits()
+	end := time.Now().Add(200 * time.Millisecond)
+	var spin sync.WaitGroup
+	for range 4 {
+		spin.Go(func() {
+			for time.Now().Before(end) {
+				for t := time.Now(); time.Since(t) < 50*time.Microsecond; {
+				}
+				runtime.Gosched()
+			}
+		})
+	}
+	spin.Wait()
+	if _, after, _ := runtimeWaits(); after-before < uint64(300*time.Millisecond) {
+		t.Errorf("four goroutines on one P for 200 ms: %v of scheduling waits, want 300 ms or more", time.Duration(after-before))
+	}
+
 	lock0, sched0, gc0 := runtimeWaits()
 	var mu sync.Mutex
 	for range 200 {

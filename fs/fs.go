@@ -185,8 +185,9 @@ type BatchStats struct {
 	// LockWaitNs is the time the daemon's goroutines spent blocked on
 	// locks (sync.Mutex, sync.RWMutex and the runtime's own), SchedWaitNs
 	// their time ready to run but not running, about (from the runtime's
-	// histogram), and GCCPUNs the collector's CPU time, an estimate the
-	// runtime updates as collections end; all since the daemon started.
+	// histogram, which times one wait in eight), and GCCPUNs the
+	// collector's CPU time but its idle marking, an estimate the runtime
+	// updates as collections end; all since the daemon started.
 	// Over a pass of batch calls their differences per key say where a
 	// key's handler time went beyond its work: waits for other calls'
 	// locks, for a CPU, or the collector's share.
@@ -216,10 +217,15 @@ func (m *Mount) Batches() BatchStats {
 	return st
 }
 
+// schedSampled is the runtime's sampling of goroutine waits: it times
+// one transition in eight (runtime/proc.go, gTrackingPeriod).
+const schedSampled = 8
+
 // runtimeWaits reads the runtime's lock waits, scheduling latency and
 // collector CPU so far, in nanoseconds (BatchStats).
 func runtimeWaits() (lock, sched, gc uint64) {
-	s := []rtmetrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}, {Name: "/sched/latencies:seconds"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}}
+	s := []rtmetrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}, {Name: "/sched/latencies:seconds"},
+		{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/cpu/classes/gc/mark/idle:cpu-seconds"}}
 	rtmetrics.Read(s)
 	ns := func(v rtmetrics.Value) uint64 {
 		if v.Kind() != rtmetrics.KindFloat64 {
@@ -227,7 +233,9 @@ func runtimeWaits() (lock, sched, gc uint64) {
 		}
 		return uint64(v.Float64() * 1e9)
 	}
-	lock, gc = ns(s[0].Value), ns(s[2].Value)
+	// The collector's marking on Ps that had nothing else to run took no
+	// one's CPU.
+	lock, gc = ns(s[0].Value), max(ns(s[2].Value), ns(s[3].Value))-ns(s[3].Value)
 	if s[1].Value.Kind() == rtmetrics.KindFloat64Histogram {
 		// Each bucket's waits counted at its middle (its finite end for
 		// the two open ones).
@@ -244,7 +252,9 @@ func runtimeWaits() (lock, sched, gc uint64) {
 			}
 			sum += float64(n) * mid
 		}
-		sched = uint64(sum * 1e9)
+		// The runtime times one goroutine wait in schedSampled and does
+		// not scale the histogram up (it does the lock waits).
+		sched = uint64(sum * schedSampled * 1e9)
 	}
 	return lock, sched, gc
 }
