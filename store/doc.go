@@ -89,9 +89,9 @@
 //
 // Draft.appendMu -> Draft.rw -> Draft.mu -> Draft.meta -> Store.mu ->
 // Index internals; Store.lru is a leaf (on one machine the LRU is the
-// index's own, LRUKeeper, under a lock of its own). No store lock is held across
-// an index lookup, a transfer or a control call: OpenReader looks the key
-// up first and leases the body only if it still holds that version (not
+// index's own, LRUKeeper, under a lock of its own). No store lock is held
+// across an index lookup, a transfer or a control call: OpenReader looks
+// the key up first and leases the body only if it still holds that version (not
 // freed, not a later object's: readableLocked), else looks again.
 // Draft.mu is held across the draft's own reservations, zero-fill and
 // copies, which only its own writers wait for; Size, Dirty, Err, SetMtime
@@ -100,8 +100,9 @@
 // which collects them (Store.mu.freeing) and frees them after Store.mu.
 // The embedded index's lookups and scans share its lock and swaps take it
 // alone; its LRU has a second lock, taken after the first or alone: a
-// swap moves its keys up the LRU after it lets go of the table, and Touch
-// finds its keys under the shared lock, then moves them. A swap finds a
+// swap moves its keys up the LRU after it lets go of the table, Touch
+// finds its keys under the shared lock, then moves them, and TouchObjects
+// (a batch get's) finds them through the objects read. A swap finds a
 // replaced key's entry through the object it replaces (Swap.Cur).
 //
 // # Errors
