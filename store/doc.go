@@ -91,8 +91,9 @@
 // Index internals; Store.lru is a leaf (on one machine the LRU is the
 // index's own, LRUKeeper, under a lock of its own). No store lock is held
 // across an index lookup, a transfer or a control call: OpenReader looks
-// the key up first and leases the body only if it still holds that version (not
-// freed, not a later object's: readableLocked), else looks again.
+// the key up first and leases the body only if it still holds that
+// version (not freed, not a later object's: readableLocked), else looks
+// again.
 // Draft.mu is held across the draft's own reservations, zero-fill and
 // copies, which only its own writers wait for; Size, Dirty, Err, SetMtime
 // and Place never wait for it. Freeing a body under Store.mu frees its
