@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -103,5 +105,72 @@ func TestRuntimeWaits(t *testing.T) {
 	lock1, sched1, gc1 := runtimeWaits()
 	if lock1 <= lock0 || sched1 < sched0 || gc1 <= gc0 {
 		t.Fatalf("lock waits %d -> %d, scheduling %d -> %d, collector %d -> %d ns", lock0, lock1, sched0, sched1, gc0, gc1)
+	}
+}
+
+// TestOpenGoneFile: a read-only open of a node whose file went from
+// under the kernel (evicted or removed without it knowing) answers
+// ENOENT while the node's directory is still there, as a path walked
+// then would; one whose file was replaced by another, or whose directory
+// moved, answers ESTALE, so the kernel walks the path again.
+func TestOpenGoneFile(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := callerCtx(os.Getpid())
+	st := fx.st
+	open := func(n *node) syscall.Errno {
+		fh, _, errno := n.Open(ctx, syscall.O_RDONLY)
+		if errno == 0 {
+			n.Release(ctx, fh)
+		}
+		return errno
+	}
+	if errno := open(fx.file); errno != 0 {
+		t.Fatalf("open f: %v", errno)
+	}
+	if err := st.Delete(ctx, "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	if errno := open(fx.file); errno != syscall.ENOENT {
+		t.Fatalf("open of a removed f: %v, want ENOENT", errno)
+	}
+	if _, err := st.Create(ctx, "f", nil, true); err != nil { // another file, another inode
+		t.Fatal(err)
+	}
+	if errno := open(fx.file); errno != syscall.ESTALE {
+		t.Fatalf("open of a replaced f: %v, want ESTALE", errno)
+	}
+	// A file in a directory the store moved while the kernel's tree
+	// still has it at its old key.
+	d, err := st.Mkdir(ctx, "d", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := st.Create(ctx, "d/g", nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dn, gn := fx.root.fs.newNode(), fx.root.fs.newNode()
+	fx.root.AddChild("d", fx.root.NewPersistentInode(ctx, dn, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: d.Ino}), false)
+	dn.AddChild("g", dn.NewPersistentInode(ctx, gn, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: g.Ino}), false)
+	if errno := open(gn); errno != 0 {
+		t.Fatalf("open d/g: %v", errno)
+	}
+	if err := st.Delete(ctx, "d/g", 0); err != nil {
+		t.Fatal(err)
+	}
+	if errno := open(gn); errno != syscall.ENOENT {
+		t.Fatalf("open of a removed d/g: %v, want ENOENT", errno)
+	}
+	if _, err := st.Create(ctx, "d/g", &store.Object{Ino: g.Ino}, true); err != nil { // back, its inode kept
+		t.Fatal(err)
+	}
+	if errno := open(gn); errno != 0 {
+		t.Fatalf("open d/g made again: %v", errno)
+	}
+	if err := st.Rename(ctx, "d", "e", 0); err != nil {
+		t.Fatal(err)
+	}
+	if errno := open(gn); errno != syscall.ESTALE {
+		t.Fatalf("open of d/g after d moved: %v, want ESTALE", errno)
 	}
 }

@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -83,7 +84,7 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	if acc == syscall.O_RDONLY {
 		r, err := n.fs.st.OpenReader(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
-			err = store.ErrStale
+			err = n.missing(ctx, key)
 		}
 		if err != nil {
 			return nil, err
@@ -117,6 +118,30 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	}
 	h.obj = o
 	return h, nil
+}
+
+// missing is the error of an open that found no file at key, the node's
+// key: ENOENT when the node's directory is still there under its key (the
+// file went: removed, renamed away or evicted, as a path walked a moment
+// later would say), else ESTALE, for the kernel to walk the path again
+// (the directory moved, and the node's key with it). An open that found
+// a file gone must not be ESTALE: the kernel retries it once only, and
+// under churn (evictions, puts making the key again) the retry can find
+// it gone again, which would reach the caller as ESTALE.
+func (n *node) missing(ctx context.Context, key string) error {
+	gone := fmt.Errorf("open %q: %w", key, store.ErrNotFound)
+	dir := store.Parent(key)
+	if dir == "" {
+		return gone // the root never moves
+	}
+	_, parent := n.Parent()
+	if parent == nil {
+		return store.ErrStale
+	}
+	if d, err := n.fs.st.Stat(ctx, dir); err == nil && d.Kind == store.KindDir && d.Ino == parent.StableAttr().Ino {
+		return gone
+	}
+	return store.ErrStale
 }
 
 // openGhost opens the version a rename replaced (see node.mu.ghost), nil
