@@ -52,10 +52,10 @@
 // such a node answer ESTALE, and the kernel looks the path up again
 // (open, stat and the other path calls retry once), so an open reaches a
 // live file or fails, never a draft that could only commit into nowhere.
-// A read-only open that finds the file gone while its directory stands
-// answers ENOENT at once, as the walk again would: under churn (evictions,
-// puts making the key anew) the one retry could find it gone again too,
-// and ESTALE would reach the caller.
+// A read-only open that finds its file evicted answers ENOENT at once, as
+// the walk again would: under churn (evictions, puts making the key anew)
+// the one retry could find it evicted too, and ESTALE would reach the
+// caller.
 // A file replaced by a rename through this mount keeps its last version
 // as a ghost until the kernel forgets the inode: an open the kernel sends
 // for it meanwhile gets that version, as on a local file system, so the

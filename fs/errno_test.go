@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -108,13 +109,14 @@ func TestRuntimeWaits(t *testing.T) {
 	}
 }
 
-// TestOpenGoneFile: a read-only open of a node whose file went from
-// under the kernel (evicted or removed without it knowing) answers
-// ENOENT while the node's directory is still there, as a path walked
-// then would; one whose file was replaced by another, or whose directory
-// moved, answers ESTALE, so the kernel walks the path again.
+// TestOpenGoneFile: a read-only open of a node whose file eviction took
+// from under the kernel answers ENOENT, as a path walked then would; one
+// whose file was removed (it may have moved: a rename the kernel's tree
+// does not show yet), replaced by another, or whose directory moved,
+// answers ESTALE, so the kernel walks the path again.
 func TestOpenGoneFile(t *testing.T) {
-	fx := newFuzzFixture(t)
+	// Metadata for a few files: a new one evicts the least recently used.
+	fx := newFixtureWith(t, 8<<20, true, func(o *store.Options) { o.MetaLimit = 4 << 10 })
 	ctx := callerCtx(os.Getpid())
 	st := fx.st
 	open := func(n *node) syscall.Errno {
@@ -124,20 +126,51 @@ func TestOpenGoneFile(t *testing.T) {
 		}
 		return errno
 	}
-	if errno := open(fx.file); errno != 0 {
-		t.Fatalf("open f: %v", errno)
+	data := bytes.Repeat([]byte{1}, 4096)
+	child := func(parent *node, name string, o *store.Object) *node {
+		mode := uint32(syscall.S_IFREG)
+		if o.Kind == store.KindDir {
+			mode = syscall.S_IFDIR
+		}
+		n := fx.root.fs.newNode()
+		parent.AddChild(name, parent.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: mode, Ino: o.Ino}), false)
+		return n
+	}
+	put := func(key string) *store.Object {
+		if res := runBatch(t, fx, true, []batchEntry{{key: key, data: data}}); res[0] != int64(len(data)) {
+			t.Fatalf("put %s: %d", key, res[0])
+		}
+		o, err := st.Lookup(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	g := put("g")
+	gn := child(fx.root, "g", g)
+	if errno := open(gn); errno != 0 {
+		t.Fatalf("open g: %v", errno)
+	}
+	for i := 0; !st.Evicted(g.Ino); i++ {
+		if i == 64 {
+			t.Fatal("g not evicted by 64 new files")
+		}
+		put(fmt.Sprintf("h%d", i))
+	}
+	if errno := open(gn); errno != syscall.ENOENT {
+		t.Fatalf("open of an evicted g: %v, want ENOENT", errno)
+	}
+	if _, err := st.Create(ctx, "g", nil, true); err != nil { // another file, another inode
+		t.Fatal(err)
+	}
+	if errno := open(gn); errno != syscall.ESTALE {
+		t.Fatalf("open of g made anew: %v, want ESTALE", errno)
 	}
 	if err := st.Delete(ctx, "f", 0); err != nil {
 		t.Fatal(err)
 	}
-	if errno := open(fx.file); errno != syscall.ENOENT {
-		t.Fatalf("open of a removed f: %v, want ENOENT", errno)
-	}
-	if _, err := st.Create(ctx, "f", nil, true); err != nil { // another file, another inode
-		t.Fatal(err)
-	}
 	if errno := open(fx.file); errno != syscall.ESTALE {
-		t.Fatalf("open of a replaced f: %v, want ESTALE", errno)
+		t.Fatalf("open of a removed f: %v, want ESTALE", errno)
 	}
 	// A file in a directory the store moved while the kernel's tree
 	// still has it at its old key.
@@ -145,32 +178,19 @@ func TestOpenGoneFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := st.Create(ctx, "d/g", nil, true)
+	dn := child(fx.root, "d", d)
+	dg, err := st.Create(ctx, "d/g", nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dn, gn := fx.root.fs.newNode(), fx.root.fs.newNode()
-	fx.root.AddChild("d", fx.root.NewPersistentInode(ctx, dn, gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: d.Ino}), false)
-	dn.AddChild("g", dn.NewPersistentInode(ctx, gn, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: g.Ino}), false)
-	if errno := open(gn); errno != 0 {
+	dgn := child(dn, "g", dg)
+	if errno := open(dgn); errno != 0 {
 		t.Fatalf("open d/g: %v", errno)
-	}
-	if err := st.Delete(ctx, "d/g", 0); err != nil {
-		t.Fatal(err)
-	}
-	if errno := open(gn); errno != syscall.ENOENT {
-		t.Fatalf("open of a removed d/g: %v, want ENOENT", errno)
-	}
-	if _, err := st.Create(ctx, "d/g", &store.Object{Ino: g.Ino}, true); err != nil { // back, its inode kept
-		t.Fatal(err)
-	}
-	if errno := open(gn); errno != 0 {
-		t.Fatalf("open d/g made again: %v", errno)
 	}
 	if err := st.Rename(ctx, "d", "e", 0); err != nil {
 		t.Fatal(err)
 	}
-	if errno := open(gn); errno != syscall.ESTALE {
+	if errno := open(dgn); errno != syscall.ESTALE {
 		t.Fatalf("open of d/g after d moved: %v, want ESTALE", errno)
 	}
 }

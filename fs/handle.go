@@ -84,7 +84,7 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	if acc == syscall.O_RDONLY {
 		r, err := n.fs.st.OpenReader(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
-			err = n.missing(ctx, key)
+			err = n.missing(key)
 		}
 		if err != nil {
 			return nil, err
@@ -121,25 +121,16 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 }
 
 // missing is the error of an open that found no file at key, the node's
-// key: ENOENT when the node's directory is still there under its key (the
-// file went: removed, renamed away or evicted, as a path walked a moment
-// later would say), else ESTALE, for the kernel to walk the path again
-// (the directory moved, and the node's key with it). An open that found
-// a file gone must not be ESTALE: the kernel retries it once only, and
-// under churn (evictions, puts making the key again) the retry can find
-// it gone again, which would reach the caller as ESTALE.
-func (n *node) missing(ctx context.Context, key string) error {
-	gone := fmt.Errorf("open %q: %w", key, store.ErrNotFound)
-	dir := store.Parent(key)
-	if dir == "" {
-		return gone // the root never moves
-	}
-	_, parent := n.Parent()
-	if parent == nil {
-		return store.ErrStale
-	}
-	if d, err := n.fs.st.Stat(ctx, dir); err == nil && d.Kind == store.KindDir && d.Ino == parent.StableAttr().Ino {
-		return gone
+// key: ENOENT when eviction took the node's file away (as a path walked
+// a moment later would say), else ESTALE, for the kernel to walk the path
+// again: the file may have moved (a rename the kernel's tree does not
+// show yet), and the walk finds it or says ENOENT. An evicted file must
+// not be ESTALE: the kernel retries once only, and under churn
+// (evictions, puts making the key again) the retry found it evicted too,
+// which reached the caller as ESTALE.
+func (n *node) missing(key string) error {
+	if n.fs.st.Evicted(n.StableAttr().Ino) {
+		return fmt.Errorf("open %q: evicted: %w", key, store.ErrNotFound)
 	}
 	return store.ErrStale
 }

@@ -36,8 +36,9 @@ func newFuzzFixture(t testing.TB) *fuzzFixture {
 func newFixtureOf(t testing.TB, size int) *fuzzFixture { return newFixtureWith(t, size, false) }
 
 // newFixtureWith is newFixtureOf with eviction on or off: on, the store
-// keeps its LRU in the index, as the daemon's does by default.
-func newFixtureWith(t testing.TB, size int, evict bool) *fuzzFixture {
+// keeps its LRU in the index, as the daemon's does by default. opts
+// change the store's options further.
+func newFixtureWith(t testing.TB, size int, evict bool, opts ...func(*store.Options)) *fuzzFixture {
 	tab := segment.NewTable()
 	// Mapped and faulted in as a daemon's segments are, outside the Go
 	// heap: a heap-allocated store of gigabytes put the collector's next
@@ -64,6 +65,9 @@ func newFixtureWith(t testing.TB, size int, evict bool) *fuzzFixture {
 	so := store.DefaultOptions()
 	idx := store.NewEmbeddedFor(store.KeysFor(uint64(size)))
 	so.Index, so.Segments, so.Engine, so.Evict = idx, tab, eng, evict
+	for _, o := range opts {
+		o(&so)
+	}
 	st, err := store.New(so)
 	if err != nil {
 		t.Fatal(err)

@@ -161,7 +161,8 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 		close(done)
 	}()
 	var swaps []Swap
-	if others := s.otherReplicas(o); len(others) > 0 {
+	others := s.otherReplicas(o)
+	if len(others) > 0 {
 		next := o.Clone()
 		next.Replicas = others
 		swaps = []Swap{{Key: key, Old: o.Version, New: next}}
@@ -171,10 +172,55 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
 		return 0, evictKept
 	}
+	if len(others) == 0 {
+		s.mu.Lock()
+		s.mu.evicted.add(o.Ino)
+		s.mu.Unlock()
+	}
 	s.committed([]*Object{o}, nil, []string{key})
 	s.stats.evictions.Add(1)
 	s.stats.evictedBytes.Add(o.Size)
 	return o.Size, evictDone
+}
+
+// maxEvicted is how many evicted files' inodes Evicted remembers.
+const maxEvicted = 4096
+
+// evictedRing remembers the inodes of the last maxEvicted files that
+// eviction took away. Guarded by Store.mu.
+type evictedRing struct {
+	inos map[uint64]int // inode -> times in ring
+	ring []uint64
+	next int // where the next one goes once ring is full
+}
+
+// add remembers ino, forgetting the oldest past maxEvicted.
+func (r *evictedRing) add(ino uint64) {
+	if r.inos == nil {
+		r.inos = make(map[uint64]int)
+	}
+	if len(r.ring) < maxEvicted {
+		r.ring = append(r.ring, ino)
+	} else {
+		old := r.ring[r.next]
+		if r.inos[old]--; r.inos[old] == 0 {
+			delete(r.inos, old)
+		}
+		r.ring[r.next] = ino
+		r.next = (r.next + 1) % maxEvicted
+	}
+	r.inos[ino]++
+}
+
+// Evicted reports whether eviction took the file of inode ino away from
+// this store lately (among the last maxEvicted files it did): a file
+// that went that way, not by a rename or a removal, so an open that
+// finds it gone may say so (ENOENT) rather than have the kernel walk its
+// path again.
+func (s *Store) Evicted(ino uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.evicted.inos[ino] > 0
 }
 
 // otherReplicas returns o's replicas on other nodes.

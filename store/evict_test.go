@@ -511,3 +511,36 @@ func TestMetaRoomOfBatches(t *testing.T) {
 		t.Fatalf("nothing evicted: %+v", st)
 	}
 }
+
+// TestEvicted: Evicted knows the inodes of the files eviction took, not
+// of files removed, kept or put again under a new inode, and forgets the
+// oldest past its bound.
+func TestEvicted(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	data := []byte("x")
+	first := s.put(t, "k0", data)
+	if !store.EvictKey(s.Store, "k0") || !s.Evicted(first.Ino) {
+		t.Fatal("k0: not evicted, or not known as evicted")
+	}
+	removed := s.put(t, "gone", data)
+	if err := s.Delete(ctx, "gone", 0); err != nil {
+		t.Fatal(err)
+	}
+	kept := s.put(t, "kept", data)
+	again := s.put(t, "k0", data) // a new file under an evicted key
+	if s.Evicted(removed.Ino) || s.Evicted(kept.Ino) || s.Evicted(again.Ino) {
+		t.Fatal("a removed, a kept or a new file known as evicted")
+	}
+	// As many more evictions as it remembers: the first is forgotten.
+	for i := range 4096 {
+		k := fmt.Sprintf("e%d", i)
+		o := s.put(t, k, data)
+		if !store.EvictKey(s.Store, k) || !s.Evicted(o.Ino) {
+			t.Fatalf("%s: not evicted, or not known as evicted", k)
+		}
+	}
+	if s.Evicted(first.Ino) {
+		t.Fatal("the oldest eviction is still remembered past the bound")
+	}
+}

@@ -145,6 +145,9 @@ type Store struct {
 		// evicting: inodes whose eviction is between its open check and
 		// its index swap; an open of one waits for the outcome (evict.go).
 		evicting map[uint64]chan struct{}
+		// evicted: the inodes of the last maxEvicted files eviction took
+		// away, in a ring (Evicted).
+		evicted evictedRing
 		// resv holds reservations for writers on other nodes (reserve.go).
 		resv     map[uint64]*reservation
 		nextResv uint64
