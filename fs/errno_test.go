@@ -128,12 +128,8 @@ func TestOpenGoneFile(t *testing.T) {
 	}
 	data := bytes.Repeat([]byte{1}, 4096)
 	child := func(parent *node, name string, o *store.Object) *node {
-		mode := uint32(syscall.S_IFREG)
-		if o.Kind == store.KindDir {
-			mode = syscall.S_IFDIR
-		}
 		n := fx.root.fs.newNode()
-		parent.AddChild(name, parent.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: mode, Ino: o.Ino}), false)
+		parent.AddChild(name, parent.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: fileType(o.Kind), Ino: o.Ino}), false)
 		return n
 	}
 	put := func(key string) *store.Object {
