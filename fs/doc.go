@@ -52,8 +52,9 @@
 // such a node answer ESTALE, and the kernel looks the path up again
 // (open, stat and the other path calls retry once), so an open reaches a
 // live file or fails, never a draft that could only commit into nowhere.
-// A read-only open that finds its file evicted answers ENOENT at once, as
-// the walk again would: under churn (evictions, puts making the key anew)
+// A read-only open that finds its file evicted (by this daemon: another
+// node's evictions are not known here) answers ENOENT at once, as the
+// walk again would: under churn (evictions, puts making the key anew)
 // the one retry could find it evicted too, and ESTALE would reach the
 // caller.
 // A file replaced by a rename through this mount keeps its last version

@@ -54,7 +54,8 @@ func (h *handle) fuseFlags() uint32 {
 // node must still be the file at key: a file that was removed, evicted or
 // replaced since the kernel looked it up answers ErrStale, and the kernel
 // looks the path up again (open, stat and the other path calls retry once
-// on ESTALE), so an open either reaches a live file or fails.
+// on ESTALE), so an open either reaches a live file or fails; but a
+// read-only open of a file this daemon evicted answers ENOENT (missing).
 func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint32) (*handle, error) {
 	if n.IsDir() {
 		return nil, store.ErrIsDir

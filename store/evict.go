@@ -154,9 +154,13 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 	done := make(chan struct{})
 	s.mu.evicting[o.Ino] = done
 	s.mu.Unlock()
+	gone := false // the key went with this node's bytes (Evicted)
 	defer func() {
 		s.mu.Lock()
 		delete(s.mu.evicting, o.Ino)
+		if gone {
+			s.mu.evicted.add(o.Ino) // before done: Evicted waits for it
+		}
 		s.mu.Unlock()
 		close(done)
 	}()
@@ -172,11 +176,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
 		return 0, evictKept
 	}
-	if len(others) == 0 {
-		s.mu.Lock()
-		s.mu.evicted.add(o.Ino)
-		s.mu.Unlock()
-	}
+	gone = len(others) == 0
 	s.committed([]*Object{o}, nil, []string{key})
 	s.stats.evictions.Add(1)
 	s.stats.evictedBytes.Add(o.Size)
@@ -212,13 +212,19 @@ func (r *evictedRing) add(ino uint64) {
 	r.inos[ino]++
 }
 
-// Evicted reports whether eviction took the file of inode ino away from
-// this store lately (among the last maxEvicted files it did): a file
-// that went that way, not by a rename or a removal, so an open that
-// finds it gone may say so (ENOENT) rather than have the kernel walk its
-// path again.
+// Evicted reports whether this store's eviction took the file of inode
+// ino away lately (among the last maxEvicted files it did): a file that
+// went that way, not by a rename or a removal, so an open that finds it
+// gone may say so (ENOENT) rather than have the kernel walk its path
+// again. An eviction of ino under way is waited for: its key may be gone
+// from the index already.
 func (s *Store) Evicted(ino uint64) bool {
 	s.mu.Lock()
+	if ch := s.mu.evicting[ino]; ch != nil {
+		s.mu.Unlock()
+		<-ch
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	return s.mu.evicted.inos[ino] > 0
 }
