@@ -453,8 +453,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 		// makes the kernel look the path up again.
 		err = store.ErrStale
 	}
-	if errors.Is(err, store.ErrStale) || errors.Is(err, store.ErrNotFound) {
-		// The version a rename replaced, if the kernel still has it.
+	if errors.Is(err, store.ErrStale) {
 		uid, _ := caller(ctx)
 		if gh := n.openGhost(uid, flags); gh != nil {
 			h, err = gh, nil

@@ -187,9 +187,10 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 const maxEvicted = 4096
 
 // evictedRing remembers the inodes of the last maxEvicted files that
-// eviction took away. Guarded by Store.mu.
+// eviction took away (an inode is never given again, so each comes once).
+// Guarded by Store.mu.
 type evictedRing struct {
-	inos map[uint64]int // inode -> times in ring
+	inos map[uint64]struct{}
 	ring []uint64
 	next int // where the next one goes once ring is full
 }
@@ -197,19 +198,16 @@ type evictedRing struct {
 // add remembers ino, forgetting the oldest past maxEvicted.
 func (r *evictedRing) add(ino uint64) {
 	if r.inos == nil {
-		r.inos = make(map[uint64]int)
+		r.inos = make(map[uint64]struct{})
 	}
 	if len(r.ring) < maxEvicted {
 		r.ring = append(r.ring, ino)
 	} else {
-		old := r.ring[r.next]
-		if r.inos[old]--; r.inos[old] == 0 {
-			delete(r.inos, old)
-		}
+		delete(r.inos, r.ring[r.next])
 		r.ring[r.next] = ino
 		r.next = (r.next + 1) % maxEvicted
 	}
-	r.inos[ino]++
+	r.inos[ino] = struct{}{}
 }
 
 // Evicted reports whether this store's eviction took the file of inode
@@ -226,7 +224,8 @@ func (s *Store) Evicted(ino uint64) bool {
 		s.mu.Lock()
 	}
 	defer s.mu.Unlock()
-	return s.mu.evicted.inos[ino] > 0
+	_, ok := s.mu.evicted.inos[ino]
+	return ok
 }
 
 // otherReplicas returns o's replicas on other nodes.
