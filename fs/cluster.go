@@ -2,7 +2,6 @@ package fs
 
 import (
 	"context"
-	"strings"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -43,22 +42,14 @@ func (f *FS) followIndex(ctx context.Context, root *gofs.Inode) error {
 // dentry of its last component and, when the kernel knows the inode, its
 // attributes and pages.
 func invalidatePath(root *gofs.Inode, key string) {
-	parent := root
-	parts := strings.Split(key, "/")
-	for i, name := range parts {
-		ch := parent.GetChild(name)
-		if i == len(parts)-1 {
-			if ch != nil {
-				ch.NotifyContent(0, 0)
-			}
-			parent.NotifyEntry(name)
-			return
-		}
-		if ch == nil {
-			return // nothing below is cached
-		}
-		parent = ch
+	parent, name, ch, last := walkKnown(root, key)
+	if !last {
+		return // nothing below is cached
 	}
+	if ch != nil {
+		ch.NotifyContent(0, 0)
+	}
+	parent.NotifyEntry(name)
 }
 
 // detached keeps a request's values (the caller's credentials) but not its

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -144,38 +143,35 @@ func (f *FS) getObject(ctx context.Context, key string, r *store.Reader, buf tra
 }
 
 // invalidation is what the kernel must forget about a key after a put by
-// name: the inode's attributes if it is known, else a negative dentry in
-// its parent if the daemon answered one (negative.go).
+// name: the inode's attributes if it is known, its name if it names
+// another inode (a file evicted or removed since the kernel looked it
+// up), else a negative dentry in its parent if the daemon answered one
+// (negative.go).
 type invalidation struct {
 	in      *gofs.Inode
 	name    string // entry of in to forget; "" for in's content
 	content bool
 }
 
-// invalidation finds what the kernel may hold about dir/rel, without
-// telling it: the caller applies it once its commit is done, and only
-// when there is one (applyAll).
-func (n *node) invalidation(rel string) (invalidation, bool) {
-	parent := &n.Inode
-	for rest := rel; ; {
-		name, more, last := rest, "", true
-		if i := strings.IndexByte(rest, '/'); i >= 0 {
-			name, more, last = rest[:i], rest[i+1:], false
+// invalidation finds what the kernel may hold about dir/rel, whose file
+// is now inode ino, without telling it: the caller applies it once its
+// commit is done, and only when there is one (applyAll).
+func (n *node) invalidation(rel string, ino uint64) (invalidation, bool) {
+	parent, name, ch, _ := walkKnown(&n.Inode, rel)
+	switch {
+	case ch == nil:
+		// The kernel may hold the name as missing: a key, or a
+		// directory a put made (FlagParents), is there now.
+		if n.fs.neg.cached(parent.StableAttr().Ino, name) {
+			return invalidation{in: parent, name: name}, true
 		}
-		ch := parent.GetChild(name)
-		if ch == nil {
-			// The kernel may hold the name as missing: a key, or a
-			// directory a put made (FlagParents), is there now.
-			if n.fs.neg.cached(parent.StableAttr().Ino, name) {
-				return invalidation{in: parent, name: name}, true
-			}
-			return invalidation{}, false
-		}
-		if last {
-			return invalidation{in: ch, content: true}, true
-		}
-		parent, rest = ch, more
+		return invalidation{}, false
+	case ch.StableAttr().Ino != ino:
+		// A name for a file gone: forgotten, the next walk finds this
+		// one (an open of the old node would answer ESTALE).
+		return invalidation{in: parent, name: name}, true
 	}
+	return invalidation{in: ch, content: true}, true
 }
 
 func (inv invalidation) apply() {

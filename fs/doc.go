@@ -52,11 +52,13 @@
 // such a node answer ESTALE, and the kernel looks the path up again
 // (open, stat and the other path calls retry once), so an open reaches a
 // live file or fails, never a draft that could only commit into nowhere.
-// A read-only open that finds its file evicted (by this daemon: another
-// node's evictions are not known here) answers ENOENT at once, as the
-// walk again would: under churn (evictions, puts making the key anew)
-// the one retry could find it evicted too, and ESTALE would reach the
-// caller.
+// Never ENOENT: the kernel does not pass O_CREAT on to an OPEN, and the
+// walk again creates the file for an open that has it. To keep such
+// retries rare under churn (keys evicted and put anew all the time, where
+// the one retry could land on a file evicted in turn), the kernel is told
+// to forget a name once its file is evicted (evictnotes.go; a cluster's
+// watch of the index does it there) and when a put by name makes its
+// key anew under another inode (before the put replies).
 // A file replaced by a rename through this mount keeps its last version
 // as a ghost until the kernel forgets the inode: an open the kernel sends
 // for it meanwhile gets that version, as on a local file system, so the

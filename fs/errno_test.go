@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -109,11 +110,12 @@ func TestRuntimeWaits(t *testing.T) {
 	}
 }
 
-// TestOpenGoneFile: a read-only open of a node whose file eviction took
-// from under the kernel answers ENOENT, as a path walked then would; one
-// whose file was removed (it may have moved: a rename the kernel's tree
-// does not show yet), replaced by another, or whose directory moved,
-// answers ESTALE, so the kernel walks the path again.
+// TestOpenGoneFile: a read-only open of a node whose file went from under
+// the kernel -- evicted, removed (it may have moved: a rename the kernel's
+// tree does not show yet), replaced by another, or in a directory that
+// moved -- answers ESTALE, so the kernel walks the path again; never
+// ENOENT, which would fail an open with O_CREAT (the kernel does not pass
+// it on to an OPEN) that the walk again makes the file for.
 func TestOpenGoneFile(t *testing.T) {
 	// Metadata for a few files: a new one evicts the least recently used.
 	fx := newFixtureWith(t, 8<<20, true, func(o *store.Options) { o.MetaLimit = 4 << 10 })
@@ -147,14 +149,21 @@ func TestOpenGoneFile(t *testing.T) {
 	if errno := open(gn); errno != 0 {
 		t.Fatalf("open g: %v", errno)
 	}
-	for i := 0; !st.Evicted(g.Ino); i++ {
+	var gone atomic.Bool // (evictions may run on the store's own goroutine)
+	st.OnEvict(func(_ string, ino uint64) {
+		if ino == g.Ino {
+			gone.Store(true)
+		}
+	})
+	defer st.OnEvict(nil)
+	for i := 0; !gone.Load(); i++ {
 		if i == 64 {
 			t.Fatal("g not evicted by 64 new files")
 		}
 		put(fmt.Sprintf("h%d", i))
 	}
-	if errno := open(gn); errno != syscall.ENOENT {
-		t.Fatalf("open of an evicted g: %v, want ENOENT", errno)
+	if errno := open(gn); errno != syscall.ESTALE {
+		t.Fatalf("open of an evicted g: %v, want ESTALE", errno)
 	}
 	if _, err := st.Create(ctx, "g", nil, true); err != nil { // another file, another inode
 		t.Fatal(err)
@@ -188,5 +197,42 @@ func TestOpenGoneFile(t *testing.T) {
 	}
 	if errno := open(dgn); errno != syscall.ESTALE {
 		t.Fatalf("open of d/g after d moved: %v, want ESTALE", errno)
+	}
+}
+
+// TestInvalidation: after a put by name, the kernel is told to forget
+// the file's attributes when it knows the file's inode, the name when it
+// knows the name for another inode (a file evicted since it looked), the
+// negative entry when it was told the name is missing, and nothing when
+// it knows nothing of the name or of a directory on the way.
+func TestInvalidation(t *testing.T) {
+	fx := newFixtureOf(t, 1<<20)
+	ctx := callerCtx(os.Getpid())
+	root := fx.root
+	n := fx.root.fs.newNode()
+	d := root.NewPersistentInode(ctx, fx.root.fs.newNode(), gofs.StableAttr{Mode: syscall.S_IFDIR, Ino: 7001})
+	root.AddChild("d", d, false)
+	d.AddChild("k", d.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: syscall.S_IFREG, Ino: 7002}), false)
+	for _, c := range []struct {
+		rel     string
+		ino     uint64
+		ok      bool
+		in      *gofs.Inode
+		name    string
+		content bool
+	}{
+		{rel: "d/k", ino: 7002, ok: true, in: &n.Inode, content: true},
+		{rel: "d/k", ino: 7003, ok: true, in: d, name: "k"},
+		{rel: "d/other", ino: 7004},
+		{rel: "e/k", ino: 7005},
+	} {
+		inv, ok := root.invalidation(c.rel, c.ino)
+		if ok != c.ok || inv.in != c.in || inv.name != c.name || inv.content != c.content {
+			t.Errorf("invalidation(%q, %d) = %+v, %v; want in %p name %q content %v, %v", c.rel, c.ino, inv, ok, c.in, c.name, c.content, c.ok)
+		}
+	}
+	fx.root.fs.neg.looking(7001, "asked", time.Hour)
+	if inv, ok := root.invalidation("d/asked", 7006); !ok || inv.in != d || inv.name != "asked" || inv.content {
+		t.Errorf("a name answered missing: %+v, %v; want its entry in d", inv, ok)
 	}
 }

@@ -3,7 +3,6 @@ package fs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -54,8 +53,9 @@ func (h *handle) fuseFlags() uint32 {
 // node must still be the file at key: a file that was removed, evicted or
 // replaced since the kernel looked it up answers ErrStale, and the kernel
 // looks the path up again (open, stat and the other path calls retry once
-// on ESTALE), so an open either reaches a live file or fails; but a
-// read-only open of a file this daemon evicted answers ENOENT (missing).
+// on ESTALE), so an open either reaches a live file or fails. Never
+// ENOENT: the kernel does not tell an OPEN that it has O_CREAT, and the
+// walk again creates the file for one that has.
 func (n *node) open(ctx context.Context, key string, o *store.Object, flags uint32) (*handle, error) {
 	if n.IsDir() {
 		return nil, store.ErrIsDir
@@ -85,7 +85,7 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	if acc == syscall.O_RDONLY {
 		r, err := n.fs.st.OpenReader(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
-			err = n.missing(key)
+			err = store.ErrStale
 		}
 		if err != nil {
 			return nil, err
@@ -119,21 +119,6 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	}
 	h.obj = o
 	return h, nil
-}
-
-// missing is the error of an open that found no file at key, the node's
-// key: ENOENT when eviction took the node's file away (as a path walked
-// a moment later would say), else ESTALE, for the kernel to walk the path
-// again: the file may have moved (a rename the kernel's tree does not
-// show yet), and the walk finds it or says ENOENT. An evicted file must
-// not be ESTALE: the kernel retries once only, and under churn
-// (evictions, puts making the key again) the retry found it evicted too,
-// which reached the caller as ESTALE.
-func (n *node) missing(key string) error {
-	if n.fs.st.Evicted(n.StableAttr().Ino) {
-		return fmt.Errorf("open %q: evicted: %w", key, store.ErrNotFound)
-	}
-	return store.ErrStale
 }
 
 // openGhost opens the version a rename replaced (see node.mu.ghost), nil

@@ -742,7 +742,7 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 				op.fail(err)
 			default:
 				op.n, op.version = objs[j].Size, objs[j].Version
-				if inv, ok := n.invalidation(op.rel); ok {
+				if inv, ok := n.invalidation(op.rel, objs[j].Ino); ok {
 					*invs = append(*invs, inv)
 				}
 			}
@@ -784,7 +784,7 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 			continue
 		}
 		pp.op.n, pp.op.version = pp.size, o.Version
-		if inv, ok := n.invalidation(pp.op.rel); ok {
+		if inv, ok := n.invalidation(pp.op.rel, o.Ino); ok {
 			*invs = append(*invs, inv)
 		}
 	}
@@ -951,7 +951,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 		}
 		break
 	}
-	if inv, ok := n.invalidation(op.rel); ok {
+	if inv, ok := n.invalidation(op.rel, o.Ino); ok {
 		inv.apply() // before the reply, as applyAll
 	}
 	return size, o.Version, nil

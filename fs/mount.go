@@ -75,14 +75,15 @@ func MountFS(dir string, o Options) (*Mount, error) {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
 	}
 	m := &Mount{Dir: dir, server: server, fs: f}
-	if o.Cluster {
-		ctx, cancel := context.WithCancel(context.Background())
-		m.stopFollow = cancel
-		if err := f.followIndex(ctx, &root.Inode); err != nil {
-			cancel()
-			_ = server.Unmount()
-			return nil, fmt.Errorf("fs: watch the index: %w", err)
-		}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.stopFollow = cancel
+	if !o.Cluster {
+		// (A cluster's watch of the index sees the evictions too.)
+		f.followEvictions(ctx, &root.Inode)
+	} else if err := f.followIndex(ctx, &root.Inode); err != nil {
+		cancel()
+		_ = server.Unmount()
+		return nil, fmt.Errorf("fs: watch the index: %w", err)
 	}
 	return m, nil
 }

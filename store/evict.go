@@ -154,13 +154,9 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 	done := make(chan struct{})
 	s.mu.evicting[o.Ino] = done
 	s.mu.Unlock()
-	gone := false // the key went with this node's bytes (Evicted)
 	defer func() {
 		s.mu.Lock()
 		delete(s.mu.evicting, o.Ino)
-		if gone {
-			s.mu.evicted.add(o.Ino) // before done: Evicted waits for it
-		}
 		s.mu.Unlock()
 		close(done)
 	}()
@@ -176,56 +172,26 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
 		return 0, evictKept
 	}
-	gone = len(others) == 0
 	s.committed([]*Object{o}, nil, []string{key})
 	s.stats.evictions.Add(1)
 	s.stats.evictedBytes.Add(o.Size)
+	if f := s.onEvict.Load(); f != nil && len(others) == 0 {
+		(*f)(key, o.Ino)
+	}
 	return o.Size, evictDone
 }
 
-// maxEvicted is how many evicted files' inodes Evicted remembers.
-const maxEvicted = 4096
-
-// evictedRing remembers the inodes of the last maxEvicted files that
-// eviction took away (an inode is never given again, so each comes once).
-// Guarded by Store.mu.
-type evictedRing struct {
-	inos map[uint64]struct{}
-	ring []uint64
-	next int // where the next one goes once ring is full
-}
-
-// add remembers ino, forgetting the oldest past maxEvicted.
-func (r *evictedRing) add(ino uint64) {
-	if r.inos == nil {
-		r.inos = make(map[uint64]struct{})
+// OnEvict has f told of each file that this store's eviction takes away
+// with its key (not one whose copies on other nodes keep it), once it is
+// gone: its key and inode. f runs on the evicting goroutine, which may be
+// serving a request and holds no lock of the store; it must neither block
+// nor call the store. nil stops the calls.
+func (s *Store) OnEvict(f func(key string, ino uint64)) {
+	if f == nil {
+		s.onEvict.Store(nil)
+		return
 	}
-	if len(r.ring) < maxEvicted {
-		r.ring = append(r.ring, ino)
-	} else {
-		delete(r.inos, r.ring[r.next])
-		r.ring[r.next] = ino
-		r.next = (r.next + 1) % maxEvicted
-	}
-	r.inos[ino] = struct{}{}
-}
-
-// Evicted reports whether this store's eviction took the file of inode
-// ino away lately (among the last maxEvicted files it did): a file that
-// went that way, not by a rename or a removal, so an open that finds it
-// gone may say so (ENOENT) rather than have the kernel walk its path
-// again. An eviction of ino under way is waited for: its key may be gone
-// from the index already.
-func (s *Store) Evicted(ino uint64) bool {
-	s.mu.Lock()
-	if ch := s.mu.evicting[ino]; ch != nil {
-		s.mu.Unlock()
-		<-ch
-		s.mu.Lock()
-	}
-	defer s.mu.Unlock()
-	_, ok := s.mu.evicted.inos[ino]
-	return ok
+	s.onEvict.Store(&f)
 }
 
 // otherReplicas returns o's replicas on other nodes.

@@ -512,35 +512,42 @@ func TestMetaRoomOfBatches(t *testing.T) {
 	}
 }
 
-// TestEvicted: Evicted knows the inodes of the files eviction took, not
-// of files removed, kept or put again under a new inode, and forgets the
-// oldest past its bound.
-func TestEvicted(t *testing.T) {
+// TestOnEvict: the hook hears of each file eviction takes, with its
+// inode, and of nothing else (a removal, a put, a file kept); nil stops it.
+func TestOnEvict(t *testing.T) {
 	s := newTestStore(t, 1<<20)
 	ctx := context.Background()
 	data := []byte("x")
-	first := s.put(t, "k0", data)
-	if !store.EvictKey(s.Store, "k0") || !s.Evicted(first.Ino) {
-		t.Fatal("k0: not evicted, or not known as evicted")
+	type note struct {
+		key string
+		ino uint64
 	}
-	removed := s.put(t, "gone", data)
-	if err := s.Delete(ctx, "gone", 0); err != nil {
+	var heard []note
+	s.OnEvict(func(key string, ino uint64) { heard = append(heard, note{key, ino}) })
+	first := s.put(t, "k0", data)
+	if !store.EvictKey(s.Store, "k0") {
+		t.Fatal("k0 not evicted")
+	}
+	if want := []note{{"k0", first.Ino}}; !slices.Equal(heard, want) {
+		t.Fatalf("heard %v, want %v", heard, want)
+	}
+	if err := s.Delete(ctx, s.put(t, "gone", data).Key, 0); err != nil {
 		t.Fatal(err)
 	}
-	kept := s.put(t, "kept", data)
-	again := s.put(t, "k0", data) // a new file under an evicted key
-	if s.Evicted(removed.Ino) || s.Evicted(kept.Ino) || s.Evicted(again.Ino) {
-		t.Fatal("a removed, a kept or a new file known as evicted")
+	s.put(t, "k0", data) // a new file under the evicted key
+	s.put(t, "k0", data) // and its replacement
+	if _, err := s.Create(ctx, "empty", nil, true); err != nil {
+		t.Fatal(err)
 	}
-	// As many more evictions as it remembers: the first is forgotten.
-	for i := range 4096 {
-		k := fmt.Sprintf("e%d", i)
-		o := s.put(t, k, data)
-		if !store.EvictKey(s.Store, k) || !s.Evicted(o.Ino) {
-			t.Fatalf("%s: not evicted, or not known as evicted", k)
-		}
+	if store.EvictKey(s.Store, "empty") { // nothing here to evict: kept
+		t.Fatal("an empty file evicted")
 	}
-	if s.Evicted(first.Ino) {
-		t.Fatal("the oldest eviction is still remembered past the bound")
+	if len(heard) != 1 {
+		t.Fatalf("heard %v after a removal, puts and a file kept", heard)
+	}
+	s.OnEvict(nil)
+	s.put(t, "k1", data)
+	if !store.EvictKey(s.Store, "k1") || len(heard) != 1 {
+		t.Fatalf("k1 not evicted, or heard of after OnEvict(nil): %v", heard)
 	}
 }

@@ -118,6 +118,7 @@ type Store struct {
 	segs    *segment.Table
 	eng     *transfer.Engine
 	kick    chan struct{}
+	onEvict atomic.Pointer[func(key string, ino uint64)] // OnEvict
 	done    chan struct{}
 	started int64 // Unix ns; the root directory's times
 	wg      sync.WaitGroup
@@ -145,9 +146,6 @@ type Store struct {
 		// evicting: inodes whose eviction is between its open check and
 		// its index swap; an open of one waits for the outcome (evict.go).
 		evicting map[uint64]chan struct{}
-		// evicted: the inodes of the last maxEvicted files eviction took
-		// away, in a ring (Evicted).
-		evicted evictedRing
 		// resv holds reservations for writers on other nodes (reserve.go).
 		resv     map[uint64]*reservation
 		nextResv uint64

@@ -235,3 +235,38 @@ print(f"oldest_gone={not os.path.exists(mnt + '/m0/k000000')}")
 		t.Errorf("%d of %d B used: the bytes, not the entries, ran out", st.Used, st.Capacity)
 	}
 }
+
+// TestEvictedNames: the kernel forgets the names of files eviction takes,
+// even when it may keep names an hour (--cache-timeout 1h), and an open
+// that races the eviction behaves as on a file removed: O_CREAT makes the
+// file anew (the kernel does not tell the daemon's OPEN of O_CREAT: a
+// gone file there must answer ESTALE, for the kernel to walk the path
+// again, never ENOENT), a plain open says ENOENT.
+func TestEvictedNames(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "16MiB", "--cache-timeout", "1h")
+	out := py(t, pyErrnoPrelude+`
+import time
+m = sys.argv[1]
+for n in ("a", "b", "c"):
+    with open(f"{m}/{n}", "wb") as f:
+        f.write(b"x" * 4096)
+    os.stat(f"{m}/{n}")  # the kernel keeps the name, and the inode
+for i in range(8):  # 32 MiB into 16: the oldest files go first
+    with open(f"{m}/big{i}", "wb") as f:
+        f.write(b"y" * (4 << 20))
+fd = try_("creat", os.open, f"{m}/a", os.O_RDONLY | os.O_CREAT, 0o644)
+if fd is not None:
+    print(f"a_size={os.fstat(fd).st_size}")
+    os.close(fd)
+try_("read", os.open, f"{m}/c", os.O_RDONLY)
+deadline = time.time() + 30
+while os.path.exists(f"{m}/b") and time.time() < deadline:
+    time.sleep(0.01)
+print(f"b_gone={not os.path.exists(m + '/b')}")
+`, d.dir)
+	checkResults(t, out, map[string]string{"creat": "OK", "a_size": "0", "read": "ENOENT", "b_gone": "True"})
+	if st := d.checkAlive(t); st.Evict.Evictions == 0 {
+		t.Fatalf("nothing evicted: %+v", st.Evict)
+	}
+}

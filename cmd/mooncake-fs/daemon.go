@@ -47,6 +47,7 @@ type mountConfig struct {
 	maxOpen     int
 	cpus        []int // nil: wherever the scheduler puts them
 	stopTimeout time.Duration
+	cacheTTL    time.Duration // the kernel's entry, attribute and negative timeouts
 	cluster     clusterConfig
 	rdma        rdmaConfig
 }
@@ -82,6 +83,7 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 	fl.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error; debug logs one line per operation")
 	fl.BoolVar(&c.fuseDebug, "fuse-debug", false, "log every FUSE request")
 	fl.DurationVar(&c.stopTimeout, "stop-timeout", 10*time.Second, "on SIGTERM: detach lazily when files stay open this long (then serve them until closed); exit 1 once ioctls are running and none ended for this long")
+	fl.DurationVar(&c.cacheTTL, "cache-timeout", mfs.DefaultOptions().EntryTimeout, "how long the kernel trusts names and attributes it looked up (0: it asks every time); in a cluster, attributes and missing names are never kept")
 	fl.StringVar(&c.node, "node", "", "this node's name in replica lists (default: local; in a cluster: the host name)")
 	fl.StringVar(&c.cluster.etcd, "etcd", "", "join a cluster whose index is in etcd at URL[,URL...] (e.g. http://127.0.0.1:2379)")
 	fl.StringVar(&c.cluster.listen, "listen", "127.0.0.1:7070", "cluster: serve this node's segments to peers at ADDR")
@@ -136,6 +138,9 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 	}
 	if c.stopTimeout < 100*time.Millisecond || c.stopTimeout > time.Hour {
 		errs = append(errs, fmt.Errorf("--stop-timeout %v: want 100ms to 1h", c.stopTimeout))
+	}
+	if c.cacheTTL < 0 || c.cacheTTL > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("--cache-timeout %v: want 0 to 24h", c.cacheTTL))
 	}
 	if c.cluster.etcd != "" && (c.cluster.ttl < time.Second || c.cluster.ttl > 5*time.Minute) {
 		errs = append(errs, fmt.Errorf("--node-ttl %v: want 1s to 5m", c.cluster.ttl))
@@ -329,6 +334,7 @@ func (d *daemon) start() error {
 	fo.Registerer = d.reg
 	fo.Debug = d.cfg.fuseDebug
 	fo.MaxOpen = d.cfg.maxOpen
+	fo.EntryTimeout, fo.AttrTimeout, fo.NegativeTimeout = d.cfg.cacheTTL, d.cfg.cacheTTL, d.cfg.cacheTTL
 	fo.Status = func() ([]byte, error) { return json.Marshal(d.status()) }
 	fo.Cluster = d.cl != nil
 	if d.rdma != nil && d.rdma.path != nil {
