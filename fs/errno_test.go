@@ -236,3 +236,19 @@ func TestInvalidation(t *testing.T) {
 		t.Errorf("a name answered missing: %+v, %v; want its entry in d", inv, ok)
 	}
 }
+
+// TestSpareProcs: after a mount, the scheduler has a P more than the
+// server's readers can hold (go-fuse: max(2, min(16, procs)) + 1 of
+// them), and never fewer Ps than it had.
+func TestSpareProcs(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, c := range []struct{ before, procs, want int }{
+		{1, 1, 4}, {2, 2, 4}, {4, 4, 6}, {16, 16, 18}, {64, 64, 64}, {20, 16, 20}, {8, 32, 18},
+	} {
+		runtime.GOMAXPROCS(c.before)
+		spareProcs(c.procs)
+		if got := runtime.GOMAXPROCS(0); got != c.want {
+			t.Errorf("GOMAXPROCS %d, server made at %d: %d after, want %d", c.before, c.procs, got, c.want)
+		}
+	}
+}
