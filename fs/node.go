@@ -254,10 +254,15 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	var err error
 	key, ok := n.key()
 	defer func() { n.fs.opDone(ctx, "getattr", key, 0, start, errno, err) }()
+	// The file as it is now, even for a reader's fstat: the kernel keeps
+	// one set of attributes per inode, for every caller and for its
+	// permission checks, and go-fuse passes some open handle of the
+	// node when the kernel passes none (a stat by path). A reader's
+	// version (the one it reads) is not the file's: answered here, a
+	// file kept open let others in after a chmod, and cp of a file
+	// rewritten since stopped at the old size.
 	var o *store.Object
-	if h, isH := fh.(*handle); isH && h.reader != nil {
-		o = h.reader.Object()
-	} else if ok {
+	if ok {
 		if o, err = n.fs.st.Stat(ctx, key); err != nil || o.Ino != n.StableAttr().Ino {
 			o = nil
 		}

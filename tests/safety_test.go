@@ -487,3 +487,43 @@ print("after_exit=" + ("new" if open(p, "rb").read() == b"done" else "old"))
 `, d.dir)
 	checkResults(t, out, map[string]string{"after_kill": "old", "after_exit": "new"})
 }
+
+// TestStatWhileOpen: a file some process holds open answers stat, and the
+// kernel's permission checks, as it is now, not as the version the
+// holder reads: a chmod 600 keeps other users out, and a file rewritten
+// since copies whole. (--cache-timeout 0: the kernel asks the daemon at
+// every stat and check, as it does after a second by default.)
+func TestStatWhileOpen(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "setpriv")
+	d := startDaemon(t, "--size", "64MiB", "--cache-timeout", "0")
+	run(t, "chmod", "0755", d.dir)
+	secret, f := d.path("secret"), d.path("f")
+	holder := background(t, python, "-c", `
+import os, sys, time
+secret, f = sys.argv[1], sys.argv[2]
+with open(secret, "w") as w:
+    w.write("top secret")
+os.chmod(secret, 0o644)
+with open(f, "wb") as w:
+    w.write(b"A" * 5000)
+hs, hf = open(secret, "rb"), open(f, "rb")  # held open, old versions
+os.chmod(secret, 0o600)
+with open(f, "wb") as w:
+    w.write(b"B" * 20000)
+print(f"held_reads={len(hf.read())}", flush=True)
+print("ready", flush=True)
+time.sleep(60)
+`, secret, f)
+	holder.waitOutput(t, "ready")
+	if out, err := asNobody(`cat "$1"`, secret); err == nil || !strings.Contains(out, "Permission denied") {
+		t.Errorf("nobody read a mode-600 file held open by root: %v\n%s", err, out)
+	}
+	if out := run(t, "stat", "-c", "%s %a", f, secret); out != "20000 644\n10 600\n" {
+		t.Errorf("stat of files held open: %q, want the current sizes and modes", out)
+	}
+	run(t, "cp", f, d.path("copy"))
+	if out := run(t, "stat", "-c", "%s", d.path("copy")); out != "20000\n" {
+		t.Errorf("cp of a rewritten file held open at its old version: %s B, want 20000", strings.TrimSpace(out))
+	}
+}
