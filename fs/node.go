@@ -409,9 +409,27 @@ func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64)
 	return err
 }
 
-func (n *node) template(ctx context.Context, mode uint32) *store.Object {
+// template is a new entry of n made by the caller: its owner, and mode
+// (after the kernel's umask). In a setgid directory, as on any Linux file
+// system, the entry takes the directory's group, a directory the setgid
+// bit too, and a file made by a caller outside that group loses a setgid
+// bit that would run it as the group (mode_strip_sgid; the caller's
+// supplementary groups are not known here, so only its own group counts).
+func (n *node) template(ctx context.Context, mode uint32, dir bool) *store.Object {
 	uid, gid := caller(ctx)
-	return &store.Object{Mode: mode & 0o7777, Uid: uid, Gid: gid}
+	mode &= 0o7777
+	if key, ok := n.key(); ok {
+		if p, err := n.fs.st.Stat(ctx, key); err == nil && p.Mode&syscall.S_ISGID != 0 {
+			switch {
+			case dir:
+				mode |= syscall.S_ISGID
+			case mode&(syscall.S_ISGID|syscall.S_IXGRP) == syscall.S_ISGID|syscall.S_IXGRP && uid != 0 && gid != p.Gid:
+				mode &^= syscall.S_ISGID
+			}
+			gid = p.Gid
+		}
+	}
+	return &store.Object{Mode: mode, Uid: uid, Gid: gid}
 }
 
 // Create implements gofs.NodeCreater.
@@ -429,7 +447,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err = n.fs.opens.take(uid); err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	o, err := n.fs.st.Create(ctx, key, n.template(ctx, mode), flags&syscall.O_EXCL != 0)
+	o, err := n.fs.st.Create(ctx, key, n.template(ctx, mode, false), flags&syscall.O_EXCL != 0)
 	if err != nil {
 		n.fs.opens.put(uid)
 		return nil, nil, 0, toErrno(err)
@@ -508,7 +526,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	if key, err = n.childKey(name); err != nil {
 		return nil, toErrno(err)
 	}
-	o, err := n.fs.st.Mkdir(ctx, key, n.template(ctx, mode))
+	o, err := n.fs.st.Mkdir(ctx, key, n.template(ctx, mode, true))
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -611,7 +629,7 @@ func (n *node) Allocate(ctx context.Context, fh gofs.FileHandle, off uint64, siz
 	return toErrno(err)
 }
 
-// Symlink, Link and Mknod: the store keeps files and directories only.
+// Symlink and Link: the store keeps files and directories only.
 func (n *node) Symlink(context.Context, string, string, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	return nil, syscall.EOPNOTSUPP
 }
@@ -620,6 +638,27 @@ func (n *node) Link(context.Context, gofs.InodeEmbedder, string, *fuse.EntryOut)
 	return nil, syscall.EOPNOTSUPP
 }
 
-func (n *node) Mknod(context.Context, string, uint32, uint32, *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
-	return nil, syscall.EOPNOTSUPP
+// Mknod implements gofs.NodeMknoder for regular files, which tar makes
+// this way when it extracts one with xattrs: an empty file, as an
+// exclusive create that opens nothing. Device nodes, FIFOs and sockets:
+// the store keeps files and directories only.
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, _ uint32, out *fuse.EntryOut) (ch *gofs.Inode, errno syscall.Errno) {
+	if mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, syscall.EOPNOTSUPP
+	}
+	ctx = detached(ctx)
+	start := time.Now()
+	var err error
+	key := name
+	defer func() { n.fs.opDone(ctx, "mknod", key, 0, start, errno, err) }()
+	if key, err = n.childKey(name); err != nil {
+		return nil, toErrno(err)
+	}
+	o, err := n.fs.st.Create(ctx, key, n.template(ctx, mode, false), true)
+	if err != nil {
+		return nil, toErrno(err)
+	}
+	ch = n.newChild(ctx, o)
+	n.fs.entryOut(o, 0, out)
+	return ch, 0
 }

@@ -300,9 +300,11 @@ print("stat_size=%d" % os.stat(f).st_size)
 	run(t, "cmp", "-n", "1234", "/dev/zero", f)
 }
 
-// testBadNamespace: refused directory and name operations.
+// testBadNamespace: refused directory and name operations (and mknod of
+// a regular file, the one kind of node the store keeps).
 func testBadNamespace(t *testing.T, d *daemon, dir string) {
 	out := py(t, pyErrnoPrelude+`
+import stat
 d = sys.argv[1]
 os.mkdir(d + "/dir")
 with open(d + "/dir/f", "wb") as f:
@@ -324,6 +326,11 @@ try_("rename_missing", os.rename, d + "/missing", d + "/x")
 try_("symlink", os.symlink, "file", d + "/link")
 try_("hardlink", os.link, d + "/file", d + "/hard")
 try_("mkfifo", os.mkfifo, d + "/fifo")
+try_("mknod_chr", os.mknod, d + "/chr", 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+try_("mknod_reg", os.mknod, d + "/reg", 0o640 | stat.S_IFREG)
+try_("mknod_reg_existing", os.mknod, d + "/file", 0o644 | stat.S_IFREG)
+st = os.stat(d + "/reg")
+print(f"reg={stat.filemode(st.st_mode)} {st.st_size}")
 with open(d + "/dir/f", "rb") as f:
     print("kept=" + f.read().decode())
 with open(d + "/file", "rb") as f:
@@ -336,7 +343,8 @@ print("listing=" + ",".join(sorted(os.listdir(d))))
 		"mkdir_under_file": "ENOTDIR", "open_dir_for_write": "EISDIR", "rename_dir_into_itself": "EINVAL",
 		"rename_file_over_dir": "EISDIR", "rename_dir_over_file": "ENOTDIR", "rename_missing": "ENOENT",
 		"symlink": "EOPNOTSUPP|EPERM", "hardlink": "EOPNOTSUPP|EPERM", "mkfifo": "EOPNOTSUPP|EPERM",
-		"kept": "kept", "file": "file", "listing": "dir,file",
+		"mknod_chr": "EOPNOTSUPP|EPERM", "mknod_reg": "OK", "mknod_reg_existing": "EEXIST", "reg": "-rw-r----- 0",
+		"kept": "kept", "file": "file", "listing": "dir,file,reg",
 	})
 	if out, err := runErr("rmdir", filepath.Join(dir, "dir")); err == nil || !strings.Contains(out, "Directory not empty") {
 		t.Errorf("rmdir of a non-empty directory: %v, want ENOTEMPTY\n%s", err, out)

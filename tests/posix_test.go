@@ -796,3 +796,37 @@ func TestRootAttributes(t *testing.T) {
 	}
 	d.checkAlive(t)
 }
+
+// TestSetgidAndTarXattrs: a setgid directory gives its group to what is
+// made in it and its setgid bit to new directories, as on tmpfs; and tar
+// extracts files with xattrs, which it makes with mknod(S_IFREG).
+func TestSetgidAndTarXattrs(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "tar", "setfattr", "getfattr")
+	d := startDaemon(t, "--size", "64MiB")
+	shared := d.path("shared")
+	run(t, "mkdir", shared)
+	run(t, "chgrp", "1234", shared)
+	run(t, "chmod", "2775", shared)
+	run(t, "touch", filepath.Join(shared, "file"))
+	run(t, "mkdir", filepath.Join(shared, "sub"))
+	if out := run(t, "stat", "-c", "%n %g %a", filepath.Join(shared, "file"), filepath.Join(shared, "sub")); out !=
+		shared+"/file 1234 644\n"+shared+"/sub 1234 2755\n" {
+		t.Errorf("entries of a setgid directory:\n%s", out)
+	}
+	src := t.TempDir()
+	run(t, "mkdir", filepath.Join(src, "t"))
+	f := filepath.Join(src, "t", "f")
+	if err := os.WriteFile(f, []byte("hi\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "setfattr", "-n", "user.origin", "-v", "web", f)
+	archive := filepath.Join(t.TempDir(), "x.tar")
+	run(t, "tar", "--xattrs", "-cf", archive, "-C", src, "t")
+	run(t, "tar", "--xattrs", "-xf", archive, "-C", d.dir)
+	got := d.path("t", "f")
+	if out := run(t, "getfattr", "--absolute-names", "--only-values", "-n", "user.origin", got); out != "web" {
+		t.Errorf("xattr after tar --xattrs -x: %q", out)
+	}
+	run(t, "cmp", f, got)
+}
