@@ -178,8 +178,13 @@ func (f *FS) fillAttr(o *store.Object, size uint64, a *fuse.Attr) {
 		a.Blocks = 8
 	}
 	a.Uid, a.Gid = o.Uid, o.Gid
-	mt := time.Unix(0, o.Mtime)
-	ct := time.Unix(0, o.Ctime)
+	mns, cns := o.Mtime, o.Ctime
+	if o.Kind == store.KindDir {
+		// An entry made or removed since the record was written.
+		t := f.st.DirChanged(o.Key)
+		mns, cns = max(mns, t), max(cns, t)
+	}
+	mt, ct := time.Unix(0, mns), time.Unix(0, cns)
 	a.SetTimes(&mt, &mt, &ct)
 }
 

@@ -169,7 +169,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 	} else if swaps, err = s.removal(ctx, o); err != nil {
 		return 0, evictKept
 	}
-	if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+	if _, err := s.cas(ctx, swaps...); err != nil {
 		return 0, evictKept
 	}
 	s.committed([]*Object{o}, nil, []string{key})

@@ -41,3 +41,6 @@ func AddLease(s *Store, node string, epoch, id uint64) {
 // LRUTail returns up to n keys of s's LRU, least recently used first, for
 // tests.
 func LRUTail(s *Store, n int) []string { return s.lruTail(n) }
+
+// MaxDirTimes is maxDirTimes, for tests.
+const MaxDirTimes = maxDirTimes

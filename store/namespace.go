@@ -270,7 +270,7 @@ func (s *Store) Create(ctx context.Context, key string, t *Object, exclusive boo
 		if err := s.metaRoom("create", key, o.MetaBytes()); err != nil {
 			return nil, err
 		}
-		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, New: o}); err != nil {
+		if _, err := s.cas(ctx, Swap{Key: key, New: o}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
@@ -298,7 +298,7 @@ func (s *Store) Mkdir(ctx context.Context, key string, t *Object) (*Object, erro
 	if err := s.metaRoom("mkdir", key, o.MetaBytes()); err != nil {
 		return nil, err
 	}
-	if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: key, New: o}); err != nil {
+	if _, err := s.cas(ctx, Swap{Key: key, New: o}); err != nil {
 		if errors.Is(err, ErrConflict) {
 			return nil, fmt.Errorf("mkdir %q: %w", key, ErrExists)
 		}
@@ -375,12 +375,13 @@ func (s *Store) Rmdir(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
-		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+		if _, err := s.cas(ctx, swaps...); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
 			return err
 		}
+		s.forgetDir(key)
 		return nil
 	}
 }
@@ -409,7 +410,7 @@ func (s *Store) Delete(ctx context.Context, key string, ifIno uint64) error {
 		if err != nil {
 			return err
 		}
-		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+		if _, err := s.cas(ctx, swaps...); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
@@ -452,7 +453,7 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 			c := *n
 			c.Key, in = rootKey, &c
 		}
-		if _, err := s.idx.CompareAndSwap(ctx, Swap{Key: in.Key, Old: o.Version, New: in}); err != nil {
+		if _, err := s.cas(ctx, Swap{Key: in.Key, Old: o.Version, New: in}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
@@ -577,6 +578,9 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 			if errors.Is(err, ErrConflict) && ctx.Err() == nil {
 				continue
 			}
+			if err == nil {
+				s.moveDir(oldKey, newKey)
+			}
 			return err
 		}
 		if p := Parent(oldKey); p != "" && !strings.HasPrefix(newKey, p+"/") {
@@ -586,7 +590,7 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 				swaps = append(swaps, *sw)
 			}
 		}
-		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+		if _, err := s.cas(ctx, swaps...); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
@@ -602,6 +606,9 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 			}
 		}
 		s.committed(replaced, put, deleted)
+		if src.Kind == KindDir {
+			s.moveDir(oldKey, newKey)
+		}
 		return nil
 	}
 }

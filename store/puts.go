@@ -285,7 +285,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	}
 	s.mu.Unlock()
 	if len(swaps) > 0 {
-		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
+		if _, err := s.cas(ctx, swaps...); err != nil {
 			// One by one: each key fails or commits alone. A key that
 			// failed fails at its later swaps too, untried (ErrConflict):
 			// a later one committed before the caller put the earlier
@@ -294,7 +294,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 			for k, sw := range swaps {
 				err := fmt.Errorf("an earlier put of the key failed: %w", ErrConflict)
 				if !failed[sw.Key] {
-					_, err = s.idx.CompareAndSwap(ctx, sw)
+					_, err = s.cas(ctx, sw)
 				}
 				if errors.Is(err, ErrConflict) && sw.Old == 0 {
 					// Absent when checked, there now: as an exclusive

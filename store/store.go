@@ -119,6 +119,7 @@ type Store struct {
 	eng     *transfer.Engine
 	kick    chan struct{}
 	onEvict atomic.Pointer[func(key string, ino uint64)] // OnEvict
+	dirs    dirTimes                                     // entry changes by directory (DirChanged)
 	done    chan struct{}
 	started int64 // Unix ns; the root directory's times
 	wg      sync.WaitGroup

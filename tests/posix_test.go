@@ -830,3 +830,37 @@ func TestSetgidAndTarXattrs(t *testing.T) {
 	}
 	run(t, "cmp", f, got)
 }
+
+// TestDirectoryMtime: a directory's mtime moves when an entry is made in
+// it or leaves it, through the mount or by a batch put, so Python finds a
+// module written beside one it imported before (its import system lists
+// a directory again only when that mtime moved). --cache-timeout 0: the
+// kernel asks at every stat.
+func TestDirectoryMtime(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB", "--cache-timeout", "0")
+	out := py(t, keysPrelude+`
+import time
+d = mnt + "/pkg"
+os.mkdir(d)
+def moved(label, fn):
+    before = os.stat(d).st_mtime_ns
+    time.sleep(0.002)
+    fn()
+    print(f"{label}={os.stat(d).st_mtime_ns > before}")
+moved("create", lambda: open(d + "/mod_a.py", "w").write("X = 1\n"))
+sys.path.insert(0, d)
+import mod_a
+moved("create2", lambda: open(d + "/mod_b.py", "w").write("Y = 2\n"))
+import mod_b
+print(f"import={mod_b.Y}")
+moved("rewrite", lambda: open(d + "/mod_b.py", "w").write("Y = 3\n"))
+moved("mkdir", lambda: os.mkdir(d + "/sub"))
+moved("rmdir", lambda: os.rmdir(d + "/sub"))
+moved("rename_out", lambda: os.rename(d + "/mod_b.py", mnt + "/mod_b.py"))
+moved("unlink", lambda: os.unlink(d + "/mod_a.py"))
+moved("batch_put", lambda: c.batch_put({"k1": b"1", "k2": b"2"}, dir="pkg"))
+`, pythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"create": "True", "create2": "True", "import": "2", "rewrite": "False",
+		"mkdir": "True", "rmdir": "True", "rename_out": "True", "unlink": "True", "batch_put": "True"})
+}
