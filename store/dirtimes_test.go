@@ -71,6 +71,16 @@ func TestDirChanged(t *testing.T) {
 		return nil
 	})
 	step("top-level create", "", true, func() error { _, err := s.Create(ctx, "top", nil, true); return err })
+	if _, err := s.Create(ctx, "b/h", nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Update(ctx, "b", 0, func(o *store.Object) error { o.Mtime = 5; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.DirChanged("b"); got != 0 {
+		t.Fatalf("b's mtime set: its last entry change still shows (%d)", got)
+	}
+	step("create after the mtime was set", "b", true, func() error { _, err := s.Create(ctx, "b/i", nil, true); return err })
 	last := s.DirChanged("b")
 	tick()
 	if err := s.Rename(ctx, "b", "c", 0); err != nil {

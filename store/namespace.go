@@ -460,6 +460,11 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 			return nil, err
 		}
 		n.Version = in.Version
+		if n.Kind == KindDir && n.Mtime != o.Mtime {
+			// Set by the caller (rsync, tar): shown as set, not as the
+			// last entry change, until the next one.
+			s.forgetDir(key)
+		}
 		if o.Pinned && !n.Pinned && n.Kind == KindFile {
 			// Eviction takes pinned files out of the LRU (forgetAt): back
 			// in, as used now.
