@@ -150,12 +150,12 @@ func TestOpenGoneFile(t *testing.T) {
 		t.Fatalf("open g: %v", errno)
 	}
 	var gone atomic.Bool // (evictions may run on the store's own goroutine)
-	st.OnEvict(func(_ string, ino uint64) {
+	stop := st.OnEvict(func(_ string, ino uint64) {
 		if ino == g.Ino {
 			gone.Store(true)
 		}
 	})
-	defer st.OnEvict(nil)
+	defer stop()
 	for i := 0; !gone.Load(); i++ {
 		if i == 64 {
 			t.Fatal("g not evicted by 64 new files")
@@ -239,9 +239,16 @@ func TestInvalidation(t *testing.T) {
 
 // TestSpareProcs: after a mount, the scheduler has a P more than the
 // server's readers can hold (go-fuse: max(2, min(16, procs)) + 1 of
-// them), and never fewer Ps than it had.
+// them), and never fewer Ps than it had; a GOMAXPROCS from the
+// environment is kept.
 func TestSpareProcs(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	t.Setenv("GOMAXPROCS", "2")
+	runtime.GOMAXPROCS(2)
+	if spareProcs(2); runtime.GOMAXPROCS(0) != 2 {
+		t.Fatalf("GOMAXPROCS=2 in the environment: %d Ps after", runtime.GOMAXPROCS(0))
+	}
+	os.Unsetenv("GOMAXPROCS")
 	for _, c := range []struct{ before, procs, want int }{
 		{1, 1, 4}, {2, 2, 4}, {4, 4, 6}, {16, 16, 18}, {64, 64, 64}, {20, 16, 20}, {8, 32, 18},
 	} {

@@ -101,8 +101,13 @@ func MountFS(dir string, o Options) (*Mount, error) {
 // cases did not move). go-fuse runs up to max(2, min(16, procs)) + 1
 // readers, procs being GOMAXPROCS when the server was made. The spare
 // Ps hold no reader: they run whatever is ready, as any P, which on a
-// machine with fewer CPUs than Ps the kernel shares out.
+// machine with fewer CPUs than Ps the kernel shares out. A GOMAXPROCS the
+// environment sets is left as it is; one set here no longer follows a
+// change of the process's CPU quota (Go 1.25's automatic GOMAXPROCS).
 func spareProcs(procs int) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
 	readers := max(2, min(16, procs)) + 1
 	if runtime.GOMAXPROCS(0) < readers+1 {
 		runtime.GOMAXPROCS(readers + 1)
@@ -121,6 +126,7 @@ func (m *Mount) Settings() map[string]any {
 		"attr_timeout":   m.fs.opts.AttrTimeout.String(),
 		"direct_io":      true,
 		"splice_reads":   m.fs.splice,
+		"go_procs":       runtime.GOMAXPROCS(0), // spareProcs
 	}
 }
 

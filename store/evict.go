@@ -184,14 +184,15 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 // OnEvict has f told of each file that this store's eviction takes away
 // with its key (not one whose copies on other nodes keep it), once it is
 // gone: its key and inode. f runs on the evicting goroutine, which may be
-// serving a request and holds no lock of the store; it must neither block
-// nor call the store. nil stops the calls.
-func (s *Store) OnEvict(f func(key string, ino uint64)) {
-	if f == nil {
-		s.onEvict.Store(nil)
-		return
-	}
-	s.onEvict.Store(&f)
+// serving a request the kernel holds a directory's lock for, or hold the
+// store's own lock of eviction for metadata (which such requests wait
+// on): it must neither block nor call the store. One f at a time: a
+// later call replaces it. stop ends the calls of this f (not of one set
+// since).
+func (s *Store) OnEvict(f func(key string, ino uint64)) (stop func()) {
+	p := &f
+	s.onEvict.Store(p)
+	return func() { s.onEvict.CompareAndSwap(p, nil) }
 }
 
 // otherReplicas returns o's replicas on other nodes.

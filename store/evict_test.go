@@ -513,7 +513,8 @@ func TestMetaRoomOfBatches(t *testing.T) {
 }
 
 // TestOnEvict: the hook hears of each file eviction takes, with its
-// inode, and of nothing else (a removal, a put, a file kept); nil stops it.
+// inode, and of nothing else (a removal, a put, a file kept); a hook set
+// later replaces it, and each one's stop ends its own calls only.
 func TestOnEvict(t *testing.T) {
 	s := newTestStore(t, 1<<20)
 	ctx := context.Background()
@@ -523,7 +524,7 @@ func TestOnEvict(t *testing.T) {
 		ino uint64
 	}
 	var heard []note
-	s.OnEvict(func(key string, ino uint64) { heard = append(heard, note{key, ino}) })
+	stop := s.OnEvict(func(key string, ino uint64) { heard = append(heard, note{key, ino}) })
 	first := s.put(t, "k0", data)
 	if !store.EvictKey(s.Store, "k0") {
 		t.Fatal("k0 not evicted")
@@ -545,9 +546,16 @@ func TestOnEvict(t *testing.T) {
 	if len(heard) != 1 {
 		t.Fatalf("heard %v after a removal, puts and a file kept", heard)
 	}
-	s.OnEvict(nil)
+	second := 0
+	stop2 := s.OnEvict(func(string, uint64) { second++ })
+	stop() // the first one's: the second stays
 	s.put(t, "k1", data)
-	if !store.EvictKey(s.Store, "k1") || len(heard) != 1 {
-		t.Fatalf("k1 not evicted, or heard of after OnEvict(nil): %v", heard)
+	if !store.EvictKey(s.Store, "k1") || len(heard) != 1 || second != 1 {
+		t.Fatalf("k1 evicted under the second hook: first heard %v, second %d times", heard, second)
+	}
+	stop2()
+	s.put(t, "k2", data)
+	if !store.EvictKey(s.Store, "k2") || second != 1 {
+		t.Fatalf("k2 not evicted, or heard of after the stop: %d", second)
 	}
 }

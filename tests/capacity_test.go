@@ -1,11 +1,14 @@
 package tests
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCapacityNoEvict fills a store that does not evict: dd ends with
@@ -268,5 +271,89 @@ print(f"b_gone={not os.path.exists(m + '/b')}")
 	checkResults(t, out, map[string]string{"creat": "OK", "a_size": "0", "read": "ENOENT", "b_gone": "True"})
 	if st := d.checkAlive(t); st.Evict.Evictions == 0 {
 		t.Fatalf("nothing evicted: %+v", st.Evict)
+	}
+	// The flag reached the kernel's settings, and the daemon has a P
+	// beyond its FUSE readers (fs.spareProcs).
+	var st struct {
+		Fuse struct {
+			EntryTimeout string `json:"entry_timeout"`
+			GoProcs      int    `json:"go_procs"`
+		} `json:"fuse"`
+	}
+	if err := json.Unmarshal([]byte(run(t, daemonBin(), "status", "--json", d.dir)), &st); err != nil {
+		t.Fatal(err)
+	}
+	if want := max(2, min(16, runtime.NumCPU())) + 2; st.Fuse.EntryTimeout != "1h0m0s" || st.Fuse.GoProcs < want {
+		t.Errorf("status fuse %+v: want entry_timeout 1h0m0s and at least %d Go procs", st.Fuse, want)
+	}
+}
+
+// TestEvictedNamesBurst: more names the kernel knows evicted at once than
+// the daemon queues for it to forget (4096): the rest are found by a walk
+// of the names it knows, so none stays visible (--cache-timeout 1h).
+func TestEvictedNamesBurst(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB", "--cache-timeout", "1h")
+	out := py(t, `
+import os, sys, time
+m, n = sys.argv[1], 6000
+os.mkdir(m + "/d")
+for i in range(n):
+    with open(f"{m}/d/f{i}", "wb") as f:
+        f.write(b"x" * 4096)
+for i in range(n):
+    os.stat(f"{m}/d/f{i}")
+with open(m + "/big", "wb") as f:  # evicts them all at once
+    f.write(b"y" * (56 << 20))
+deadline = time.time() + 30
+while True:
+    listed = set(os.listdir(m + "/d"))
+    seen = sum(1 for i in range(n) if f"f{i}" not in listed and os.path.exists(f"{m}/d/f{i}"))
+    if seen == 0 or time.time() > deadline:
+        break
+    time.sleep(0.05)
+print(f"evicted={n - len(listed) >= 4097}")
+print(f"still_seen={seen}")
+`, d.dir)
+	checkResults(t, out, map[string]string{"evicted": "True", "still_seen": "0"})
+}
+
+// TestCreateWhileEvictingMetadata: processes creating files in one
+// directory past the metadata bound, so that creates, which the kernel
+// serves holding the directory's lock, evict files the kernel knows in
+// it, whose names the daemon then has the kernel forget (which takes that
+// lock): every create ends, and the mount lives. (A build that told the
+// kernel from the evicting goroutine hung this way under a review
+// helper's heavier load: 100000 creates of short names.)
+func TestCreateWhileEvictingMetadata(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB") // 16 MiB of entries: about 32k files of names this long, 128 MiB of bytes
+	run(t, "mkdir", d.path("d"))
+	var procs []*bg
+	for w := range 4 {
+		procs = append(procs, background(t, python, "-c", `
+import os, sys
+m, w = sys.argv[1], sys.argv[2]
+for i in range(10000):
+    fd = os.open(f"{m}/d/w{w}_{i:06d}_" + "n" * 200, os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"z" * 128)
+    os.close(fd)
+print("done", flush=True)
+`, d.dir, fmt.Sprint(w)))
+	}
+	for _, p := range procs {
+		// A bound for a hang, not a timing: all the other tests may be
+		// running beside these 40000 creates.
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Minute):
+			t.Fatalf("creators still running after 5 minutes: the mount hangs?\n%s", p.out.String())
+		}
+		if out := p.out.String(); !strings.Contains(out, "done") {
+			t.Fatalf("a creator failed (%v):\n%s", p.err, out)
+		}
+	}
+	if st := d.checkAlive(t); st.Evict.Evictions == 0 {
+		t.Fatalf("no file evicted for metadata: %+v", st.Evict)
 	}
 }
