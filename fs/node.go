@@ -522,16 +522,24 @@ func (n *node) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 }
 
 // Mkdir implements gofs.NodeMkdirer.
-func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, errno syscall.Errno) {
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	return n.makeEntry(ctx, "mkdir", name, out, func(ctx context.Context, key string) (*store.Object, error) {
+		return n.fs.st.Mkdir(ctx, key, n.template(ctx, mode, true))
+	})
+}
+
+// makeEntry serves a call that makes entry name of n with mk (mkdir,
+// mknod): the new node, with its attributes in out.
+func (n *node) makeEntry(ctx context.Context, op, name string, out *fuse.EntryOut, mk func(ctx context.Context, key string) (*store.Object, error)) (ch *gofs.Inode, errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key := name
-	defer func() { n.fs.opDone(ctx, "mkdir", key, 0, start, errno, err) }()
+	defer func() { n.fs.opDone(ctx, op, key, 0, start, errno, err) }()
 	if key, err = n.childKey(name); err != nil {
 		return nil, toErrno(err)
 	}
-	o, err := n.fs.st.Mkdir(ctx, key, n.template(ctx, mode, true))
+	o, err := mk(ctx, key)
 	if err != nil {
 		return nil, toErrno(err)
 	}
@@ -647,23 +655,11 @@ func (n *node) Link(context.Context, gofs.InodeEmbedder, string, *fuse.EntryOut)
 // this way when it extracts one with xattrs: an empty file, as an
 // exclusive create that opens nothing. Device nodes, FIFOs and sockets:
 // the store keeps files and directories only.
-func (n *node) Mknod(ctx context.Context, name string, mode uint32, _ uint32, out *fuse.EntryOut) (ch *gofs.Inode, errno syscall.Errno) {
+func (n *node) Mknod(ctx context.Context, name string, mode uint32, _ uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
 	if mode&syscall.S_IFMT != syscall.S_IFREG {
 		return nil, syscall.EOPNOTSUPP
 	}
-	ctx = detached(ctx)
-	start := time.Now()
-	var err error
-	key := name
-	defer func() { n.fs.opDone(ctx, "mknod", key, 0, start, errno, err) }()
-	if key, err = n.childKey(name); err != nil {
-		return nil, toErrno(err)
-	}
-	o, err := n.fs.st.Create(ctx, key, n.template(ctx, mode, false), true)
-	if err != nil {
-		return nil, toErrno(err)
-	}
-	ch = n.newChild(ctx, o)
-	n.fs.entryOut(o, 0, out)
-	return ch, 0
+	return n.makeEntry(ctx, "mknod", name, out, func(ctx context.Context, key string) (*store.Object, error) {
+		return n.fs.st.Create(ctx, key, n.template(ctx, mode, false), true)
+	})
 }
