@@ -415,21 +415,17 @@ func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64)
 }
 
 // template is a new entry of n made by the caller: its owner, and mode
-// (after the kernel's umask). In a setgid directory, as on any Linux file
-// system, the entry takes the directory's group, a directory the setgid
-// bit too, and a file made by a caller outside that group loses a setgid
-// bit that would run it as the group (mode_strip_sgid; the caller's
-// supplementary groups are not known here, so only its own group counts).
+// (after the kernel's umask, and with a setgid bit the caller may not set
+// already stripped: the kernel does that, knowing the caller's groups).
+// In a setgid directory, as on any Linux file system, the entry takes the
+// directory's group, and a directory the setgid bit too.
 func (n *node) template(ctx context.Context, mode uint32, dir bool) *store.Object {
 	uid, gid := caller(ctx)
 	mode &= 0o7777
 	if key, ok := n.key(); ok {
 		if p, err := n.fs.st.Stat(ctx, key); err == nil && p.Mode&syscall.S_ISGID != 0 {
-			switch {
-			case dir:
+			if dir {
 				mode |= syscall.S_ISGID
-			case mode&(syscall.S_ISGID|syscall.S_IXGRP) == syscall.S_ISGID|syscall.S_IXGRP && uid != 0 && gid != p.Gid:
-				mode &^= syscall.S_ISGID
 			}
 			gid = p.Gid
 		}
