@@ -181,7 +181,7 @@ func (f *FS) fillAttr(o *store.Object, size uint64, a *fuse.Attr) {
 	mns, cns := o.Mtime, o.Ctime
 	if o.Kind == store.KindDir {
 		// An entry made or removed since the record was written.
-		t := f.st.DirChanged(o.Key)
+		t := f.st.DirChanged(o)
 		mns, cns = max(mns, t), max(cns, t)
 	}
 	mt, ct := time.Unix(0, mns), time.Unix(0, cns)
@@ -363,6 +363,11 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		})
 		if err != nil {
 			return toErrno(err)
+		}
+		if hasMtime && n.IsDir() {
+			// Set by its owner (tar, rsync), even to the value it had:
+			// shown as set until the next entry change.
+			n.fs.st.DirTimesSet(key)
 		}
 	}
 	o, err := n.fs.st.Stat(ctx, key)

@@ -42,5 +42,6 @@ func AddLease(s *Store, node string, epoch, id uint64) {
 // tests.
 func LRUTail(s *Store, n int) []string { return s.lruTail(n) }
 
-// MaxDirTimes is maxDirTimes, for tests.
-const MaxDirTimes = maxDirTimes
+// SetMaxDirTimes bounds the directories s remembers to n, for tests
+// (before s is used).
+func SetMaxDirTimes(s *Store, n int) { s.dirs.limit = n }

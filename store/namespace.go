@@ -460,11 +460,6 @@ func (s *Store) Update(ctx context.Context, key string, ifIno uint64, fn func(*O
 			return nil, err
 		}
 		n.Version = in.Version
-		if n.Kind == KindDir && n.Mtime != o.Mtime {
-			// Set by the caller (rsync, tar): shown as set, not as the
-			// last entry change, until the next one.
-			s.forgetDir(key)
-		}
 		if o.Pinned && !n.Pinned && n.Kind == KindFile {
 			// Eviction takes pinned files out of the LRU (forgetAt): back
 			// in, as used now.
@@ -584,7 +579,7 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 				continue
 			}
 			if err == nil {
-				s.moveDir(oldKey, newKey)
+				s.noteRename(oldKey, newKey, true)
 			}
 			return err
 		}
@@ -595,12 +590,15 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 				swaps = append(swaps, *sw)
 			}
 		}
-		if _, err := s.cas(ctx, swaps...); err != nil {
+		// Not s.cas: the keys below a directory are made anew under its
+		// new key, but only the two parents' entries changed.
+		if _, err := s.idx.CompareAndSwap(ctx, swaps...); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
 			return err
 		}
+		s.noteRename(oldKey, newKey, src.Kind == KindDir)
 		var put []*Object
 		var deleted []string
 		for _, sw := range swaps {
@@ -611,9 +609,6 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 			}
 		}
 		s.committed(replaced, put, deleted)
-		if src.Kind == KindDir {
-			s.moveDir(oldKey, newKey)
-		}
 		return nil
 	}
 }

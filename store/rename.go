@@ -108,7 +108,7 @@ func (s *Store) renameInSteps(ctx context.Context, src *Object, to string, dstVe
 		first = append(first, Swap{Key: to, Old: dstVersion})
 		deleted = append(deleted, to)
 	}
-	if _, err := s.cas(ctx, first...); err != nil {
+	if _, err := s.idx.CompareAndSwap(ctx, first...); err != nil {
 		// ErrConflict: the directory changed, or another stepped rename
 		// began first; the caller looks again.
 		return err
@@ -172,7 +172,7 @@ func (s *Store) finishRename(ctx context.Context, intent *Object) error {
 		if !last && len(swaps) == 1 {
 			continue // every entry of this batch stays where it is
 		}
-		_, err = s.cas(ctx, swaps...)
+		_, err = s.idx.CompareAndSwap(ctx, swaps...)
 		if errors.Is(err, ErrConflict) && ctx.Err() == nil {
 			cur, gerr := s.idx.Get(ctx, intent.Key)
 			if errors.Is(gerr, ErrNotFound) {

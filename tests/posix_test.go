@@ -860,7 +860,21 @@ moved("rmdir", lambda: os.rmdir(d + "/sub"))
 moved("rename_out", lambda: os.rename(d + "/mod_b.py", mnt + "/mod_b.py"))
 moved("unlink", lambda: os.unlink(d + "/mod_a.py"))
 moved("batch_put", lambda: c.batch_put({"k1": b"1", "k2": b"2"}, dir="pkg"))
+# Times set by the owner stick, even set again to the value they had (as
+# tar and rsync do after filling a directory), and a directory moved
+# keeps its subdirectories' times.
+old = 946684800 * 10**9  # 2000-01-01
+os.utime(d, ns=(old, old))
+open(d + "/late", "w").close()
+os.utime(d, ns=(old, old))
+print(f"set_again={os.stat(d).st_mtime_ns == old}")
+os.makedirs(d + "/s/t")
+open(d + "/s/t/f", "w").close()
+os.utime(d + "/s/t", ns=(old, old))
+os.rename(d, mnt + "/pkg2")
+print(f"sub_kept={os.stat(mnt + '/pkg2/s/t').st_mtime_ns == old}")
 `, pythonDir(t), d.dir)
 	checkResults(t, out, map[string]string{"create": "True", "create2": "True", "import": "2", "rewrite": "False",
-		"mkdir": "True", "rmdir": "True", "rename_out": "True", "unlink": "True", "batch_put": "True"})
+		"mkdir": "True", "rmdir": "True", "rename_out": "True", "unlink": "True", "batch_put": "True",
+		"set_again": "True", "sub_kept": "True"})
 }
