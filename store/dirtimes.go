@@ -20,7 +20,8 @@ import (
 // Bounded, at a directory per 256 bytes of the metadata limit (a
 // directory's record takes more): past that the table starts again, and
 // every directory whose record is older than that moment reads as changed
-// then (times never go back; a cache that keys on them looks once more).
+// then (a cache that keys on the times looks once more); a record changed
+// since (a chmod, a time set) shows its own times again.
 
 // minDirTimes is the least bound on the directories whose last change is
 // remembered.
