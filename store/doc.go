@@ -34,7 +34,8 @@
 // LowWater and HighWater. Without it, a full store fails with ErrNoSpace.
 // An eviction marks the inode between its open check and its index swap;
 // an open that meets the mark waits for the outcome, so a file is either
-// open (and stays) or gone before anyone could open it.
+// open (and stays) or gone before anyone could open it. OnEvict tells the
+// file system of each file evicted, for the kernel to forget its name.
 //
 // # Metadata
 //
@@ -83,7 +84,10 @@
 // Keys are slash-separated paths. A directory is explicit (an Object of
 // KindDir, from Mkdir) or implicit (the prefix of other keys). Removing the
 // last child of an implicit directory makes it explicit in the same
-// transaction, so "rm -r" finds the directory it expects.
+// transaction, so "rm -r" finds the directory it expects. When entries
+// were last made or removed in a directory is kept in memory, not in its
+// record, which every put in it would contend on (dirtimes.go): DirChanged
+// is at least its mtime and ctime.
 //
 // # Lock order
 //
