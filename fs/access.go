@@ -37,23 +37,24 @@ func allowed(p *callerProc, o *store.Object, want uint32) bool {
 }
 
 // checkPath verifies that the caller may search every directory from dir
-// (the directory the batch was issued on, included) down to key's parent.
-func (f *FS) checkPath(ctx context.Context, p *callerProc, dir, key string) error {
+// (the directory the batch was issued on, included) down to key's parent,
+// and returns that parent.
+func (f *FS) checkPath(ctx context.Context, p *callerProc, dir, key string) (*store.Object, error) {
 	cur := dir
 	for {
 		o, err := f.st.Stat(ctx, cur)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if o.Kind != store.KindDir {
-			return fmt.Errorf("%q: %w", cur, store.ErrNotDir)
+			return nil, fmt.Errorf("%q: %w", cur, store.ErrNotDir)
 		}
 		if !allowed(p, o, mayExec) {
-			return fmt.Errorf("search %q: %w", cur, syscall.EACCES)
+			return nil, fmt.Errorf("search %q: %w", cur, syscall.EACCES)
 		}
 		parent := store.Parent(key)
 		if cur == parent {
-			return nil
+			return o, nil
 		}
 		rest := parent[len(cur):]
 		if cur != "" {

@@ -161,7 +161,7 @@ type batchCall struct {
 	arena []transfer.Buffer
 	// searched caches checkPath per parent directory for the call: the
 	// keys of a batch mostly share one.
-	searched map[string]error
+	searched map[string]searchedDir
 	// metaSets are the SetXattrs of the call's metas (metaXattrs).
 	metaSets map[string]map[string][]byte
 	// for the batch figures: the mount, the call's keys and its start.
@@ -173,18 +173,38 @@ type batchCall struct {
 	submitted bool
 }
 
+// searchedDir is what checkPath found of a parent directory: the error,
+// else the group its new entries take.
+type searchedDir struct {
+	err error
+	gid uint32
+}
+
 // checkPath is FS.checkPath for key, once per parent directory a call.
 func (bc *batchCall) checkPath(ctx context.Context, f *FS, key string) error {
 	parent := store.Parent(key)
-	if err, ok := bc.searched[parent]; ok {
-		return err
+	if d, ok := bc.searched[parent]; ok {
+		return d.err
 	}
-	err := f.checkPath(ctx, bc.p, bc.dir, key)
+	dir, err := f.checkPath(ctx, bc.p, bc.dir, key)
 	if bc.searched == nil {
-		bc.searched = map[string]error{}
+		bc.searched = map[string]searchedDir{}
 	}
-	bc.searched[parent] = err
+	d := searchedDir{err: err, gid: bc.gid}
+	if err == nil && dir.Mode&syscall.S_ISGID != 0 {
+		d.gid = dir.Gid // a setgid directory: its group (as node.template)
+	}
+	bc.searched[parent] = d
 	return err
+}
+
+// groupFor is the group of a new file at key, whose path the call has
+// checked: the caller's, or its setgid directory's.
+func (bc *batchCall) groupFor(key string) uint32 {
+	if d, ok := bc.searched[store.Parent(key)]; ok && d.err == nil {
+		return d.gid
+	}
+	return bc.gid
 }
 
 // buffers returns an empty slice with room for n buffers, cut from
@@ -657,7 +677,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		if old != nil {
 			ino = old.Ino
 		}
-		tmpl := store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: ino}
+		tmpl := store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.groupFor(key), Ino: ino}
 		for _, b := range bufs {
 			cur.gpu = cur.gpu || b.Kind == transfer.CUDA
 		}
@@ -929,7 +949,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 			return 0, 0, err
 		}
 		if err = n.mayPut(ctx, bc.p, key, cur); err == nil {
-			tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.gid, Ino: store.NewIno()}
+			tmpl := &store.Object{Mode: 0o644, Uid: bc.uid, Gid: bc.groupFor(key), Ino: store.NewIno()}
 			o, err = n.fs.putObject(ctx, key, cur, tmpl, bufs, op.objOff, op.flags, bc.metaXattrs(op, cur))
 		}
 		if attempt < maxPutRetries {

@@ -810,8 +810,13 @@ func TestSetgidAndTarXattrs(t *testing.T) {
 	run(t, "chmod", "2775", shared)
 	run(t, "touch", filepath.Join(shared, "file"))
 	run(t, "mkdir", filepath.Join(shared, "sub"))
-	if out := run(t, "stat", "-c", "%n %g %a", filepath.Join(shared, "file"), filepath.Join(shared, "sub")); out !=
-		shared+"/file 1234 644\n"+shared+"/sub 1234 2755\n" {
+	py(t, keysPrelude+`
+c.batch_put({"put": b"x"}, dir="shared")
+c.put("shared/one", b"y")
+`, pythonDir(t), d.dir)
+	if out := run(t, "stat", "-c", "%n %g %a", filepath.Join(shared, "file"), filepath.Join(shared, "sub"),
+		filepath.Join(shared, "put"), filepath.Join(shared, "one")); out !=
+		shared+"/file 1234 644\n"+shared+"/sub 1234 2755\n"+shared+"/put 1234 644\n"+shared+"/one 1234 644\n" {
 		t.Errorf("entries of a setgid directory:\n%s", out)
 	}
 	src := t.TempDir()
