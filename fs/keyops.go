@@ -1245,9 +1245,13 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	if err != nil {
 		return err
 	}
-	meta, err := a.MetaBytes()
+	m, err := a.MetaBytes()
 	if err != nil {
 		return err
+	}
+	var meta []byte
+	if len(m) > 0 {
+		meta = bytes.Clone(m) // not a slice of a, which then stays on the stack
 	}
 	op := &keyOp{rel: rel, flags: a.Flags, objOff: a.ObjOff}
 	if err := op.check(put, meta); err != nil {
@@ -1280,6 +1284,6 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		a.MetaLen = uint16(copy(a.Meta[:], op.gotMeta))
 		clear(a.Meta[a.MetaLen:])
 	}
-	copy(out, a.Marshal())
+	a.MarshalInto(out)
 	return nil
 }

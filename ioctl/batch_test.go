@@ -199,10 +199,13 @@ func TestMarshalInto(t *testing.T) {
 	a.Entries[0].Result, a.Entries[0].Version = 9, 3
 	var v VBatchArg
 	v.Count, v.NGPU, v.Entries[0].Result, v.Area[5] = 1, 1, -2, 'x'
+	k := KeyArg{Source: SrcVM, KeyLen: 2, MetaLen: 1, Addr: 7, Len: 9, Result: 9, Version: 3}
+	copy(k.Key[:], "k1")
+	k.Meta[0] = 'm'
 	for _, c := range []struct {
 		want []byte
 		into func([]byte)
-	}{{a.Marshal(), a.MarshalInto}, {v.Marshal(), v.MarshalInto}} {
+	}{{a.Marshal(), a.MarshalInto}, {v.Marshal(), v.MarshalInto}, {k.Marshal(), k.MarshalInto}} {
 		buf := bytes.Repeat([]byte{0xa5}, len(c.want)+8)
 		c.into(buf)
 		if !bytes.Equal(buf[:len(c.want)], c.want) || !bytes.Equal(buf[len(c.want):], bytes.Repeat([]byte{0xa5}, 8)) {

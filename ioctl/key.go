@@ -127,6 +127,17 @@ func (a *KeyArg) Marshal() []byte {
 	return b
 }
 
+// MarshalInto encodes a into b, as Marshal does: b's first bytes only,
+// when it holds fewer than SizeKeyArg.
+func (a *KeyArg) MarshalInto(b []byte) {
+	if len(b) < SizeKeyArg {
+		copy(b, a.Marshal())
+		return
+	}
+	clear(b[:SizeKeyArg]) // no byte of the buffer's past goes back
+	a.encode(b[:SizeKeyArg])
+}
+
 func (a *KeyArg) encode(b []byte) {
 	putHeader(b, Header{Size: SizeKeyArg, Flags: a.Flags})
 	le.PutUint32(b[8:], a.Source)
