@@ -66,6 +66,10 @@ func MountFS(dir string, o Options) (*Mount, error) {
 		AttrTimeout:     &at,
 		NegativeTimeout: &nt,
 		RootStableAttr:  &gofs.StableAttr{Ino: 1},
+		// Mode 0 is a mode like any other (open(p, O_CREAT, 0) under
+		// umask 0 makes a file nobody but root may open, as on tmpfs);
+		// without this go-fuse shows it as 0644 or 0755.
+		NullPermissions: true,
 	})
 	procs := runtime.GOMAXPROCS(0)
 	server, err := fuse.NewServer(newClosers(raw), dir, &mo)

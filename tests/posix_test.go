@@ -613,6 +613,11 @@ chmod 0777 open
 		{`chmod 0666 "$1/public"`, "!Operation not permitted"},
 		{`rm -f "$1/public"`, "!Permission denied"},
 		{`printf mine > "$1/open/mine" && stat -c %u:%g:%a "$1/open/mine"`, "65534:65534:644"},
+		// Mode 0 stays 0 (go-fuse would show 0644 and 0755), as on tmpfs:
+		// not even the owner may read or list.
+		{`umask 777; : > "$1/open/zero" && mkdir "$1/open/zdir" && stat -c %a "$1/open/zero" "$1/open/zdir"`, "0\n0"},
+		{`cat "$1/open/zero"`, "!Permission denied"},
+		{`ls "$1/open/zdir"`, "!Permission denied"},
 	} {
 		out, err := asNobody("umask 022; "+c.script, dir)
 		out = strings.TrimSpace(out)
