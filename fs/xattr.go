@@ -13,8 +13,9 @@ import (
 )
 
 // Extended attributes. The user.mooncake.* names are computed from the
-// object (and .pin can be set); other user.* names are stored with the
-// object; other namespaces are not supported.
+// object (and .pin can be set), read by name and not listed (Listxattr);
+// other user.* names are stored with the object; other namespaces are
+// not supported.
 const (
 	xattrPrefix   = "user."
 	xattrSize     = "user.mooncake.size"
@@ -232,16 +233,20 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (sz uint32, errno sys
 	if !ok {
 		return 0, syscall.ENOENT
 	}
+	// The computed names (size, version, location, the root's status)
+	// are read by name, not listed: programs that copy a file's
+	// attributes (cp -a, rsync -X, tar --xattrs) copy what is listed, and
+	// would set them on the copy, which fails here (EPERM) and leaves
+	// stale values elsewhere. The pin is listed while it is set, so such
+	// a copy keeps it.
 	var names []string
-	if n.IsRoot() {
-		names = append(names, xattrStatus)
-	} else {
+	if !n.IsRoot() {
 		o, err := n.fs.st.Stat(ctx, key)
 		if err != nil {
 			return 0, toErrno(err)
 		}
-		if o.Kind == store.KindFile {
-			names = append(names, xattrSize, xattrVersion, xattrLocation, xattrPin)
+		if o.Kind == store.KindFile && o.Pinned {
+			names = append(names, xattrPin)
 		}
 		for k := range o.Xattrs {
 			names = append(names, xattrPrefix+k)

@@ -709,7 +709,7 @@ func testStatfs(t *testing.T, d *daemon, capacity uint64) {
 // testXattrs reads the computed user.mooncake.* attributes, pins and
 // unpins, and round-trips a user attribute.
 func testXattrs(t *testing.T, d *daemon, dir string) {
-	requireTools(t, "getfattr", "setfattr")
+	requireTools(t, "getfattr", "setfattr", "rsync")
 	f := filepath.Join(dir, "f")
 	sh(t, `head -c 3000 /dev/zero > "$1"`, f)
 	get := func(name string) string {
@@ -749,12 +749,47 @@ func testXattrs(t *testing.T, d *daemon, dir string) {
 	if v := get("user.color"); v != "blue" {
 		t.Errorf("user.color = %q", v)
 	}
+	// Listed: what is stored, and the pin while set; the computed names
+	// are read by name only, so copies of the file's attributes work.
 	all := run(t, "getfattr", "--absolute-names", "-d", "-m", "-", f)
-	for _, name := range []string{"user.color", "user.mooncake.size", "user.mooncake.version", "user.mooncake.location", "user.mooncake.pin"} {
-		if !strings.Contains(all, name+"=") {
-			t.Errorf("getfattr -d -m - has no %s:\n%s", name, all)
+	if !strings.Contains(all, "user.color=") {
+		t.Errorf("getfattr -d -m - has no user.color:\n%s", all)
+	}
+	for _, name := range []string{"user.mooncake.size", "user.mooncake.version", "user.mooncake.location", "user.mooncake.pin"} {
+		if strings.Contains(all, name) {
+			t.Errorf("getfattr -d -m - lists %s:\n%s", name, all)
 		}
 	}
+	run(t, "setfattr", "-n", "user.mooncake.pin", "-v", "1", f)
+	if all := run(t, "getfattr", "--absolute-names", "-d", f); !strings.Contains(all, `user.mooncake.pin="1"`) {
+		t.Errorf("getfattr -d of a pinned file has no pin:\n%s", all)
+	}
+	// rsync -aX in the mount, and out and back: every attribute
+	// listed can be set again, the pin included.
+	out := t.TempDir()
+	sh(t, `set -e
+mkdir "$1/xsrc" "$1/xsrc/d"
+cp -a "$2" "$1/xsrc/d/f"
+rsync -aX "$1/xsrc/" "$1/xdst/"
+rsync -aX "$1/xsrc/" "$3/"
+rsync -aX "$3/" "$1/xback/"
+`, dir, f, out)
+	for _, c := range []string{"xsrc/d/f", "xdst/d/f", "xback/d/f"} {
+		p := filepath.Join(dir, c)
+		if v := run(t, "getfattr", "--absolute-names", "--only-values", "-n", "user.color", p); v != "blue" {
+			t.Errorf("%s: user.color = %q", c, v)
+		}
+		if v := run(t, "getfattr", "--absolute-names", "--only-values", "-n", "user.mooncake.pin", p); v != "1" {
+			t.Errorf("%s: user.mooncake.pin = %q", c, v)
+		}
+	}
+	if all := run(t, "getfattr", "--absolute-names", "-d", "-m", "-", filepath.Join(out, "d", "f")); strings.Contains(all, "user.mooncake.size") {
+		t.Errorf("a copy outside the mount carries the computed attributes:\n%s", all)
+	}
+	sh(t, `set -e
+for f in "$1"/xsrc/d/f "$1"/xdst/d/f "$1"/xback/d/f; do setfattr -n user.mooncake.pin -v 0 "$f"; done
+rm -r "$1/xsrc" "$1/xdst" "$1/xback"`, dir)
+	run(t, "setfattr", "-n", "user.mooncake.pin", "-v", "0", f)
 	run(t, "setfattr", "-x", "user.color", f)
 	if out, err := runErr("getfattr", "--absolute-names", "-n", "user.color", f); err == nil || !strings.Contains(out, "No such attribute") {
 		t.Errorf("getfattr of a removed attribute: %v\n%s", err, out)
