@@ -142,14 +142,39 @@ func (x *Embedded) FindMany(_ context.Context, keys []string, objs []*Object) er
 // CompareAndSwap implements Index.
 func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, error) {
 	var local [64]*slot
-	rev, up, err := x.swap(swaps, local[:0])
+	var pre [64]swapPre
+	rev, up, err := x.swap(swaps, local[:0], prepare(swaps, pre[:0]))
 	x.toFront(up) // once mu is free
 	return rev, err
 }
 
+// swapPre is what swap needs of a swap that can be had before the
+// index's lock: the new object's MetaBytes, and a slot for a key that
+// looks new (no Cur), made ahead (one a swap of a key found after all
+// leaves is garbage).
+type swapPre struct {
+	meta uint64
+	sl   *slot
+}
+
+// prepare returns pre with one swapPre per swap.
+func prepare(swaps []Swap, pre []swapPre) []swapPre {
+	for _, s := range swaps {
+		var p swapPre
+		if s.New != nil {
+			p.meta = s.New.MetaBytes()
+			if s.Cur == nil {
+				p.sl = &slot{key: s.Key}
+			}
+		}
+		pre = append(pre, p)
+	}
+	return pre
+}
+
 // swap is CompareAndSwap under mu; it returns up with the slots of the
-// swaps that ask for a move up the LRU added.
-func (x *Embedded) swap(swaps []Swap, up []*slot) (uint64, []*slot, error) {
+// swaps that ask for a move up the LRU added. pre is prepare's.
+func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slot, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.mu.closed {
@@ -206,7 +231,9 @@ func (x *Embedded) swap(swaps []Swap, up []*slot) (uint64, []*slot, error) {
 			return 0, nil, err
 		}
 		if sl == nil {
-			sl = &slot{key: s.Key}
+			if sl = pre[i].sl; sl == nil {
+				sl = &slot{key: s.Key}
+			}
 			x.mu.slots[s.Key] = sl
 		}
 		sl.txn = txn
@@ -219,6 +246,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot) (uint64, []*slot, error) {
 	if watched {
 		events = make([]Event, 0, len(swaps))
 	}
+	var under underCounts // the directories' counts, a run of one parent at a time
 	for i, s := range swaps {
 		sl := found[i]
 		if s.New == nil {
@@ -228,7 +256,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot) (uint64, []*slot, error) {
 			}
 			delete(x.mu.slots, s.Key)
 			x.mu.tree.Delete(treeItem{sl.key, sl})
-			x.countUnderLocked(sl.key, -1)
+			under.add(x, sl.key, -1)
 			x.lru.Lock()
 			x.unlinkLocked(sl)
 			sl.gone = true
@@ -251,9 +279,9 @@ func (x *Embedded) swap(swaps []Swap, up []*slot) (uint64, []*slot, error) {
 		} else {
 			sl.key, sl.obj = o.Key, o
 			x.mu.tree.ReplaceOrInsert(treeItem{sl.key, sl})
-			x.countUnderLocked(sl.key, 1)
+			under.add(x, sl.key, 1)
 		}
-		o.slot, sl.meta = sl, o.MetaBytes()
+		o.slot, sl.meta = sl, pre[i].meta
 		x.mu.bytes += sl.meta
 		if s.Touch && x.lruClaimed.Load() {
 			up = append(up, sl)
@@ -262,6 +290,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot) (uint64, []*slot, error) {
 			events = append(events, Event{Type: EventPut, Object: o, Rev: rev})
 		}
 	}
+	under.flush(x)
 	x.hub.Publish(events)
 	return rev, up, nil
 }
@@ -424,21 +453,61 @@ func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
 // table's slot and its share of the room a table keeps free.
 const underEntryBytes = 48
 
+// underCounts gathers a transaction's changes to the directories' counts
+// (Embedded.mu.under) while its keys share a parent, as a batch's keys
+// mostly do: one change of each ancestor's count per run, not per key.
+// The caller holds mu.
+type underCounts struct {
+	parent string
+	delta  int
+	any    bool
+}
+
+// add counts key (delta +1: made, -1: gone).
+func (u *underCounts) add(x *Embedded, key string, delta int) {
+	i := strings.LastIndexByte(key, '/')
+	if i < 0 {
+		return // in the root: no directory counts it
+	}
+	if p := key[:i]; !u.any || p != u.parent {
+		u.flush(x)
+		u.parent, u.any = p, true
+	}
+	u.delta += delta
+}
+
+// flush applies the run's change to its parent and every directory above.
+func (u *underCounts) flush(x *Embedded) {
+	if u.any && u.delta != 0 {
+		x.countDirLocked(u.parent, u.delta)
+	}
+	u.parent, u.delta, u.any = "", 0, false
+}
+
 // countUnderLocked adds delta to the count of every directory key is
 // under: each d such that key starts with d+"/".
 func (x *Embedded) countUnderLocked(key string, delta int) {
-	for i := 0; i < len(key); i++ {
-		if key[i] != '/' {
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		x.countDirLocked(key[:i], delta)
+	}
+}
+
+// countDirLocked adds delta to the count of directory dir and of every
+// directory above it.
+func (x *Embedded) countDirLocked(dir string, delta int) {
+	for i := 0; i <= len(dir); i++ {
+		if i < len(dir) && dir[i] != '/' {
 			continue
 		}
-		d := key[:i]
+		d := dir[:i]
 		n, ok := x.mu.under[d]
 		switch {
 		case !ok && delta < 0:
-			panic(fmt.Sprintf("index: key %q leaves directory %q, which counts no keys", key, d))
+			panic(fmt.Sprintf("index: %d keys leave directory %q, which counts none", -delta, d))
 		case !ok:
-			// Its own copy: a slice of key would keep all of key (up to
-			// a path's length) for as long as the directory has keys.
+			// Its own copy: a slice of a key would keep all of the key
+			// (up to a path's length) for as long as the directory has
+			// keys.
 			x.mu.under[strings.Clone(d)] = delta
 			x.mu.bytes += uint64(underEntryBytes + len(d))
 		case n+delta == 0:

@@ -128,7 +128,7 @@ func TestEmbeddedHasChildren(t *testing.T) {
 	x := store.NewEmbedded()
 	t.Cleanup(func() { _ = x.Close() })
 	empty := x.MetaBytes()
-	names := []string{"a", "a/b", "a/b/c", "a/bc/x", "a/b/c/d/e", "b/x", "a//b", "/x", "x/", "c/d/e/f"}
+	names := []string{"a", "a/b", "a/b/c", "a/bc/x", "a/b/c/d/e", "b/x", "a//b", "/x", "x/", "c/d/e/f", "c/d/e/g", "c/d/e/h", "a/b/y"}
 	ver := map[string]uint64{}
 	r := rand.New(rand.NewPCG(5, 6))
 	hasUnder := func(dir string) bool {
@@ -143,7 +143,7 @@ func TestEmbeddedHasChildren(t *testing.T) {
 	for step := range 4000 {
 		var swaps []store.Swap
 		seen := map[string]bool{}
-		for range 1 + r.IntN(3) {
+		for range 1 + r.IntN(6) { // runs of one parent too (Embedded's underCounts)
 			k := names[r.IntN(len(names))]
 			if seen[k] {
 				continue
