@@ -484,16 +484,8 @@ func (u *underCounts) flush(x *Embedded) {
 	u.parent, u.delta, u.any = "", 0, false
 }
 
-// countUnderLocked adds delta to the count of every directory key is
-// under: each d such that key starts with d+"/".
-func (x *Embedded) countUnderLocked(key string, delta int) {
-	if i := strings.LastIndexByte(key, '/'); i >= 0 {
-		x.countDirLocked(key[:i], delta)
-	}
-}
-
 // countDirLocked adds delta to the count of directory dir and of every
-// directory above it.
+// directory above it: each d such that a key of dir starts with d+"/".
 func (x *Embedded) countDirLocked(dir string, delta int) {
 	for i := 0; i <= len(dir); i++ {
 		if i < len(dir) && dir[i] != '/' {
