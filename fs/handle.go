@@ -19,7 +19,12 @@ import (
 // handle is one open file description.
 //
 // A read-only handle holds a Reader: it reads the version that was current
-// at open, even if the file is replaced or removed meanwhile. A writable
+// at open, even if the file is replaced or removed meanwhile. One opened
+// while writers share the file (its shared draft: writers without
+// O_TRUNC) reads their draft instead, as it grows, and once the last of
+// them is gone the version they published (follow, live), as readers of
+// a file written in place do on tmpfs: git's index-pack reads the pack its
+// other half is still writing. A writable
 // handle opened with O_TRUNC writes a new version of its own (priv): two
 // processes that rewrite one file at once each publish a whole file, the
 // last close winning, never a mix of both. Other writable handles join the
@@ -29,6 +34,11 @@ type handle struct {
 	n        *node
 	uid      uint32        // who opened it (FS.opens)
 	reader   *store.Reader // read-only handles
+	// follow: a read-only handle opened while the file had writers; it
+	// reads their draft while there is one, then live (n.liveDraft,
+	// handle.refresh).
+	follow   atomic.Bool
+	live     atomic.Pointer[store.Reader]
 	writable bool
 	priv     *store.Draft // O_TRUNC handles: their own new version
 	append   bool         // O_APPEND: every write goes to the end
@@ -96,6 +106,7 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 		}
 		h := &handle{n: n, reader: r, obj: r.Object()}
 		h.regs.fs = n.fs
+		h.follow.Store(n.writing())
 		return h, nil
 	}
 	h := &handle{n: n, writable: true, append: flags&syscall.O_APPEND != 0}
@@ -220,6 +231,76 @@ func (n *node) lockSettled() {
 	}
 }
 
+// writing says whether the file has writers that share it (the shared
+// draft, open or opening). O_TRUNC writers do not count: each writes a
+// version of its own, which nobody sees before its close.
+func (n *node) writing() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.mu.draft != nil || n.mu.opening != nil
+}
+
+// liveDraft returns the draft a following reader reads: the shared one;
+// nil once its last writer is gone.
+func (n *node) liveDraft() *store.Draft {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if d := n.mu.draft; d != nil && d.Err() == nil {
+		return d
+	}
+	return nil
+}
+
+// readLive reads for a following handle: from the writers' draft while
+// there is one (ok), else, once, it opens the version they published
+// (refresh) and says to read that (!ok).
+func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bool, error) {
+	if d := h.n.liveDraft(); d != nil {
+		got, err := d.ReadAt(ctx, dest, off)
+		if !errors.Is(err, store.ErrClosed) {
+			return got, true, err
+		}
+		// Published and closed since it was picked: read what it
+		// published.
+	}
+	h.refresh(ctx)
+	return 0, false, nil
+}
+
+// refresh ends following: the handle reads the file's current version
+// from now on, as one opened now would (kept in live; the version at
+// open stays held for the ioctls, which read versions), or keeps its own
+// if the file is gone or replaced by another.
+func (h *handle) refresh(ctx context.Context) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.follow.Load() {
+		return
+	}
+	h.follow.Store(false)
+	key, ok := h.n.key()
+	if !ok {
+		return
+	}
+	r, err := h.n.fs.st.OpenReader(ctx, key)
+	if err != nil {
+		return
+	}
+	if r.Object().Ino != h.n.StableAttr().Ino || h.released {
+		r.Close()
+		return
+	}
+	h.live.Store(r)
+}
+
+// readerNow is the reader POSIX reads through h use.
+func (h *handle) readerNow() *store.Reader {
+	if r := h.live.Load(); r != nil {
+		return r
+	}
+	return h.reader
+}
+
 // draft returns the draft writes through h go to.
 func (h *handle) draft() *store.Draft {
 	if h.priv != nil {
@@ -274,14 +355,23 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	if !ok || off < 0 {
 		return nil, syscall.EBADF
 	}
-	if h.reader != nil {
-		release := h.reader.Hold()
+	if h.reader != nil && h.follow.Load() {
+		var live bool
+		if got, live, err = h.readLive(ctx, dest, uint64(off)); live {
+			if err != nil {
+				return nil, toErrno(err)
+			}
+			return fuse.ReadResultData(dest[:got]), 0
+		}
+	}
+	if r := h.readerNow(); r != nil {
+		release := r.Hold()
 		var slices [][]byte
-		slices, err = h.reader.Slices(uint64(off), uint64(len(dest)))
+		slices, err = r.Slices(uint64(off), uint64(len(dest)))
 		if errors.Is(err, store.ErrRemote) {
 			// The bytes live on another node: fetch them into dest.
 			release()
-			got, err = h.reader.ReadAt(ctx, dest, uint64(off))
+			got, err = r.ReadAt(ctx, dest, uint64(off))
 			if err != nil {
 				return nil, toErrno(err)
 			}
@@ -465,6 +555,11 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	h.regs.closeAll()
 	if h.reader != nil {
 		h.reader.Close()
+		h.mu.Lock() // refresh stores live under it, unless released
+		if r := h.live.Load(); r != nil {
+			r.Close()
+		}
+		h.mu.Unlock()
 		return 0
 	}
 	start := time.Now()

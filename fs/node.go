@@ -147,6 +147,13 @@ func (n *node) childKey(name string) (string, error) {
 }
 
 func (n *node) newChild(ctx context.Context, o *store.Object) *gofs.Inode {
+	// The node go-fuse already has for the file, when the kernel looks a
+	// name up again while it still holds the inode (the entry timed out,
+	// a file kept open): go-fuse would use it anyway and drop a new one,
+	// and its drafts are what the file's size and an open's writes go by.
+	if c := n.GetChild(store.Base(o.Key)); c != nil && c.StableAttr().Ino == o.Ino && c.StableAttr().Mode == fileType(o.Kind) {
+		return c
+	}
 	return n.NewInode(ctx, n.fs.newNode(), gofs.StableAttr{Mode: fileType(o.Kind), Ino: o.Ino})
 }
 

@@ -923,3 +923,93 @@ print(f"sub_kept={os.stat(mnt + '/pkg2/s/t').st_mtime_ns == old}")
 		"mkdir": "True", "rmdir": "True", "rename_out": "True", "unlink": "True", "batch_put": "True",
 		"set_again": "True", "sub_kept": "True"})
 }
+
+// TestOpenWhileWriting: a file another process is still writing (its
+// descriptor open, nothing closed or synced yet) is the file as written
+// so far, to every program, as on tmpfs:
+//   - its size once the kernel looks its name up again (the entry timed
+//     out: --cache-timeout 100ms), so the writer's own lseek(SEEK_END)
+//     and appends land after its bytes, and a mapping of its end
+//     survives a stat;
+//   - the bytes a new read-only open reads, as they grow, for writers
+//     that share the file (no O_TRUNC: git's index-pack reads the pack
+//     its other half writes), and after the writer closes, what it
+//     published;
+//   - while a writer that opened with O_TRUNC (a shell's >) writes, the
+//     old version, whole, and then the new one, whole;
+//   - a reader opened before the writer keeps the version it opened.
+func TestOpenWhileWriting(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB", "--cache-timeout", "100ms")
+	out := py(t, `
+import mmap, os, sys, time
+d = sys.argv[1]
+os.chdir(d)
+def say(*a): print(*a, flush=True)
+
+# Size after a new lookup; the writer's lseek(SEEK_END) and appends.
+fd = os.open("grow", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"A" * 5000)
+time.sleep(0.3)
+say("stat", os.stat("grow").st_size, "end", os.lseek(fd, 0, os.SEEK_END))
+os.write(fd, b"B" * 10)
+os.close(fd)
+with open("grow", "rb") as f:
+    say("grow ok", f.read() == b"A" * 5000 + b"B" * 10)
+
+# A mapping of the end of a file still open for writing, across a stat.
+fd = os.open("mapped", os.O_RDWR | os.O_CREAT, 0o644)
+os.pwrite(fd, b"z", 8191)
+m = mmap.mmap(fd, 8192)
+time.sleep(0.3)
+say("mapped stat", os.stat("mapped").st_size)
+m[8190] = ord("y")
+say("mapped", m[8190:8192])
+m.close()
+os.close(fd)
+
+# New read-only opens while writers write: writers that share the file
+# (O_RDWR|O_CREAT|O_EXCL, as git writes a pack; O_WRONLY|O_APPEND, a log)
+# are followed; one that truncated (O_TRUNC, a shell's >) is not.
+for name, flags in (("pack", os.O_RDWR | os.O_CREAT | os.O_EXCL), ("log", os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+                    ("trunc", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+    old = b"old version\n" if name != "pack" else b""
+    if old:
+        with open(name, "wb") as f:
+            f.write(old)
+    w = os.open(name, flags, 0o644)
+    want = old if name == "log" else b""
+    ok = True
+    for i in range(5):
+        line = b"line %d of %s\n" % (i, name.encode())
+        os.write(w, line)
+        want += line
+        with open(name, "rb") as r:
+            got = r.read()
+        ok = ok and got == (old if name == "trunc" else want)
+    held = open(name, "rb")  # opened while writing
+    os.write(w, b"tail\n")
+    want += b"tail\n"
+    ok = ok and os.stat(name).st_size == len(want)
+    os.close(w)
+    ok = ok and held.read() == (old if name == "trunc" else want)
+    held.close()
+    with open(name, "rb") as r:
+        ok = ok and r.read() == want
+    say(name, "ok" if ok else "differs")
+
+# A reader opened before the writer keeps its version.
+with open("kept", "wb") as f:
+    f.write(b"first")
+early = open("kept", "rb")
+w = os.open("kept", os.O_WRONLY | os.O_TRUNC)
+os.write(w, b"second")
+os.close(w)
+say("kept", early.read())
+early.close()
+`, d.dir)
+	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nkept b'first'\n"
+	if out != want {
+		t.Errorf("got:\n%s\nwant:\n%s", out, want)
+	}
+}
