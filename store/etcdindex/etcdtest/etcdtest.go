@@ -6,10 +6,12 @@ package etcdtest
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,15 +52,49 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// freePort returns a loopback port that nothing listens on, below the
+// kernel's range of ephemeral ports. A port of that range that is free
+// now may become the local end of a connection (the cluster tests make
+// many) before etcd binds it, and etcd then fails to start
+// (EADDRINUSE); below it only listeners take ports. Ports handed out in
+// this process are not handed out again.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portMu.Lock()
+	defer portMu.Unlock()
+	lo := 32768 // the kernel's default
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				lo = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	const base = 10000
+	if lo < base+1000 {
+		t.Fatalf("ephemeral ports start at %d: no room below them for etcd's ports", lo)
+	}
+	for range 1000 {
+		p := base + rand.IntN(lo-base)
+		if portsGiven[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsGiven[p] = true
+		return p
+	}
+	t.Fatalf("no free loopback port in [%d, %d)", base, lo)
+	return 0
 }
+
+var (
+	portMu     sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // Start starts etcd with a fresh data dir and stops it at cleanup (its log
 // is printed if the test failed).
