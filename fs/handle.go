@@ -31,9 +31,9 @@ import (
 // node's shared draft, so writes through different descriptors of one file
 // see each other, as in-place updates and appends need.
 type handle struct {
-	n        *node
-	uid      uint32        // who opened it (FS.opens)
-	reader   *store.Reader // read-only handles
+	n      *node
+	uid    uint32        // who opened it (FS.opens)
+	reader *store.Reader // read-only handles
 	// follow: a read-only handle opened while the file had writers; it
 	// reads their draft while there is one, then live (n.liveDraft,
 	// handle.refresh).
