@@ -14,7 +14,9 @@ import (
 
 // Extended attributes. The user.mooncake.* names are computed from the
 // object (and .pin can be set), read by name and not listed (Listxattr);
-// other user.* names are stored with the object; other namespaces are
+// other user.*, trusted.* and security.* names are stored with the object
+// (storedName: the kernel checks who may read and change the last two,
+// as for any file system); system.* (ACLs) and security.capability are
 // not supported.
 const (
 	xattrPrefix   = "user."
@@ -36,6 +38,49 @@ const (
 // any user attribute: the tensor metadata of the Python helpers.
 var storedMooncake = map[string]bool{"mooncake.dtype": true, "mooncake.shape": true,
 	xattrMeta: true, store.XattrReplicas: true, store.XattrPlacement: true}
+
+// Names of other namespaces stored in Object.Xattrs, where a user.*
+// name is kept without its "user.": one byte that no user name starts
+// with (a name is a C string: never NUL; these are control bytes a name
+// could hold, so they are refused there) for the namespace, then the rest.
+var storedNS = []struct {
+	prefix string
+	tag    byte
+}{{"trusted.", 0x01}, {"security.", 0x02}}
+
+// storedName is the Object.Xattrs key of attribute attr, false for a
+// namespace this file system does not keep.
+func storedName(attr string) (string, bool) {
+	if name, ok := strings.CutPrefix(attr, xattrPrefix); ok {
+		if name != "" && (name[0] == 0x01 || name[0] == 0x02) {
+			return "", false
+		}
+		return name, true
+	}
+	if attr == "security.capability" {
+		// go-fuse answers reads of it itself (IgnoreSecurityLabels, which
+		// spares every write a GETXATTR), so a kept value would never be
+		// seen: refused, as before (no file capabilities here).
+		return "", false
+	}
+	for _, ns := range storedNS {
+		if rest, ok := strings.CutPrefix(attr, ns.prefix); ok {
+			return string(ns.tag) + rest, true
+		}
+	}
+	return "", false
+}
+
+// attrName is the attribute name of Object.Xattrs key name, and whether
+// only a privileged caller sees it listed (trusted.*, as tmpfs lists it).
+func attrName(name string) (string, bool) {
+	for _, ns := range storedNS {
+		if rest, ok := strings.CutPrefix(name, string(ns.tag)); ok {
+			return ns.prefix + rest, ns.prefix == "trusted."
+		}
+	}
+	return xattrPrefix + name, false
+}
 
 // xattrMeta (user.mooncake.meta) is the meta of PUT_KEY and vector
 // batches: at most ioctl.MaxMeta bytes.
@@ -109,12 +154,12 @@ func (n *node) xattrValue(ctx context.Context, attr string) ([]byte, error) {
 		}
 		return []byte("0"), nil
 	}
-	if name, ok := strings.CutPrefix(attr, xattrPrefix); ok {
+	if name, ok := storedName(attr); ok {
 		if v, ok := o.Xattrs[name]; ok {
 			return v, nil
 		}
 	}
-	return nil, syscall.ENODATA
+	return nil, syscall.ENODATA // system.posix_acl_access too: no ACL
 }
 
 // Getxattr implements gofs.NodeGetxattrer.
@@ -141,7 +186,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "setxattr", attr, 0, start, errno, err) }()
-	name, ok := strings.CutPrefix(attr, xattrPrefix)
+	name, ok := storedName(attr)
 	if !ok {
 		return syscall.EOPNOTSUPP
 	}
@@ -203,7 +248,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "removexattr", attr, 0, start, errno, err) }()
-	name, ok := strings.CutPrefix(attr, xattrPrefix)
+	name, ok := storedName(attr)
 	if !ok {
 		return syscall.EOPNOTSUPP
 	}
@@ -248,8 +293,11 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (sz uint32, errno sys
 		if o.Kind == store.KindFile && o.Pinned {
 			names = append(names, xattrPin)
 		}
+		uid, _ := caller(ctx)
 		for k := range o.Xattrs {
-			names = append(names, xattrPrefix+k)
+			if name, privileged := attrName(k); !privileged || uid == 0 {
+				names = append(names, name)
+			}
 		}
 	}
 	var buf []byte

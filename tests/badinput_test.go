@@ -260,7 +260,9 @@ print("huge_size=%d" % os.stat(d + "/huge").st_size)
 }
 
 // testBadXattr: computed attributes are read-only, pin takes 0 or 1, and
-// a refused change changes nothing.
+// a refused change changes nothing; trusted.* and security.* are kept
+// like user.* (the kernel checks the caller), system.* and
+// security.capability are refused.
 func testBadXattr(t *testing.T, d *daemon, dir string) {
 	f := filepath.Join(dir, "f")
 	run(t, "sh", "-c", `head -c 1234 /dev/zero > "$1"`, "sh", f)
@@ -273,6 +275,14 @@ for label, v in (("banana", b"banana"), ("empty", b""), ("two", b"2")):
 try_("remove_pin", os.removexattr, f, "user.mooncake.pin")
 try_("remove_size", os.removexattr, f, "user.mooncake.size")
 try_("trusted", os.setxattr, f, "trusted.x", b"1")
+try_("security", os.setxattr, f, "security.x", b"2")
+try_("capability", os.setxattr, f, "security.capability", b"\x01\x00\x00\x02" + b"\x00" * 16)
+try_("system_acl", os.setxattr, f, "system.posix_acl_access", b"\x02\x00\x00\x00")
+try_("user_tag", os.setxattr, f, "user.\x01x", b"1")
+print("trusted_value=" + os.getxattr(f, "trusted.x").decode())
+print("listed=" + ",".join(sorted(n for n in os.listxattr(f) if not n.startswith("user."))))
+try_("remove_trusted", os.removexattr, f, "trusted.x")
+try_("remove_trusted_again", os.removexattr, f, "trusted.x")
 try_("user_64KiB", os.setxattr, f, "user.big", b"v" * 65536)
 try_("user_64KiB_plus_1", os.setxattr, f, "user.bigger", b"v" * 65537)
 try_("get_missing", os.getxattr, f, "user.nothing")
@@ -286,7 +296,9 @@ print("stat_size=%d" % os.stat(f).st_size)
 		"set_size": "EPERM", "set_version": "EPERM", "set_location": "EPERM", "set_status": "EPERM", "set_bogus": "EPERM",
 		"pin_banana": "EINVAL", "pin_empty": "EINVAL", "pin_two": "EINVAL",
 		"remove_pin": "EPERM", "remove_size": "EPERM",
-		"trusted": "EOPNOTSUPP", "user_64KiB": "OK", "user_64KiB_plus_1": "E2BIG",
+		"trusted": "OK", "security": "OK", "capability": "EOPNOTSUPP", "system_acl": "EOPNOTSUPP", "user_tag": "EOPNOTSUPP",
+		"trusted_value": "1", "listed": "security.x,trusted.x", "remove_trusted": "OK", "remove_trusted_again": "ENODATA",
+		"user_64KiB": "OK", "user_64KiB_plus_1": "E2BIG",
 		"get_missing": "ENODATA", "create_existing": "EEXIST", "replace_missing": "ENODATA",
 		"size": "1234", "pin": "0", "stat_size": "1234",
 	})
