@@ -31,6 +31,10 @@ type dirHandle struct {
 	uid  uint32 // who opened it (FS.opens)
 	// released: Releasedir ran (FS.dirs counts the handle until then).
 	released bool
+	// obj is the directory as it was opened (nil for one the store only
+	// implies): fstat of the descriptor answers with it once the
+	// directory is gone.
+	obj *store.Object
 }
 
 // dirPage is how many entries a directory handle reads from the store at
@@ -55,6 +59,11 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 	h, errno := newDirHandle(n, uid)
 	if errno != 0 {
 		return nil, 0, errno
+	}
+	if key, ok := n.key(); ok {
+		if o, err := n.fs.st.Stat(ctx, key); err == nil && o.Ino == n.StableAttr().Ino {
+			h.obj = o
+		}
 	}
 	return h, 0, 0
 }

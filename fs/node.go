@@ -298,12 +298,17 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 			o = nil
 		}
 	}
-	if o == nil {
-		// Unlinked or replaced but still open: answer from what the
-		// handle knows. Without a handle, ESTALE: the kernel looks the
-		// path up again and finds what is there now.
+	gone := o == nil
+	if gone {
+		// Unlinked or replaced but still open (a file or a directory,
+		// as fstat of a descriptor sees it): answer from what the
+		// handle knows, with no link left, as tmpfs does. Without a
+		// handle, ESTALE: the kernel looks the path up again and finds
+		// what is there now.
 		if h, isH := fh.(*handle); isH && h.obj != nil {
 			o, err = h.obj, nil
+		} else if dh, isD := fh.(*dirHandle); isD && dh.obj != nil {
+			o, err = dh.obj, nil
 		} else if g := n.ghostReader(); g != nil {
 			o, err = g.Object(), nil
 			g.Close()
@@ -315,6 +320,9 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 		return toErrno(err)
 	}
 	n.fs.fillAttr(o, n.sizeOf(o), &out.Attr)
+	if gone {
+		out.Attr.Nlink = 0
+	}
 	out.SetTimeout(n.fs.opts.AttrTimeout)
 	return 0
 }

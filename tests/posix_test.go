@@ -998,6 +998,22 @@ for name, flags in (("pack", os.O_RDWR | os.O_CREAT | os.O_EXCL), ("log", os.O_W
         ok = ok and r.read() == want
     say(name, "ok" if ok else "differs")
 
+# fstat of a directory and a file removed while open: their attributes,
+# no link left (after the attribute timeout: asked of the daemon).
+os.mkdir("gonedir")
+dfd = os.open("gonedir", os.O_RDONLY | os.O_DIRECTORY)
+os.rmdir("gonedir")
+fd = os.open("gonefile", os.O_RDWR | os.O_CREAT, 0o644)
+os.write(fd, b"abc")
+os.unlink("gonefile")
+time.sleep(0.3)
+st = os.fstat(dfd)
+say("gone dir", oct(st.st_mode), st.st_nlink)
+st = os.fstat(fd)
+say("gone file", st.st_size, st.st_nlink)
+os.close(dfd)
+os.close(fd)
+
 # A reader opened before the writer keeps its version.
 with open("kept", "wb") as f:
     f.write(b"first")
@@ -1008,7 +1024,7 @@ os.close(w)
 say("kept", early.read())
 early.close()
 `, d.dir)
-	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nkept b'first'\n"
+	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
 	if out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
