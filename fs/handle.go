@@ -93,20 +93,26 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	ino := n.StableAttr().Ino
 	acc := flags & syscall.O_ACCMODE
 	if acc == syscall.O_RDONLY {
+		// Whether to follow is decided first: writers that leave before
+		// the reader is opened have published by then, and it reads that.
+		follow := n.addFollower()
 		r, err := n.fs.st.OpenReader(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
 			err = store.ErrStale
 		}
-		if err != nil {
-			return nil, err
-		}
-		if r.Object().Ino != ino {
+		if err == nil && r.Object().Ino != ino {
 			r.Close()
-			return nil, store.ErrStale
+			err = store.ErrStale
+		}
+		if err != nil {
+			if follow {
+				n.dropFollower()
+			}
+			return nil, err
 		}
 		h := &handle{n: n, reader: r, obj: r.Object()}
 		h.regs.fs = n.fs
-		h.follow.Store(n.writing())
+		h.follow.Store(follow)
 		return h, nil
 	}
 	h := &handle{n: n, writable: true, append: flags&syscall.O_APPEND != 0}
@@ -204,7 +210,17 @@ func (n *node) leaveShared(ctx context.Context) error {
 	n.mu.closing = closing
 	n.mu.Unlock()
 	err := n.publish(ctx, d, nil)
-	d.Close()
+	gone := !n.current(ctx) // unlinked or replaced: nothing published
+	n.mu.Lock()
+	kept := gone && n.mu.followers > 0 && n.mu.orphan == nil
+	if kept {
+		// Readers follow what was written: they keep it (liveDraft).
+		n.mu.orphan = d
+	}
+	n.mu.Unlock()
+	if !kept {
+		d.Close()
+	}
 	n.mu.Lock()
 	n.mu.draft, n.mu.closing = nil, nil
 	n.mu.Unlock()
@@ -231,24 +247,55 @@ func (n *node) lockSettled() {
 	}
 }
 
-// writing says whether the file has writers that share it (the shared
-// draft, open or opening). O_TRUNC writers do not count: each writes a
-// version of its own, which nobody sees before its close.
-func (n *node) writing() bool {
+// addFollower counts a new read-only handle as a follower if the file
+// has writers that share it (the shared draft, open or opening), and says
+// whether it did. O_TRUNC writers do not count: each writes a version of
+// its own, which nobody sees before its close.
+func (n *node) addFollower() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.mu.draft != nil || n.mu.opening != nil
+	if n.mu.draft == nil && n.mu.opening == nil {
+		return false
+	}
+	n.mu.followers++
+	return true
 }
 
-// liveDraft returns the draft a following reader reads: the shared one;
-// nil once its last writer is gone.
+// dropFollower uncounts a follower that stopped following (refresh) or
+// closed; the last one closes an orphaned draft.
+func (n *node) dropFollower() {
+	n.mu.Lock()
+	n.mu.followers--
+	var d *store.Draft
+	if n.mu.followers == 0 {
+		d, n.mu.orphan = n.mu.orphan, nil
+	}
+	n.mu.Unlock()
+	if d != nil {
+		d.Close()
+	}
+}
+
+// liveDraft returns the draft a following reader reads: the shared one,
+// or the one its file left behind (orphan); nil once the last writer is
+// gone and what it wrote is the file's version.
 func (n *node) liveDraft() *store.Draft {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if d := n.mu.draft; d != nil && d.Err() == nil {
 		return d
 	}
-	return nil
+	return n.mu.orphan
+}
+
+// current says whether n is still the file at its key.
+func (n *node) current(ctx context.Context) bool {
+	key, ok := n.key()
+	if !ok {
+		return false
+	}
+	o, err := n.fs.st.Stat(ctx, key)
+	return err == nil && o.Ino == n.StableAttr().Ino
 }
 
 // readLive reads for a following handle: from the writers' draft while
@@ -274,23 +321,22 @@ func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bo
 func (h *handle) refresh(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.follow.Load() {
+	if !h.follow.Load() || h.released {
 		return
+	}
+	// live is set before follow is cleared: a read that finds follow
+	// false reads live.
+	if key, ok := h.n.key(); ok {
+		if r, err := h.n.fs.st.OpenReader(ctx, key); err == nil {
+			if r.Object().Ino == h.n.StableAttr().Ino {
+				h.live.Store(r)
+			} else {
+				r.Close()
+			}
+		}
 	}
 	h.follow.Store(false)
-	key, ok := h.n.key()
-	if !ok {
-		return
-	}
-	r, err := h.n.fs.st.OpenReader(ctx, key)
-	if err != nil {
-		return
-	}
-	if r.Object().Ino != h.n.StableAttr().Ino || h.released {
-		r.Close()
-		return
-	}
-	h.live.Store(r)
+	h.n.dropFollower()
 }
 
 // readerNow is the reader POSIX reads through h use.
@@ -555,11 +601,15 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	h.regs.closeAll()
 	if h.reader != nil {
 		h.reader.Close()
-		h.mu.Lock() // refresh stores live under it, unless released
+		h.mu.Lock() // refresh changes follow and live under it, unless released
 		if r := h.live.Load(); r != nil {
 			r.Close()
 		}
+		following := h.follow.Load()
 		h.mu.Unlock()
+		if following {
+			n.dropFollower()
+		}
 		return 0
 	}
 	start := time.Now()

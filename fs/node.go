@@ -41,6 +41,13 @@ type node struct {
 		// it sends for it then gets that version, as on a local file
 		// system, instead of failing.
 		ghost *store.Reader
+		// followers counts the read-only handles that follow the shared
+		// draft (handle.follow); orphan is a shared draft whose file went
+		// (unlinked, renamed over) while followers read it: kept for them,
+		// as an unlinked file's bytes stay for whoever has it open, and
+		// closed with the last of them.
+		followers int
+		orphan    *store.Draft
 	}
 	// putMu makes each PUT ioctl through this file's drafts one version
 	// change: truncate, write and publish (dataio.go).
@@ -234,6 +241,8 @@ func (n *node) sizeOf(o *store.Object) uint64 {
 	defer n.mu.Unlock()
 	size, drafts := uint64(0), 0
 	if d := n.mu.draft; d != nil && d.Err() == nil {
+		size, drafts = d.Size(), 1
+	} else if d := n.mu.orphan; d != nil {
 		size, drafts = d.Size(), 1
 	}
 	for h := range n.mu.private {

@@ -291,3 +291,23 @@ func (m *Mount) Procs() ProcStats {
 	}
 	return s
 }
+
+// capSysAdmin is CAP_SYS_ADMIN's bit in a capability set.
+const capSysAdmin = 21
+
+// hasCapability says whether thread tid has capability bit in its
+// effective set (/proc/TID/status, CapEff): false when that cannot be
+// read.
+func hasCapability(tid uint32, bit uint) bool {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(tid), 10) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<bit) != 0
+		}
+	}
+	return false
+}

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
+
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/store"
 )
@@ -71,8 +73,23 @@ func storedName(attr string) (string, bool) {
 	return "", false
 }
 
+// emptyXattr says whether attr is a namespace with no name after it, as
+// "user." or "trusted.": EINVAL, as tmpfs answers.
+func emptyXattr(attr string) bool {
+	if attr == xattrPrefix {
+		return true
+	}
+	for _, ns := range storedNS {
+		if attr == ns.prefix {
+			return true
+		}
+	}
+	return false
+}
+
 // attrName is the attribute name of Object.Xattrs key name, and whether
-// only a privileged caller sees it listed (trusted.*, as tmpfs lists it).
+// only a caller with CAP_SYS_ADMIN sees it listed (trusted.*, as tmpfs
+// lists it).
 func attrName(name string) (string, bool) {
 	for _, ns := range storedNS {
 		if rest, ok := strings.CutPrefix(name, string(ns.tag)); ok {
@@ -167,6 +184,9 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (sz uint3
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "getxattr", attr, 0, start, errno, err) }()
+	if emptyXattr(attr) {
+		return 0, syscall.EINVAL
+	}
 	v, err := n.xattrValue(ctx, attr)
 	if err != nil {
 		return 0, toErrno(err)
@@ -186,6 +206,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "setxattr", attr, 0, start, errno, err) }()
+	if emptyXattr(attr) {
+		return syscall.EINVAL
+	}
 	name, ok := storedName(attr)
 	if !ok {
 		return syscall.EOPNOTSUPP
@@ -248,6 +271,9 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "removexattr", attr, 0, start, errno, err) }()
+	if emptyXattr(attr) {
+		return syscall.EINVAL
+	}
 	name, ok := storedName(attr)
 	if !ok {
 		return syscall.EOPNOTSUPP
@@ -293,9 +319,16 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (sz uint32, errno sys
 		if o.Kind == store.KindFile && o.Pinned {
 			names = append(names, xattrPin)
 		}
-		uid, _ := caller(ctx)
+		admin := -1 // whether the caller has CAP_SYS_ADMIN, asked once if needed
 		for k := range o.Xattrs {
-			if name, privileged := attrName(k); !privileged || uid == 0 {
+			name, privileged := attrName(k)
+			if privileged && admin < 0 {
+				admin = 0
+				if c, ok := fuse.FromContext(ctx); ok && hasCapability(c.Pid, capSysAdmin) {
+					admin = 1
+				}
+			}
+			if !privileged || admin == 1 {
 				names = append(names, name)
 			}
 		}

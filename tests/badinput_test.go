@@ -281,6 +281,15 @@ try_("system_acl", os.setxattr, f, "system.posix_acl_access", b"\x02\x00\x00\x00
 try_("user_tag", os.setxattr, f, "user.\x01x", b"1")
 print("trusted_value=" + os.getxattr(f, "trusted.x").decode())
 print("listed=" + ",".join(sorted(n for n in os.listxattr(f) if not n.startswith("user."))))
+import subprocess
+for ns in ("user", "trusted", "security"):
+    try_("empty_" + ns, os.setxattr, f, ns + ".", b"1")
+    try_("get_empty_" + ns, os.getxattr, f, ns + ".")
+# trusted.* is listed only to a caller with CAP_SYS_ADMIN, root or not.
+out = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", sys.executable, "-c",
+                      "import os, sys; print(','.join(sorted(os.listxattr(sys.argv[1]))))", f],
+                     capture_output=True, text=True)
+print("listed_without_admin=" + ",".join(n for n in out.stdout.strip().split(",") if not n.startswith("user.")))
 try_("remove_trusted", os.removexattr, f, "trusted.x")
 try_("remove_trusted_again", os.removexattr, f, "trusted.x")
 try_("user_64KiB", os.setxattr, f, "user.big", b"v" * 65536)
@@ -297,7 +306,9 @@ print("stat_size=%d" % os.stat(f).st_size)
 		"pin_banana": "EINVAL", "pin_empty": "EINVAL", "pin_two": "EINVAL",
 		"remove_pin": "EPERM", "remove_size": "EPERM",
 		"trusted": "OK", "security": "OK", "capability": "EOPNOTSUPP", "system_acl": "EOPNOTSUPP", "user_tag": "EOPNOTSUPP",
-		"trusted_value": "1", "listed": "security.x,trusted.x", "remove_trusted": "OK", "remove_trusted_again": "ENODATA",
+		"trusted_value": "1", "listed": "security.x,trusted.x", "listed_without_admin": "security.x",
+		"empty_user": "EINVAL", "empty_trusted": "EINVAL", "empty_security": "EINVAL",
+		"get_empty_user": "EINVAL", "get_empty_trusted": "EINVAL", "get_empty_security": "EINVAL", "remove_trusted": "OK", "remove_trusted_again": "ENODATA",
 		"user_64KiB": "OK", "user_64KiB_plus_1": "E2BIG",
 		"get_missing": "ENODATA", "create_existing": "EEXIST", "replace_missing": "ENODATA",
 		"size": "1234", "pin": "0", "stat_size": "1234",

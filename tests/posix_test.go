@@ -998,6 +998,56 @@ for name, flags in (("pack", os.O_RDWR | os.O_CREAT | os.O_EXCL), ("log", os.O_W
         ok = ok and r.read() == want
     say(name, "ok" if ok else "differs")
 
+# A file unlinked or renamed over while a follower reads it: the follower
+# keeps what the writer wrote, after the writer closes too, as an unlinked
+# file's bytes stay on tmpfs.
+for how in ("unlink", "renameover"):
+    with open("gone", "wb") as f:
+        f.write(b"O" * 10)
+    w = os.open("gone", os.O_WRONLY | os.O_APPEND)
+    os.write(w, b"A" * 100)
+    r = os.open("gone", os.O_RDONLY)
+    if how == "unlink":
+        os.unlink("gone")
+    else:
+        with open("other", "wb") as f:
+            f.write(b"G" * 5)
+        os.rename("other", "gone")
+    os.write(w, b"B" * 100)
+    os.close(w)
+    got = os.pread(r, 4096, 0)
+    say(how, got == b"O" * 10 + b"A" * 100 + b"B" * 100, os.fstat(r).st_size)
+    os.close(r)
+
+# Reads of a follower from several threads while the writer closes: each
+# reads the bytes written, never the version from before.
+import threading
+short = 0
+for it in range(20):
+    with open("race", "wb") as f:
+        f.write(b"O" * 10)
+    w = os.open("race", os.O_WRONLY | os.O_APPEND)
+    os.write(w, b"A" * (1 << 20))
+    r = os.open("race", os.O_RDONLY)
+    stop = threading.Event()
+    bad = []
+    def reader():
+        while not stop.is_set():
+            if len(os.pread(r, 4096, 512 << 10)) != 4096:
+                bad.append(1)
+    ts = [threading.Thread(target=reader) for _ in range(4)]
+    for t in ts:
+        t.start()
+    os.close(w)
+    for _ in range(50):
+        os.pread(r, 1, 0)
+    stop.set()
+    for t in ts:
+        t.join()
+    short += len(bad)
+    os.close(r)
+say("short reads", short)
+
 # fstat of a directory and a file removed while open: their attributes,
 # no link left (after the attribute timeout: asked of the daemon).
 os.mkdir("gonedir")
@@ -1024,7 +1074,7 @@ os.close(w)
 say("kept", early.read())
 early.close()
 `, d.dir)
-	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
+	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nunlink True 210\nrenameover True 210\nshort reads 0\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
 	if out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
