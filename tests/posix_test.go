@@ -1048,6 +1048,24 @@ for it in range(20):
     os.close(r)
 say("short reads", short)
 
+# A shell's > publishes the emptied file when the shell closes its
+# descriptor; what the program then writes is followed by readers, and
+# published even if the program is killed (on tmpfs it is all there).
+import subprocess
+with open("job.log", "wb") as f:
+    f.write(b"old run\n")
+# The shell writes (printf is built in) and stays, waiting for sleep.
+job = subprocess.Popen(["sh", "-c", "{ printf %s " + "N" * 300 + "; sleep 1; } > job.log"])
+time.sleep(0.5)
+with open("job.log", "rb") as r:
+    say("job running", r.read() == b"N" * 300)
+job.wait()
+with open("crash.log", "wb") as f:
+    f.write(b"old run\n")
+subprocess.run(["sh", "-c", "{ echo partial; kill -9 $$; } > crash.log"])
+with open("crash.log", "rb") as r:
+    say("killed job", r.read())
+
 # fstat of a directory and a file removed while open: their attributes,
 # no link left (after the attribute timeout: asked of the daemon).
 os.mkdir("gonedir")
@@ -1074,7 +1092,7 @@ os.close(w)
 say("kept", early.read())
 early.close()
 `, d.dir)
-	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nunlink True 210\nrenameover True 210\nshort reads 0\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
+	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nunlink True 210\nrenameover True 210\nshort reads 0\njob running True\nkilled job b'partial\\n'\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
 	if out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
