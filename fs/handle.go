@@ -48,8 +48,7 @@ type handle struct {
 	// published: priv was published at least once (a shell's > publishes
 	// the truncated file when the shell closes its descriptor, before
 	// the program it runs writes): the old version is gone, so what a
-	// killed writer wrote is published, not abandoned, and readers may
-	// follow it (node.mu.livePriv).
+	// killed writer wrote is published, not abandoned.
 	published atomic.Bool
 	obj       *store.Object // the object at open time
 	metaGen   uint64        // O_TRUNC handles: n.metaGen at open
@@ -216,7 +215,7 @@ func (n *node) leaveShared(ctx context.Context) error {
 	n.mu.closing = closing
 	n.mu.Unlock()
 	err := n.publish(ctx, d, nil)
-	n.retire(ctx, d, nil)
+	n.retire(ctx, d)
 	n.mu.Lock()
 	n.mu.draft, n.mu.closing = nil, nil
 	n.mu.Unlock()
@@ -224,18 +223,14 @@ func (n *node) leaveShared(ctx context.Context) error {
 	return err
 }
 
-// retire closes a draft its last writer is done with (the shared one, or
-// h's own), published or not; one whose file went (unlinked, replaced)
-// while readers follow it is kept for them instead (node.mu.orphan), as
-// an unlinked file's bytes stay for whoever has it open.
-func (n *node) retire(ctx context.Context, d *store.Draft, h *handle) {
+// retire closes the shared draft once its last writer is done with it,
+// published or not; one whose file went (unlinked, replaced) while
+// readers follow it is kept for them instead (node.mu.orphan), as an
+// unlinked file's bytes stay for whoever has it open.
+func (n *node) retire(ctx context.Context, d *store.Draft) {
 	gone := !n.current(ctx)
 	n.mu.Lock()
-	followed := h == nil || n.mu.livePriv == h
-	if h != nil && n.mu.livePriv == h {
-		n.mu.livePriv = nil
-	}
-	kept := gone && followed && n.mu.followers > 0 && n.mu.orphan == nil
+	kept := gone && n.mu.followers > 0 && n.mu.orphan == nil
 	if kept {
 		n.mu.orphan = d
 	}
@@ -265,14 +260,13 @@ func (n *node) lockSettled() {
 }
 
 // addFollower counts a new read-only handle as a follower if the file
-// has writers that share it (the shared draft, open or opening) or an
-// O_TRUNC writer whose version was published already (livePriv), and
-// says whether it did. Other O_TRUNC writers do not count: each writes a
-// version of its own, which nobody sees before its close.
+// has writers that share it (the shared draft, open or opening), and says
+// whether it did. O_TRUNC writers do not count: each writes a version of
+// its own, which nobody sees before its close.
 func (n *node) addFollower() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.mu.draft == nil && n.mu.opening == nil && n.mu.livePriv == nil {
+	if n.mu.draft == nil && n.mu.opening == nil {
 		return false
 	}
 	n.mu.followers++
@@ -295,17 +289,13 @@ func (n *node) dropFollower() {
 }
 
 // liveDraft returns the draft a following reader reads: the shared one,
-// else the published O_TRUNC writer's, else the one its file left behind
-// (orphan); nil once the last writer is gone and what it wrote is the
-// file's version.
+// or the one its file left behind (orphan); nil once the last writer is
+// gone and what it wrote is the file's version.
 func (n *node) liveDraft() *store.Draft {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if d := n.mu.draft; d != nil && d.Err() == nil {
 		return d
-	}
-	if h := n.mu.livePriv; h != nil && h.priv.Err() == nil {
-		return h.priv
 	}
 	return n.mu.orphan
 }
@@ -583,9 +573,6 @@ func (n *node) flush(ctx context.Context, fh gofs.FileHandle, op string) (errno 
 	err = n.publish(ctx, d, h)
 	if err == nil && h.priv != nil {
 		h.published.Store(true)
-		n.mu.Lock()
-		n.mu.livePriv = h
-		n.mu.Unlock()
 	}
 	return toErrno(err)
 }
@@ -650,7 +637,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 		if !h.abandoned.Load() {
 			err = n.publish(context.Background(), d, h)
 		}
-		n.retire(context.Background(), d, h)
+		d.Close()
 		n.mu.Lock()
 		delete(n.mu.private, h)
 		n.mu.Unlock()

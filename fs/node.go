@@ -48,10 +48,6 @@ type node struct {
 		// closed with the last of them.
 		followers int
 		orphan    *store.Draft
-		// livePriv is the O_TRUNC writer whose version was published
-		// last while it still writes (handle.published): readers that
-		// open meanwhile follow its draft.
-		livePriv *handle
 	}
 	// putMu makes each PUT ioctl through this file's drafts one version
 	// change: truncate, write and publish (dataio.go).

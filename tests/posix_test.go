@@ -1049,8 +1049,9 @@ for it in range(20):
 say("short reads", short)
 
 # A shell's > publishes the emptied file when the shell closes its
-# descriptor; what the program then writes is followed by readers, and
-# published even if the program is killed (on tmpfs it is all there).
+# descriptor: readers see that until the job closes (an O_TRUNC rewrite
+# shows whole), and what the job wrote is published even if it is killed
+# (on tmpfs it is all there).
 import subprocess
 with open("job.log", "wb") as f:
     f.write(b"old run\n")
@@ -1058,7 +1059,7 @@ with open("job.log", "wb") as f:
 job = subprocess.Popen(["sh", "-c", "{ printf %s " + "N" * 300 + "; sleep 1; } > job.log"])
 time.sleep(0.5)
 with open("job.log", "rb") as r:
-    say("job running", r.read() == b"N" * 300)
+    say("job running", r.read())
 job.wait()
 with open("crash.log", "wb") as f:
     f.write(b"old run\n")
@@ -1092,7 +1093,7 @@ os.close(w)
 say("kept", early.read())
 early.close()
 `, d.dir)
-	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nunlink True 210\nrenameover True 210\nshort reads 0\njob running True\nkilled job b'partial\\n'\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
+	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nunlink True 210\nrenameover True 210\nshort reads 0\njob running b''\nkilled job b'partial\\n'\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
 	if out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
