@@ -1055,9 +1055,15 @@ say("short reads", short)
 import subprocess
 with open("job.log", "wb") as f:
     f.write(b"old run\n")
-# The shell writes (printf is built in) and stays, waiting for sleep.
+# The shell writes (printf is built in) and stays, waiting for sleep; it
+# has written once stat shows the size being written. (No other
+# redirection in the group: the shell's save and restore of its stdout
+# for one would close a descriptor of the log, which publishes.)
 job = subprocess.Popen(["sh", "-c", "{ printf %s " + "N" * 300 + "; sleep 1; } > job.log"])
-time.sleep(0.5)
+for _ in range(1000):
+    if os.stat("job.log").st_size == 300:
+        break
+    time.sleep(0.01)
 with open("job.log", "rb") as r:
     say("job running", r.read())
 job.wait()
