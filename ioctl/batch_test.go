@@ -259,3 +259,15 @@ func TestIndependent(t *testing.T) {
 		}
 	}
 }
+
+// TestMarshalIntoNoAlloc: a reply encoded into an output of its size
+// allocates nothing (the daemon encodes every call's reply this way).
+func TestMarshalIntoNoAlloc(t *testing.T) {
+	out := make([]byte, SizeVBatchArg)
+	var k KeyArg
+	var b BatchArg
+	var v VBatchArg
+	if n := testing.AllocsPerRun(100, func() { k.MarshalInto(out); b.MarshalInto(out); v.MarshalInto(out) }); n != 0 {
+		t.Fatalf("%v allocations encoding three replies", n)
+	}
+}

@@ -307,12 +307,21 @@ func (a *BatchArg) Marshal() []byte {
 // MarshalInto encodes a into b, as much of it as b holds (a reply
 // buffer), without an encoding of its own.
 func (a *BatchArg) MarshalInto(b []byte) {
-	if len(b) < SizeBatchArg {
-		copy(b, a.Marshal())
+	marshalInto(b, SizeBatchArg, func(b []byte) { encodeBatch(b, a) })
+}
+
+// marshalInto encodes a reply of size bytes into b with encode: b's
+// first bytes only when it holds fewer (what encode writes into a buffer
+// of its own), and never a byte of b's past.
+func marshalInto(b []byte, size int, encode func([]byte)) {
+	if len(b) < size {
+		full := make([]byte, size)
+		encode(full)
+		copy(b, full)
 		return
 	}
-	clear(b[:SizeBatchArg]) // no byte of the buffer's past goes back
-	encodeBatch(b[:SizeBatchArg], a)
+	clear(b[:size])
+	encode(b[:size])
 }
 
 // Unmarshal decodes a from b.

@@ -129,14 +129,7 @@ func (a *KeyArg) Marshal() []byte {
 
 // MarshalInto encodes a into b, as Marshal does: b's first bytes only,
 // when it holds fewer than SizeKeyArg.
-func (a *KeyArg) MarshalInto(b []byte) {
-	if len(b) < SizeKeyArg {
-		copy(b, a.Marshal())
-		return
-	}
-	clear(b[:SizeKeyArg]) // no byte of the buffer's past goes back
-	a.encode(b[:SizeKeyArg])
-}
+func (a *KeyArg) MarshalInto(b []byte) { marshalInto(b, SizeKeyArg, a.encode) }
 
 func (a *KeyArg) encode(b []byte) {
 	putHeader(b, Header{Size: SizeKeyArg, Flags: a.Flags})
@@ -244,14 +237,7 @@ func (a *VBatchArg) Marshal() []byte {
 
 // MarshalInto encodes a into b, as much of it as b holds (a reply
 // buffer), without an encoding of its own.
-func (a *VBatchArg) MarshalInto(b []byte) {
-	if len(b) < SizeVBatchArg {
-		copy(b, a.Marshal())
-		return
-	}
-	clear(b[:SizeVBatchArg]) // no byte of the buffer's past goes back
-	a.encode(b[:SizeVBatchArg])
-}
+func (a *VBatchArg) MarshalInto(b []byte) { marshalInto(b, SizeVBatchArg, a.encode) }
 
 func (a *VBatchArg) encode(b []byte) {
 	putHeader(b, Header{Size: SizeVBatchArg, Flags: a.Flags})
