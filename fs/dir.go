@@ -60,11 +60,7 @@ func (n *node) OpendirHandle(ctx context.Context, flags uint32) (gofs.FileHandle
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	if key, ok := n.key(); ok {
-		if o, err := n.fs.st.Stat(ctx, key); err == nil && o.Ino == n.StableAttr().Ino {
-			h.obj = o
-		}
-	}
+	h.obj, _ = n.object(ctx)
 	return h, 0, 0
 }
 

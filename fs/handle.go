@@ -228,16 +228,26 @@ func (n *node) leaveShared(ctx context.Context) error {
 // readers follow it is kept for them instead (node.mu.orphan), as an
 // unlinked file's bytes stay for whoever has it open.
 func (n *node) retire(ctx context.Context, d *store.Draft) {
-	gone := !n.current(ctx)
 	n.mu.Lock()
-	kept := gone && n.mu.followers > 0 && n.mu.orphan == nil
-	if kept {
-		n.mu.orphan = d
-	}
+	followed := n.mu.followers > 0 && n.mu.orphan == nil
 	n.mu.Unlock()
-	if !kept {
-		d.Close()
+	// Only a followed draft costs a look at the index. A follower that
+	// comes after this look reads the draft until it is closed, then
+	// what was published (readLive).
+	if followed {
+		if o, _ := n.object(ctx); o == nil {
+			n.mu.Lock()
+			kept := n.mu.followers > 0 && n.mu.orphan == nil
+			if kept {
+				n.mu.orphan = d
+			}
+			n.mu.Unlock()
+			if kept {
+				return
+			}
+		}
 	}
+	d.Close()
 }
 
 // lockSettled locks n.mu once no last writer's release is publishing the
@@ -298,16 +308,6 @@ func (n *node) liveDraft() *store.Draft {
 		return d
 	}
 	return n.mu.orphan
-}
-
-// current says whether n is still the file at its key.
-func (n *node) current(ctx context.Context) bool {
-	key, ok := n.key()
-	if !ok {
-		return false
-	}
-	o, err := n.fs.st.Stat(ctx, key)
-	return err == nil && o.Ino == n.StableAttr().Ino
 }
 
 // readLive reads for a following handle: from the writers' draft while

@@ -164,6 +164,21 @@ func (n *node) newChild(ctx context.Context, o *store.Object) *gofs.Inode {
 	return n.NewInode(ctx, n.fs.newNode(), gofs.StableAttr{Mode: fileType(o.Kind), Ino: o.Ino})
 }
 
+// object returns the store's object at n's key when it is still n's file
+// (same inode); nil, with the lookup's error if it failed, when the key
+// is gone, names another file, or n has no key.
+func (n *node) object(ctx context.Context) (*store.Object, error) {
+	key, ok := n.key()
+	if !ok {
+		return nil, nil
+	}
+	o, err := n.fs.st.Stat(ctx, key)
+	if err != nil || o.Ino != n.StableAttr().Ino {
+		return nil, err
+	}
+	return o, nil
+}
+
 // fileType is the file type bits (S_IFMT) of a key of kind k.
 func fileType(k store.Kind) uint32 {
 	if k == store.KindDir {
