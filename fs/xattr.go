@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,46 +46,41 @@ var storedMooncake = map[string]bool{"mooncake.dtype": true, "mooncake.shape": t
 // name is kept without its "user.": one byte that no user name starts
 // with (a name is a C string: never NUL; these are control bytes a name
 // could hold, so they are refused there) for the namespace, then the rest.
-var storedNS = []struct {
+var storedNS = []nsTag{{"trusted.", 0x01}, {"security.", 0x02}}
+
+type nsTag struct {
 	prefix string
 	tag    byte
-}{{"trusted.", 0x01}, {"security.", 0x02}}
+}
 
-// storedName is the Object.Xattrs key of attribute attr, false for a
-// namespace this file system does not keep.
-func storedName(attr string) (string, bool) {
+// storedName is the Object.Xattrs key of attribute attr. A namespace
+// with no name after it ("user.") is EINVAL, as tmpfs answers; one this
+// file system does not keep (system.*, security.capability) EOPNOTSUPP.
+func storedName(attr string) (string, syscall.Errno) {
 	if name, ok := strings.CutPrefix(attr, xattrPrefix); ok {
-		if name != "" && (name[0] == 0x01 || name[0] == 0x02) {
-			return "", false
+		switch {
+		case name == "":
+			return "", syscall.EINVAL
+		case slices.ContainsFunc(storedNS, func(ns nsTag) bool { return name[0] == ns.tag }):
+			return "", syscall.EOPNOTSUPP // would read as another namespace's
 		}
-		return name, true
+		return name, 0
 	}
 	if attr == "security.capability" {
 		// go-fuse answers reads of it itself (IgnoreSecurityLabels, which
 		// spares every write a GETXATTR), so a kept value would never be
 		// seen: refused, as before (no file capabilities here).
-		return "", false
+		return "", syscall.EOPNOTSUPP
 	}
 	for _, ns := range storedNS {
 		if rest, ok := strings.CutPrefix(attr, ns.prefix); ok {
-			return string(ns.tag) + rest, true
+			if rest == "" {
+				return "", syscall.EINVAL
+			}
+			return string(ns.tag) + rest, 0
 		}
 	}
-	return "", false
-}
-
-// emptyXattr says whether attr is a namespace with no name after it, as
-// "user." or "trusted.": EINVAL, as tmpfs answers.
-func emptyXattr(attr string) bool {
-	if attr == xattrPrefix {
-		return true
-	}
-	for _, ns := range storedNS {
-		if attr == ns.prefix {
-			return true
-		}
-	}
-	return false
+	return "", syscall.EOPNOTSUPP
 }
 
 // attrName is the attribute name of Object.Xattrs key name, and whether
@@ -171,10 +167,12 @@ func (n *node) xattrValue(ctx context.Context, attr string) ([]byte, error) {
 		}
 		return []byte("0"), nil
 	}
-	if name, ok := storedName(attr); ok {
-		if v, ok := o.Xattrs[name]; ok {
-			return v, nil
-		}
+	name, errno := storedName(attr)
+	if errno == syscall.EINVAL {
+		return nil, errno
+	}
+	if v, ok := o.Xattrs[name]; ok && errno == 0 {
+		return v, nil
 	}
 	return nil, syscall.ENODATA // system.posix_acl_access too: no ACL
 }
@@ -184,9 +182,6 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (sz uint3
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "getxattr", attr, 0, start, errno, err) }()
-	if emptyXattr(attr) {
-		return 0, syscall.EINVAL
-	}
 	v, err := n.xattrValue(ctx, attr)
 	if err != nil {
 		return 0, toErrno(err)
@@ -206,12 +201,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "setxattr", attr, 0, start, errno, err) }()
-	if emptyXattr(attr) {
-		return syscall.EINVAL
-	}
-	name, ok := storedName(attr)
-	if !ok {
-		return syscall.EOPNOTSUPP
+	name, errno := storedName(attr)
+	if errno != 0 {
+		return errno
 	}
 	if len(data) > maxXattrValue || len(name) > store.MaxNameLen {
 		return syscall.E2BIG
@@ -271,12 +263,9 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "removexattr", attr, 0, start, errno, err) }()
-	if emptyXattr(attr) {
-		return syscall.EINVAL
-	}
-	name, ok := storedName(attr)
-	if !ok {
-		return syscall.EOPNOTSUPP
+	name, errno := storedName(attr)
+	if errno != 0 {
+		return errno
 	}
 	if strings.HasPrefix(name, mooncakeNS) && !storedMooncake[name] {
 		return syscall.EPERM
