@@ -522,3 +522,113 @@ print(f"bad={bad}")
 	checkResults(t, out, map[string]string{"bad": "0"})
 	d.checkAlive(t)
 }
+
+// TestStagedKeyCalls: the Go client's one-key puts and gets of values up
+// to ioctl.StageMax go through its staging slots (one registration per
+// directory File, made at first use): from more goroutines than it has
+// slots (the rest go through process memory), sizes around the limit,
+// reads from offsets into shorter buffers, all bit-exact against a model.
+// Closing the File while calls run crashes nothing, and takes the
+// registration with it.
+func TestStagedKeyCalls(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB")
+	f, err := ioctl.OpenDir(d.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.registrations(t).Live; got != 0 {
+		t.Fatalf("%d registrations before the first call", got)
+	}
+	sizes := []int{1, 100, 4096, ioctl.StageMax - 1, ioctl.StageMax, ioctl.StageMax + 1, 3 * ioctl.StageMax}
+	value := func(w, i, n int) []byte {
+		b := make([]byte, n)
+		for j := range b {
+			b[j] = byte(w*131 + i*7 + j*13 + j>>8)
+		}
+		return b
+	}
+	const workers, rounds = 8, 60
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			errs <- func() error {
+				for i := range rounds {
+					n := sizes[(w+i)%len(sizes)]
+					key := fmt.Sprintf("w%d-%d", w, i%5)
+					want := value(w, i, n)
+					if _, err := f.PutKey(key, want, 0); err != nil {
+						return err
+					}
+					// The whole value, then a part of it from an offset
+					// into a shorter buffer.
+					got := make([]byte, n+7)
+					m, _, err := f.GetKey(key, got, 0)
+					if err != nil {
+						return err
+					}
+					if int(m) != n || !bytes.Equal(got[:n], want) {
+						return fmt.Errorf("%s of %d B: got %d B, equal %v", key, n, m, bytes.Equal(got[:min(int(m), n)], want[:min(int(m), n)]))
+					}
+					off := n / 3
+					part := make([]byte, max(1, n/2))
+					if m, _, err = f.GetKey(key, part, uint64(off)); err != nil {
+						return err
+					}
+					if wantN := min(len(part), n-off); int(m) != wantN || !bytes.Equal(part[:wantN], want[off:off+wantN]) {
+						return fmt.Errorf("%s of %d B from %d: got %d B, want %d", key, n, off, m, wantN)
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := d.registrations(t).Live; got != 1 {
+		t.Fatalf("%d registrations after the calls, want the File's one", got)
+	}
+	// A missing key and a key too long for one call stay what they were.
+	if _, _, err := f.GetKey("missing", make([]byte, 10), 0); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("get of a missing key: %v", err)
+	}
+	// Close while calls run: theirs fail, none crashes, and the slots go
+	// with the last of them.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	for w := range workers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			buf := value(w, 0, 4096)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = f.PutKey(fmt.Sprintf("c%d", w), buf, 0)
+				_, _, _ = f.GetKey(fmt.Sprintf("c%d", w), buf, 0)
+			}
+		}()
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(stop)
+	for range workers {
+		<-done
+	}
+	if _, err := f.PutKey("after", []byte("x"), 0); err == nil {
+		t.Fatal("a put through a closed File succeeded")
+	}
+	waitFor(t, "the closed File's registration gone", func() (bool, string) {
+		r := d.registrations(t)
+		return r.Live == 0, fmt.Sprintf("%+v", r)
+	})
+	d.checkAlive(t)
+}

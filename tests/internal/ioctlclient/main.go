@@ -351,7 +351,7 @@ func roundtrip(dir string) {
 	})
 	m.close()
 
-	// A pool on the directory serves keys through batches.
+	// A pool on the directory serves keys by name (PUT_KEY, GET_KEY).
 	p, err := ioctl.NewPool(d, 64<<10, 4, ioctl.DefaultPoolOptions())
 	if err != nil {
 		emit("pool_dir", 0, 0, err)
