@@ -133,9 +133,8 @@ func (f *File) OS() *os.File { return f.f }
 
 // Close closes the file; its registrations die with it.
 func (f *File) Close() error {
-	err := f.f.Close()
 	f.stageClose()
-	return err
+	return f.f.Close()
 }
 
 // Probe checks that f is on mooncake-fs and returns the daemon's ABI

@@ -60,11 +60,11 @@ func (f *File) PutKey(key string, data []byte, flags uint32) (uint64, error) {
 	sc := keyArgs.Get().(*keyScratch)
 	defer keyArgs.Put(sc)
 	a := &sc.arg
-	if slot, buf, ok := f.stageTake(len(data)); ok {
+	if id, slot, buf, ok := f.stageTake(len(data), key); ok {
 		copy(buf, data)
-		*a = KeyArg{Header: Header{Flags: flags}, Source: SrcBuf, ID: f.stage.id, Addr: uint64(slot * StageMax), Len: uint64(len(data))}
+		*a = KeyArg{Header: Header{Flags: flags}, Source: SrcBuf, ID: id, Addr: uint64(slot * StageMax), Len: uint64(len(data))}
 		err := f.KeyCall(true, key, a)
-		f.stageGive(slot)
+		stageGive(slot)
 		return a.Version, err
 	}
 	keepOnHeap(data)
@@ -87,13 +87,13 @@ func (f *File) GetKey(key string, dst []byte, objOff uint64) (uint64, uint64, er
 	sc := keyArgs.Get().(*keyScratch)
 	defer keyArgs.Put(sc)
 	a := &sc.arg
-	if slot, buf, ok := f.stageTake(len(dst)); ok {
-		*a = KeyArg{Source: SrcBuf, ID: f.stage.id, Addr: uint64(slot * StageMax), Len: uint64(len(dst)), ObjOff: objOff}
+	if id, slot, buf, ok := f.stageTake(len(dst), key); ok {
+		*a = KeyArg{Source: SrcBuf, ID: id, Addr: uint64(slot * StageMax), Len: uint64(len(dst)), ObjOff: objOff}
 		err := f.KeyCall(false, key, a)
 		if err == nil {
 			copy(dst, buf[:min(a.Result, uint64(len(buf)))])
 		}
-		f.stageGive(slot)
+		stageGive(slot)
 		return a.Result, a.Version, err
 	}
 	keepOnHeap(dst)

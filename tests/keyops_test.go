@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -524,12 +525,15 @@ print(f"bad={bad}")
 }
 
 // TestStagedKeyCalls: the Go client's one-key puts and gets of values up
-// to ioctl.StageMax go through its staging slots (one registration per
-// directory File, made at first use): from more goroutines than it has
-// slots (the rest go through process memory), sizes around the limit,
-// reads from offsets into shorter buffers, all bit-exact against a model.
-// Closing the File while calls run crashes nothing, and takes the
-// registration with it.
+// to ioctl.StageMax go through the process's staging slots (registered on
+// each directory File at its first such call): from more goroutines than
+// there are slots (the rest go through process memory), sizes around the
+// limit, reads from offsets into shorter buffers, all bit-exact against
+// the values written. Registrations stay bounded: one per File, on at
+// most 32 Files at once, given back by Close (also for Files on dup'ed
+// descriptors, whose open file description lives on) and by the
+// collector for a File dropped unclosed. Closing a File while calls run
+// crashes nothing.
 func TestStagedKeyCalls(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, "--size", "256MiB")
@@ -537,7 +541,8 @@ func TestStagedKeyCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := d.registrations(t).Live; got != 0 {
+	live := func() int64 { return d.registrations(t).Live }
+	if got := live(); got != 0 {
 		t.Fatalf("%d registrations before the first call", got)
 	}
 	sizes := []int{1, 100, 4096, ioctl.StageMax - 1, ioctl.StageMax, ioctl.StageMax + 1, 3 * ioctl.StageMax}
@@ -548,7 +553,7 @@ func TestStagedKeyCalls(t *testing.T) {
 		}
 		return b
 	}
-	const workers, rounds = 8, 60
+	const workers, rounds = 24, 40
 	errs := make(chan error, workers)
 	for w := range workers {
 		go func() {
@@ -588,18 +593,85 @@ func TestStagedKeyCalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := d.registrations(t).Live; got != 1 {
+	if got := live(); got != 1 {
 		t.Fatalf("%d registrations after the calls, want the File's one", got)
 	}
-	// A missing key and a key too long for one call stay what they were.
 	if _, _, err := f.GetKey("missing", make([]byte, 10), 0); !errors.Is(err, unix.ENOENT) {
 		t.Fatalf("get of a missing key: %v", err)
 	}
-	// Close while calls run: theirs fail, none crashes, and the slots go
-	// with the last of them.
+	// A File on a regular file stages nothing (its one-key calls fail).
+	rf, err := ioctl.Open(d.path("w0-0"), os.O_RDONLY)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rf.PutKey("x", []byte("x"), 0); !errors.Is(err, unix.ENOTDIR) {
+		t.Fatalf("put_key on a file: %v", err)
+	}
+	if got := live(); got != 1 {
+		t.Fatalf("%d registrations after a put_key on a file, want 1", got)
+	}
+	rf.Close()
+	// Files on dup'ed descriptors of one directory: each Close takes its
+	// File's registration, though the open file description lives on.
+	for i := range 40 {
+		fd, err := unix.Dup(int(f.OS().Fd()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := ioctl.NewFile(os.NewFile(uintptr(fd), d.dir))
+		if _, err := g.PutKey(fmt.Sprintf("dup%d", i), []byte("dup"), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := live(); got != 1 {
+		t.Fatalf("%d registrations after 40 dup'ed Files closed, want 1", got)
+	}
+	// At most 32 Files at once hold one; the others' calls still work.
+	var many []*ioctl.File
+	for i := range 40 {
+		g, err := ioctl.OpenDir(d.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		many = append(many, g)
+		want := value(i, 1, 5000)
+		if _, err := g.PutKey(fmt.Sprintf("many%d", i), want, 0); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 5000)
+		if n, _, err := g.GetKey(fmt.Sprintf("many%d", i), got, 0); err != nil || n != 5000 || !bytes.Equal(got, want) {
+			t.Fatalf("File %d: get %d B, %v", i, n, err)
+		}
+	}
+	if got := live(); got != 32 {
+		t.Fatalf("%d registrations with 41 Files open, want 32", got)
+	}
+	// Dropped unclosed, they give theirs back once collected: then a new
+	// File stages again.
+	many = nil
+	waitFor(t, "the dropped Files' registrations gone", func() (bool, string) {
+		runtime.GC()
+		n := live()
+		return n == 1, fmt.Sprintf("%d live", n)
+	})
+	g, err := ioctl.OpenDir(d.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.PutKey("again", []byte("again"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := live(); got != 2 {
+		t.Fatalf("%d registrations after a new File's put, want 2", got)
+	}
+	g.Close()
+	// Close while calls run: theirs fail, none crashes.
 	stop := make(chan struct{})
 	done := make(chan struct{})
-	for w := range workers {
+	for w := range 8 {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			buf := value(w, 0, 4096)
@@ -620,15 +692,14 @@ func TestStagedKeyCalls(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	close(stop)
-	for range workers {
+	for range 8 {
 		<-done
 	}
 	if _, err := f.PutKey("after", []byte("x"), 0); err == nil {
 		t.Fatal("a put through a closed File succeeded")
 	}
-	waitFor(t, "the closed File's registration gone", func() (bool, string) {
-		r := d.registrations(t)
-		return r.Live == 0, fmt.Sprintf("%+v", r)
-	})
+	if got := live(); got != 0 {
+		t.Fatalf("%d registrations after every File closed", got)
+	}
 	d.checkAlive(t)
 }
