@@ -31,7 +31,7 @@ const (
 	stageSlots = 16
 	// stageFiles bounds the Files that hold a registration of the
 	// staging memory at once.
-	stageFiles = 32
+	stageFiles = 8
 )
 
 // staging is the process's staging memory and its slots.

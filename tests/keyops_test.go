@@ -530,7 +530,7 @@ print(f"bad={bad}")
 // there are slots (the rest go through process memory), sizes around the
 // limit, reads from offsets into shorter buffers, all bit-exact against
 // the values written. Registrations stay bounded: one per File, on at
-// most 32 Files at once, given back by Close (also for Files on dup'ed
+// most 8 Files at once, given back by Close (also for Files on dup'ed
 // descriptors, whose open file description lives on) and by the
 // collector for a File dropped unclosed. Closing a File while calls run
 // crashes nothing.
@@ -629,7 +629,7 @@ func TestStagedKeyCalls(t *testing.T) {
 	if got := live(); got != 1 {
 		t.Fatalf("%d registrations after 40 dup'ed Files closed, want 1", got)
 	}
-	// At most 32 Files at once hold one; the others' calls still work.
+	// At most 8 Files at once hold one; the others' calls still work.
 	var many []*ioctl.File
 	for i := range 40 {
 		g, err := ioctl.OpenDir(d.dir)
@@ -646,8 +646,8 @@ func TestStagedKeyCalls(t *testing.T) {
 			t.Fatalf("File %d: get %d B, %v", i, n, err)
 		}
 	}
-	if got := live(); got != 32 {
-		t.Fatalf("%d registrations with 41 Files open, want 32", got)
+	if got := live(); got != 8 {
+		t.Fatalf("%d registrations with 41 Files open, want 8", got)
 	}
 	// Dropped unclosed, they give theirs back once collected: then a new
 	// File stages again.
