@@ -96,8 +96,6 @@ type File struct {
 	// oldABI is set once the daemon answered a table call with ENOTTY
 	// (before ABI 1.8): batches go as BATCH_PUT/BATCH_GET calls.
 	oldABI atomic.Bool
-	// stage holds the slots PutKey and GetKey move small values through.
-	stage stage
 }
 
 // Open opens path with flag (os.O_RDONLY, os.O_RDWR|os.O_CREATE, ...),
@@ -132,10 +130,7 @@ func (f *File) Name() string { return f.path }
 func (f *File) OS() *os.File { return f.f }
 
 // Close closes the file; its registrations die with it.
-func (f *File) Close() error {
-	f.stageClose()
-	return f.f.Close()
-}
+func (f *File) Close() error { return f.f.Close() }
 
 // Probe checks that f is on mooncake-fs and returns the daemon's ABI
 // version.

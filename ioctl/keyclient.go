@@ -57,17 +57,10 @@ func (f *File) PutKey(key string, data []byte, flags uint32) (uint64, error) {
 		}
 		return res[0].Version, res[0].Err
 	}
+	keepOnHeap(data)
 	sc := keyArgs.Get().(*keyScratch)
 	defer keyArgs.Put(sc)
 	a := &sc.arg
-	if id, slot, buf, ok := f.stageTake(len(data), key); ok {
-		copy(buf, data)
-		*a = KeyArg{Header: Header{Flags: flags}, Source: SrcBuf, ID: id, Addr: uint64(slot * StageMax), Len: uint64(len(data))}
-		err := f.KeyCall(true, key, a)
-		stageGive(slot)
-		return a.Version, err
-	}
-	keepOnHeap(data)
 	*a = KeyArg{Header: Header{Flags: flags}, Source: SrcVM, Addr: addrOf(data), Len: uint64(len(data))}
 	err := f.KeyCall(true, key, a)
 	runtime.KeepAlive(data)
@@ -84,19 +77,10 @@ func (f *File) GetKey(key string, dst []byte, objOff uint64) (uint64, uint64, er
 		}
 		return res[0].N, res[0].Version, res[0].Err
 	}
+	keepOnHeap(dst)
 	sc := keyArgs.Get().(*keyScratch)
 	defer keyArgs.Put(sc)
 	a := &sc.arg
-	if id, slot, buf, ok := f.stageTake(len(dst), key); ok {
-		*a = KeyArg{Source: SrcBuf, ID: id, Addr: uint64(slot * StageMax), Len: uint64(len(dst)), ObjOff: objOff}
-		err := f.KeyCall(false, key, a)
-		if err == nil {
-			copy(dst, buf[:min(a.Result, uint64(len(buf)))])
-		}
-		stageGive(slot)
-		return a.Result, a.Version, err
-	}
-	keepOnHeap(dst)
 	*a = KeyArg{Source: SrcVM, Addr: addrOf(dst), Len: uint64(len(dst)), ObjOff: objOff}
 	err := f.KeyCall(false, key, a)
 	runtime.KeepAlive(dst)
