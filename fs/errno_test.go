@@ -259,3 +259,44 @@ func TestSpareProcs(t *testing.T) {
 		}
 	}
 }
+
+// TestNegativesCount: the record of names answered missing keeps n, the
+// count a commit reads before it takes the lock, in step: a name recorded
+// is asked for (and forgotten) once, a lookup that found its key forgets
+// it, records all expired are dropped at the next question, and a full
+// record (overflow) answers yes for every name until it expires.
+func TestNegativesCount(t *testing.T) {
+	var g negatives
+	if g.cached(1, "a") || g.n.Load() != 0 {
+		t.Fatalf("empty record: n %d", g.n.Load())
+	}
+	g.looking(1, "a", time.Hour)
+	g.looking(1, "b", time.Hour)
+	if g.n.Load() != 2 {
+		t.Fatalf("two names recorded: n %d", g.n.Load())
+	}
+	if !g.cached(1, "a") || g.cached(1, "a") || g.n.Load() != 1 {
+		t.Fatalf("a asked twice: n %d", g.n.Load())
+	}
+	g.found(1, "b")
+	if g.n.Load() != 0 || g.cached(1, "b") {
+		t.Fatalf("b found: n %d", g.n.Load())
+	}
+	// Expired records go at the next question, whichever name it is.
+	g.looking(2, "old", time.Nanosecond)
+	if g.n.Load() != 1 {
+		t.Fatalf("one record: n %d", g.n.Load())
+	}
+	time.Sleep(negSlack + 10*time.Millisecond)
+	if g.cached(2, "other") || g.n.Load() != 0 || len(g.mu.until) != 0 {
+		t.Fatalf("after every record expired: n %d, %d records", g.n.Load(), len(g.mu.until))
+	}
+	// A full record: every name is answered yes while the overflow lasts.
+	for i := range maxNegatives {
+		g.looking(3, fmt.Sprint(i), time.Hour)
+	}
+	g.looking(3, "one more", time.Hour)
+	if g.n.Load() != maxNegatives+1 || !g.cached(4, "never recorded") {
+		t.Fatalf("overflow: n %d", g.n.Load())
+	}
+}

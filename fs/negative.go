@@ -2,6 +2,7 @@ package fs
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -32,12 +33,20 @@ type negKey struct {
 }
 
 type negatives struct {
+	// n is len(mu.until), plus one while mu.overflow is set: a commit's
+	// keys skip mu while it is 0 (every key of a batch asks, and a lock
+	// per key queued calls behind each other). A lookup's record (under
+	// mu, n raised) comes before its look in the index, and a commit's
+	// question after its swap there, so a commit that could have beaten
+	// an ENOENT reply sees it.
+	n  atomic.Int64
 	mu struct {
 		sync.Mutex
 		until map[negKey]time.Time // when the kernel's entry expires
 		// overflow: until then, some answers were not remembered.
 		overflow time.Time
 		swept    time.Time // the last sweep of expired records
+		last     time.Time // no record outlives it (zero: none)
 	}
 }
 
@@ -61,25 +70,48 @@ func (g *negatives) looking(dir uint64, name string, ttl time.Duration) {
 			}
 		}
 	}
+	defer g.countLocked()
 	if len(g.mu.until) >= maxNegatives {
 		g.mu.overflow = now.Add(ttl + negSlack)
 		return
 	}
-	g.mu.until[negKey{dir, name}] = now.Add(ttl + negSlack)
+	until := now.Add(ttl + negSlack)
+	g.mu.until[negKey{dir, name}] = until
+	if until.After(g.mu.last) {
+		g.mu.last = until
+	}
+}
+
+// countLocked sets n (and last, for no record) after a change. Caller
+// holds mu.
+func (g *negatives) countLocked() {
+	if len(g.mu.until) == 0 {
+		g.mu.last = time.Time{}
+	}
+	n := int64(len(g.mu.until))
+	if !g.mu.overflow.IsZero() {
+		n++
+	}
+	g.n.Store(n)
 }
 
 // found forgets the record of a lookup that found its key.
 func (g *negatives) found(dir uint64, name string) {
 	g.mu.Lock()
 	delete(g.mu.until, negKey{dir, name})
+	g.countLocked()
 	g.mu.Unlock()
 }
 
 // cached reports whether the kernel may hold a negative entry for name in
 // dir, and forgets it.
 func (g *negatives) cached(dir uint64, name string) bool {
+	if g.n.Load() == 0 {
+		return false // nothing recorded: the common answer, without mu
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	defer g.countLocked()
 	var t time.Time
 	ok := false
 	if len(g.mu.until) > 0 {
@@ -88,10 +120,14 @@ func (g *negatives) cached(dir uint64, name string) bool {
 			delete(g.mu.until, k)
 		}
 	}
-	if !ok && g.mu.overflow.IsZero() {
-		return false // the common answer, without reading the clock
-	}
 	now := time.Now()
+	if len(g.mu.until) > 0 && now.After(g.mu.last) {
+		// Every record expired: gone, so that the next commits skip mu.
+		clear(g.mu.until)
+	}
+	if !ok && g.mu.overflow.IsZero() {
+		return false
+	}
 	if !now.Before(g.mu.overflow) {
 		g.mu.overflow = time.Time{} // over
 	}

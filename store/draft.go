@@ -1000,7 +1000,7 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 		}
 		// No object, but maybe an implicit directory: a file there would
 		// hide its children.
-		if has, err := s.hasChildren(ctx, o.Key); err != nil {
+		if has, err := memo.hasChildren(ctx, s, o.Key); err != nil {
 			return nil, 0, err
 		} else if has {
 			return nil, 0, fmt.Errorf("commit %q: %w", o.Key, ErrIsDir)

@@ -31,7 +31,6 @@ type Embedded struct {
 		// the keys that do (HasChildren).
 		under  map[string]int
 		rev    uint64
-		bytes  uint64 // MetaBytes of every entry and of under's entries
 		closed bool
 		// found is CompareAndSwap's scratch, reused under mu; txn counts
 		// its calls (slot.txn).
@@ -49,6 +48,10 @@ type Embedded struct {
 	}
 	lruClaimed atomic.Bool // a store keeps its LRU here
 	hub        WatchHub
+	// bytes is MetaBytes of every entry and of under's entries: changed
+	// under mu (written), read without it (every new key's commit asks,
+	// and a read lock per key queued behind other calls' swaps).
+	bytes atomic.Int64
 }
 
 // slot is a key's place in the index: the tree orders slots by key, the
@@ -67,11 +70,12 @@ type slot struct {
 }
 
 var (
-	_ Index        = (*Embedded)(nil)
-	_ ChildChecker = (*Embedded)(nil)
-	_ Finder       = (*Embedded)(nil)
-	_ ManyFinder   = (*Embedded)(nil)
-	_ LRUKeeper    = (*Embedded)(nil)
+	_ Index            = (*Embedded)(nil)
+	_ ChildChecker     = (*Embedded)(nil)
+	_ ManyChildChecker = (*Embedded)(nil)
+	_ Finder           = (*Embedded)(nil)
+	_ ManyFinder       = (*Embedded)(nil)
+	_ LRUKeeper        = (*Embedded)(nil)
 )
 
 // treeItem is a slot in the tree, its key beside it: a comparison
@@ -247,6 +251,8 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 		events = make([]Event, 0, len(swaps))
 	}
 	var under underCounts // the directories' counts, a run of one parent at a time
+	var dbytes int64      // x.bytes' change, made once
+	defer func() { x.bytes.Add(dbytes) }()
 	for i, s := range swaps {
 		sl := found[i]
 		if s.New == nil {
@@ -261,7 +267,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 			x.unlinkLocked(sl)
 			sl.gone = true
 			x.lru.Unlock()
-			x.mu.bytes -= sl.meta
+			dbytes -= int64(sl.meta)
 			if watched {
 				events = append(events, Event{Type: EventDelete, Object: sl.obj, Rev: rev})
 			}
@@ -274,7 +280,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 			o = s.New.Clone()
 		}
 		if sl.obj != nil {
-			x.mu.bytes -= sl.meta
+			dbytes -= int64(sl.meta)
 			sl.obj = o
 		} else {
 			sl.key, sl.obj = o.Key, o
@@ -282,7 +288,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 			under.add(x, sl.key, 1)
 		}
 		o.slot, sl.meta = sl, pre[i].meta
-		x.mu.bytes += sl.meta
+		dbytes += int64(sl.meta)
 		if s.Touch && x.lruClaimed.Load() {
 			up = append(up, sl)
 		}
@@ -413,9 +419,7 @@ func (x *Embedded) unlinkLocked(sl *slot) {
 
 // MetaBytes implements MetaSizer.
 func (x *Embedded) MetaBytes() uint64 {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	return x.mu.bytes
+	return uint64(max(x.bytes.Load(), 0))
 }
 
 // Scan implements Index.
@@ -447,6 +451,19 @@ func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
 		return false, ErrClosed
 	}
 	return x.mu.under[dir] > 0, nil
+}
+
+// HasChildrenMany implements ManyChildChecker.
+func (x *Embedded) HasChildrenMany(_ context.Context, dirs []string, has []bool) error {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if x.mu.closed {
+		return ErrClosed
+	}
+	for i, d := range dirs {
+		has[i] = x.mu.under[d] > 0
+	}
+	return nil
 }
 
 // underEntryBytes is what an entry of under costs beyond its name: the
@@ -501,10 +518,10 @@ func (x *Embedded) countDirLocked(dir string, delta int) {
 			// (up to a path's length) for as long as the directory has
 			// keys.
 			x.mu.under[strings.Clone(d)] = delta
-			x.mu.bytes += uint64(underEntryBytes + len(d))
+			x.bytes.Add(int64(underEntryBytes + len(d)))
 		case n+delta == 0:
 			delete(x.mu.under, d)
-			x.mu.bytes -= uint64(underEntryBytes + len(d))
+			x.bytes.Add(-int64(underEntryBytes + len(d)))
 		default:
 			x.mu.under[d] = n + delta
 		}

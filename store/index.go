@@ -92,6 +92,13 @@ type ChildChecker interface {
 	HasChildren(ctx context.Context, dir string) (bool, error)
 }
 
+// ManyChildChecker is a ChildChecker that answers for many directories
+// at once: has[i] for dirs[i], under one lock of the index (a batch's new
+// keys, whose checks one at a time queued behind other calls' commits).
+type ManyChildChecker interface {
+	HasChildrenMany(ctx context.Context, dirs []string, has []bool) error
+}
+
 // LRUKeeper is an Index that keeps the store's least recently used order
 // of keys in its own entries (one machine's embedded index): a use then
 // costs one lookup in a table the commit has just touched, not a second

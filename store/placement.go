@@ -205,6 +205,41 @@ type commitMemo struct {
 	// pass Options.MetaLimit by its own keys (leaving the next one to
 	// fail while eviction catches up), nor by another batch's.
 	metaHeld uint64
+	// kidsKnown: kids answers hasChildren for the batch's new keys, all
+	// asked at once (knowKids); kids holds those that have children.
+	kidsKnown bool
+	kids      map[string]bool
+}
+
+// knowKids asks the index, once, which of keys (a batch's new keys) are
+// implicit directories, when it can answer for many (ManyChildChecker);
+// has is scratch of len(keys) at least. Otherwise each key asks alone.
+func (m *commitMemo) knowKids(ctx context.Context, s *Store, keys []string, has []bool) {
+	mc, ok := s.idx.(ManyChildChecker)
+	if !ok || len(keys) < 2 {
+		return
+	}
+	has = has[:len(keys)]
+	if mc.HasChildrenMany(ctx, keys, has) != nil {
+		return // each alone, which reports the error
+	}
+	m.kidsKnown = true
+	for i, h := range has {
+		if h {
+			if m.kids == nil {
+				m.kids = map[string]bool{}
+			}
+			m.kids[keys[i]] = true
+		}
+	}
+}
+
+// hasChildren is Store.hasChildren, answered from knowKids when it asked.
+func (m *commitMemo) hasChildren(ctx context.Context, s *Store, key string) (bool, error) {
+	if m != nil && m.kidsKnown {
+		return m.kids[key], nil
+	}
+	return s.hasChildren(ctx, key)
 }
 
 // time returns the commit's time.

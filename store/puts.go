@@ -67,6 +67,9 @@ type Puts struct {
 	sizes     []uint64
 	dsts      [][]segment.Extent
 	allocErrs []error
+	// Commit's new keys and whether each has children (knowKids).
+	fresh []string
+	kids  []bool
 }
 
 // putsPool holds released batches (Release).
@@ -85,7 +88,7 @@ func (p *Puts) Release() {
 	clear(p.errs)
 	clear(p.put)
 	*p = Puts{st: p.st[:0], reqs: p.reqs[:0], swaps: p.swaps[:0], at: p.at[:0], objs: p.objs[:0], errs: p.errs[:0], put: p.put[:0], free: p.free[:0],
-		sizes: p.sizes[:0], dsts: p.dsts[:0], allocErrs: p.allocErrs[:0]}
+		sizes: p.sizes[:0], dsts: p.dsts[:0], allocErrs: p.allocErrs[:0], fresh: p.fresh[:0], kids: p.kids[:0]}
 	putsPool.Put(p)
 }
 
@@ -231,6 +234,17 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	p.copyNs += int64(time.Since(t0))
 	swaps, at := p.swaps[:0], p.at[:0] // at: the spec index of each swap
 	memo := &commitMemo{}
+	// The new keys' implicit-directory checks, one look for all.
+	fresh := p.fresh[:0]
+	for i := range p.specs {
+		if p.st[i].err == nil && p.specs[i].Cur == nil {
+			fresh = append(fresh, p.specs[i].Key)
+		}
+	}
+	p.kids = grown(p.kids, len(fresh))
+	memo.knowKids(ctx, s, fresh, p.kids)
+	clear(fresh)
+	p.fresh = fresh[:0]
 	defer func() { s.metaHeld.Add(-int64(memo.metaHeld)) }() // in the index now, or not put
 	for i := range p.specs {
 		sp, st := &p.specs[i], &p.st[i]

@@ -203,6 +203,52 @@ func TestPutsLaterSwapAfterFailure(t *testing.T) {
 	}
 }
 
+// TestPutsOverImplicitDirectories: a batch's new keys whose names are
+// implicit directories (keys exist below them) fail with ErrIsDir and
+// leave nothing; the others commit, with one look of the index for all
+// of them (ManyChildChecker) as with one look each (a batch of one).
+func TestPutsOverImplicitDirectories(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	s.create(t, "imp/x")
+	s.create(t, "deep/a/b")
+	for _, d := range []string{"imp", "deep/a", "deep"} {
+		s.makeImplicit(t, d)
+	}
+	used := s.used()
+	place := store.DefaultPlacement()
+	spec := func(key string, b byte) store.PutSpec {
+		return store.PutSpec{Key: key, Bufs: []transfer.Buffer{transfer.HostBuffer(pattern(b, 500))}, Place: place,
+			Template: store.Object{Mode: 0o644, Ino: store.NewIno()}}
+	}
+	for _, keys := range [][]string{{"f1", "imp", "f2", "deep", "deep/a", "f3"}, {"imp"}, {"deep/a"}} {
+		var specs []store.PutSpec
+		for i, k := range keys {
+			specs = append(specs, spec(k, byte(10+i)))
+		}
+		_, errs := s.StartPuts(ctx, specs).Commit()
+		for i, k := range keys {
+			switch k {
+			case "imp", "deep", "deep/a":
+				if !errors.Is(errs[i], store.ErrIsDir) {
+					t.Fatalf("batch %q: put over %s: %v, want ErrIsDir", keys, k, errs[i])
+				}
+			default:
+				if errs[i] != nil {
+					t.Fatalf("batch %q: put %s: %v", keys, k, errs[i])
+				}
+				equalBytes(t, k, s.read(t, k), pattern(byte(10+i), 500))
+			}
+		}
+	}
+	if u := s.used(); u != used+3*roundUp(500) {
+		t.Fatalf("used %d B, want %d: the failed keys left bytes", u, used+3*roundUp(500))
+	}
+	if _, err := s.Stat(ctx, "imp/x"); err != nil {
+		t.Fatalf("imp/x after the puts: %v", err)
+	}
+}
+
 // TestBatchPutsPlacement: keys placed on another node, or with more than
 // one replica, are not the batch path's.
 func TestBatchPutsPlacement(t *testing.T) {
