@@ -105,9 +105,16 @@ func placementOf(o *Object, p *Placement) (hasRepl, hasPol bool) {
 func (s *Store) PlacementFor(ctx context.Context, key string) Placement {
 	p := DefaultPlacement()
 	var haveRepl, havePol bool
-	for k := key; k != "" && !(haveRepl && havePol); k = Parent(k) {
-		o, err := s.idx.Get(ctx, k)
-		if err != nil {
+	var buf ancestorsBuf
+	objs := s.ancestors(ctx, key, &buf) // nil: one Get each
+	for i, k := 0, key; k != "" && !(haveRepl && havePol); i, k = i+1, Parent(k) {
+		var o *Object
+		if objs != nil {
+			o = objs[i]
+		} else if g, err := s.idx.Get(ctx, k); err == nil {
+			o = g
+		}
+		if o == nil {
 			continue
 		}
 		var q Placement
@@ -163,6 +170,73 @@ func (s *Store) ancestry(ctx context.Context, dir string) *parentInfo {
 				pi.attrs[i], pi.found[i] = v, true
 				left--
 			}
+		}
+	}
+	return pi
+}
+
+// maxAncestry bounds the keys ancestors reads in one look: paths deeper
+// than that ask each directory alone.
+const maxAncestry = 8
+
+// ancestorsBuf is room for ancestors' keys and objects.
+type ancestorsBuf struct {
+	keys [maxAncestry]string
+	objs [maxAncestry]*Object
+}
+
+// ancestors returns the objects of key and of each of its ancestors, the
+// root's excluded, nearest first (nil for a key without an object of its
+// own), read with one look of the index (ManyFinder): a read lock each
+// had a batch queue behind other calls' swaps. It returns nil when the
+// index cannot (no FindMany, a deeper path, an error): ask each alone.
+func (s *Store) ancestors(ctx context.Context, key string, buf *ancestorsBuf) []*Object {
+	mf, ok := s.idx.(ManyFinder)
+	if !ok || key == "" {
+		return nil
+	}
+	keys := buf.keys[:0]
+	for k := key; k != ""; k = Parent(k) {
+		if len(keys) == maxAncestry {
+			return nil
+		}
+		keys = append(keys, k)
+	}
+	objs := buf.objs[:len(keys)]
+	if mf.FindMany(ctx, keys, objs) != nil {
+		return nil
+	}
+	return objs
+}
+
+// parentInfoMany is checkParent and ancestry for a new key in dir from
+// one look of the index (ancestors). It returns nil when it cannot answer
+// alone: ancestors could not, or dir has no object of its own (an
+// implicit directory, or none: Stat tells).
+func (s *Store) parentInfoMany(ctx context.Context, dir string) *parentInfo {
+	var buf ancestorsBuf
+	objs := s.ancestors(ctx, dir, &buf)
+	if objs == nil || objs[0] == nil {
+		return nil
+	}
+	pi := &parentInfo{}
+	if objs[0].Kind != KindDir {
+		pi.err = fmt.Errorf("parent %q: %w", dir, ErrNotDir)
+		return pi
+	}
+	left := len(inheritedXattrs)
+	for _, a := range objs {
+		if a == nil || len(a.Xattrs) == 0 {
+			continue
+		}
+		for i, name := range inheritedXattrs {
+			if v, ok := a.Xattrs[name]; ok && !pi.found[i] {
+				pi.attrs[i], pi.found[i] = v, true
+				left--
+			}
+		}
+		if left == 0 {
+			break
 		}
 	}
 	return pi
@@ -261,11 +335,13 @@ func (m *commitMemo) parent(ctx context.Context, s *Store, key string) *parentIn
 			return pi
 		}
 	}
-	var pi *parentInfo
-	if err := s.checkParent(ctx, key); err != nil {
-		pi = &parentInfo{err: err}
-	} else {
-		pi = s.ancestry(ctx, dir)
+	pi := s.parentInfoMany(ctx, dir)
+	if pi == nil {
+		if err := s.checkParent(ctx, key); err != nil {
+			pi = &parentInfo{err: err}
+		} else {
+			pi = s.ancestry(ctx, dir)
+		}
 	}
 	if m != nil {
 		if m.parents == nil {

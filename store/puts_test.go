@@ -249,6 +249,41 @@ func TestPutsOverImplicitDirectories(t *testing.T) {
 	}
 }
 
+// TestPutsParentChecks: a batch's new keys under a file fail with
+// ErrNotDir, under a missing directory with ErrNotFound, and commit under
+// an explicit directory and under an implicit one, several per directory
+// (the commit reads each directory and its ancestors once).
+func TestPutsParentChecks(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	s.put(t, "file", pattern(1, 10))
+	if _, err := s.Mkdir(ctx, "d", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Mkdir(ctx, "d/e", nil); err != nil {
+		t.Fatal(err)
+	}
+	s.create(t, "imp/x")
+	s.makeImplicit(t, "imp")
+	want := map[string]error{"file/a": store.ErrNotDir, "file/b": store.ErrNotDir, "none/a": store.ErrNotFound,
+		"d/a": nil, "d/e/a": nil, "d/e/b": nil, "imp/a": nil, "imp/b": nil, "top": nil}
+	var keys []string
+	var specs []store.PutSpec
+	for _, k := range []string{"file/a", "d/a", "none/a", "d/e/a", "imp/a", "file/b", "d/e/b", "imp/b", "top"} {
+		keys = append(keys, k)
+		specs = append(specs, store.PutSpec{Key: k, Bufs: []transfer.Buffer{transfer.HostBuffer(pattern(7, 300))},
+			Place: store.DefaultPlacement(), Template: store.Object{Mode: 0o644, Ino: store.NewIno()}})
+	}
+	_, errs := s.StartPuts(ctx, specs).Commit()
+	for i, k := range keys {
+		if w := want[k]; w == nil && errs[i] != nil || w != nil && !errors.Is(errs[i], w) {
+			t.Errorf("put %s: %v, want %v", k, errs[i], w)
+		} else if w == nil {
+			equalBytes(t, k, s.read(t, k), pattern(7, 300))
+		}
+	}
+}
+
 // TestBatchPutsPlacement: keys placed on another node, or with more than
 // one replica, are not the batch path's.
 func TestBatchPutsPlacement(t *testing.T) {
