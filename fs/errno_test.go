@@ -291,6 +291,14 @@ func TestNegativesCount(t *testing.T) {
 	if g.cached(2, "other") || g.n.Load() != 0 || len(g.mu.until) != 0 {
 		t.Fatalf("after every record expired: n %d, %d records", g.n.Load(), len(g.mu.until))
 	}
+	// A short record after a long one: not all expired, so none is
+	// dropped, and the long one still answers.
+	g.looking(2, "long", time.Hour)
+	g.looking(2, "short", time.Nanosecond)
+	time.Sleep(negSlack + 10*time.Millisecond)
+	if g.cached(2, "other") || g.n.Load() != 2 || !g.cached(2, "long") || g.cached(2, "short") || g.n.Load() != 0 {
+		t.Fatalf("a long record and a short one expired: n %d", g.n.Load())
+	}
 	// A full record: every name is answered yes while the overflow lasts.
 	for i := range maxNegatives {
 		g.looking(3, fmt.Sprint(i), time.Hour)

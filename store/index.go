@@ -92,8 +92,8 @@ type ChildChecker interface {
 	HasChildren(ctx context.Context, dir string) (bool, error)
 }
 
-// ManyChildChecker is a ChildChecker that answers for many directories
-// at once: has[i] for dirs[i], under one lock of the index (a batch's new
+// ManyChildChecker is an Index that answers ChildChecker's question for
+// many directories at once: has[i] for dirs[i], under one lock of the index (a batch's new
 // keys, whose checks one at a time queued behind other calls' commits).
 type ManyChildChecker interface {
 	HasChildrenMany(ctx context.Context, dirs []string, has []bool) error

@@ -210,17 +210,28 @@ func (s *Store) ancestors(ctx context.Context, key string, buf *ancestorsBuf) []
 }
 
 // parentInfoMany is checkParent and ancestry for a new key in dir from
-// one look of the index (ancestors). It returns nil when it cannot answer
-// alone: ancestors could not, or dir has no object of its own (an
-// implicit directory, or none: Stat tells).
+// one look of the index (ancestors), and one more when dir has no object
+// of its own (an implicit directory, or none). It returns nil when
+// ancestors cannot answer.
 func (s *Store) parentInfoMany(ctx context.Context, dir string) *parentInfo {
 	var buf ancestorsBuf
 	objs := s.ancestors(ctx, dir, &buf)
-	if objs == nil || objs[0] == nil {
+	if objs == nil {
 		return nil
 	}
 	pi := &parentInfo{}
-	if objs[0].Kind != KindDir {
+	switch {
+	case objs[0] == nil:
+		// As Stat: a directory if keys are under it, else missing.
+		has, err := s.hasChildren(ctx, dir)
+		if err != nil || !has {
+			if err == nil {
+				err = &keyError{"stat", dir, ErrNotFound}
+			}
+			pi.err = err
+			return pi
+		}
+	case objs[0].Kind != KindDir:
 		pi.err = fmt.Errorf("parent %q: %w", dir, ErrNotDir)
 		return pi
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -281,6 +282,102 @@ func TestPutsParentChecks(t *testing.T) {
 		} else if w == nil {
 			equalBytes(t, k, s.read(t, k), pattern(7, 300))
 		}
+	}
+}
+
+// TestPutsDeepInherit: directories deeper than one look of the index
+// reads (maxAncestry) still take the placement of the top one, in
+// PlacementFor and in a batch's commit.
+func TestPutsDeepInherit(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	if _, err := s.Mkdir(ctx, "top", &store.Object{Xattrs: map[string][]byte{store.XattrPlacement: []byte(store.PolicyLocal)}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := "top"
+	for depth := 2; depth <= 12; depth++ {
+		dir += fmt.Sprintf("/d%d", depth)
+		if _, err := s.Mkdir(ctx, dir, nil); err != nil {
+			t.Fatal(err)
+		}
+		if depth < 7 && depth != 2 {
+			continue
+		}
+		if p := s.PlacementFor(ctx, dir); p.Policy != store.PolicyLocal {
+			t.Fatalf("depth %d: PlacementFor %+v, want the top's policy", depth, p)
+		}
+		var specs []store.PutSpec
+		for _, k := range []string{"a", "b"} {
+			specs = append(specs, store.PutSpec{Key: dir + "/" + k, Bufs: []transfer.Buffer{transfer.HostBuffer([]byte(k))},
+				Place: store.DefaultPlacement(), Template: store.Object{Mode: 0o644, Ino: store.NewIno()}})
+		}
+		objs, errs := s.StartPuts(ctx, specs).Commit()
+		for i := range specs {
+			if errs[i] != nil || string(objs[i].Xattrs[store.XattrPlacement]) != store.PolicyLocal {
+				t.Fatalf("depth %d: %s: %v, xattrs %q", depth, specs[i].Key, errs[i], objs[i].Xattrs)
+			}
+		}
+	}
+}
+
+// countingIndex counts the index calls a batch commit makes.
+type countingIndex struct {
+	*store.Embedded
+	get, findMany, hasChildren, hasChildrenMany atomic.Int64
+}
+
+func (c *countingIndex) Get(ctx context.Context, key string) (*store.Object, error) {
+	c.get.Add(1)
+	return c.Embedded.Get(ctx, key)
+}
+
+func (c *countingIndex) FindMany(ctx context.Context, keys []string, objs []*store.Object) error {
+	c.findMany.Add(1)
+	return c.Embedded.FindMany(ctx, keys, objs)
+}
+
+func (c *countingIndex) HasChildren(ctx context.Context, dir string) (bool, error) {
+	c.hasChildren.Add(1)
+	return c.Embedded.HasChildren(ctx, dir)
+}
+
+func (c *countingIndex) HasChildrenMany(ctx context.Context, dirs []string, has []bool) error {
+	c.hasChildrenMany.Add(1)
+	return c.Embedded.HasChildrenMany(ctx, dirs, has)
+}
+
+// TestPutsCommitLooksOnce: a batch commit of new keys under one directory
+// three deep asks the index which are implicit directories once for all
+// of them, and reads their directory with its ancestors in one look: no
+// look of its own per key or per ancestor (each could queue behind other
+// calls' swaps).
+func TestPutsCommitLooksOnce(t *testing.T) {
+	idx := &countingIndex{Embedded: store.NewEmbedded()}
+	s := newTestStore(t, 1<<20, withIndex(idx))
+	ctx := context.Background()
+	for _, d := range []string{"a", "a/b", "a/b/c"} {
+		if _, err := s.Mkdir(ctx, d, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var specs []store.PutSpec
+	for i := range 16 {
+		specs = append(specs, store.PutSpec{Key: fmt.Sprintf("a/b/c/k%d", i), Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("v"))},
+			Place: store.DefaultPlacement(), Template: store.Object{Mode: 0o644, Ino: store.NewIno()}})
+	}
+	p := s.StartPuts(ctx, specs)
+	idx.get.Store(0)
+	idx.findMany.Store(0)
+	idx.hasChildren.Store(0)
+	idx.hasChildrenMany.Store(0)
+	_, errs := p.Commit()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	if g, f, h, hm := idx.get.Load(), idx.findMany.Load(), idx.hasChildren.Load(), idx.hasChildrenMany.Load(); g != 0 || f != 1 || h != 0 || hm != 1 {
+		t.Fatalf("commit of 16 new keys: %d Get, %d FindMany, %d HasChildren, %d HasChildrenMany; want 0, 1, 0, 1", g, f, h, hm)
 	}
 }
 
