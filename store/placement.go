@@ -161,18 +161,23 @@ func (s *Store) ancestry(ctx context.Context, dir string) *parentInfo {
 	pi := &parentInfo{}
 	left := len(inheritedXattrs)
 	for k := dir; k != "" && left > 0; k = Parent(k) {
-		a, err := s.idx.Get(ctx, k)
-		if err != nil || len(a.Xattrs) == 0 {
-			continue
-		}
-		for i, name := range inheritedXattrs {
-			if v, ok := a.Xattrs[name]; ok && !pi.found[i] {
-				pi.attrs[i], pi.found[i] = v, true
-				left--
-			}
+		if a, err := s.idx.Get(ctx, k); err == nil {
+			left = pi.take(a, left)
 		}
 	}
 	return pi
+}
+
+// take sets each of inheritedXattrs that a has and pi has not found yet,
+// and returns left less those it set.
+func (pi *parentInfo) take(a *Object, left int) int {
+	for i, name := range inheritedXattrs {
+		if v, ok := a.Xattrs[name]; ok && !pi.found[i] {
+			pi.attrs[i], pi.found[i] = v, true
+			left--
+		}
+	}
+	return left
 }
 
 // maxAncestry bounds the keys ancestors reads in one look: paths deeper
@@ -235,19 +240,9 @@ func (s *Store) parentInfoMany(ctx context.Context, dir string) *parentInfo {
 		pi.err = fmt.Errorf("parent %q: %w", dir, ErrNotDir)
 		return pi
 	}
-	left := len(inheritedXattrs)
-	for _, a := range objs {
-		if a == nil || len(a.Xattrs) == 0 {
-			continue
-		}
-		for i, name := range inheritedXattrs {
-			if v, ok := a.Xattrs[name]; ok && !pi.found[i] {
-				pi.attrs[i], pi.found[i] = v, true
-				left--
-			}
-		}
-		if left == 0 {
-			break
+	for i, left := 0, len(inheritedXattrs); i < len(objs) && left > 0; i++ {
+		if objs[i] != nil {
+			left = pi.take(objs[i], left)
 		}
 	}
 	return pi
