@@ -93,8 +93,9 @@ type ChildChecker interface {
 }
 
 // ManyChildChecker is an Index that answers ChildChecker's question for
-// many directories at once: has[i] for dirs[i], under one lock of the index (a batch's new
-// keys, whose checks one at a time queued behind other calls' commits).
+// many directories at once: has[i] for dirs[i], under one lock of the
+// index (a batch's new keys, whose checks one at a time queued behind
+// other calls' commits).
 type ManyChildChecker interface {
 	HasChildrenMany(ctx context.Context, dirs []string, has []bool) error
 }
