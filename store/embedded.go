@@ -102,7 +102,7 @@ func NewEmbeddedFor(keys int) *Embedded {
 
 // Get implements Index.
 func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return nil, ErrClosed
@@ -116,7 +116,7 @@ func (x *Embedded) Get(_ context.Context, key string) (*Object, error) {
 
 // Find implements Finder.
 func (x *Embedded) Find(_ context.Context, key string) (*Object, error) {
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return nil, ErrClosed
@@ -129,7 +129,7 @@ func (x *Embedded) Find(_ context.Context, key string) (*Object, error) {
 
 // FindMany implements ManyFinder.
 func (x *Embedded) FindMany(_ context.Context, keys []string, objs []*Object) error {
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return ErrClosed
@@ -179,7 +179,7 @@ func prepare(swaps []Swap, pre []swapPre) []swapPre {
 // swap is CompareAndSwap under mu; it returns up with the slots of the
 // swaps that ask for a move up the LRU added. pre is prepare's.
 func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slot, error) {
-	x.mu.Lock()
+	lockSpin(&x.mu.RWMutex)
 	defer x.mu.Unlock()
 	if x.mu.closed {
 		return 0, nil, ErrClosed
@@ -320,7 +320,7 @@ func (x *Embedded) ClaimLRU() bool { return x.lruClaimed.CompareAndSwap(false, t
 func (x *Embedded) Touch(keys ...string) {
 	var local [64]*slot
 	up := local[:0]
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	for _, k := range keys {
 		if sl := x.mu.slots[k]; sl != nil {
 			up = append(up, sl)
@@ -341,7 +341,7 @@ func (x *Embedded) TouchObjects(objs ...*Object) {
 		sl := o.slot
 		if sl == nil {
 			if !locked {
-				x.mu.RLock()
+				rlockSpin(&x.mu.RWMutex)
 				locked = true
 			}
 			if sl = x.mu.slots[o.Key]; sl == nil {
@@ -379,7 +379,7 @@ func (x *Embedded) toFront(up []*slot) {
 
 // Forget implements LRUKeeper.
 func (x *Embedded) Forget(key string) {
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	defer x.mu.RUnlock()
 	if sl := x.mu.slots[key]; sl != nil {
 		x.lru.Lock()
@@ -424,7 +424,7 @@ func (x *Embedded) MetaBytes() uint64 {
 
 // Scan implements Index.
 func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*Object, error) {
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return nil, ErrClosed
@@ -445,7 +445,7 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 
 // HasChildren implements ChildChecker.
 func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return false, ErrClosed
@@ -455,7 +455,7 @@ func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
 
 // HasChildrenMany implements ManyChildChecker.
 func (x *Embedded) HasChildrenMany(_ context.Context, dirs []string, has []bool) error {
-	x.mu.RLock()
+	rlockSpin(&x.mu.RWMutex)
 	defer x.mu.RUnlock()
 	if x.mu.closed {
 		return ErrClosed

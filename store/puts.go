@@ -289,7 +289,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true, Touch: s.keeper != nil, Cur: cur})
 		at = append(at, i)
 	}
-	s.mu.Lock()
+	mutexSpin(&s.mu.Mutex)
 	for _, i := range at {
 		if ext := p.st[i].ext; len(ext) > 0 {
 			b := initBody(&p.st[i].rec.body, ext, bodyRegistered, 0)
@@ -332,7 +332,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	// room goes back to the segments after s.mu, which the segments'
 	// locks would lengthen for every reader and writer.
 	p.free = p.free[:0]
-	s.mu.Lock()
+	mutexSpin(&s.mu.Mutex)
 	s.mu.freeing = &p.free // p's own: a local's address would escape
 	for i := range p.st {
 		st := &p.st[i]

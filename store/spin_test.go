@@ -1,0 +1,69 @@
+package store
+
+import (
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestSpinLocksExclude: writers through lockSpin and mutexSpin exclude
+// each other and readers through rlockSpin, which never see a write half
+// done; a holder that keeps the lock past spinFor sends the others to
+// the blocking path, which still gets it once it is let go. With one
+// CPU for the runtime (no polling) the same holds.
+func TestSpinLocksExclude(t *testing.T) {
+	for _, procs := range []int{0, 1} {
+		if procs > 0 {
+			prev := runtime.GOMAXPROCS(procs)
+			t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+		}
+		var rw sync.RWMutex
+		var mu sync.Mutex
+		var a, b, c int
+		const writers, readers, rounds = 4, 4, 500
+		var wg sync.WaitGroup
+		for range writers {
+			wg.Go(func() {
+				for i := range rounds {
+					lockSpin(&rw)
+					a++
+					if i%50 == 0 {
+						time.Sleep(2 * spinFor) // past the polling
+					} else {
+						runtime.Gosched() // others poll meanwhile
+					}
+					b++
+					rw.Unlock()
+					mutexSpin(&mu)
+					c++
+					mu.Unlock()
+				}
+			})
+		}
+		bad := make(chan [2]int, 1)
+		for range readers {
+			wg.Go(func() {
+				for range rounds {
+					rlockSpin(&rw)
+					if a != b {
+						select {
+						case bad <- [2]int{a, b}:
+						default:
+						}
+					}
+					rw.RUnlock()
+				}
+			})
+		}
+		wg.Wait()
+		select {
+		case v := <-bad:
+			t.Fatalf("GOMAXPROCS %d: a reader saw a write half done: %d != %d", runtime.GOMAXPROCS(0), v[0], v[1])
+		default:
+		}
+		if want := writers * rounds; a != want || b != want || c != want {
+			t.Fatalf("GOMAXPROCS %d: counts %d %d %d, want %d each", runtime.GOMAXPROCS(0), a, b, c, want)
+		}
+	}
+}
