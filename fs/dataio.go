@@ -274,7 +274,12 @@ func (n *node) ioctlFixed(ctx context.Context, fh any, cmd uint32, in, out []byt
 		if dh == nil {
 			return errNotDirFd
 		}
-		return n.keyCmd(ctx, dh, key, cmd == ioctl.CmdPutKey, in, out)
+		return n.keyCmd(ctx, dh, key, cmd == ioctl.CmdPutKey, false, in, out)
+	case ioctl.CmdPutKeyInline, ioctl.CmdGetKeyInline:
+		if dh == nil {
+			return errNotDirFd
+		}
+		return n.keyCmd(ctx, dh, key, cmd == ioctl.CmdPutKeyInline, true, in, out)
 	}
 	if h == nil {
 		return store.ErrIsDir

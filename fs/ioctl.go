@@ -43,7 +43,7 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 	case ioctl.CmdRegisterBuffer, ioctl.CmdUnregisterBuffer, ioctl.CmdPutBuf, ioctl.CmdGetBuf,
 		ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat, ioctl.CmdBatchPut, ioctl.CmdBatchGet,
 		ioctl.CmdPutCUDA, ioctl.CmdGetCUDA, ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV,
-		ioctl.CmdBatchWait, ioctl.CmdBatchPutTable, ioctl.CmdBatchGetTable:
+		ioctl.CmdBatchWait, ioctl.CmdBatchPutTable, ioctl.CmdBatchGetTable, ioctl.CmdPutKeyInline, ioctl.CmdGetKeyInline:
 		// The kernel passes an input buffer for _IOW commands and an output
 		// buffer for _IOR ones, each of the size the command encodes.
 		size := int(ioctl.Size(cmd))

@@ -116,7 +116,7 @@ var fuzzCmds = []uint32{
 	ioctl.CmdPutBuf, ioctl.CmdGetBuf, ioctl.CmdPutVM, ioctl.CmdGetVM, ioctl.CmdStat,
 	ioctl.CmdBatchPut, ioctl.CmdBatchGet, ioctl.CmdPutCUDA, ioctl.CmdGetCUDA,
 	ioctl.CmdPutKey, ioctl.CmdGetKey, ioctl.CmdBatchPutV, ioctl.CmdBatchGetV, ioctl.CmdBatchWait,
-	ioctl.CmdBatchPutTable, ioctl.CmdBatchGetTable,
+	ioctl.CmdBatchPutTable, ioctl.CmdBatchGetTable, ioctl.CmdPutKeyInline, ioctl.CmdGetKeyInline,
 }
 
 // allowedErrnos are the answers bad input may get.
@@ -146,6 +146,13 @@ func FuzzIoctl(f *testing.F) {
 	whole := ioctl.KeyArg{Header: ioctl.Header{Flags: ioctl.FlagWhole}, Source: ioctl.SrcVM, KeyLen: 1, Len: 8}
 	whole.Key[0] = 'f'
 	f.Add(uint8(14), uint32(0), true, whole.Marshal()) // GET_KEY of f, FlagWhole
+	for _, pick := range []uint8{20, 21} {             // PUT_KEY_INLINE of f, 8 B; GET_KEY_INLINE of it
+		a := ioctl.KeyArg{Source: ioctl.SrcInline, KeyLen: 1, Len: 8}
+		a.Key[0] = 'f'
+		b := make([]byte, ioctl.SizeKeyInlineArg)
+		a.MarshalInlineInto(b)
+		f.Add(pick, uint32(0), true, b)
+	}
 	fx := newFuzzFixture(f)
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, pick uint8, raw uint32, dir bool, in []byte) {

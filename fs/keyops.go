@@ -32,6 +32,7 @@ const (
 	segVM  segKind = iota // the caller's memory, by address
 	segReg                // a registration of the directory handle
 	segGPU                // an allocation of the call's GPU table
+	segMem                // the daemon's own memory: a KEY_INLINE call's data
 )
 
 // wireKind is the kind of a vector batch segment that names id (the
@@ -51,6 +52,7 @@ type seg struct {
 	kind segKind
 	id   uint64 // segReg: the registration
 	gpu  int    // segGPU: index in batchCall.gpus
+	mem  []byte // segMem: n bytes
 	off  uint64
 	n    uint64
 }
@@ -402,6 +404,8 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 			}
 		case segGPU:
 			b, err = bc.gpuBuffer(n.fs, s.gpu, s.off, s.n)
+		case segMem:
+			b = transfer.HostBuffer(s.mem)
 		}
 		if err != nil {
 			return "", nil, 0, err
@@ -1236,9 +1240,22 @@ func decodeVEntry(a *ioctl.VBatchArg, dir string, i int, op *keyOp, wire *[]ioct
 }
 
 // keyCmd serves PUT_KEY and GET_KEY on directory dir: one key, one call.
-func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, in, out []byte) error {
+func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put, inline bool, in, out []byte) error {
 	var a ioctl.KeyArg
-	if err := a.Unmarshal(in); err != nil {
+	var data []byte // a KEY_INLINE call's: the value of a put, a get's room
+	var err error
+	if inline {
+		if data, err = a.UnmarshalInline(in); err != nil {
+			return err
+		}
+		if a.Source != ioctl.SrcInline || a.ID != 0 || a.Addr != 0 || a.Len > ioctl.InlineBytes {
+			return fmt.Errorf("inline key call: source %d, id %d, addr %#x, %d B (source %d, id and addr 0, at most %d B): %w",
+				a.Source, a.ID, a.Addr, a.Len, ioctl.SrcInline, ioctl.InlineBytes, errBadBatch)
+		}
+		if !put {
+			data = out[ioctl.SizeKeyArg:ioctl.SizeKeyInlineArg] // filled in place
+		}
+	} else if err = a.Unmarshal(in); err != nil {
 		return err
 	}
 	rel, err := a.KeyString()
@@ -1266,6 +1283,11 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	case ioctl.SrcCUDA:
 		gpus = []ioctl.GPURef{a.GPU}
 		op.segs = []seg{{kind: segGPU, off: a.Addr, n: a.Len}}
+	case ioctl.SrcInline:
+		if !inline {
+			return fmt.Errorf("source %d outside a KEY_INLINE call: %w", a.Source, errBadBatch)
+		}
+		op.segs = []seg{{kind: segMem, mem: data[:a.Len], n: a.Len}}
 	default:
 		return fmt.Errorf("source %d: %w", a.Source, errBadBatch)
 	}
@@ -1284,6 +1306,17 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		a.MetaLen = uint16(copy(a.Meta[:], op.gotMeta))
 		clear(a.Meta[a.MetaLen:])
 	}
-	a.MarshalInto(out)
+	if !inline {
+		a.MarshalInto(out)
+		return nil
+	}
+	a.MarshalInlineInto(out)
+	// The reply's buffer is reused between requests: only this value's
+	// bytes may go back (none for a put).
+	done := uint64(0)
+	if !put {
+		done = op.n
+	}
+	clear(out[ioctl.SizeKeyArg+done : ioctl.SizeKeyInlineArg])
 	return nil
 }

@@ -34,7 +34,7 @@ const MagicValue uint64 = 0x454b41434e4f4f4d
 // bumps change existing structs.
 const (
 	ABIMajor = 1
-	ABIMinor = 8
+	ABIMinor = 9
 )
 
 func ioc(dir, nr, size uint32) uint32 {

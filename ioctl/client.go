@@ -96,6 +96,9 @@ type File struct {
 	// oldABI is set once the daemon answered a table call with ENOTTY
 	// (before ABI 1.8): batches go as BATCH_PUT/BATCH_GET calls.
 	oldABI atomic.Bool
+	// noInline is set once the daemon answered a KEY_INLINE call with
+	// ENOTTY (before ABI 1.9): small keys go by address.
+	noInline atomic.Bool
 }
 
 // Open opens path with flag (os.O_RDONLY, os.O_RDWR|os.O_CREATE, ...),

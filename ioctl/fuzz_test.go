@@ -68,6 +68,14 @@ func decodeAll(t *testing.T, b []byte) {
 	} else {
 		ok(err)
 	}
+	var ki KeyArg
+	if data, err := ki.UnmarshalInline(b); err == nil {
+		if len(data) != InlineBytes {
+			t.Fatalf("inline data area of %d B", len(data))
+		}
+	} else {
+		ok(err)
+	}
 	var vb VBatchArg
 	if err := vb.Unmarshal(b); err == nil {
 		for i := range min(int(vb.Count), MaxBatch) {

@@ -24,7 +24,8 @@ func TestCHeader(t *testing.T) {
 #define O(t, f) printf("offsetof %s.%s %zu\n", #t, #f, offsetof(struct t, f));
 #define C(c) printf("cmd %s %lu\n", #c, (unsigned long)(c));
 int main(void) {
-	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch) S(mc_cuda) S(mc_key) S(mc_gpu_ref) S(mc_seg) S(mc_vbatch_entry) S(mc_vbatch) S(mc_table)
+	S(mc_magic) S(mc_abi_version) S(mc_register) S(mc_unregister) S(mc_buf) S(mc_vm) S(mc_stat) S(mc_batch_entry) S(mc_batch) S(mc_cuda) S(mc_key) S(mc_gpu_ref) S(mc_seg) S(mc_vbatch_entry) S(mc_vbatch) S(mc_table) S(mc_key_inline)
+	O(mc_key_inline, k) O(mc_key_inline, data)
 	O(mc_register, fd) O(mc_register, kind) O(mc_register, len) O(mc_register, offset) O(mc_register, id) O(mc_register, handle)
 	O(mc_buf, id) O(mc_buf, buf_off) O(mc_buf, len) O(mc_buf, obj_off) O(mc_buf, result) O(mc_buf, version)
 	O(mc_vm, addr) O(mc_vm, len) O(mc_vm, obj_off) O(mc_vm, result) O(mc_vm, version)
@@ -38,13 +39,14 @@ int main(void) {
 	O(mc_vbatch, count) O(mc_vbatch, ngpu) O(mc_vbatch, entries) O(mc_vbatch, gpus) O(mc_vbatch, area)
 	O(mc_table, count) O(mc_table, source) O(mc_table, id) O(mc_table, entries) O(mc_table, keys) O(mc_table, keys_len) O(mc_table, pad)
 	C(MC_IOC_GET_MAGIC) C(MC_IOC_GET_ABI_VERSION) C(MC_IOC_REGISTER_BUFFER) C(MC_IOC_UNREGISTER_BUFFER)
-	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA) C(MC_IOC_PUT_KEY) C(MC_IOC_GET_KEY) C(MC_IOC_BATCH_PUTV) C(MC_IOC_BATCH_GETV) C(MC_IOC_BATCH_WAIT) C(MC_IOC_BATCH_PUT_TABLE) C(MC_IOC_BATCH_GET_TABLE)
+	C(MC_IOC_PUT_BUF) C(MC_IOC_GET_BUF) C(MC_IOC_PUT_VM) C(MC_IOC_GET_VM) C(MC_IOC_STAT) C(MC_IOC_BATCH_PUT) C(MC_IOC_BATCH_GET) C(MC_IOC_PUT_CUDA) C(MC_IOC_GET_CUDA) C(MC_IOC_PUT_KEY) C(MC_IOC_GET_KEY) C(MC_IOC_BATCH_PUTV) C(MC_IOC_BATCH_GETV) C(MC_IOC_BATCH_WAIT) C(MC_IOC_BATCH_PUT_TABLE) C(MC_IOC_BATCH_GET_TABLE) C(MC_IOC_PUT_KEY_INLINE) C(MC_IOC_GET_KEY_INLINE)
 	printf("const MC_MAX_META %d\nconst MC_MAX_GPU_REFS %d\nconst MC_MAX_SEGS %d\nconst MC_KIND_VM %u\nconst MC_SRC_CUDA %u\nconst MC_SEG_GPU %llu\n", MC_MAX_META, MC_MAX_GPU_REFS, MC_MAX_SEGS, MC_KIND_VM, MC_SRC_CUDA, MC_SEG_GPU);
 	printf("const MC_MAX_BATCH %d\nconst MC_ABI_MINOR %d\nconst MC_ABI_MAJOR %d\n", MC_MAX_BATCH, MC_ABI_MINOR, MC_ABI_MAJOR);
 	printf("const MC_FLAG_EXCL %u\nconst MC_FLAG_UPDATE %u\nconst MC_FLAG_PARENTS %u\nconst MC_REGISTER_DMABUF %u\n", MC_FLAG_EXCL, MC_FLAG_UPDATE, MC_FLAG_PARENTS, MC_REGISTER_DMABUF);
 	printf("const MC_FLAG_WHOLE %u\nconst MC_VBATCH_ASYNC %u\nconst MC_MAX_ASYNC_CALLS %d\n", MC_FLAG_WHOLE, MC_VBATCH_ASYNC, MC_MAX_ASYNC_CALLS);
 	printf("const MC_MAX_TABLE %d\nconst MC_MAX_TABLE_KEY_BYTES %d\n", MC_MAX_TABLE, MC_MAX_TABLE_KEY_BYTES);
 	printf("const MC_MAGIC %llu\n", (unsigned long long)MC_MAGIC);
+	printf("const MC_SRC_INLINE %u\nconst MC_INLINE_BYTES %d\n", MC_SRC_INLINE, MC_INLINE_BYTES);
 	return 0;
 }
 `
@@ -86,6 +88,8 @@ int main(void) {
 		"const MC_FLAG_EXCL": uint64(FlagExcl), "const MC_FLAG_UPDATE": uint64(FlagUpdate), "const MC_FLAG_PARENTS": uint64(FlagParents),
 		"const MC_FLAG_WHOLE":      uint64(FlagWhole),
 		"const MC_REGISTER_DMABUF": uint64(RegisterDmabuf),
+		"sizeof mc_key_inline":     SizeKeyInlineArg, "cmd MC_IOC_PUT_KEY_INLINE": uint64(CmdPutKeyInline), "cmd MC_IOC_GET_KEY_INLINE": uint64(CmdGetKeyInline),
+		"const MC_SRC_INLINE": uint64(SrcInline), "const MC_INLINE_BYTES": InlineBytes,
 	}
 	for name, off := range fieldOffsets {
 		want["offsetof "+name] = off
@@ -128,7 +132,7 @@ var fieldOffsets = map[string]uint64{
 	"mc_cuda.version": 104, "mc_cuda.device": 112,
 	"mc_key.source": 8, "mc_key.key_len": 12, "mc_key.meta_len": 14, "mc_key.id": 16, "mc_key.addr": 24, "mc_key.len": 32,
 	"mc_key.obj_off": 40, "mc_key.result": 48, "mc_key.version": 56, "mc_key.size": 64, "mc_key.gpu": 72, "mc_key.meta": 152,
-	"mc_key.key":        keyArgKeyOff,
+	"mc_key.key": keyArgKeyOff, "mc_key_inline.k": 0, "mc_key_inline.data": SizeKeyArg,
 	"mc_gpu_ref.handle": 0, "mc_gpu_ref.device": 64, "mc_seg.id": 0, "mc_seg.off": 8, "mc_seg.len": 16,
 	"mc_vbatch_entry.key_off": 0, "mc_vbatch_entry.key_len": 2, "mc_vbatch_entry.flags": 4, "mc_vbatch_entry.seg_off": 8,
 	"mc_vbatch_entry.nseg": 12, "mc_vbatch_entry.meta_off": 16, "mc_vbatch_entry.meta_len": 20, "mc_vbatch_entry.obj_off": 24,

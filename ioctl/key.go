@@ -59,6 +59,30 @@ const (
 	// SrcCUDA: Addr is an offset in the CUDA allocation GPU names by IPC
 	// handle; the daemon keeps the handle open for the calling process.
 	SrcCUDA uint32 = 2
+	// SrcInline: the value is in the call itself (PUT_KEY_INLINE,
+	// GET_KEY_INLINE; ABI 1.9); ID and Addr are unused and must be 0.
+	SrcInline uint32 = 3
+)
+
+// ABI 1.9: one key whose value, of up to InlineBytes, travels in the
+// call's argument: the KeyArg (Source SrcInline, its header's Size
+// SizeKeyInlineArg) and then InlineBytes of data. PUT_KEY_INLINE stores
+// the first Len bytes of the data; GET_KEY_INLINE returns up to Len bytes
+// of the value from ObjOff in the data, the rest of it zeroed. Everything
+// else is PUT_KEY's and GET_KEY's. The kernel copies the value with the
+// call, which for a small value costs less than the daemon reaching into
+// the caller's memory (process_vm_readv), the one copy the other sources
+// make; larger values go by address.
+var (
+	CmdPutKeyInline = ioc(dirRead|dirWrite, 0x22, SizeKeyInlineArg)
+	CmdGetKeyInline = ioc(dirRead|dirWrite, 0x23, SizeKeyInlineArg)
+)
+
+const (
+	// InlineBytes is the largest value a KEY_INLINE call carries.
+	InlineBytes = 4096
+	// SizeKeyInlineArg is the wire size of a KEY_INLINE argument.
+	SizeKeyInlineArg = SizeKeyArg + InlineBytes
 )
 
 // Limits of the KEY and vector batch commands.
@@ -143,12 +167,35 @@ func (a *KeyArg) encode(b []byte) {
 	copy(b[keyArgKeyOff:], a.Key[:])
 }
 
+// MarshalInlineInto encodes a as the head of a KEY_INLINE argument b
+// (SizeKeyInlineArg bytes), leaving b's data area as it is.
+func (a *KeyArg) MarshalInlineInto(b []byte) {
+	marshalInto(b, SizeKeyArg, a.encode)
+	putHeader(b, Header{Size: SizeKeyInlineArg, Flags: a.Flags})
+}
+
 // Unmarshal decodes a from b.
 func (a *KeyArg) Unmarshal(b []byte) error {
 	h, err := getHeader(b, SizeKeyArg)
 	if err != nil {
 		return err
 	}
+	a.decode(h, b)
+	return nil
+}
+
+// UnmarshalInline decodes a from the KEY_INLINE argument b and returns
+// b's data area.
+func (a *KeyArg) UnmarshalInline(b []byte) ([]byte, error) {
+	h, err := getHeader(b, SizeKeyInlineArg)
+	if err != nil {
+		return nil, err
+	}
+	a.decode(h, b)
+	return b[SizeKeyArg:SizeKeyInlineArg], nil
+}
+
+func (a *KeyArg) decode(h Header, b []byte) {
 	a.Header = h
 	a.Source, a.KeyLen, a.MetaLen = le.Uint32(b[8:]), le.Uint16(b[12:]), le.Uint16(b[14:])
 	getU64s(b[16:], &a.ID, &a.Addr, &a.Len, &a.ObjOff, &a.Result, &a.Version, &a.ObjSize)
@@ -156,7 +203,6 @@ func (a *KeyArg) Unmarshal(b []byte) error {
 	copy(a.GPU.Device[:], b[136:152])
 	copy(a.Meta[:], b[152:280])
 	copy(a.Key[:], b[keyArgKeyOff:SizeKeyArg])
-	return nil
 }
 
 // KeyString returns the key, or an error if KeyLen is out of range.

@@ -1,6 +1,7 @@
 package ioctl
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -28,22 +29,79 @@ func (f *File) KeyCall(put bool, key string, a *KeyArg) error {
 	if put {
 		op, cmd = "put_key", CmdPutKey
 	}
+	if err := f.setKey(op, key, a); err != nil {
+		return err
+	}
+	sc := keyArgs.Get().(*keyScratch)
+	defer keyArgs.Put(sc)
+	a.encode(sc.raw[:])
+	if err := call(f.f, cmd, sc.raw[:]); err != nil {
+		return fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, key, err)
+	}
+	return a.Unmarshal(sc.raw[:])
+}
+
+// setKey checks key and a's meta for a KEY call (op) and sets a.Key and
+// a.KeyLen.
+func (f *File) setKey(op, key string, a *KeyArg) error {
 	if len(key) == 0 || len(key) > KeyArgKeyBytes {
 		return f.err(op, ErrBadKey, "key of %d B (1 to %d)", len(key), KeyArgKeyBytes)
 	}
 	if int(a.MetaLen) > MaxMeta {
 		return f.err(op, ErrBadItem, "meta of %d B (at most %d)", a.MetaLen, MaxMeta)
 	}
-	sc := keyArgs.Get().(*keyScratch)
-	defer keyArgs.Put(sc)
 	a.KeyLen = uint16(len(key))
 	copy(a.Key[:], key)
 	clear(a.Key[len(key):])
-	a.encode(sc.raw[:])
-	if err := call(f.f, cmd, sc.raw[:]); err != nil {
-		return fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, key, err)
+	return nil
+}
+
+// inlineArgs recycles KEY_INLINE wire buffers.
+var inlineArgs = sync.Pool{New: func() any { return new([SizeKeyInlineArg]byte) }}
+
+// keyInline runs PUT_KEY_INLINE with data as the value (put) or
+// GET_KEY_INLINE into data, for key, and leaves the daemon's answer in a
+// (its Source, ID, Addr and Len set here). sent is false when the daemon
+// predates ABI 1.9 (ENOTTY; f then sends no more): the caller goes by
+// address instead.
+func (f *File) keyInline(put bool, key string, a *KeyArg, data []byte) (sent bool, err error) {
+	op, cmd := "get_key", CmdGetKeyInline
+	if put {
+		op, cmd = "put_key", CmdPutKeyInline
 	}
-	return a.Unmarshal(sc.raw[:])
+	if len(data) > InlineBytes {
+		return true, f.err(op, ErrBadItem, "%d B inline (at most %d)", len(data), InlineBytes)
+	}
+	if err := f.setKey(op, key, a); err != nil {
+		return true, err
+	}
+	a.Source, a.ID, a.Addr, a.Len = SrcInline, 0, 0, uint64(len(data))
+	raw := inlineArgs.Get().(*[SizeKeyInlineArg]byte)
+	defer inlineArgs.Put(raw)
+	a.MarshalInlineInto(raw[:])
+	area := raw[SizeKeyArg:]
+	n := 0
+	if put {
+		n = copy(area, data)
+	}
+	clear(area[n:]) // none of this process's earlier calls goes along
+	if err := call(f.f, cmd, raw[:]); err != nil {
+		if errors.Is(err, unix.ENOTTY) {
+			f.noInline.Store(true)
+			return false, nil
+		}
+		return true, fmt.Errorf("ioctl: %s %s/%s: %w", op, f.path, key, err)
+	}
+	if area, err = a.UnmarshalInline(raw[:]); err != nil {
+		return true, f.err(op, err, "reply")
+	}
+	if !put {
+		if a.Result > uint64(len(data)) {
+			return true, f.err(op, ErrShortArg, "reply of %d B into %d", a.Result, len(data))
+		}
+		copy(data, area[:a.Result])
+	}
+	return true, nil
 }
 
 // PutKey stores data as the value of key (relative to directory f, its
@@ -57,10 +115,16 @@ func (f *File) PutKey(key string, data []byte, flags uint32) (uint64, error) {
 		}
 		return res[0].Version, res[0].Err
 	}
-	keepOnHeap(data)
 	sc := keyArgs.Get().(*keyScratch)
 	defer keyArgs.Put(sc)
 	a := &sc.arg
+	if len(data) <= InlineBytes && !f.noInline.Load() {
+		*a = KeyArg{Header: Header{Flags: flags}}
+		if sent, err := f.keyInline(true, key, a, data); sent {
+			return a.Version, err
+		}
+	}
+	keepOnHeap(data)
 	*a = KeyArg{Header: Header{Flags: flags}, Source: SrcVM, Addr: addrOf(data), Len: uint64(len(data))}
 	err := f.KeyCall(true, key, a)
 	runtime.KeepAlive(data)
@@ -77,10 +141,16 @@ func (f *File) GetKey(key string, dst []byte, objOff uint64) (uint64, uint64, er
 		}
 		return res[0].N, res[0].Version, res[0].Err
 	}
-	keepOnHeap(dst)
 	sc := keyArgs.Get().(*keyScratch)
 	defer keyArgs.Put(sc)
 	a := &sc.arg
+	if len(dst) > 0 && len(dst) <= InlineBytes && !f.noInline.Load() {
+		*a = KeyArg{ObjOff: objOff}
+		if sent, err := f.keyInline(false, key, a, dst); sent {
+			return a.Result, a.Version, err
+		}
+	}
+	keepOnHeap(dst)
 	*a = KeyArg{Source: SrcVM, Addr: addrOf(dst), Len: uint64(len(dst)), ObjOff: objOff}
 	err := f.KeyCall(false, key, a)
 	runtime.KeepAlive(dst)

@@ -22,7 +22,7 @@
 #define MC_IOC_TYPE 'M'
 #define MC_MAGIC 0x454b41434e4f4f4dULL /* "MOONCAKE" little-endian */
 #define MC_ABI_MAJOR 1
-#define MC_ABI_MINOR 8
+#define MC_ABI_MINOR 9
 
 struct mc_header {
 	uint32_t size;
@@ -187,6 +187,22 @@ struct mc_key {
 };
 
 /*
+ * ABI 1.9: one key whose value (at most MC_INLINE_BYTES) travels in the
+ * call: k.h.size = sizeof(struct mc_key_inline), k.source = MC_SRC_INLINE,
+ * k.id = k.addr = 0, k.len the value's length. A put stores data[0, len);
+ * a get returns up to len bytes from obj_off in data, the rest zeroed.
+ * For small values the kernel's copy of the call costs less than the
+ * daemon reaching into the caller's memory.
+ */
+#define MC_SRC_INLINE 3u
+#define MC_INLINE_BYTES 4096
+
+struct mc_key_inline {
+	struct mc_key k;
+	uint8_t data[MC_INLINE_BYTES];
+};
+
+/*
  * Vector batches: each key's value is the concatenation of its segments.
  * A segment is caller memory (id MC_SEG_VM, off = address), a registration
  * made on the directory fd (id, off in it), or an allocation of the
@@ -294,5 +310,7 @@ struct mc_table {
 #define MC_IOC_BATCH_WAIT _IOWR(MC_IOC_TYPE, 0x1f, struct mc_vbatch)
 #define MC_IOC_BATCH_PUT_TABLE _IOWR(MC_IOC_TYPE, 0x20, struct mc_table)
 #define MC_IOC_BATCH_GET_TABLE _IOWR(MC_IOC_TYPE, 0x21, struct mc_table)
+#define MC_IOC_PUT_KEY_INLINE _IOWR(MC_IOC_TYPE, 0x22, struct mc_key_inline)
+#define MC_IOC_GET_KEY_INLINE _IOWR(MC_IOC_TYPE, 0x23, struct mc_key_inline)
 
 #endif /* MOONCAKE_FS_H */

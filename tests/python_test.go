@@ -124,6 +124,7 @@ func TestPythonABI(t *testing.T) {
 		"MC_IOC_BATCH_PUTV": ioctl.CmdBatchPutV, "MC_IOC_BATCH_GETV": ioctl.CmdBatchGetV,
 		"MC_IOC_BATCH_WAIT": ioctl.CmdBatchWait, "MC_IOC_BATCH_PUT_TABLE": ioctl.CmdBatchPutTable,
 		"MC_IOC_BATCH_GET_TABLE": ioctl.CmdBatchGetTable,
+		"MC_IOC_PUT_KEY_INLINE":  ioctl.CmdPutKeyInline, "MC_IOC_GET_KEY_INLINE": ioctl.CmdGetKeyInline,
 	}
 	if len(l.Commands) != len(cmds) {
 		t.Errorf("python has %d commands, Go %d", len(l.Commands), len(cmds))
@@ -151,6 +152,8 @@ func TestPythonABI(t *testing.T) {
 		"MC_MAX_GPU":         {l.Key["MC_MAX_GPU_REFS"], ioctl.MaxGPURefs},
 		"MC_MAX_SEGS":        {l.Key["MC_MAX_SEGS"], ioctl.MaxSegs},
 		"MC_SEG_GPU":         {l.Key["MC_SEG_GPU"], ioctl.SegGPU},
+		"MC_SRC_INLINE":      {l.Key["MC_SRC_INLINE"], uint64(ioctl.SrcInline)},
+		"MC_INLINE_BYTES":    {l.Key["MC_INLINE_BYTES"], ioctl.InlineBytes},
 	}
 	for name, v := range consts {
 		if v[0] != v[1] {
@@ -174,6 +177,9 @@ func TestPythonABI(t *testing.T) {
 	vb.Count, vb.NGPU = 2, 3
 	vb.GPUs[0].Handle[0] = 0xDD
 	vb.Area[0] = 'a'
+	inline := make([]byte, ioctl.SizeKeyInlineArg)
+	(&ioctl.KeyArg{Source: ioctl.SrcInline}).MarshalInlineInto(inline)
+	inline[ioctl.SizeKeyArg] = 'd'
 	type fv struct {
 		field string
 		want  uint64 // the value (little-endian, field-size bytes); for arrays, the first byte
@@ -208,6 +214,7 @@ func TestPythonABI(t *testing.T) {
 			[]fv{{"count", 2}, {"ngpu", 3}, {"gpus", 0xDD}, {"area", 'a'}}},
 		{"mc_table", (&ioctl.TableArg{Count: 2, Source: 1, ID: 3, Entries: 4, Keys: 5, KeysLen: 6}).Marshal(), ioctl.SizeTableArg,
 			[]fv{{"count", 2}, {"source", 1}, {"id", 3}, {"entries", 4}, {"keys", 5}, {"keys_len", 6}, {"pad", 0}}},
+		{"mc_key_inline", inline, ioctl.SizeKeyInlineArg, []fv{{"k", ioctl.SizeKeyInlineArg & 0xff}, {"data", 'd'}}},
 	}
 	for _, c := range cases {
 		s, ok := l.Structs[c.name]

@@ -33,7 +33,7 @@ def _IOC(d, nr, size):
 IOC_TYPE = ord("M")
 MAGIC = 0x454B41434E4F4F4D  # "MOONCAKE" little-endian
 ABI_MAJOR = 1
-ABI_MINOR = 8
+ABI_MINOR = 9
 
 KIND_HOST = 1  # REGISTER_BUFFER of a memfd/shm fd of the caller
 KIND_CUDA = 2  # REGISTER_BUFFER of GPU memory: handle = cuIpcGetMemHandle, offset in it
@@ -226,6 +226,22 @@ class Key(_Arg):
     ]
 
 
+# ABI 1.9: a key whose value (at most INLINE_BYTES) travels in the call:
+# k.h.size = sizeof(KeyInline), k.source = SRC_INLINE, k.len its length.
+SRC_INLINE = 3
+INLINE_BYTES = 4096
+
+
+class KeyInline(_S):
+    """PUT_KEY_INLINE / GET_KEY_INLINE: a Key and the value's bytes."""
+
+    _fields_ = [("k", Key), ("data", ctypes.c_uint8 * INLINE_BYTES)]
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.k.h.size = ctypes.sizeof(self)
+
+
 class Seg(_S):
     _fields_ = [("id", ctypes.c_uint64), ("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
 
@@ -274,6 +290,7 @@ SIZES = {
     "mc_vbatch_entry": (VBatchEntry, 48),
     "mc_vbatch": (VBatch, BATCH_SIZE),
     "mc_table": (Table, 48),
+    "mc_key_inline": (KeyInline, KEY_SIZE + INLINE_BYTES),
 }
 for _name, (_cls, _size) in SIZES.items():
     if ctypes.sizeof(_cls) != _size or _size % 8:
@@ -306,6 +323,8 @@ VBATCH_ASYNC = 1 << 0
 MAX_ASYNC_CALLS = 16
 BATCH_PUT_TABLE = _IOC(_RW, 0x20, ctypes.sizeof(Table))
 BATCH_GET_TABLE = _IOC(_RW, 0x21, ctypes.sizeof(Table))
+PUT_KEY_INLINE = _IOC(_RW, 0x22, ctypes.sizeof(KeyInline))
+GET_KEY_INLINE = _IOC(_RW, 0x23, ctypes.sizeof(KeyInline))
 
 COMMANDS = {
     "MC_IOC_GET_MAGIC": GET_MAGIC,
@@ -328,6 +347,8 @@ COMMANDS = {
     "MC_IOC_BATCH_WAIT": BATCH_WAIT,
     "MC_IOC_BATCH_PUT_TABLE": BATCH_PUT_TABLE,
     "MC_IOC_BATCH_GET_TABLE": BATCH_GET_TABLE,
+    "MC_IOC_PUT_KEY_INLINE": PUT_KEY_INLINE,
+    "MC_IOC_GET_KEY_INLINE": GET_KEY_INLINE,
 }
 
 # C struct name -> (class, {C field path: python attribute path}) for the
@@ -352,6 +373,7 @@ STRUCTS = {
                                       "result", "version"]),
     "mc_vbatch": (VBatch, ["h", "count", "ngpu", "entries", "gpus", "area"]),
     "mc_table": (Table, ["h", "count", "source", "id", "entries", "keys", "keys_len", "pad"]),
+    "mc_key_inline": (KeyInline, ["k", "data"]),
 }
 
 
@@ -389,7 +411,8 @@ def layout():
         "batch": {"MC_MAX_BATCH": MAX_BATCH, "MC_BATCH_BUF": BATCH_BUF, "MC_BATCH_VM": BATCH_VM, "key_bytes": BATCH_KEY_BYTES},
         "kinds": {"MC_KIND_HOST": KIND_HOST, "MC_KIND_CUDA": KIND_CUDA, "MC_KIND_VM": KIND_VM},
         "key": {"MC_SRC_BUF": SRC_BUF, "MC_SRC_VM": SRC_VM, "MC_SRC_CUDA": SRC_CUDA, "MC_MAX_META": MAX_META,
-                "MC_MAX_GPU_REFS": MAX_GPU_REFS, "MC_MAX_SEGS": MAX_SEGS, "MC_SEG_GPU": SEG_GPU},
+                "MC_MAX_GPU_REFS": MAX_GPU_REFS, "MC_MAX_SEGS": MAX_SEGS, "MC_SEG_GPU": SEG_GPU,
+                "MC_SRC_INLINE": SRC_INLINE, "MC_INLINE_BYTES": INLINE_BYTES},
     }
 
 

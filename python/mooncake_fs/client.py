@@ -802,6 +802,21 @@ def _contiguous(data):
     return data
 
 
+def _fill_key(a, key, meta):
+    """Set Key a's key (and meta, when not None) for a KEY call; return
+    the key's bytes."""
+    k = os.fsencode(key)
+    if not k or len(k) > _abi.KEY_KEY_BYTES:
+        raise ValueError(f"key {key!r}: {len(k)} bytes, want 1..{_abi.KEY_KEY_BYTES} (longer keys: batches)")
+    ctypes.memmove(a.key, k, len(k))
+    a.key_len = len(k)
+    if meta is not None:
+        m = _meta_bytes(meta)
+        ctypes.memmove(a.meta, m, len(m))
+        a.meta_len = len(m)
+    return k
+
+
 def _meta_bytes(meta):
     m = meta.encode() if isinstance(meta, str) else bytes(meta)
     if len(m) > _abi.MAX_META:
@@ -905,40 +920,65 @@ class Directory(_Handle):
 
     # --- one key by name, one call (ABI 1.3) ---
 
+    _no_inline = False  # set once the daemon refused a KEY_INLINE call (ENOTTY: before ABI 1.9)
+
     def key_call(self, put, key, a, meta=None):
         """Run PUT_KEY (put) or GET_KEY with the Key struct a for key;
         meta: stored by a put; for a get, the meta the value must have
         (OSError EBADMSG, nothing moved, otherwise). Returns a."""
-        k = os.fsencode(key)
-        if not k or len(k) > _abi.KEY_KEY_BYTES:
-            raise ValueError(f"key {key!r}: {len(k)} bytes, want 1..{_abi.KEY_KEY_BYTES} (longer keys: batches)")
-        ctypes.memmove(a.key, k, len(k))
-        a.key_len = len(k)
-        if meta is not None:
-            m = _meta_bytes(meta)
-            ctypes.memmove(a.meta, m, len(m))
-            a.meta_len = len(m)
+        k = _fill_key(a, key, meta)
         try:
             fcntl.ioctl(self.fileno(), _abi.PUT_KEY if put else _abi.GET_KEY, a, True)
         except OSError as e:
             raise OSError(e.errno, os.strerror(e.errno), os.path.join(self.name, os.fsdecode(k))) from None
         return a
 
+    def _key_inline(self, put, key, a, meta):
+        """Run PUT_KEY_INLINE (put) or GET_KEY_INLINE with the KeyInline a
+        for key, as key_call; False (nothing done) when the daemon
+        predates them."""
+        k = _fill_key(a.k, key, meta)
+        try:
+            fcntl.ioctl(self.fileno(), _abi.PUT_KEY_INLINE if put else _abi.GET_KEY_INLINE, a, True)
+        except OSError as e:
+            if e.errno == errno.ENOTTY:
+                self._no_inline = True
+                return False
+            raise OSError(e.errno, os.strerror(e.errno), os.path.join(self.name, os.fsdecode(k))) from None
+        return True
+
     def put_key(self, key, data, *, meta=None, exclusive=False, update=False, offset=0):
         """Store data (a C-contiguous buffer) as key's value in one call,
         with meta (str or bytes, at most MAX_META; none removes it);
-        return the version. Parents must exist (FileNotFoundError)."""
+        return the version. Parents must exist (FileNotFoundError). A
+        value of up to INLINE_BYTES travels in the call (ABI 1.9)."""
         data = _contiguous(data)
+        flags = _put_flags(exclusive, update)
         with pinned(data) as (addr, n):
+            if n <= _abi.INLINE_BYTES and not self._no_inline:
+                a = _abi.KeyInline()
+                a.k.source, a.k.len, a.k.obj_off, a.k.h.flags = _abi.SRC_INLINE, n, offset, flags
+                ctypes.memmove(a.data, addr, n)
+                if self._key_inline(True, key, a, meta):
+                    return a.k.version
             a = _abi.Key(source=_abi.SRC_VM, addr=addr, len=n, obj_off=offset)
-            a.h.flags = _put_flags(exclusive, update)
+            a.h.flags = flags
             self.key_call(True, key, a, meta)
         return a.version
 
     def get_key_into(self, key, out, *, offset=0, meta=None):
         """Read up to len(out) bytes of key at offset into out in one call;
-        return (count, the value's size, version)."""
+        return (count, the value's size, version). Into up to INLINE_BYTES,
+        the bytes come back in the call (ABI 1.9)."""
         with pinned(out, writable=True) as (addr, n):
+            if 0 < n <= _abi.INLINE_BYTES and not self._no_inline:
+                a = _abi.KeyInline()
+                a.k.source, a.k.len, a.k.obj_off = _abi.SRC_INLINE, n, offset
+                if self._key_inline(False, key, a, meta):
+                    if a.k.result > n:
+                        raise OSError(errno.EPROTO, f"reply of {a.k.result} bytes into {n}", os.path.join(self.name, os.fsdecode(key)))
+                    ctypes.memmove(addr, a.data, a.k.result)
+                    return a.k.result, a.k.size, a.k.version
             a = self.key_call(False, key, _abi.Key(source=_abi.SRC_VM, addr=addr, len=n, obj_off=offset), meta)
         return a.result, a.size, a.version
 
