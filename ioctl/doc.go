@@ -20,7 +20,9 @@
 //
 // A File (Open, OpenDir) is an open file or directory on a mount; its
 // methods act on the file's key, or, for batches on a directory, on keys
-// relative to it. Every data command makes exactly one copy per byte:
+// relative to it. Every data command makes exactly one copy per byte,
+// except the KEY_INLINE calls (ABI 1.9), whose value of up to InlineBytes
+// rides in the call itself:
 //
 //	f, _ := ioctl.Open("/mnt/mooncake/ckpt/w0", os.O_RDWR|os.O_CREATE)
 //	f.PutVM(b, 0)              // b, straight out of this process's memory
@@ -58,6 +60,11 @@
 // GPU memory once (RegisterCUDADmabuf with a dma-buf of the allocation,
 // for the daemon's GPUDirect RDMA), RegisterAddr this process's own
 // memory by address.
+// PutKey and GetKey move a value of up to InlineBytes inside the call
+// (PUT_KEY_INLINE, GET_KEY_INLINE, ABI 1.9): the kernel's copy of a few
+// kilobytes costs less than the daemon's process_vm_readv/writev into
+// the caller, and nothing of the caller's memory is named; against an
+// older daemon a File goes by address.
 // A key by name may be a path below the directory; with FlagParents (ABI
 // 1.4) its put makes the missing directories first. StartBatchPutV and
 // StartBatchGetV (ABI 1.7) submit one vector batch and return while the
