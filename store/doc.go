@@ -116,8 +116,8 @@
 // in flight together queued behind each other's swaps on per-key read
 // locks (an H100 trace, 2026-12-05). The embedded index's lock and a
 // batch commit's Store.mu are polled for a few tens of microseconds
-// before their takers park (spin.go): waking a parked goroutine took
-// longer than the holders keep them.
+// before their takers park, on machines of four CPUs or more (spin.go):
+// waking a parked goroutine took longer than the holders keep them.
 //
 // # Errors
 //

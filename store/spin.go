@@ -3,6 +3,7 @@ package store
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -13,22 +14,32 @@ import (
 // trace of four batch puts in flight, 2026-12-05), ten times the
 // lock's holding time, and calls that meet at a commit queued behind
 // each other's wake-ups. So a contended lock is first polled, yielding
-// the CPU between tries, for up to spinFor, and only then waited on.
+// the CPU between tries, for up to spinFor, and only then waited on, on
+// machines with CPUs to spare (mayPoll).
 
 // spinFor bounds the polling of a contended lock. A holder that keeps it
 // longer (a large rename's swap) is waited for as before.
 const spinFor = 40 * time.Microsecond
 
-// multiCPU is whether another CPU can run the holder while a goroutine
-// polls: with one, polling only delays it.
-func multiCPU() bool { return runtime.GOMAXPROCS(0) > 1 }
+// minPollCPUs is the fewest CPUs on which a contended lock is polled: a
+// poller keeps its CPU busy, and on a machine of two (where the daemon
+// runs more Ps than CPUs) that is the CPU the holder needs to finish.
+// (Atomic: a test lowers it.)
+var minPollCPUs atomic.Int32
+
+func init() { minPollCPUs.Store(4) }
+
+// mayPoll is whether a contended lock is polled before its taker parks.
+func mayPoll() bool {
+	return runtime.NumCPU() >= int(minPollCPUs.Load()) && runtime.GOMAXPROCS(0) > 1
+}
 
 // lockSpin locks mu for writing.
 func lockSpin(mu *sync.RWMutex) {
 	if mu.TryLock() {
 		return
 	}
-	if multiCPU() {
+	if mayPoll() {
 		for start := time.Now(); time.Since(start) < spinFor; {
 			runtime.Gosched()
 			if mu.TryLock() {
@@ -44,7 +55,7 @@ func rlockSpin(mu *sync.RWMutex) {
 	if mu.TryRLock() {
 		return
 	}
-	if multiCPU() {
+	if mayPoll() {
 		for start := time.Now(); time.Since(start) < spinFor; {
 			runtime.Gosched()
 			if mu.TryRLock() {
@@ -60,7 +71,7 @@ func mutexSpin(mu *sync.Mutex) {
 	if mu.TryLock() {
 		return
 	}
-	if multiCPU() {
+	if mayPoll() {
 		for start := time.Now(); time.Since(start) < spinFor; {
 			runtime.Gosched()
 			if mu.TryLock() {

@@ -13,10 +13,15 @@ import (
 // the blocking path, which still gets it once it is let go. With one
 // CPU for the runtime (no polling) the same holds.
 func TestSpinLocksExclude(t *testing.T) {
+	prevMin := minPollCPUs.Swap(1) // poll here too, whatever this machine has
+	t.Cleanup(func() { minPollCPUs.Store(prevMin) })
 	for _, procs := range []int{0, 1} {
 		if procs > 0 {
 			prev := runtime.GOMAXPROCS(procs)
 			t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+		}
+		if polls := procs == 0 && runtime.GOMAXPROCS(0) > 1; mayPoll() != polls {
+			t.Fatalf("GOMAXPROCS %d: mayPoll %v", runtime.GOMAXPROCS(0), mayPoll())
 		}
 		var rw sync.RWMutex
 		var mu sync.Mutex
