@@ -35,49 +35,27 @@ func mayPoll() bool {
 }
 
 // lockSpin locks mu for writing.
-func lockSpin(mu *sync.RWMutex) {
-	if mu.TryLock() {
-		return
-	}
-	if mayPoll() {
-		for start := time.Now(); time.Since(start) < spinFor; {
-			runtime.Gosched()
-			if mu.TryLock() {
-				return
-			}
-		}
-	}
-	mu.Lock()
-}
+func lockSpin(mu *sync.RWMutex) { pollThen(mu.TryLock, mu.Lock) }
 
 // rlockSpin locks mu for reading.
-func rlockSpin(mu *sync.RWMutex) {
-	if mu.TryRLock() {
-		return
-	}
-	if mayPoll() {
-		for start := time.Now(); time.Since(start) < spinFor; {
-			runtime.Gosched()
-			if mu.TryRLock() {
-				return
-			}
-		}
-	}
-	mu.RLock()
-}
+func rlockSpin(mu *sync.RWMutex) { pollThen(mu.TryRLock, mu.RLock) }
 
 // mutexSpin locks mu.
-func mutexSpin(mu *sync.Mutex) {
-	if mu.TryLock() {
+func mutexSpin(mu *sync.Mutex) { pollThen(mu.TryLock, mu.Lock) }
+
+// pollThen takes a lock through try, polling it for up to spinFor where
+// mayPoll, and else, or then, through wait.
+func pollThen(try func() bool, wait func()) {
+	if try() {
 		return
 	}
 	if mayPoll() {
 		for start := time.Now(); time.Since(start) < spinFor; {
 			runtime.Gosched()
-			if mu.TryLock() {
+			if try() {
 				return
 			}
 		}
 	}
-	mu.Lock()
+	wait()
 }
