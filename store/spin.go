@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The index's lock and Store.mu are held for microseconds (a swap of a
@@ -13,29 +15,50 @@ import (
 // machine with idle CPUs that wake-up took 50 us on average (an H100
 // trace of four batch puts in flight, 2026-12-05), ten times the
 // lock's holding time, and calls that meet at a commit queued behind
-// each other's wake-ups. So a contended lock is first polled, yielding
-// the CPU between tries, for up to spinFor, and only then waited on, on
-// machines with CPUs to spare (mayPoll).
+// each other's wake-ups. So a contended lock is first polled for up to
+// spinFor, the poller keeping its processor, and only then waited on, on
+// machines with CPUs to spare (mayPoll). The poller does not yield
+// between tries: a goroutine that yields goes to the scheduler's global
+// queue, where with every processor busy it waited for the next
+// preemption tick (10 ms and more).
 
 // spinFor bounds the polling of a contended lock. A holder that keeps it
 // longer (a large rename's swap) is waited for as before.
 const spinFor = 40 * time.Microsecond
 
-// minPollCPUs is the fewest CPUs on which a contended lock is polled: a
-// poller keeps its CPU busy, and on a machine of two (where the daemon
-// runs more Ps than CPUs) that is the CPU the holder needs to finish.
+// minPollCPUs is the fewest CPUs (and Ps) with which a contended lock is
+// polled: a poller keeps its CPU busy, and on a machine of two (where the
+// daemon runs more Ps than CPUs) that is the CPU the holder needs to
+// finish. Never fewer than two.
 // (Atomic: a test lowers it.)
 var minPollCPUs atomic.Int32
 
 func init() { minPollCPUs.Store(4) }
 
-// mayPoll is whether a contended lock is polled before its taker parks.
-func mayPoll() bool {
-	return runtime.NumCPU() >= int(minPollCPUs.Load()) && runtime.GOMAXPROCS(0) > 1
+// pollCPUs is the CPUs this process may run on and its Ps, read at most
+// once a second: mount --cpus narrows the affinity from inside the
+// process after it started, which runtime.NumCPU does not see.
+var pollCPUs struct {
+	n  atomic.Int32
+	at atomic.Int64 // time.Now().UnixNano() of the reading; 0: none yet
 }
 
-// lockSpin locks mu for writing.
-func lockSpin(mu *sync.RWMutex) { pollThen(mu.TryLock, mu.Lock) }
+// mayPoll is whether a contended lock is polled before its taker parks.
+func mayPoll() bool {
+	now := time.Now().UnixNano()
+	n := pollCPUs.n.Load()
+	if at := pollCPUs.at.Load(); at == 0 || now-at > int64(time.Second) {
+		n = int32(runtime.NumCPU())
+		var set unix.CPUSet
+		if unix.SchedGetaffinity(0, &set) == nil {
+			n = int32(set.Count())
+		}
+		n = min(n, int32(runtime.GOMAXPROCS(0)))
+		pollCPUs.n.Store(n)
+		pollCPUs.at.Store(now)
+	}
+	return n >= max(2, minPollCPUs.Load())
+}
 
 // rlockSpin locks mu for reading.
 func rlockSpin(mu *sync.RWMutex) { pollThen(mu.TryRLock, mu.RLock) }
@@ -51,7 +74,6 @@ func pollThen(try func() bool, wait func()) {
 	}
 	if mayPoll() {
 		for start := time.Now(); time.Since(start) < spinFor; {
-			runtime.Gosched()
 			if try() {
 				return
 			}

@@ -7,31 +7,33 @@ import (
 	"time"
 )
 
-// TestSpinLocksExclude: writers through lockSpin and mutexSpin exclude
-// each other and readers through rlockSpin, which never see a write half
-// done; a holder that keeps the lock past spinFor sends the others to
-// the blocking path, which still gets it once it is let go. With one
-// CPU for the runtime (no polling) the same holds.
+// TestSpinLocksExclude: writers queued through mutexSpin (as the index's
+// swaps are) exclude each other and readers through rlockSpin, which
+// never see a write half done; a holder that keeps the lock past spinFor
+// sends the others to the blocking path, which still gets it once it is
+// let go. With one P for the runtime (no polling) the same holds.
 func TestSpinLocksExclude(t *testing.T) {
-	prevMin := minPollCPUs.Swap(1) // poll here too, whatever this machine has
-	t.Cleanup(func() { minPollCPUs.Store(prevMin) })
+	prevMin := minPollCPUs.Swap(2) // poll here too, whatever this machine has
+	t.Cleanup(func() { minPollCPUs.Store(prevMin); pollCPUs.at.Store(0) })
 	for _, procs := range []int{0, 1} {
 		if procs > 0 {
 			prev := runtime.GOMAXPROCS(procs)
 			t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
 		}
-		if polls := procs == 0 && runtime.GOMAXPROCS(0) > 1; mayPoll() != polls {
-			t.Fatalf("GOMAXPROCS %d: mayPoll %v", runtime.GOMAXPROCS(0), mayPoll())
+		pollCPUs.at.Store(0) // read the Ps again
+		if procs == 1 && mayPoll() {
+			t.Fatal("polls with one P")
 		}
 		var rw sync.RWMutex
-		var mu sync.Mutex
+		var mu, wmu sync.Mutex
 		var a, b, c int
 		const writers, readers, rounds = 4, 4, 500
 		var wg sync.WaitGroup
 		for range writers {
 			wg.Go(func() {
 				for i := range rounds {
-					lockSpin(&rw)
+					mutexSpin(&wmu)
+					rw.Lock()
 					a++
 					if i%50 == 0 {
 						time.Sleep(2 * spinFor) // past the polling
@@ -40,6 +42,7 @@ func TestSpinLocksExclude(t *testing.T) {
 					}
 					b++
 					rw.Unlock()
+					wmu.Unlock()
 					mutexSpin(&mu)
 					c++
 					mu.Unlock()
