@@ -3,8 +3,17 @@
 # on the development machine in .gpu/ (mooncake-fs, gpucheck): mounts the
 # store, runs the GPU checks (Go, then Python with torch where present),
 # the cuda and KV bench cases (CASES overrides them; with DAEMON_CPUS,
-# again with the daemon on those CPUs), and unmounts. Output goes to
-# stdout and $OUT.
+# again with the daemon on those CPUs; with IN_FLIGHT_1=1, the GPU put and
+# get cases again one call at a time; with TRACE=CASE, CASE once more with
+# a 1 s runtime trace and a 3 s CPU profile of its daemon, trace.bin.gz
+# and cpu.prof, for tests/gpu/trace_states.py), and unmounts. Output goes
+# to stdout and $OUT. Build the binaries here with
+#
+#	export CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations"
+#	go build -o .gpu/mooncake-fs ./cmd/mooncake-fs
+#	go build -o .gpu/gpucheck ./tests/internal/gpucheck
+#
+# (gzip them if the carried tree would pass 64 MiB; gunzip there first).
 set -u -o pipefail
 OUT=${OUT:-/tmp}
 BIN=.gpu/mooncake-fs
@@ -34,6 +43,23 @@ if [ -n "${DAEMON_CPUS:-}" ]; then
 	# The daemon on a few CPUs (mount --cpus): its threads stay warm between calls.
 	echo "== bench, daemon on CPUs $DAEMON_CPUS"
 	timeout ${BENCH_TIMEOUT:-400} $BIN bench --json --keep-going --daemon-cpus $DAEMON_CPUS --case $CASES 2>&1 | tee $OUT/bench-cpus.json
+fi
+if [ -n "${IN_FLIGHT_1:-}" ]; then
+	echo "== bench, one call at a time"
+	timeout ${BENCH_TIMEOUT:-400} $BIN bench --json --keep-going --in-flight 1 \
+		--case kv-put-gpu-16KiB,kv-get-gpu-16KiB,kv-put-gpu-64KiB,kv-get-gpu-64KiB 2>&1 | tee $OUT/bench-inflight1.json
+fi
+if [ -n "${TRACE:-}" ]; then
+	# Enough repetitions that the trace falls inside the timed passes.
+	echo "== $TRACE traced"
+	$BIN bench --json --keep-going --reps 150 --daemon-metrics 127.0.0.1:9477 --case "$TRACE" > $OUT/bench-traced.json 2>&1 &
+	bp=$!
+	for _ in $(seq 1 300); do curl -s -o /dev/null http://127.0.0.1:9477/metrics && break; sleep 0.1; done
+	sleep 3
+	curl -s -o $OUT/trace.bin 'http://127.0.0.1:9477/debug/pprof/trace?seconds=1' && gzip -f $OUT/trace.bin
+	curl -s -o $OUT/cpu.prof 'http://127.0.0.1:9477/debug/pprof/profile?seconds=3'
+	timeout 300 tail --pid=$bp -f /dev/null
+	cat $OUT/bench-traced.json
 fi
 tail -5 $OUT/daemon.log
 exit $rc
