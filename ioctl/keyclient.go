@@ -59,8 +59,8 @@ func (f *File) setKey(op, key string, a *KeyArg) error {
 // inlineArgs recycles KEY_INLINE wire buffers.
 var inlineArgs = sync.Pool{New: func() any { return new([SizeKeyInlineArg]byte) }}
 
-// keyInline runs PUT_KEY_INLINE with data as the value (put) or
-// GET_KEY_INLINE into data, for key, and leaves the daemon's answer in a
+// keyInline runs PUT_KEY_INLINE with data (at most InlineBytes) as the
+// value (put) or GET_KEY_INLINE into data, for key, and leaves the daemon's answer in a
 // (its Source, ID, Addr and Len set here). sent is false when the daemon
 // predates ABI 1.9 (ENOTTY; f then sends no more): the caller goes by
 // address instead.
@@ -68,9 +68,6 @@ func (f *File) keyInline(put bool, key string, a *KeyArg, data []byte) (sent boo
 	op, cmd := "get_key", CmdGetKeyInline
 	if put {
 		op, cmd = "put_key", CmdPutKeyInline
-	}
-	if len(data) > InlineBytes {
-		return true, f.err(op, ErrBadItem, "%d B inline (at most %d)", len(data), InlineBytes)
 	}
 	if err := f.setKey(op, key, a); err != nil {
 		return true, err

@@ -104,7 +104,8 @@
 // extents in the segments under it too, except in a batch put's commit,
 // which collects them (Store.mu.freeing) and frees them after Store.mu.
 // The embedded index's lookups and scans share its lock and swaps take it
-// alone, queued first on a lock of their own (swapMu, before it); its LRU has a second lock, taken after the first or alone: a
+// alone, queued first on a lock of their own (swapMu, taken before it);
+// its LRU has a second lock, taken after the first or alone: a
 // swap moves its keys up the LRU after it lets go of the table, Touch
 // finds its keys under the shared lock, then moves them, and TouchObjects
 // (a batch get's) finds them through the objects read. A swap finds a

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -520,5 +521,95 @@ for k in range(16):
 print(f"bad={bad}")
 `, publicPythonDir(t), d.dir)
 	checkResults(t, out, map[string]string{"bad": "0"})
+	d.checkAlive(t)
+}
+
+// TestInlineKeyCalls: one-key calls whose values ride in the call (ABI
+// 1.9, values up to 4 KiB), from an unprivileged user's process: values
+// of 0, 1 and 4096 bytes come back bit-exact, inline and by address (a
+// buffer of 4097 bytes goes by address); a put into a directory or over
+// a file the user may not write fails with EACCES and changes nothing;
+// a client killed amid inline puts and gets leaves whole values of its
+// own only, and no byte in use once the keys are gone.
+func TestInlineKeyCalls(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python, "setpriv")
+	d := startDaemon(t, "--size", "64MiB")
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
+	run(t, "mkdir", "-m", "0755", d.path("pub", "rootdir"))
+	run(t, "sh", "-c", `printf secret > "$1/secret" && chmod 644 "$1/secret"`, "sh", pub)
+	script := keysPrelude + `
+from mooncake_fs import _abi
+dd = mc.Directory(mnt + "/pub")
+for n in (0, 1, 4096):
+    v = bytes((i * 7 + n) % 251 for i in range(n))
+    dd.put_key(f"k{n}", v, meta="m")
+    small, big = bytearray(max(n, 1)), bytearray(4097)
+    cs, _, _ = dd.get_key_into(f"k{n}", small)
+    cb, size, _ = dd.get_key_into(f"k{n}", big)
+    print(f"k{n}=" + str(size == n and bytes(small[:cs]) == v and bytes(big[:cb]) == v and c.get(f"pub/k{n}") == v))
+res("rootdir", dd.put_key, "rootdir/x", b"abc")
+res("secret", dd.put_key, "secret", b"abc")
+print("inline_used=" + str(not dd._no_inline))
+`
+	out, err := asNobody(`exec "$1" -c "$2" "$3" "$4"`, python, script, publicPythonDir(t), d.dir)
+	if err != nil {
+		t.Fatalf("nobody's script: %v\n%s", err, out)
+	}
+	checkResults(t, out, map[string]string{"k0": "True", "k1": "True", "k4096": "True", "inline_used": "True",
+		"rootdir": "EACCES", "secret": "EACCES"})
+	if _, err := os.Stat(d.path("pub", "rootdir", "x")); err == nil {
+		t.Error("a refused put made rootdir/x")
+	}
+	if b := run(t, "cat", d.path("pub", "secret")); b != "secret" {
+		t.Errorf("a refused put changed secret: %q", b)
+	}
+
+	// Killed amid inline calls: every value is one the client wrote.
+	run(t, "mkdir", d.path("kill"))
+	b := background(t, python, "-c", keysPrelude+`
+d = mc.Directory(mnt + "/kill")
+out = bytearray(4096)
+i = 0
+while True:
+    k = f"k{i % 100}"
+    d.put_key(k, (k + ":" + str(i) + "|").encode() * (1 + i % 150))
+    d.get_key_into(k, out)
+    if i == 500:
+        print("ready", flush=True)
+    i += 1
+`, publicPythonDir(t), d.dir)
+	b.waitOutput(t, "ready")
+	time.Sleep(100 * time.Millisecond)
+	if err := b.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	b.wait()
+	entries, err := os.ReadDir(d.path("kill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		v, err := os.ReadFile(d.path("kill", e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		unit, _, _ := strings.Cut(string(v), "|")
+		if !strings.HasPrefix(unit, e.Name()+":") || strings.Repeat(unit+"|", len(v)/(len(unit)+1)) != string(v) {
+			t.Errorf("%s holds %d B that no put wrote whole: %.60q", e.Name(), len(v), v)
+		}
+	}
+	run(t, "rm", "-r", d.path("kill"), d.path("pub"))
+	waitFor(t, "no byte in use", func() (bool, string) {
+		out := run(t, daemonBin(), "status", "--json", d.dir)
+		var st struct {
+			Used uint64 `json:"used"`
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("status: %v\n%s", err, out)
+		}
+		return st.Used == 0, out
+	})
 	d.checkAlive(t)
 }
