@@ -193,7 +193,7 @@ func TestChunkedBatches(t *testing.T) {
 }
 
 // benchFixture is a fixture with directories a and a/b.
-func benchFixture(b *testing.B) (*fuzzFixture, context.Context) {
+func benchFixture(b testing.TB) (*fuzzFixture, context.Context) {
 	fx := newFuzzFixture(b)
 	ctx := context.Background()
 	for _, d := range []string{"a", "a/b"} {
@@ -290,42 +290,49 @@ func BenchmarkBatchPutResident(b *testing.B) {
 }
 
 // BenchmarkBatchPutParallel is BenchmarkBatchPutResident's "over" with
-// four calls in flight together, as the clients send them on a host of
-// eight CPUs or more (ioctl.BatchInFlight), each replacing keys of its
-// own. Its work-ns/key counts the calls' waits for each other's locks
-// (mutexprofile says whose).
+// one call at a time ("calls=1") and with four calls in flight together
+// ("calls=4"), as the clients send them on a host of eight CPUs or more
+// (ioctl.BatchInFlight), each replacing keys of its own: the gap between
+// the two work-ns/key figures is what the calls cost each other (waits
+// for each other's locks, which mutexprofile attributes, and cache lines
+// that move between CPUs). The store has room for every key twice over,
+// so that eviction stays out of it.
 func BenchmarkBatchPutParallel(b *testing.B) {
 	data := bytes.Repeat([]byte{7}, 4096)
-	const keys, workers = 64 << 10, 4
-	fx := newFixtureWith(b, keys*4096+(64<<20), true)
-	if _, err := fx.st.Mkdir(context.Background(), "a", &store.Object{Mode: 0o755}); err != nil {
-		b.Fatal(err)
-	}
-	name := func(i int) string { return fmt.Sprintf("a/k%d", i%keys) }
-	entries := make([]batchEntry, 64)
-	for i := 0; i < keys; i += 64 {
-		for k := range entries {
-			entries[k] = batchEntry{key: name(i + k), data: data}
-		}
-		runBatch(b, fx, true, entries)
-	}
-	var next atomic.Int64 // calls handed out
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	defer reportKeyWork(b, fx.root.fs)()
-	for w := range workers {
-		wg.Go(func() {
+	const keys = 64 << 10
+	for _, workers := range []int{1, 4} {
+		b.Run(fmt.Sprintf("calls=%d", workers), func(b *testing.B) {
+			fx := newFixtureWith(b, 2*keys*4096+(64<<20), true)
+			if _, err := fx.st.Mkdir(context.Background(), "a", &store.Object{Mode: 0o755}); err != nil {
+				b.Fatal(err)
+			}
+			name := func(i int) string { return fmt.Sprintf("a/k%d", i%keys) }
 			entries := make([]batchEntry, 64)
-			for i := int(next.Add(1)) - 1; i < b.N; i = int(next.Add(1)) - 1 {
+			for i := 0; i < keys; i += 64 {
 				for k := range entries {
-					// Worker w owns the keys equal to w mod workers.
-					entries[k] = batchEntry{key: name(((i*64+k)*40503%(keys/workers))*workers + w), data: data}
+					entries[k] = batchEntry{key: name(i + k), data: data}
 				}
 				runBatch(b, fx, true, entries)
 			}
+			var next atomic.Int64 // calls handed out
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			defer reportKeyWork(b, fx.root.fs)()
+			for w := range workers {
+				wg.Go(func() {
+					entries := make([]batchEntry, 64)
+					for i := int(next.Add(1)) - 1; i < b.N; i = int(next.Add(1)) - 1 {
+						for k := range entries {
+							// Worker w owns the keys equal to w mod workers.
+							entries[k] = batchEntry{key: name(((i*64+k)*40503%(keys/workers))*workers + w), data: data}
+						}
+						runBatch(b, fx, true, entries)
+					}
+				})
+			}
+			wg.Wait()
 		})
 	}
-	wg.Wait()
 }
 
 // reportKeyWork reports the daemon's own work per key (handler time

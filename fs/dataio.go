@@ -463,9 +463,15 @@ func (n *node) mayPut(ctx context.Context, p *callerProc, key string, cur *store
 		if err != nil {
 			return err
 		}
-		if !allowed(p, parent, mayWrite|mayExec) {
-			return syscall.EACCES
-		}
+		return mayCreate(p, parent)
+	}
+	return nil
+}
+
+// mayCreate checks that the caller may make an entry in directory dir.
+func mayCreate(p *callerProc, dir *store.Object) error {
+	if !allowed(p, dir, mayWrite|mayExec) {
+		return syscall.EACCES
 	}
 	return nil
 }

@@ -163,7 +163,7 @@ type batchCall struct {
 	arena []transfer.Buffer
 	// searched caches checkPath per parent directory for the call: the
 	// keys of a batch mostly share one.
-	searched map[string]searchedDir
+	searched dirMemo[searchedDir]
 	// metaSets are the SetXattrs of the call's metas (metaXattrs).
 	metaSets map[string]map[string][]byte
 	// for the batch figures: the mount, the call's keys and its start.
@@ -176,34 +176,32 @@ type batchCall struct {
 }
 
 // searchedDir is what checkPath found of a parent directory: the error,
-// else the group its new entries take.
+// else the directory and the group its new entries take.
 type searchedDir struct {
 	err error
+	dir *store.Object
 	gid uint32
 }
 
 // checkPath is FS.checkPath for key, once per parent directory a call.
 func (bc *batchCall) checkPath(ctx context.Context, f *FS, key string) error {
 	parent := store.Parent(key)
-	if d, ok := bc.searched[parent]; ok {
+	if d, ok := bc.searched.get(parent); ok {
 		return d.err
 	}
 	dir, err := f.checkPath(ctx, bc.p, bc.dir, key)
-	if bc.searched == nil {
-		bc.searched = map[string]searchedDir{}
-	}
-	d := searchedDir{err: err, gid: bc.gid}
+	d := searchedDir{err: err, dir: dir, gid: bc.gid}
 	if err == nil && dir.Mode&syscall.S_ISGID != 0 {
 		d.gid = dir.Gid // a setgid directory: its group (as node.template)
 	}
-	bc.searched[parent] = d
+	bc.searched.put(parent, d)
 	return err
 }
 
 // groupFor is the group of a new file at key, whose path the call has
 // checked: the caller's, or its setgid directory's.
 func (bc *batchCall) groupFor(key string) uint32 {
-	if d, ok := bc.searched[store.Parent(key)]; ok && d.err == nil {
+	if d, ok := bc.searched.get(store.Parent(key)); ok && d.err == nil {
 		return d.gid
 	}
 	return bc.gid
@@ -355,7 +353,7 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 	err = bc.checkPath(ctx, n.fs, key)
 	if errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents == 0 && beforeParents != nil {
 		beforeParents()
-		delete(bc.searched, store.Parent(key))
+		bc.searched.forget(store.Parent(key))
 		err = bc.checkPath(ctx, n.fs, key)
 	}
 	for try := 0; errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 && try < maxParentTries; try++ {
@@ -366,7 +364,7 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 		// path is checked again (an rmdir of what is still empty): make
 		// it again. Once the path checks, the put lands.
 		if err = n.fs.makeParents(ctx, bc.p, bc.uid, bc.gid, bc.dir, key); err == nil {
-			delete(bc.searched, store.Parent(key))
+			bc.searched.forget(store.Parent(key))
 			err = bc.checkPath(ctx, n.fs, key)
 		}
 	}
@@ -580,8 +578,8 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		place store.Placement
 		err   error
 	}
-	dirs := map[string]dirInfo{}
-	dirPlaces := map[string]store.Placement{} // of the directories of replaced keys
+	var dirs dirMemo[dirInfo]
+	var dirPlaces dirMemo[store.Placement] // of the directories of replaced keys
 	cur := newPutChunk(len(ops))
 	chunks = append(chunks, cur)
 	// flush commits every key checked so far (FlagParents: before a key's
@@ -638,22 +636,29 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		var place store.Placement
 		if old == nil {
 			parent := store.Parent(key)
-			di, ok := dirs[parent]
+			di, ok := dirs.get(parent)
 			if !ok {
-				di = dirInfo{err: n.mayPut(ctx, bc.p, key, nil)}
+				// Checked against the directory as the key's path check
+				// found it a moment ago; one removed since fails at the
+				// commit (ErrNotFound), as it would have here.
+				if sd, ok := bc.searched.get(parent); ok && sd.err == nil && sd.dir != nil {
+					di = dirInfo{err: mayCreate(bc.p, sd.dir)}
+				} else {
+					di = dirInfo{err: n.mayPut(ctx, bc.p, key, nil)}
+				}
 				if di.err == nil {
 					// A key with no object is placed as its directory.
 					di.place = n.fs.st.PlacementFor(ctx, parent)
 				}
-				dirs[parent] = di
+				dirs.put(parent, di)
 			}
 			err, place = di.err, di.place
 			if errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 {
 				// Its directory, made or found by its check, went since
 				// (an rmdir of it while empty): alone, after the keys
 				// before it, which makes it again.
-				delete(dirs, parent)
-				delete(bc.searched, parent)
+				dirs.forget(parent)
+				bc.searched.forget(parent)
 				flush()
 				n.putAlone(ctx, bc, op)
 				changes++
@@ -666,10 +671,10 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			}
 		} else if err = n.mayPut(ctx, bc.p, key, old); err == nil {
 			parent := store.Parent(key)
-			dp, ok := dirPlaces[parent]
+			dp, ok := dirPlaces.get(parent)
 			if !ok {
 				dp = n.fs.st.PlacementFor(ctx, parent)
-				dirPlaces[parent] = dp
+				dirPlaces.put(parent, dp)
 			}
 			place = store.PlacementOf(old, dp)
 		}
@@ -963,7 +968,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 			case errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0:
 				// The call's search of the directory found it: it went
 				// since. Look again, making it again.
-				delete(bc.searched, store.Parent(key))
+				bc.searched.forget(store.Parent(key))
 				if key, bufs, size, err = n.target(ctx, bc, op); err != nil {
 					return 0, 0, err
 				}

@@ -1434,6 +1434,11 @@ class Client:
 
     def _get_by_name(self, d, rel, offset, length):
         if length is not None:
+            if 0 < length <= _abi.INLINE_BYTES and not d._no_inline:
+                # The bytes come back in the call (get_key_into).
+                buf = bytearray(length)
+                count, _, _ = d.get_key_into(rel, buf, offset=offset)
+                return bytes(buf) if count == length else bytes(buf[:count])
             b, addr = new_bytes(length)
             if not length:
                 d.lookup(rel)  # ENOENT for a missing key

@@ -162,6 +162,10 @@ class TestCommands(Live):
         self.assertEqual(self.c.get(k, 100_000, 5), b"")
         self.assertErrno(errno.ERANGE, self.c.get, k, 100_001)
         self.assertErrno(errno.ERANGE, self.c.get, k, 100_001, 5)
+        # Up to INLINE_BYTES the bytes come back in the call (ABI 1.9).
+        self.assertEqual(self.c.get(k, 50_000, 4096), data[50_000:54_096])
+        self.assertEqual(self.c.get(k, 0, 4097), data[:4097])
+        self.assertErrno(errno.ENOENT, self.c.get, self.key("partial-nope"), 0, 16)
         out = bytearray(1000)
         self.assertEqual(self.c.get_into(k, out, 50_000), 1000)
         self.assertEqual(out, data[50_000:51_000])
