@@ -211,12 +211,11 @@ func (d *Draft) reserveLocked(ctx context.Context, need uint64, excl bool) error
 		}
 	}
 	if err != nil && !d.mu.noEvict {
-		ext, err = d.s.alloc(grow)
+		ext, err = d.s.alloc(grow) // evicts; its error says so
+	} else if errors.Is(err, segment.ErrNoSpace) {
+		err = fmt.Errorf("store: reserve %d B without evicting: %w", grow, errors.Join(ErrNoSpace, err))
 	}
 	if err != nil {
-		if errors.Is(err, segment.ErrNoSpace) {
-			err = fmt.Errorf("store: reserve %d B without evicting: %w", grow, errors.Join(ErrNoSpace, err))
-		}
 		return err
 	}
 	d.addExtLocked(ext, 0)
@@ -1182,7 +1181,10 @@ func (s *Store) alloc(n uint64) ([]segment.Extent, error) {
 	if err == nil || !errors.Is(err, segment.ErrNoSpace) {
 		return ext, err
 	}
-	if s.opts.Evict && s.evictFor(n) {
+	if s.opts.Evict {
+		// Even when this pass evicted nothing: another one may have freed
+		// the room meanwhile (evictOne waits for a pass it meets).
+		s.evictFor(n)
 		if ext, err = s.segs.Alloc(n); err == nil {
 			return ext, nil
 		}

@@ -106,9 +106,10 @@ func (s *Store) lruLen() int {
 type evictOutcome uint8
 
 const (
-	evictKept  evictOutcome = iota // not evicted, and where it was in the LRU
-	evictMoved                     // not evicted, and off the LRU's end (out of it, or up as in use)
-	evictDone                      // evicted
+	evictKept   evictOutcome = iota // not evicted, and where it was in the LRU
+	evictMoved                      // not evicted, and off the LRU's end (out of it, or up as in use)
+	evictWaited                     // another pass was evicting it, and has ended: worth another look
+	evictDone                       // evicted
 )
 
 // evictOne removes key if it may be evicted: a file with local bytes,
@@ -147,9 +148,20 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 		s.Touch(key)
 		return 0, evictMoved
 	}
-	if s.mu.evicting[o.Ino] != nil {
+	if other := s.mu.evicting[o.Ino]; other != nil {
+		// Another pass (the evict loop, or a reservation short of room)
+		// is evicting it: its bytes are on their way back. Wait for that
+		// pass, so that the caller's next look at the free room counts
+		// them; a reservation that went on at once found nothing else to
+		// evict and failed with ENOSPC while the room it needed was being
+		// freed.
 		s.mu.Unlock()
-		return 0, evictKept
+		select {
+		case <-other:
+		case <-ctx.Done():
+			return 0, evictKept
+		}
+		return 0, evictWaited
 	}
 	done := make(chan struct{})
 	s.mu.evicting[o.Ino] = done
@@ -273,6 +285,15 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 				misses++
 				continue
 			case evictMoved:
+				continue
+			case evictWaited:
+				// Gone with its room freed, or back for another look if
+				// that pass gave it up.
+				delete(tried, k)
+				progress = true
+				if enough() {
+					return any
+				}
 				continue
 			}
 			any, progress = true, true

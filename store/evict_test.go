@@ -559,3 +559,58 @@ func TestOnEvict(t *testing.T) {
 		t.Fatalf("k2 not evicted, or heard of after the stop: %d", second)
 	}
 }
+
+// A write short of room while another pass (the evict loop) is evicting
+// the one key it could evict waits for that pass instead of failing with
+// ENOSPC: the room is on its way back. That pass may end with the key
+// gone ("done": the write takes the room it freed) or give it up
+// ("given-up": the write evicts it itself). (The race behind a rare
+// failure of the end-to-end TestWriteAfterEviction under load: its write
+// found the file it could evict already taken by the evict loop, and
+// gave up.)
+func TestEvictWaitsForAnotherPass(t *testing.T) {
+	for _, ending := range []string{"done", "given-up"} {
+		t.Run(ending, func(t *testing.T) {
+			const size, obj = 8 << 20, 3 << 20
+			s := newTestStore(t, size, withOptions(func(o *store.Options) { o.HighWater = 1 }))
+			ctx := context.Background()
+			s.put(t, "a", pattern(1, obj))
+			b := s.put(t, "b", pattern(2, obj))
+			open, err := s.OpenReader(ctx, "a") // open: not evictable
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer open.Close()
+			end := store.MarkEvicting(s.Store, b.Ino) // another pass is evicting b
+			res := make(chan error, 1)
+			go func() {
+				_, err := s.tryPut("c", pattern(3, obj))
+				res <- err
+			}()
+			select {
+			case err := <-res:
+				t.Fatalf("the put of c ended (%v) while b's eviction was under way", err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			if ending == "done" {
+				if err := s.Delete(ctx, "b", 0); err != nil { // what that pass did
+					t.Fatal(err)
+				}
+			}
+			end()
+			select {
+			case err := <-res:
+				if err != nil {
+					t.Fatalf("put of c: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the put of c still waits")
+			}
+			if in, _ := s.present(t, []string{"a", "b", "c"}); !slices.Equal(in, []string{"a", "c"}) {
+				t.Fatalf("present: %q, want a and c (b gone)", in)
+			}
+			equalBytes(t, "c", s.read(t, "c"), pattern(3, obj))
+			s.checkAlloc(t)
+		})
+	}
+}

@@ -45,3 +45,19 @@ func LRUTail(s *Store, n int) []string { return s.lruTail(n) }
 // SetMaxDirTimes bounds the directories s remembers to n, for tests
 // (before s is used).
 func SetMaxDirTimes(s *Store, n int) { s.dirs.limit = n }
+
+// MarkEvicting marks the file of inode ino as being evicted by another
+// pass, as evictOne does while it evicts, until the returned function
+// runs, for tests.
+func MarkEvicting(s *Store, ino uint64) (end func()) {
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.mu.evicting[ino] = done
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.mu.evicting, ino)
+		s.mu.Unlock()
+		close(done)
+	}
+}
