@@ -639,13 +639,11 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			di, ok := dirs.get(parent)
 			if !ok {
 				// Checked against the directory as the key's path check
-				// found it a moment ago; one removed since fails at the
-				// commit (ErrNotFound), as it would have here.
-				if sd, ok := bc.searched.get(parent); ok && sd.err == nil && sd.dir != nil {
-					di = dirInfo{err: mayCreate(bc.p, sd.dir)}
-				} else {
-					di = dirInfo{err: n.mayPut(ctx, bc.p, key, nil)}
-				}
+				// (targetAfter, which succeeded) found it a moment ago.
+				// One removed since fails at the commit (ErrNotFound),
+				// where a FlagParents key goes again alone and makes it.
+				sd, _ := bc.searched.get(parent)
+				di = dirInfo{err: mayCreate(bc.p, sd.dir)}
 				if di.err == nil {
 					// A key with no object is placed as its directory.
 					di.place = n.fs.st.PlacementFor(ctx, parent)
@@ -653,17 +651,6 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 				dirs.put(parent, di)
 			}
 			err, place = di.err, di.place
-			if errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 {
-				// Its directory, made or found by its check, went since
-				// (an rmdir of it while empty): alone, after the keys
-				// before it, which makes it again.
-				dirs.forget(parent)
-				bc.searched.forget(parent)
-				flush()
-				n.putAlone(ctx, bc, op)
-				changes++
-				continue
-			}
 			if err != nil {
 				if dir, _ := n.fs.st.HasChildren(ctx, key); dir {
 					err = store.ErrIsDir // as a directory there would say first
