@@ -15,8 +15,7 @@ func TestBatchPermissions(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	run(t, "sh", "-c", `printf secret > "$1/secret" && chmod 600 "$1/secret" && printf open > "$1/open" && chmod 644 "$1/open"`, "sh", pub)
 	run(t, "mkdir", "-m", "0755", d.path("rootdir"))
 	script := `

@@ -410,6 +410,16 @@ func (d *daemon) path(names ...string) string {
 	return filepath.Join(append([]string{d.dir}, names...)...)
 }
 
+// publicDir makes the directory "pub" of d's mount, which every user may
+// write (mode 0777, as the tests' unprivileged users need), and returns
+// its path.
+func (d *daemon) publicDir(t testing.TB) string {
+	t.Helper()
+	pub := d.path("pub")
+	run(t, "mkdir", "-m", "0777", pub)
+	return pub
+}
+
 // waitFor polls cond until it holds, failing t after waitTimeout with the
 // last state cond described. It is for effects the kernel makes
 // asynchronous (RELEASE comes after close(2) returns), never to assert on

@@ -62,8 +62,7 @@ func TestRegisterHungFileSystem(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	release := make(chan struct{})
 	hung := t.TempDir()
 	if err := os.Chmod(filepath.Dir(hung), 0o755); err != nil {

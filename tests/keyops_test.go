@@ -111,8 +111,7 @@ func TestVectorBatchFailuresStayAlone(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	run(t, "mkdir", "-m", "0755", d.path("pub", "rootdir"))
 	run(t, "sh", "-c", `printf old > "$1/existing" && chmod 666 "$1/existing" && printf secret > "$1/secret" && chmod 600 "$1/secret"`, "sh", pub)
 	script := keysPrelude + `
@@ -535,8 +534,7 @@ func TestInlineKeyCalls(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	run(t, "mkdir", "-m", "0755", d.path("pub", "rootdir"))
 	run(t, "sh", "-c", `printf secret > "$1/secret" && chmod 644 "$1/secret"`, "sh", pub)
 	script := keysPrelude + `

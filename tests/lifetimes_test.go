@@ -18,8 +18,7 @@ func TestBatchActsOnTheVersionItChecked(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	victim := filepath.Join(pub, "victim")
 	if err := os.WriteFile(victim, []byte("public"), 0o666); err != nil {
 		t.Fatal(err)
@@ -270,8 +269,7 @@ func TestBatchPutMixedKeys(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "16MiB", "--evict", "off")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	run(t, "mkdir", "-m", "0755", filepath.Join(pub, "locked"))
 	if err := os.WriteFile(filepath.Join(pub, "old"), []byte("old content"), 0o666); err != nil {
 		t.Fatal(err)

@@ -23,8 +23,7 @@ func TestRegisterRefusesMountFiles(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "128MiB")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	script := pyErrnoPrelude + `
 import ctypes, mmap
 sys.path.insert(0, sys.argv[1])
@@ -382,8 +381,7 @@ func TestXattrsBounded(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB")
-	pub := d.path("pub")
-	run(t, "mkdir", "-m", "0777", pub)
+	pub := d.publicDir(t)
 	script := pyErrnoPrelude + `
 d = sys.argv[1]
 v = b"x" * (64 << 10)
