@@ -104,8 +104,7 @@
 // extents in the segments under it too, except in a batch put's commit,
 // which collects them (Store.mu.freeing) and frees them after Store.mu.
 // The embedded index's lookups and scans share its lock and swaps take it
-// alone, queued first on a lock of their own (swapMu, taken before it);
-// its LRU has a second lock, taken after the first or alone: a
+// alone; its LRU has a second lock, taken after the first or alone: a
 // swap moves its keys up the LRU after it lets go of the table, Touch
 // finds its keys under the shared lock, then moves them, and TouchObjects
 // (a batch get's) finds them through the objects read. A swap finds a
@@ -116,7 +115,7 @@
 // (FindMany), the swap; the index's metadata bytes are an atomic. Calls
 // in flight together queued behind each other's swaps on per-key read
 // locks (an H100 trace, 2026-12-05). The embedded index's lock and a
-// batch commit's Store.mu (and swapMu) are polled for a few tens of
+// batch commit's Store.mu are polled, yielding, for a few tens of
 // microseconds before their takers park, on machines of four CPUs or
 // more (spin.go): waking a parked goroutine took longer than the holders
 // keep them.

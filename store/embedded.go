@@ -46,11 +46,6 @@ type Embedded struct {
 		head slot
 		n    int
 	}
-	// swapMu queues swaps before mu: taken by polling (spin.go), so that
-	// calls meeting at their commits wait for each other without parking,
-	// while mu's write lock, taken then at once, stops new readers and
-	// waits only for those inside.
-	swapMu     sync.Mutex
 	lruClaimed atomic.Bool // a store keeps its LRU here
 	hub        WatchHub
 	// bytes is MetaBytes of every entry and of under's entries: changed
@@ -184,9 +179,7 @@ func prepare(swaps []Swap, pre []swapPre) []swapPre {
 // swap is CompareAndSwap under mu; it returns up with the slots of the
 // swaps that ask for a move up the LRU added. pre is prepare's.
 func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slot, error) {
-	mutexSpin(&x.swapMu)
-	defer x.swapMu.Unlock()
-	x.mu.Lock()
+	lockSpin(&x.mu.RWMutex)
 	defer x.mu.Unlock()
 	if x.mu.closed {
 		return 0, nil, ErrClosed

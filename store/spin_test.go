@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// TestSpinLocksExclude: writers queued through mutexSpin (as the index's
-// swaps are) exclude each other and readers through rlockSpin, which
+// TestSpinLocksExclude: writers through lockSpin (as the index's swaps
+// take it) exclude each other and readers through rlockSpin, which
 // never see a write half done; a holder that keeps the lock past spinFor
 // sends the others to the blocking path, which still gets it once it is
 // let go. With one P for the runtime (no polling) the same holds.
@@ -25,15 +25,14 @@ func TestSpinLocksExclude(t *testing.T) {
 			t.Fatal("polls with one P")
 		}
 		var rw sync.RWMutex
-		var mu, wmu sync.Mutex
+		var mu sync.Mutex
 		var a, b, c int
 		const writers, readers, rounds = 4, 4, 500
 		var wg sync.WaitGroup
 		for range writers {
 			wg.Go(func() {
 				for i := range rounds {
-					mutexSpin(&wmu)
-					rw.Lock()
+					lockSpin(&rw)
 					a++
 					if i%50 == 0 {
 						time.Sleep(2 * spinFor) // past the polling
@@ -42,7 +41,6 @@ func TestSpinLocksExclude(t *testing.T) {
 					}
 					b++
 					rw.Unlock()
-					wmu.Unlock()
 					mutexSpin(&mu)
 					c++
 					mu.Unlock()
