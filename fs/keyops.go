@@ -163,7 +163,7 @@ type batchCall struct {
 	arena []transfer.Buffer
 	// searched caches checkPath per parent directory for the call: the
 	// keys of a batch mostly share one.
-	searched dirMemo[searchedDir]
+	searched store.DirMemo[searchedDir]
 	// metaSets are the SetXattrs of the call's metas (metaXattrs).
 	metaSets map[string]map[string][]byte
 	// for the batch figures: the mount, the call's keys and its start.
@@ -186,7 +186,7 @@ type searchedDir struct {
 // checkPath is FS.checkPath for key, once per parent directory a call.
 func (bc *batchCall) checkPath(ctx context.Context, f *FS, key string) error {
 	parent := store.Parent(key)
-	if d, ok := bc.searched.get(parent); ok {
+	if d, ok := bc.searched.Get(parent); ok {
 		return d.err
 	}
 	dir, err := f.checkPath(ctx, bc.p, bc.dir, key)
@@ -194,14 +194,14 @@ func (bc *batchCall) checkPath(ctx context.Context, f *FS, key string) error {
 	if err == nil && dir.Mode&syscall.S_ISGID != 0 {
 		d.gid = dir.Gid // a setgid directory: its group (as node.template)
 	}
-	bc.searched.put(parent, d)
+	bc.searched.Put(parent, d)
 	return err
 }
 
 // groupFor is the group of a new file at key, whose path the call has
 // checked: the caller's, or its setgid directory's.
 func (bc *batchCall) groupFor(key string) uint32 {
-	if d, ok := bc.searched.get(store.Parent(key)); ok && d.err == nil {
+	if d, ok := bc.searched.Get(store.Parent(key)); ok && d.err == nil {
 		return d.gid
 	}
 	return bc.gid
@@ -353,7 +353,7 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 	err = bc.checkPath(ctx, n.fs, key)
 	if errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents == 0 && beforeParents != nil {
 		beforeParents()
-		bc.searched.forget(store.Parent(key))
+		bc.searched.Forget(store.Parent(key))
 		err = bc.checkPath(ctx, n.fs, key)
 	}
 	for try := 0; errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0 && try < maxParentTries; try++ {
@@ -364,7 +364,7 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 		// path is checked again (an rmdir of what is still empty): make
 		// it again. Once the path checks, the put lands.
 		if err = n.fs.makeParents(ctx, bc.p, bc.uid, bc.gid, bc.dir, key); err == nil {
-			bc.searched.forget(store.Parent(key))
+			bc.searched.Forget(store.Parent(key))
 			err = bc.checkPath(ctx, n.fs, key)
 		}
 	}
@@ -578,8 +578,8 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		place store.Placement
 		err   error
 	}
-	var dirs dirMemo[dirInfo]
-	var dirPlaces dirMemo[store.Placement] // of the directories of replaced keys
+	var dirs store.DirMemo[dirInfo]
+	var dirPlaces store.DirMemo[store.Placement] // of the directories of replaced keys
 	cur := newPutChunk(len(ops))
 	chunks = append(chunks, cur)
 	// flush commits every key checked so far (FlagParents: before a key's
@@ -636,19 +636,19 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		var place store.Placement
 		if old == nil {
 			parent := store.Parent(key)
-			di, ok := dirs.get(parent)
+			di, ok := dirs.Get(parent)
 			if !ok {
 				// Checked against the directory as the key's path check
 				// (targetAfter, which succeeded) found it a moment ago.
 				// One removed since fails at the commit (ErrNotFound),
 				// where a FlagParents key goes again alone and makes it.
-				sd, _ := bc.searched.get(parent)
+				sd, _ := bc.searched.Get(parent)
 				di = dirInfo{err: mayCreate(bc.p, sd.dir)}
 				if di.err == nil {
 					// A key with no object is placed as its directory.
 					di.place = n.fs.st.PlacementFor(ctx, parent)
 				}
-				dirs.put(parent, di)
+				dirs.Put(parent, di)
 			}
 			err, place = di.err, di.place
 			if err != nil {
@@ -658,10 +658,10 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			}
 		} else if err = n.mayPut(ctx, bc.p, key, old); err == nil {
 			parent := store.Parent(key)
-			dp, ok := dirPlaces.get(parent)
+			dp, ok := dirPlaces.Get(parent)
 			if !ok {
 				dp = n.fs.st.PlacementFor(ctx, parent)
-				dirPlaces.put(parent, dp)
+				dirPlaces.Put(parent, dp)
 			}
 			place = store.PlacementOf(old, dp)
 		}
@@ -955,7 +955,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 			case errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0:
 				// The call's search of the directory found it: it went
 				// since. Look again, making it again.
-				bc.searched.forget(store.Parent(key))
+				bc.searched.Forget(store.Parent(key))
 				if key, bufs, size, err = n.target(ctx, bc, op); err != nil {
 					return 0, 0, err
 				}

@@ -278,13 +278,8 @@ func (pi *parentInfo) inherit(o *Object) {
 // fails alone if it changed): one clock reading, and parentInfo per
 // directory of new keys. A nil memo reads and looks up anew each time.
 type commitMemo struct {
-	now int64
-	// The parents looked up: the batch's first directory inline (most
-	// batches have one, and a map costs a one-key put about a quarter of
-	// a microsecond), the others in parents.
-	firstDir string
-	first    *parentInfo
-	parents  map[string]*parentInfo
+	now     int64
+	parents DirMemo[*parentInfo] // the parents looked up
 	// metaHeld is the metadata of the batch's new keys that found room,
 	// counted in Store.metaHeld until the batch's swap: a batch must not
 	// pass Options.MetaLimit by its own keys (leaving the next one to
@@ -342,10 +337,7 @@ func (m *commitMemo) time(s *Store) int64 {
 func (m *commitMemo) parent(ctx context.Context, s *Store, key string) *parentInfo {
 	dir := Parent(key)
 	if m != nil {
-		if m.first != nil && m.firstDir == dir {
-			return m.first
-		}
-		if pi, ok := m.parents[dir]; ok {
+		if pi, ok := m.parents.Get(dir); ok {
 			return pi
 		}
 	}
@@ -357,15 +349,8 @@ func (m *commitMemo) parent(ctx context.Context, s *Store, key string) *parentIn
 			pi = s.ancestry(ctx, dir)
 		}
 	}
-	switch {
-	case m == nil:
-	case m.first == nil:
-		m.firstDir, m.first = dir, pi
-	default:
-		if m.parents == nil {
-			m.parents = map[string]*parentInfo{}
-		}
-		m.parents[dir] = pi
+	if m != nil {
+		m.parents.Put(dir, pi)
 	}
 	return pi
 }

@@ -1,4 +1,4 @@
-package fs
+package store
 
 import (
 	"fmt"
@@ -10,21 +10,21 @@ import (
 func TestDirMemo(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	for round := range 200 {
-		var m dirMemo[int]
+		var m DirMemo[int]
 		model := map[string]int{}
 		for step := range 50 {
 			dir := fmt.Sprintf("d%d", r.IntN(4))
 			switch r.IntN(3) {
 			case 0:
-				m.put(dir, step)
+				m.Put(dir, step)
 				model[dir] = step
 			case 1:
-				m.forget(dir)
+				m.Forget(dir)
 				delete(model, dir)
 			}
 			for i := range 4 {
 				d := fmt.Sprintf("d%d", i)
-				got, ok := m.get(d)
+				got, ok := m.Get(d)
 				want, wok := model[d]
 				if ok != wok || got != want {
 					t.Fatalf("round %d step %d: get(%s) = %d, %v; want %d, %v", round, step, d, got, ok, want, wok)
@@ -37,8 +37,8 @@ func TestDirMemo(t *testing.T) {
 			}
 		}
 	}
-	var one dirMemo[int]
-	one.put("a", 1)
+	var one DirMemo[int]
+	one.Put("a", 1)
 	if one.more != nil {
 		t.Fatal("one directory made a map")
 	}
