@@ -648,3 +648,69 @@ func TestTableAllocMany(t *testing.T) {
 		}
 	}
 }
+
+// TestTableAllocManyPassesOverBusy checks that AllocMany does not wait
+// for a segment whose lock another call holds while another segment
+// fits: the batch lands in the next best segment and the busy one keeps
+// its room. With every fitting segment busy it waits (AllocTo) and
+// places the sizes once a lock comes free.
+func TestTableAllocManyPassesOverBusy(t *testing.T) {
+	tb := newTable(t, pg(16), pg(32), pg(64))
+	seg := func(id ID) *Segment { s, _ := tb.Get(id); return s }
+	sizes := []uint64{pg(1), pg(2), pg(1)}
+	dst, errs := make([][]Extent, len(sizes)), make([]error, len(sizes))
+
+	// Quiet: segment 1 is the best fit for all three.
+	tb.AllocMany(dst, sizes, errs)
+	for k := range sizes {
+		if errs[k] != nil || len(dst[k]) != 1 || dst[k][0].Segment != 1 {
+			t.Fatalf("quiet: size %d: %v, %v", sizes[k], dst[k], errs[k])
+		}
+		if err := tb.Free(dst[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Segment 1 held by another call: segment 2 takes the batch.
+	seg(1).Alloc.mu.Lock()
+	tb.AllocMany(dst, sizes, errs)
+	seg(1).Alloc.mu.Unlock()
+	for k := range sizes {
+		if errs[k] != nil || len(dst[k]) != 1 || dst[k][0].Segment != 2 {
+			t.Fatalf("segment 1 busy: size %d: %v, %v", sizes[k], dst[k], errs[k])
+		}
+	}
+	if u := seg(1).Alloc.Used(); u != 0 {
+		t.Fatalf("segment 1 passed over, yet %d B used", u)
+	}
+	for k := range sizes {
+		if err := tb.Free(dst[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Every segment held: AllocMany waits, then takes segment 1's room.
+	for id := ID(1); id <= 3; id++ {
+		seg(id).Alloc.mu.Lock()
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tb.AllocMany(dst, sizes, errs)
+	}()
+	for id := ID(3); id >= 1; id-- {
+		seg(id).Alloc.mu.Unlock()
+	}
+	<-done
+	var got uint64
+	for k := range sizes {
+		if errs[k] != nil || len(dst[k]) != 1 {
+			t.Fatalf("all busy: size %d: %v, %v", sizes[k], dst[k], errs[k])
+		}
+		got += dst[k][0].Len
+	}
+	if got != pg(4) || tb.Used() != pg(4) {
+		t.Fatalf("all busy: %d B allocated, table uses %d", got, tb.Used())
+	}
+	checkTable(t, tb)
+}
