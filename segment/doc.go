@@ -22,9 +22,7 @@
 // too many, never one missing. Table.AllocMany allocates many sizes in
 // order with the choices Table.AllocTo would make one after the other,
 // keeping the lock of the allocator it took from last while the next
-// sizes fit best there too (a batch of keys takes it about once) and
-// passing over allocators whose lock another call holds (batches that
-// meet spread over the segments rather than wait for each other), and
+// sizes fit best there too (a batch of keys takes it about once), and
 // Table.Free frees a run of one segment's extents under one hold.
 //
 // Allocation is all-or-nothing: on ErrNoSpace nothing stays allocated.
@@ -42,9 +40,7 @@
 // Lock order, outermost first:
 //
 //	Table.mu      (Add only; lookups load an immutable snapshot, lock-free)
-//	  Allocator.mu  (one allocator at a time, except that AllocMany,
-//	                 holding one, tries another's with TryLock, which
-//	                 never waits)
+//	  Allocator.mu  (one allocator at a time; never two)
 //
 // No lock in this package is held across a copy into or out of segment
 // memory, or across any call out of the package (AllocMany lets go of

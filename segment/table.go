@@ -158,13 +158,9 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 // extents (in its own array when that is large enough) or errs[k] the
 // error. Where AllocTo takes a segment's lock for every size, AllocMany
 // keeps the lock of the last segment it took from while the next sizes
-// fit best there too, so a batch of keys takes it about once. It never
-// waits for a segment another call holds: it passes over it to the best
-// fit among the rest, so batches that meet spread over the segments
-// instead of queuing on one (on a quiet table its choices are AllocTo's).
-// A size that one look does not place (every segment that fits it was
-// busy, a better fit was taken meanwhile, or only a split holds it) goes
-// to AllocTo with no lock held.
+// fit best there too, so a batch of keys takes it about once. A size
+// that one look does not place (a better fit was taken meanwhile, or only
+// a split holds it) goes to AllocTo with no lock held.
 func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 	segs := t.snap.Load().list
 	var laterBuf [64]uint64
@@ -199,10 +195,7 @@ func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 // (len(segs), scratch) gets the classes of the segments after each, read
 // once per look. With held non-nil the lock of the segment looked into
 // last stays held, *held naming it, for the next look (AllocMany, which
-// lets go with release), and a segment whose lock another holder has is
-// passed over (TryLock, taken while the held one is still held: a try
-// never waits, so two held for that moment cannot deadlock); otherwise
-// each segment's lock is taken alone.
+// lets go with release); otherwise each segment's lock is taken alone.
 func look(segs []*Segment, later []uint64, rn uint64, held **Segment) (Extent, *Segment) {
 	var after uint64
 	for i := len(segs) - 1; i >= 0; i-- {
@@ -226,10 +219,8 @@ func look(segs []*Segment, later []uint64, rn uint64, held **Segment) (Extent, *
 			r, l, ok = s.Alloc.takeFit(rn, below)
 		} else {
 			if *held != s {
-				if !s.Alloc.mu.TryLock() {
-					continue
-				}
 				release(held)
+				s.Alloc.mu.Lock()
 				*held = s
 			}
 			r, l, ok = s.Alloc.takeFitLocked(rn, below)
