@@ -22,7 +22,10 @@
 // too many, never one missing. Table.AllocMany allocates many sizes in
 // order with the choices Table.AllocTo would make one after the other,
 // keeping the lock of the allocator it took from last while the next
-// sizes fit best there too (a batch of keys takes it about once), and
+// sizes fit best there too (a batch of keys takes it about once) and
+// starting a look for the size it just placed at the segment it placed
+// it in (a batch of equal sizes looks at one segment a size, however
+// many the table has), and
 // Table.Free frees a run of one segment's extents under one hold.
 //
 // Allocation is all-or-nothing: on ErrNoSpace nothing stays allocated.

@@ -126,7 +126,7 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 		later = make([]uint64, len(segs))
 	}
 	for range maxContiguousTries {
-		e, best := look(segs, later, rn, nil)
+		e, best := look(segs, later, rn, nil, nil)
 		if e.Len > 0 {
 			return append(dst, e), nil
 		}
@@ -170,13 +170,14 @@ func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 	}
 	var held *Segment
 	defer release(&held)
+	var again resume
 	for k, n := range sizes {
 		dst[k], errs[k] = dst[k][:0], nil
 		if n == 0 {
 			continue
 		}
 		if rn, ok := roundUp(n); ok {
-			if e, _ := look(segs, later, rn, &held); e.Len > 0 {
+			if e, _ := look(segs, later, rn, &held, &again); e.Len > 0 {
 				dst[k] = append(dst[k], e)
 				continue
 			}
@@ -196,15 +197,33 @@ func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 // once per look. With held non-nil the lock of the segment looked into
 // last stays held, *held naming it, for the next look (AllocMany, which
 // lets go with release); otherwise each segment's lock is taken alone.
-func look(segs []*Segment, later []uint64, rn uint64, held **Segment) (Extent, *Segment) {
-	var after uint64
-	for i := len(segs) - 1; i >= 0; i-- {
-		later[i] = after
-		after |= segs[i].Alloc.classes.Load()
-	}
+//
+// With again non-nil (AllocMany), a look for the size that the last one
+// took starts at the segment it took from, with what it had found before
+// it, and the classes it read (later) for the segments from there on: on
+// a quiet table only that segment changed since, so the segments before
+// it would be passed over again, and a batch of equal sizes costs a look
+// of one segment a size, not of every segment. (A free into an earlier
+// segment meanwhile, by another caller, goes unseen until the size
+// changes: a fit as valid, maybe not the best.)
+func look(segs []*Segment, later []uint64, rn uint64, held **Segment, again *resume) (Extent, *Segment) {
+	from := 0
 	var best *Segment
 	bestLen := uint64(math.MaxUint64)
-	for i, s := range segs {
+	if again != nil && again.rn == rn {
+		from, best, bestLen = again.at, again.best, again.bestLen
+	} else {
+		var after uint64
+		for i := len(segs) - 1; i >= 0; i-- {
+			later[i] = after
+			after |= segs[i].Alloc.classes.Load()
+		}
+	}
+	if again != nil {
+		again.rn = 0 // unless this look takes a fit
+	}
+	for i := from; i < len(segs); i++ {
+		s := segs[i]
 		if !s.Alloc.mayHold(rn, bestLen-1) {
 			continue
 		}
@@ -226,6 +245,9 @@ func look(segs []*Segment, later []uint64, rn uint64, held **Segment) (Extent, *
 			r, l, ok = s.Alloc.takeFitLocked(rn, below)
 		}
 		if r.Len > 0 {
+			if again != nil {
+				*again = resume{rn: rn, at: i, best: best, bestLen: bestLen}
+			}
 			return Extent{Segment: s.ID, Off: r.Off, Len: r.Len}, s
 		}
 		if ok && l < bestLen {
@@ -233,6 +255,14 @@ func look(segs []*Segment, later []uint64, rn uint64, held **Segment) (Extent, *
 		}
 	}
 	return Extent{}, best
+}
+
+// resume is where AllocMany's next look of the same size starts (look).
+type resume struct {
+	rn      uint64 // the size the last look took; 0: none
+	at      int    // the index of the segment it took from
+	best    *Segment
+	bestLen uint64 // the best fit before that segment
 }
 
 // release lets go of the lock look kept for *held, if any.

@@ -648,3 +648,46 @@ func TestTableAllocMany(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTableAllocMany is the GPU bench's batch puts: batches of 64
+// values of 16 KiB into a table of 6, 64 or 256 segments, 16k values
+// (256 MiB) held at a time and then freed (ns per value): how a look's
+// cost grows with the segments.
+func BenchmarkTableAllocMany(b *testing.B) {
+	const n, batch, held = 16 << 10, 64, 16 << 10
+	for _, segs := range []int{6, 64, 256} {
+		b.Run(fmt.Sprintf("segments=%d", segs), func(b *testing.B) {
+			sizes := make([]uint64, segs)
+			for i := range sizes {
+				sizes[i] = 256 << 20
+			}
+			tb := newTable(b, sizes...) // untouched memory: no pages behind it
+			want := make([]uint64, batch)
+			for i := range want {
+				want[i] = n
+			}
+			dst, errs := make([][]Extent, batch), make([]error, batch)
+			all := make([]Extent, 0, held)
+			b.ReportAllocs()
+			for b.Loop() {
+				for k := range dst {
+					dst[k] = dst[k][:0]
+				}
+				tb.AllocMany(dst, want, errs)
+				for k := range dst {
+					if errs[k] != nil {
+						b.Fatal(errs[k])
+					}
+					all = append(all, dst[k]...)
+				}
+				if len(all) >= held {
+					if err := tb.Free(all); err != nil {
+						b.Fatal(err)
+					}
+					all = all[:0]
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/value")
+		})
+	}
+}
