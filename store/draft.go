@@ -1181,10 +1181,11 @@ func (s *Store) alloc(n uint64) ([]segment.Extent, error) {
 	if err == nil || !errors.Is(err, segment.ErrNoSpace) {
 		return ext, err
 	}
+	var evictErr error // the index's, when it did not answer the pass
 	if s.opts.Evict {
 		// Even when this pass evicted nothing: another one may have freed
 		// the room meanwhile (evictOne waits for a pass it meets).
-		s.evictFor(n)
+		_, evictErr = s.evictFor(n)
 		if ext, err = s.segs.Alloc(n); err == nil {
 			return ext, nil
 		}
@@ -1196,6 +1197,11 @@ func (s *Store) alloc(n uint64) ([]segment.Extent, error) {
 		if ext, err = s.segs.Alloc(n); err == nil {
 			return ext, nil
 		}
+	}
+	if evictErr != nil {
+		// Full, and what would make room cannot be removed for now: a
+		// timeout (try again), not a full store.
+		return nil, fmt.Errorf("store: reserve %d B: full, and eviction needs the index: %w", n, evictErr)
 	}
 	return nil, fmt.Errorf("store: reserve %d B: %w", n, errors.Join(ErrNoSpace, err))
 }

@@ -110,23 +110,27 @@ const (
 	evictMoved                      // not evicted, and off the LRU's end (out of it, or up as in use)
 	evictWaited                     // another pass was evicting it, and has ended: worth another look
 	evictDone                       // evicted
+	// evictUnreachable: the index did not answer (ErrUnavailable), and
+	// would keep every other key of the pass waiting as long.
+	evictUnreachable
 )
 
 // evictOne removes key if it may be evicted: a file with local bytes,
 // not pinned and not open. A file with replicas on other nodes only loses
 // this node's copy (repair may place it elsewhere); the last copy takes
 // the key with it. It returns the bytes freed (possibly later, once a
-// racing reader lets go) and what it did.
-func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome) {
+// racing reader lets go), what it did, and with evictUnreachable the
+// index's error.
+func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome, error) {
 	o, err := s.idx.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			if s.keeper == nil {
 				s.forget(key) // (a keeper has no entry for a key that is gone)
 			}
-			return 0, evictMoved
+			return 0, evictMoved, nil
 		}
-		return 0, evictKept
+		return 0, kept(err), err
 	}
 	if o.Kind != KindFile || o.Size == 0 || len(s.localExtents(o)) == 0 || o.Pinned {
 		// Nothing here to evict until a commit writes bytes here, or
@@ -134,7 +138,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 		// files cost metadata too; pinned ones left at its end would
 		// use up every pass's look).
 		s.forgetAt(ctx, key, o.Version)
-		return 0, evictMoved
+		return 0, evictMoved, nil
 	}
 	// Not open, and no open may start until the swap below has landed or
 	// failed: an open that looked the key up meanwhile waits and looks
@@ -146,7 +150,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 		// many open files would use up every pass's look).
 		s.mu.Unlock()
 		s.Touch(key)
-		return 0, evictMoved
+		return 0, evictMoved, nil
 	}
 	if other := s.mu.evicting[o.Ino]; other != nil {
 		// Another pass (the evict loop, or a reservation short of room)
@@ -159,9 +163,9 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 		select {
 		case <-other:
 		case <-ctx.Done():
-			return 0, evictKept
+			return 0, evictKept, nil
 		}
-		return 0, evictWaited
+		return 0, evictWaited, nil
 	}
 	done := make(chan struct{})
 	s.mu.evicting[o.Ino] = done
@@ -179,10 +183,10 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 		next.Replicas = others
 		swaps = []Swap{{Key: key, Old: o.Version, New: next}}
 	} else if swaps, err = s.removal(ctx, o); err != nil {
-		return 0, evictKept
+		return 0, kept(err), err
 	}
 	if _, err := s.cas(ctx, swaps...); err != nil {
-		return 0, evictKept
+		return 0, kept(err), err
 	}
 	s.committed([]*Object{o}, nil, []string{key})
 	s.stats.evictions.Add(1)
@@ -190,7 +194,15 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome)
 	if f := s.onEvict.Load(); f != nil && len(others) == 0 {
 		(*f)(key, o.Ino)
 	}
-	return o.Size, evictDone
+	return o.Size, evictDone, nil
+}
+
+// kept is evictOne's outcome for a key it kept through err.
+func kept(err error) evictOutcome {
+	if errors.Is(err, ErrUnavailable) {
+		return evictUnreachable
+	}
+	return evictKept
 }
 
 // OnEvict has f told of each file that this store's eviction takes away
@@ -219,8 +231,9 @@ func (s *Store) otherReplicas(o *Object) []Replica {
 }
 
 // evictFor evicts least recently used objects until need bytes are free
-// (and use is below the low watermark). It reports whether it freed any.
-func (s *Store) evictFor(need uint64) bool {
+// (and use is below the low watermark). It reports whether it freed any,
+// and, when the index did not answer, its error.
+func (s *Store) evictFor(need uint64) (bool, error) {
 	ctx := context.Background()
 	st := s.segs.Stats()
 	target := max(need, st.Size-uint64(float64(st.Size)*s.opts.LowWater))
@@ -228,8 +241,8 @@ func (s *Store) evictFor(need uint64) bool {
 }
 
 // evictUntil evicts until target bytes are free or nothing evictable is
-// left.
-func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
+// left (evictWhile).
+func (s *Store) evictUntil(ctx context.Context, target uint64) (bool, error) {
 	return s.evictWhile(ctx, "",
 		func() bool { return s.segs.Stats().Free+uint64(max(s.stats.delayed.Load(), 0)) < target },
 		func() bool { return s.segs.Stats().Free >= target })
@@ -241,7 +254,7 @@ func (s *Store) evictUntil(ctx context.Context, target uint64) bool {
 // runs out of room for their entries before it runs out of bytes, and a
 // cache must make room for new keys then too. Only for an index of this
 // node alone (metaEvicts).
-func (s *Store) evictMetaUntil(ctx context.Context, target uint64, keep string, upTo int) bool {
+func (s *Store) evictMetaUntil(ctx context.Context, target uint64, keep string, upTo int) (bool, error) {
 	over := func() bool { return s.metaBytes() > target }
 	n := 0
 	return s.evictWhile(ctx, keep, over, func() bool { n++; return !over() || n == upTo })
@@ -255,8 +268,11 @@ func (s *Store) metaEvicts() bool { return s.opts.Evict && !s.opts.Follow }
 
 // evictWhile evicts least recently used objects but keep ("": none)
 // while more says so, stopping as soon as enough does or nothing
-// evictable is left. It reports whether it evicted any.
-func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func() bool) bool {
+// evictable is left. It reports whether it evicted any. A key the index
+// does not answer for (etcd away) ends the pass with the index's error:
+// each key would wait RequestTimeout, and a reservation behind the pass
+// would wait that long for every key it looks at.
+func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func() bool) (bool, error) {
 	any := false
 	tried := map[string]bool{}
 	if keep != "" {
@@ -280,7 +296,10 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 			}
 			tried[k], fresh = true, true
 			looked++
-			switch _, out := s.evictOne(ctx, k); out {
+			_, out, err := s.evictOne(ctx, k)
+			switch out {
+			case evictUnreachable:
+				return any, err
 			case evictKept:
 				misses++
 				continue
@@ -292,20 +311,20 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 				delete(tried, k)
 				progress = true
 				if enough() {
-					return any
+					return any, nil
 				}
 				continue
 			}
 			any, progress = true, true
 			if enough() {
-				return true
+				return true, nil
 			}
 		}
 		if !fresh || !progress && len(keys) < want {
 			break // every key of the LRU tried
 		}
 	}
-	return any
+	return any, nil
 }
 
 // maxEvictMisses bounds the keys one eviction pass looks at that it can

@@ -383,11 +383,11 @@ func (s *Store) metaRoom(op, key string, grow uint64) error {
 			// the loop (kicked) doing the rest. Commits filling at once
 			// may take what a round freed: another round, while rounds
 			// still evict.
-			evicted := s.evictMetaUntil(context.Background(), limit-grow-held, key, maxMetaEvictions)
+			evicted, err := s.evictMetaUntil(context.Background(), limit-grow-held, key, maxMetaEvictions)
 			s.kickEvict()
 			held = uint64(max(s.metaHeld.Load(), 0))
 			used = s.metaBytes() + held
-			if !evicted {
+			if !evicted || err != nil {
 				break
 			}
 		}
