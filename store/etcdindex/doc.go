@@ -44,7 +44,8 @@
 // that says "etcd unavailable at <endpoints>" and wraps store.ErrUnavailable
 // (ETIMEDOUT at the mount) and the client's error
 // (context.DeadlineExceeded when it timed out). Cached reads keep working
-// while etcd is away, unless they wait for this node's own write. The watch
+// while etcd is away, unless they wait for this node's own write: those
+// fail after RequestTimeout with store.ErrUnavailable too. The watch
 // reconnects and resumes by itself.
 //
 // # Locks

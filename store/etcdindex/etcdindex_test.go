@@ -239,6 +239,24 @@ func TestEtcdOutage(t *testing.T) {
 	}
 	t.Logf("swap with etcd stopped failed after %v: %v", took, err)
 	mustGet()
+	// A read that waits for this node's own write, which the watch had
+	// not delivered when etcd went (as the swap above could have been):
+	// unavailable too, unless its caller gave up first.
+	x.mu.Lock()
+	prevRead := x.mu.readRev
+	x.mu.readRev = x.mu.rev + 1
+	x.mu.Unlock()
+	if _, err := x.Get(ctx, "k"); !errors.Is(err, store.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get waiting for an own write with etcd stopped: %v; want ErrUnavailable wrapping DeadlineExceeded", err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := x.Get(gone, "k"); errors.Is(err, store.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Get of a caller that gave up, waiting for an own write: %v; want Canceled alone", err)
+	}
+	x.mu.Lock()
+	x.mu.readRev = prevRead
+	x.mu.Unlock()
 	if objs, err := x.Scan(ctx, "", "", 0); err != nil || len(objs) != 1 {
 		t.Fatalf("Scan with etcd stopped = %d, %v", len(objs), err)
 	}

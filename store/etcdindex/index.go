@@ -256,8 +256,10 @@ func (x *Index) requestError(ctx context.Context, op string, err error) error {
 }
 
 // lockCaughtUp locks x.mu once the cache reflects readRev, waiting at most
-// RequestTimeout. On error x.mu is not held.
-func (x *Index) lockCaughtUp(ctx context.Context, op string) error {
+// RequestTimeout: past it, etcd's watch has not delivered this node's own
+// write, and the error wraps store.ErrUnavailable as a request's would
+// (unless the caller gave up first). On error x.mu is not held.
+func (x *Index) lockCaughtUp(parent context.Context, op string) error {
 	x.mu.Lock()
 	if x.mu.closed {
 		x.mu.Unlock()
@@ -268,7 +270,7 @@ func (x *Index) lockCaughtUp(ctx context.Context, op string) error {
 	}
 	want := x.mu.readRev
 	x.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, x.opts.RequestTimeout)
+	ctx, cancel := context.WithTimeout(parent, x.opts.RequestTimeout)
 	defer cancel()
 	for {
 		x.mu.Lock()
@@ -284,8 +286,12 @@ func (x *Index) lockCaughtUp(ctx context.Context, op string) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return fmt.Errorf("etcdindex: %s: cache at revision %d has not reached this node's write at %d (etcd at %s, last watch error: %v): %w",
+			err := fmt.Errorf("etcdindex: %s: cache at revision %d has not reached this node's write at %d (etcd at %s, last watch error: %v): %w",
 				op, have, want, strings.Join(x.cli.Endpoints(), ","), werr, ctx.Err())
+			if parent.Err() == nil {
+				err = fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+			}
+			return err
 		}
 	}
 }
