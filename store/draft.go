@@ -242,9 +242,6 @@ func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow
 		r, err = d.s.reserveRemote(ctx, node, grow)
 	}
 	if err != nil {
-		if errors.Is(err, transfer.ErrNoSpace) {
-			err = errors.Join(ErrNoSpace, err)
-		}
 		return fmt.Errorf("store: reserve %d B on node %q: %w", grow, node, err)
 	}
 	if len(d.mu.ext) > 0 && r.Epoch != d.mu.epoch {
@@ -279,7 +276,10 @@ func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64
 		r, err = d.s.reserveRemote(ctx, node, need)
 	}
 	if err != nil {
-		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, errors.Join(ErrNoSpace, err))
+		if !errors.Is(err, ErrUnavailable) {
+			err = errors.Join(ErrNoSpace, err) // this node is full either way
+		}
+		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, err)
 	}
 	dst := Replica{Node: node, Epoch: r.Epoch, Extents: r.Extents}
 	if err := d.s.copyExtents(ctx, d.placedLocked(), dst, sameResv(r), d.mu.zeroed, 0); err != nil {

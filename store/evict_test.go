@@ -620,8 +620,8 @@ func TestEvictWaitsForAnotherPass(t *testing.T) {
 // TestEvictStopsWhenIndexUnavailable: with etcd away, a write into a full
 // store ends its eviction pass at the first key whose removal etcd does
 // not answer, and fails with the index's error (ETIMEDOUT to a user), its
-// keys all kept; each of the pass's keys waited RequestTimeout before, a
-// write behind it for minutes. The first key's removal or, when etcd
+// keys all kept, and so does a peer's reservation; each of the pass's
+// keys waited RequestTimeout before, a write behind it for minutes. The first key's removal or, when etcd
 // went before its watch delivered the last put, its cached read waits out
 // the timeout (both are ErrUnavailable). Once etcd is back the write
 // evicts and lands.
@@ -657,6 +657,12 @@ func TestEvictStopsWhenIndexUnavailable(t *testing.T) {
 		t.Fatalf("put into a full store with etcd away took %v (request timeout %v, %d keys)", took, timeout, keys)
 	}
 	t.Logf("put into a full store with etcd away failed after %v: %v", took, err)
+	// A peer's reservation here fails the same way, and says so on the
+	// wire (transfer.ErrIndexUnavailable), not that this node is full.
+	_, err = s.Control(context.Background(), transfer.ControlRequest{Op: transfer.CtlReserve, Bytes: 2 * obj, TTLMillis: 1000})
+	if !errors.Is(err, transfer.ErrIndexUnavailable) || errors.Is(err, transfer.ErrNoSpace) {
+		t.Fatalf("a peer's reservation in a full store with etcd away: %v; want transfer.ErrIndexUnavailable", err)
+	}
 	if in, _ := s.present(t, names); len(in) != keys {
 		t.Fatalf("present with etcd away: %q, want all %d", in, keys)
 	}

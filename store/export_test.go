@@ -61,3 +61,6 @@ func MarkEvicting(s *Store, ino uint64) (end func()) {
 		close(done)
 	}
 }
+
+// ReserveError is reserveError, for tests.
+func ReserveError(err error) error { return reserveError(err) }

@@ -54,13 +54,26 @@ func (s *Store) reserveTTL() time.Duration { return s.opts.ReserveTTL }
 func (s *Store) reserveRemote(ctx context.Context, node string, n uint64) (transfer.Reservation, error) {
 	r, err := s.opts.Transport.Reserve(ctx, node, n, s.reserveTTL())
 	if err != nil {
-		return r, err
+		return r, reserveError(err)
 	}
 	s.mu.Lock()
 	k := leaseKey{r.Node, r.Epoch, r.ID}
 	s.mu.leases[k] = &resvLease{leaseKey: k, renewed: s.opts.Now()}
 	s.mu.Unlock()
 	return r, nil
+}
+
+// reserveError adds the store's sentinel to an owner's refusal of a
+// reservation: ErrNoSpace for no room, ErrUnavailable for no room while
+// its index does not answer.
+func reserveError(err error) error {
+	switch {
+	case errors.Is(err, transfer.ErrIndexUnavailable):
+		return errors.Join(ErrUnavailable, err)
+	case errors.Is(err, transfer.ErrNoSpace):
+		return errors.Join(ErrNoSpace, err)
+	}
+	return err
 }
 
 // endLease stops renewing reservation id of node's daemon epoch (freed, or

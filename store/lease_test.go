@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -236,4 +237,24 @@ func TestHungPeerDelaysNoRenewal(t *testing.T) {
 	equalBytes(t, "f", b.readVia(t, "f"), data)
 	// c is no member of the cluster: its leases end.
 	waitFor(t, "a's leases to end", func() bool { return store.Leases(a.Store) == 0 })
+}
+
+// TestReserveErrors: an owner's refusal of a reservation comes back with
+// the store's sentinel: ErrNoSpace for no room, ErrUnavailable (never
+// ErrNoSpace: ETIMEDOUT to the user, not ENOSPC) for no room while the
+// owner's index does not answer; anything else as it was.
+func TestReserveErrors(t *testing.T) {
+	full := fmt.Errorf("reserve on b: %w", transfer.ErrNoSpace)
+	if err := store.ReserveError(full); !errors.Is(err, store.ErrNoSpace) || errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("no room: %v", err)
+	}
+	down := fmt.Errorf("reserve on b: %w", transfer.ErrIndexUnavailable)
+	if err := store.ReserveError(down); !errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrNoSpace) ||
+		!errors.Is(err, transfer.ErrIndexUnavailable) {
+		t.Errorf("no room, index down: %v", err)
+	}
+	other := fmt.Errorf("reserve on b: %w", transfer.ErrUnreachable)
+	if err := store.ReserveError(other); err != other {
+		t.Errorf("unreachable: %v, want it unchanged", err)
+	}
 }

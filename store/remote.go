@@ -453,9 +453,6 @@ func (s *Store) replicateFrom(ctx context.Context, src Replica, n, version uint6
 		} else {
 			r, err := s.reserveRemote(ctx, node, size)
 			if err != nil {
-				if errors.Is(err, transfer.ErrNoSpace) {
-					err = errors.Join(ErrNoSpace, err)
-				}
 				return fail(fmt.Errorf("replica on node %q: %w", node, err))
 			}
 			resv = append(resv, r)

@@ -79,6 +79,11 @@ func (s *Store) Control(ctx context.Context, req transfer.ControlRequest) (trans
 	case transfer.CtlReserve:
 		ext, err := s.alloc(req.Bytes)
 		if err != nil {
+			if errors.Is(err, ErrUnavailable) {
+				// Full, and eviction waits for the index: the asker's
+				// user gets a timeout, as a local write would.
+				return transfer.ControlResponse{}, errors.Join(transfer.ErrIndexUnavailable, err)
+			}
 			return transfer.ControlResponse{}, errors.Join(transfer.ErrNoSpace, err)
 		}
 		s.mu.Lock()

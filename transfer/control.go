@@ -106,6 +106,10 @@ var (
 	// ErrUnknownReservation: the reservation expired, was freed, or the
 	// owner restarted.
 	ErrUnknownReservation = errors.New("transfer: unknown reservation")
+	// ErrIndexUnavailable: the owner is full and could not make room,
+	// its shared index (etcd) not answering: worth another try later,
+	// unlike ErrNoSpace.
+	ErrIndexUnavailable = errors.New("transfer: the remote node's index is unavailable")
 )
 
 const (
@@ -120,10 +124,14 @@ const (
 	statusNoSpace            uint32 = 4
 	statusUnknownReservation uint32 = 5
 	statusBadControl         uint32 = 6
+	// 7 and 8: statusStale (body.go), statusNotResv (guard.go).
+	statusIndexUnavailable uint32 = 9
 )
 
 func controlStatus(err error) uint32 {
 	switch {
+	case errors.Is(err, ErrIndexUnavailable):
+		return statusIndexUnavailable
 	case errors.Is(err, ErrNoSpace):
 		return statusNoSpace
 	case errors.Is(err, ErrUnknownReservation):
@@ -348,6 +356,8 @@ func controlErr(s uint32) error {
 		return ErrUnknownReservation
 	case statusBadControl:
 		return ErrBadRequest
+	case statusIndexUnavailable:
+		return ErrIndexUnavailable
 	}
 	return statusErr(s)
 }

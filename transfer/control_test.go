@@ -18,11 +18,14 @@ import (
 // wire, not the store's reservation rules.
 type fakeOwner struct {
 	grant int64 // when not 0, the most TTL (ms) a reserve or renew gets
-	tab   *segment.Table
-	mu    sync.Mutex
-	next  uint64
-	held  map[uint64][]segment.Extent
-	ttl   map[uint64]int64
+	// indexDown: a reserve fails as a full owner's whose index does not
+	// answer.
+	indexDown bool
+	tab       *segment.Table
+	mu        sync.Mutex
+	next      uint64
+	held      map[uint64][]segment.Extent
+	ttl       map[uint64]int64
 }
 
 func (f *fakeOwner) Control(_ context.Context, r ControlRequest) (ControlResponse, error) {
@@ -30,6 +33,9 @@ func (f *fakeOwner) Control(_ context.Context, r ControlRequest) (ControlRespons
 	defer f.mu.Unlock()
 	switch r.Op {
 	case CtlReserve:
+		if f.indexDown {
+			return ControlResponse{}, errors.Join(ErrIndexUnavailable, errors.New("full, and etcd did not answer"))
+		}
 		ext, err := f.tab.Alloc(r.Bytes)
 		if err != nil {
 			return ControlResponse{}, errors.Join(ErrNoSpace, err)
@@ -105,9 +111,20 @@ func TestControlReserveRenewFree(t *testing.T) {
 		t.Fatalf("renew of an unknown id: %v", err)
 	}
 	// Too much: a clean ErrNoSpace, and the connection stays usable.
-	if _, err := c.Reserve(ctx, "b", 1<<40, time.Second); !errors.Is(err, ErrNoSpace) {
+	if _, err := c.Reserve(ctx, "b", 1<<40, time.Second); !errors.Is(err, ErrNoSpace) || errors.Is(err, ErrIndexUnavailable) {
 		t.Fatalf("reserve 1 TiB: %v", err)
 	}
+	// An owner that cannot make room for want of its index says so,
+	// not that it is full; the connection stays usable.
+	owner.mu.Lock()
+	owner.indexDown = true
+	owner.mu.Unlock()
+	if _, err := c.Reserve(ctx, "b", 4<<10, time.Second); !errors.Is(err, ErrIndexUnavailable) || errors.Is(err, ErrNoSpace) {
+		t.Fatalf("reserve with the owner's index down: %v", err)
+	}
+	owner.mu.Lock()
+	owner.indexDown = false
+	owner.mu.Unlock()
 	if err := c.Free(ctx, "b", r.Epoch, r.ID, nil); err != nil {
 		t.Fatal(err)
 	}
