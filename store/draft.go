@@ -238,7 +238,9 @@ func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow
 		return fmt.Errorf("store: reserve on node %q: %w", node, errNoTransport)
 	}
 	r, err := d.s.reserveRemote(ctx, node, want)
-	if err != nil && want > grow {
+	if err != nil && want > grow && !errors.Is(err, ErrUnavailable) {
+		// Less may fit; an owner waiting for its index would only wait
+		// its timeout again.
 		r, err = d.s.reserveRemote(ctx, node, grow)
 	}
 	if err != nil {
@@ -272,7 +274,7 @@ func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64
 		return fmt.Errorf("store: spill to node %q: %w", node, errNoTransport)
 	}
 	r, err := d.s.reserveRemote(ctx, node, total)
-	if err != nil && total > need {
+	if err != nil && total > need && !errors.Is(err, ErrUnavailable) {
 		r, err = d.s.reserveRemote(ctx, node, need)
 	}
 	if err != nil {
