@@ -118,19 +118,19 @@ const (
 // evictOne removes key if it may be evicted: a file with local bytes,
 // not pinned and not open. A file with replicas on other nodes only loses
 // this node's copy (repair may place it elsewhere); the last copy takes
-// the key with it. It returns the bytes freed (possibly later, once a
-// racing reader lets go), what it did, and with evictUnreachable the
-// index's error.
-func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome, error) {
+// the key with it (its bytes possibly later, once a racing reader lets
+// go). It returns what it did, and with evictUnreachable the index's
+// error.
+func (s *Store) evictOne(ctx context.Context, key string) (evictOutcome, error) {
 	o, err := s.idx.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			if s.keeper == nil {
 				s.forget(key) // (a keeper has no entry for a key that is gone)
 			}
-			return 0, evictMoved, nil
+			return evictMoved, nil
 		}
-		return 0, kept(err), err
+		return kept(err), err
 	}
 	if o.Kind != KindFile || o.Size == 0 || len(s.localExtents(o)) == 0 || o.Pinned {
 		// Nothing here to evict until a commit writes bytes here, or
@@ -138,7 +138,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome,
 		// files cost metadata too; pinned ones left at its end would
 		// use up every pass's look).
 		s.forgetAt(ctx, key, o.Version)
-		return 0, evictMoved, nil
+		return evictMoved, nil
 	}
 	// Not open, and no open may start until the swap below has landed or
 	// failed: an open that looked the key up meanwhile waits and looks
@@ -150,7 +150,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome,
 		// many open files would use up every pass's look).
 		s.mu.Unlock()
 		s.Touch(key)
-		return 0, evictMoved, nil
+		return evictMoved, nil
 	}
 	if other := s.mu.evicting[o.Ino]; other != nil {
 		// Another pass (the evict loop, or a reservation short of room)
@@ -163,9 +163,9 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome,
 		select {
 		case <-other:
 		case <-ctx.Done():
-			return 0, evictKept, nil
+			return evictKept, nil
 		}
-		return 0, evictWaited, nil
+		return evictWaited, nil
 	}
 	done := make(chan struct{})
 	s.mu.evicting[o.Ino] = done
@@ -183,10 +183,10 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome,
 		next.Replicas = others
 		swaps = []Swap{{Key: key, Old: o.Version, New: next}}
 	} else if swaps, err = s.removal(ctx, o); err != nil {
-		return 0, kept(err), err
+		return kept(err), err
 	}
 	if _, err := s.cas(ctx, swaps...); err != nil {
-		return 0, kept(err), err
+		return kept(err), err
 	}
 	s.committed([]*Object{o}, nil, []string{key})
 	s.stats.evictions.Add(1)
@@ -194,7 +194,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (uint64, evictOutcome,
 	if f := s.onEvict.Load(); f != nil && len(others) == 0 {
 		(*f)(key, o.Ino)
 	}
-	return o.Size, evictDone, nil
+	return evictDone, nil
 }
 
 // kept is evictOne's outcome for a key it kept through err.
@@ -296,7 +296,7 @@ func (s *Store) evictWhile(ctx context.Context, keep string, more, enough func()
 			}
 			tried[k], fresh = true, true
 			looked++
-			_, out, err := s.evictOne(ctx, k)
+			out, err := s.evictOne(ctx, k)
 			switch out {
 			case evictUnreachable:
 				return any, err

@@ -10,7 +10,7 @@ func FollowState(s *Store) (seen uint64, idle bool) {
 
 // EvictKey runs one eviction attempt of key, for tests.
 func EvictKey(s *Store, key string) bool {
-	_, out, _ := s.evictOne(context.Background(), key)
+	out, _ := s.evictOne(context.Background(), key)
 	return out == evictDone
 }
 
