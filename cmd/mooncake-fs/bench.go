@@ -203,6 +203,7 @@ type benchSide struct {
 type sideRun struct {
 	sample    benchSample
 	daemonCPU float64
+	hostSteal float64 // CPUs the hypervisor took, per wall second
 }
 
 func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, error) {
@@ -284,6 +285,7 @@ func (r *benchRunner) runCase(ctx context.Context, c benchCase) (benchResult, er
 	if c.target != inMemory {
 		res.DaemonCPU = round(m.daemonCPU, 2)
 	}
+	res.HostSteal = round(m.hostSteal, 2)
 	return res, nil
 }
 
@@ -363,6 +365,11 @@ type benchResult struct {
 	// DaemonCPU is the daemon's CPU time per wall second while the
 	// reported mooncake repetition ran (1 = one core busy).
 	DaemonCPU float64 `json:"daemon_cpu,omitempty"`
+	// HostSteal is the CPU time the hypervisor gave to other guests per
+	// wall second while the reported repetition ran, all of this
+	// machine's CPUs together (1 = one CPU's worth): a shared host's
+	// figures move with it. Absent on bare metal and on a quiet host.
+	HostSteal float64 `json:"host_steal,omitempty"`
 	Reps      int     `json:"reps"`
 	// InFlight is how many calls of one batch may be in the daemon at
 	// once (--in-flight; kv cases).
@@ -427,7 +434,7 @@ type benchOutput struct {
 	json bool
 }
 
-const benchRow = "%-18s %8s  %-18s %8s %6s %9s %8s %8s %10s %7s\n"
+const benchRow = "%-18s %8s  %-18s %8s %6s %9s %8s %8s %10s %7s %6s\n"
 
 func (o *benchOutput) begin(cfg *benchConfig) {
 	if o.json {
@@ -439,7 +446,7 @@ func (o *benchOutput) begin(cfg *benchConfig) {
 	if cfg.daemonCPUs != "" {
 		fmt.Printf("# daemon on CPUs %s\n", cfg.daemonCPUs)
 	}
-	fmt.Printf(benchRow, "CASE", "GB/s", "CEILING", "GB/s", "RATIO", "OPS/S", "P50 us", "P99 us", "CEIL OPS/S", "DAEMON")
+	fmt.Printf(benchRow, "CASE", "GB/s", "CEILING", "GB/s", "RATIO", "OPS/S", "P50 us", "P99 us", "CEIL OPS/S", "DAEMON", "STEAL")
 }
 
 func (o *benchOutput) result(r benchResult) {
@@ -449,14 +456,17 @@ func (o *benchOutput) result(r benchResult) {
 		return
 	}
 	f := func(x float64, digits int) string { return fmt.Sprintf("%.*f", digits, x) }
-	ops, p50, p99, cops, cpu := "-", "-", "-", "-", "-"
+	ops, p50, p99, cops, cpu, steal := "-", "-", "-", "-", "-", "-"
 	if r.OpsPerS > 0 {
 		ops, p50, p99, cops = f(r.OpsPerS, 0), f(r.P50us, 1), f(r.P99us, 1), f(r.CeilingOpsPerS, 0)
 	}
 	if r.DaemonCPU > 0 {
 		cpu = f(r.DaemonCPU, 2)
 	}
-	fmt.Printf(benchRow, r.Case, f(r.GBps, 3), r.Ceiling, f(r.CeilingGBps, 3), f(r.Ratio, 3), ops, p50, p99, cops, cpu)
+	if r.HostSteal > 0 {
+		steal = f(r.HostSteal, 2)
+	}
+	fmt.Printf(benchRow, r.Case, f(r.GBps, 3), r.Ceiling, f(r.CeilingGBps, 3), f(r.Ratio, 3), ops, p50, p99, cops, cpu, steal)
 }
 
 func (o *benchOutput) caseSkipped(name string, why error) {

@@ -272,6 +272,7 @@ func (e *benchEnv) worker(ctx context.Context, phase, name, dir string, p benchP
 	if daemon != nil {
 		cpu0, _ = procCPU(daemon.cmd.Process.Pid)
 	}
+	steal0, serr0 := hostSteal()
 	t0 := time.Now()
 	err = cmd.Run()
 	wall := time.Since(t0)
@@ -280,6 +281,9 @@ func (e *benchEnv) worker(ctx context.Context, phase, name, dir string, p benchP
 		if cpu1, cerr := procCPU(daemon.cmd.Process.Pid); cerr == nil {
 			sr.daemonCPU = (cpu1 - cpu0).Seconds() / wall.Seconds()
 		}
+	}
+	if steal1, serr1 := hostSteal(); serr0 == nil && serr1 == nil && err == nil {
+		sr.hostSteal = max(steal1-steal0, 0).Seconds() / wall.Seconds()
 	}
 	if err != nil {
 		msg := strings.TrimSpace(stderr.String())
@@ -339,6 +343,33 @@ func procCPU(pid int) (time.Duration, error) {
 	}
 	// USER_HZ is 100 on every Linux ABI Go supports.
 	return time.Duration(ut+st) * (time.Second / 100), nil
+}
+
+// hostSteal is the time the hypervisor gave this machine's virtual CPUs
+// to others since boot, all CPUs together (/proc/stat's steal; 0 on bare
+// metal).
+func hostSteal() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	return parseSteal(b)
+}
+
+// parseSteal reads the steal field of /proc/stat's first line, "cpu"
+// followed by user, nice, system, idle, iowait, irq, softirq and steal,
+// in USER_HZ ticks.
+func parseSteal(b []byte) (time.Duration, error) {
+	line, _, _ := bytes.Cut(b, []byte{'\n'})
+	f := strings.Fields(string(line))
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: first line %q has no steal field", line)
+	}
+	ticks, err := strconv.ParseUint(f[8], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("/proc/stat: steal: %w", err)
+	}
+	return time.Duration(ticks) * (time.Second / 100), nil
 }
 
 // mountedAt reports whether dir is a mount point in this namespace.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestNearestRank(t *testing.T) {
@@ -272,6 +273,23 @@ func TestWorkerProtocol(t *testing.T) {
 
 func TestProcCPU(t *testing.T) {
 	if _, err := procCPU(os.Getpid()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSteal: the steal field of /proc/stat's first line, in USER_HZ
+// ticks; a line without one is an error, not a zero.
+func TestSteal(t *testing.T) {
+	got, err := parseSteal([]byte("cpu  17491 0 11130 493167 384 0 1064 8248 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"))
+	if err != nil || got != 82480*time.Millisecond {
+		t.Errorf("parseSteal = %v, %v; want 82.48s", got, err)
+	}
+	for _, bad := range []string{"", "cpu 1 2 3 4 5 6 7\n", "cpu0 1 2 3 4 5 6 7 8 9 10\n", "cpu 1 2 3 4 5 6 7 x 0 0\n"} {
+		if _, err := parseSteal([]byte(bad)); err == nil {
+			t.Errorf("parseSteal(%q) succeeded", bad)
+		}
+	}
+	if _, err := hostSteal(); err != nil {
 		t.Fatal(err)
 	}
 }
