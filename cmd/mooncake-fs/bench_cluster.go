@@ -187,13 +187,20 @@ type benchCluster struct {
 
 func (c *benchCluster) dir(sub string) string { return filepath.Join(c.mnts[0], sub) }
 
-func freeLoopbackPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freeLoopbackPorts returns n distinct loopback ports that nothing
+// listened on just now: all n are held open together while they are
+// picked, so that the kernel cannot hand the same one out twice.
+func freeLoopbackPorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // startCluster starts the cluster of an RDMA kind ("", "rdma", "fake")
@@ -217,17 +224,16 @@ func (e *benchEnv) startCluster(ctx context.Context, kind string) (*benchCluster
 	if err := os.Mkdir(c.root, 0o755); err != nil {
 		return nil, err
 	}
-	cport, err1 := freeLoopbackPort()
-	pport, err2 := freeLoopbackPort()
-	if err := errors.Join(err1, err2); err != nil {
+	ports, err := freeLoopbackPorts(2)
+	if err != nil {
 		return nil, err
 	}
-	curl := fmt.Sprintf("http://127.0.0.1:%d", cport)
-	purl := fmt.Sprintf("http://127.0.0.1:%d", pport)
-	if c.etcd, err1 = e.startProc(ctx, "etcd", "", etcdBin(), "--name", "bench", "--data-dir", filepath.Join(c.root, "etcd"),
+	curl := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	purl := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	if c.etcd, err = e.startProc(ctx, "etcd", "", etcdBin(), "--name", "bench", "--data-dir", filepath.Join(c.root, "etcd"),
 		"--listen-client-urls", curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
-		"--initial-advertise-peer-urls", purl, "--initial-cluster", "bench="+purl, "--log-level", "warn"); err1 != nil {
-		return nil, err1
+		"--initial-advertise-peer-urls", purl, "--initial-cluster", "bench="+purl, "--log-level", "warn"); err != nil {
+		return nil, err
 	}
 	if err := waitHealthy(ctx, curl); err != nil {
 		return nil, err
