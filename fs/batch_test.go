@@ -19,6 +19,7 @@ import (
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 // runBatch runs one BATCH_PUT (or GET) of entries from this process's
@@ -625,5 +626,52 @@ func TestBatchPathThroughEarlierKey(t *testing.T) {
 	want := []int64{-int64(syscall.ENOENT), 4, -int64(syscall.ENOTDIR), -int64(syscall.ENOTDIR), 1}
 	if !slices.Equal(res, want) {
 		t.Fatalf("results %v, want %v", res, want)
+	}
+}
+
+// TestOpSetBlocks: a call's segments and buffer lists come from its
+// opSet's blocks, which go back to the pool cleared: a later call finds
+// no segment, buffer or memory of the one before. A buffer block is
+// handed out with room for the call only, so that an append past it
+// leaves the block (release clears what it handed out).
+func TestOpSetBlocks(t *testing.T) {
+	mem := make([]byte, 8)
+	set := new(opSet) // not the pool's: no other call has it
+	segs := set.segBlock(3)
+	for i := range segs {
+		segs[i] = seg{kind: segMem, mem: mem, off: uint64(i), n: 1}
+	}
+	bufs := set.bufBlock(3)
+	if len(bufs) != 0 || cap(bufs) != 3 {
+		t.Fatalf("bufBlock(3): len %d cap %d, want 0 and 3", len(bufs), cap(bufs))
+	}
+	for range 3 {
+		bufs = append(bufs, transfer.HostBuffer(mem))
+	}
+	set.release()
+	for i, s := range segs {
+		if s.mem != nil || s.kind != 0 || s.n != 0 {
+			t.Fatalf("segment %d kept after release: %+v", i, s)
+		}
+	}
+	for i, b := range bufs {
+		if b.Mem != nil || b.Kind != 0 {
+			t.Fatalf("buffer %d kept after release: %+v", i, b)
+		}
+	}
+
+	// A block larger than the call's room: the append past the room
+	// must not land in it.
+	set = &opSet{bufs: make([]transfer.Buffer, 0, 3)}
+	block := set.bufs[:3]
+	bufs = set.bufBlock(2)
+	for range 3 {
+		bufs = append(bufs, transfer.HostBuffer(mem))
+	}
+	set.release()
+	for i, b := range block {
+		if b.Mem != nil {
+			t.Fatalf("buffer %d of the block kept after release: an append went past the call's room", i)
+		}
 	}
 }

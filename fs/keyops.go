@@ -159,7 +159,8 @@ type batchCall struct {
 	// vmChecked is the last registration of process memory the call's
 	// thread was found to belong to (regBuffer).
 	vmChecked *registration
-	// arena holds the keys' buffer lists (buffers).
+	// arena holds the keys' buffer lists (buffers): its first block is
+	// the call's opSet's, where it has one.
 	arena []transfer.Buffer
 	// searched caches checkPath per parent directory for the call: the
 	// keys of a batch mostly share one.
@@ -267,17 +268,24 @@ func (bc *batchCall) end() {
 	bc.f.batches.handlerNs.Add(uint64(time.Since(bc.start)))
 }
 
-// opSet is the keyOps of one call, kept between calls (opSets).
+// opSet is the keyOps of one call, kept between calls (opSets), with the
+// blocks its keys' segments and buffer lists are cut from first (segBlock,
+// bufBlock): nothing holds them past the call, and a call of 64 keys
+// otherwise made and cleared about 10 KiB of them on the heap.
 type opSet struct {
 	ops  []keyOp
 	ptrs []*keyOp
+	// The call's blocks: their lengths are what it was handed, what
+	// release clears.
+	segs []seg
+	bufs []transfer.Buffer
 }
 
 var opSets = sync.Pool{New: func() any { return new(opSet) }}
 
-// newOps returns count zero keyOps; release gives them back once the
-// call's results are out.
-func newOps(count uint32) (ptrs []*keyOp, release func()) {
+// newOps returns a set of count zero keyOps (ptrs); its release gives
+// them back once the call's results are out.
+func newOps(count uint32) *opSet {
 	set := opSets.Get().(*opSet)
 	if cap(set.ops) < int(count) {
 		set.ops, set.ptrs = make([]keyOp, count), make([]*keyOp, count)
@@ -286,10 +294,35 @@ func newOps(count uint32) (ptrs []*keyOp, release func()) {
 	for i := range set.ops {
 		set.ptrs[i] = &set.ops[i]
 	}
-	return set.ptrs, func() {
-		clear(set.ops)
-		opSets.Put(set)
+	return set
+}
+
+// segBlock returns the set's block of n zero segments. Call it once.
+func (set *opSet) segBlock(n int) []seg {
+	if cap(set.segs) < n {
+		set.segs = make([]seg, n)
 	}
+	set.segs = set.segs[:n]
+	return set.segs[:n:n]
+}
+
+// bufBlock returns the set's block of buffers, empty with room for n, for
+// batchCall.arena. Call it once.
+func (set *opSet) bufBlock(n int) []transfer.Buffer {
+	if cap(set.bufs) < n {
+		set.bufs = make([]transfer.Buffer, n)
+	}
+	set.bufs = set.bufs[:n]
+	return set.bufs[:0:n]
+}
+
+// release clears the set and keeps it for another call.
+func (set *opSet) release() {
+	clear(set.ops)
+	clear(set.segs)
+	clear(set.bufs)
+	set.segs, set.bufs = set.segs[:0], set.bufs[:0]
+	opSets.Put(set)
 }
 
 // runPuts runs the puts of a call in order: each run of plain puts (no
@@ -998,9 +1031,10 @@ func (n *node) batchEntries(ctx context.Context, dh *dirHandle, dir string, put 
 		return err
 	}
 	defer bc.end()
-	ptrs, release := newOps(uint32(len(entries)))
-	defer release()
-	segs := make([]seg, len(entries)) // one each, in one allocation
+	set := newOps(uint32(len(entries)))
+	defer set.release()
+	ptrs, segs := set.ptrs, set.segBlock(len(entries)) // a segment each
+	bc.arena = set.bufBlock(len(entries))
 	for i, op := range ptrs {
 		e := &entries[i]
 		op.flags, op.objOff, op.setMeta = e.Flags, e.ObjOff, put && putMeta(e.Flags, nil)
@@ -1108,10 +1142,14 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		vbatchArgs.Put(a)
 		return 0, err
 	}
-	ptrs, release := newOps(a.Count)
+	set := newOps(a.Count)
+	ptrs, release := set.ptrs, set.release
+	bc.arena = set.bufBlock(int(a.Count))
 	decode := func() {
 		var wire []ioctl.Seg
-		var arena []seg // the keys' segments, cut from blocks shared by the call's keys
+		// The keys' segments, cut from blocks shared by the call's keys:
+		// the set's first.
+		arena := set.segBlock(4 * int(a.Count))[:0]
 		for i, op := range ptrs {
 			e := &a.Entries[i]
 			op.flags, op.objOff = e.Flags, e.ObjOff
