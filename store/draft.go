@@ -237,12 +237,7 @@ func (d *Draft) reserveRemoteLocked(ctx context.Context, node string, want, grow
 	if t == nil {
 		return fmt.Errorf("store: reserve on node %q: %w", node, errNoTransport)
 	}
-	r, err := d.s.reserveRemote(ctx, node, want)
-	if err != nil && want > grow && !errors.Is(err, ErrUnavailable) {
-		// Less may fit; an owner waiting for its index would only wait
-		// its timeout again.
-		r, err = d.s.reserveRemote(ctx, node, grow)
-	}
+	r, err := d.s.reserveRemoteOrLess(ctx, node, want, grow)
 	if err != nil {
 		return fmt.Errorf("store: reserve %d B on node %q: %w", grow, node, err)
 	}
@@ -273,10 +268,7 @@ func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64
 	if t == nil {
 		return fmt.Errorf("store: spill to node %q: %w", node, errNoTransport)
 	}
-	r, err := d.s.reserveRemote(ctx, node, total)
-	if err != nil && total > need && !errors.Is(err, ErrUnavailable) {
-		r, err = d.s.reserveRemote(ctx, node, need)
-	}
+	r, err := d.s.reserveRemoteOrLess(ctx, node, total, need)
 	if err != nil {
 		if !errors.Is(err, ErrUnavailable) {
 			err = errors.Join(ErrNoSpace, err) // this node is full either way

@@ -63,6 +63,18 @@ func (s *Store) reserveRemote(ctx context.Context, node string, n uint64) (trans
 	return r, nil
 }
 
+// reserveRemoteOrLess reserves want bytes on node, or failing that least
+// (no more than want): a refusal of want is asked again for least,
+// unless the owner refused for want of its index (ErrUnavailable), where
+// asking again would only wait out its timeout again.
+func (s *Store) reserveRemoteOrLess(ctx context.Context, node string, want, least uint64) (transfer.Reservation, error) {
+	r, err := s.reserveRemote(ctx, node, want)
+	if err != nil && want > least && !errors.Is(err, ErrUnavailable) {
+		r, err = s.reserveRemote(ctx, node, least)
+	}
+	return r, err
+}
+
 // reserveError adds the store's sentinel to an owner's refusal of a
 // reservation: ErrNoSpace for no room, ErrUnavailable for no room while
 // its index does not answer.

@@ -341,8 +341,7 @@ func procCPU(pid int) (time.Duration, error) {
 	if err := errors.Join(err1, err2); err != nil {
 		return 0, err
 	}
-	// USER_HZ is 100 on every Linux ABI Go supports.
-	return time.Duration(ut+st) * (time.Second / 100), nil
+	return time.Duration(ut+st) * clockTick, nil
 }
 
 // hostSteal is the time the hypervisor gave this machine's virtual CPUs
@@ -369,8 +368,12 @@ func parseSteal(b []byte) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("/proc/stat: steal: %w", err)
 	}
-	return time.Duration(ticks) * (time.Second / 100), nil
+	return time.Duration(ticks) * clockTick, nil
 }
+
+// clockTick is the unit of /proc's CPU times (USER_HZ: 100 on every
+// Linux ABI Go supports).
+const clockTick = time.Second / 100
 
 // mountedAt reports whether dir is a mount point in this namespace.
 func mountedAt(dir string) (bool, error) {
