@@ -223,7 +223,12 @@ func (s *TCPServer) serveControl(c net.Conn, h header, hb []byte) error {
 	if err != nil {
 		s.stats.bad.Add(1)
 		resp.status = controlStatus(err)
-		s.opts.Log("transfer: tcp: control %s from %v: %v", req.Op, c.RemoteAddr(), err)
+		// A renewal of a reservation this node no longer has is how a
+		// writer learns that its commit was taken over (or that it was
+		// cut off, which the writer reports): one a remote put, not news.
+		if req.Op != CtlRenew || !errors.Is(err, ErrUnknownReservation) {
+			s.opts.Log("transfer: tcp: control %s from %v: %v", req.Op, c.RemoteAddr(), err)
+		}
 	} else {
 		resp.len = uint64(len(out))
 	}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -133,6 +135,36 @@ func TestControlReserveRenewFree(t *testing.T) {
 	}
 	if c.Stats().Dials != 1 {
 		t.Fatalf("%d dials; error statuses must keep the connection", c.Stats().Dials)
+	}
+}
+
+// TestControlRenewUnknownQuiet: the owner logs a failed control call,
+// except the renewal of a reservation it no longer has, which every
+// remote put's writer makes once after its commit was taken over.
+func TestControlRenewUnknownQuiet(t *testing.T) {
+	var mu sync.Mutex
+	var lines []string
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		lines = append(lines, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	owner := &fakeOwner{held: map[uint64][]segment.Extent{}, ttl: map[uint64]int64{}}
+	n := newTCPNode(t, testToken, 1<<20, TCPServerOptions{Control: owner, Log: logf})
+	owner.tab = n.tab
+	c := newTCPClient(t, testToken, map[string]string{"b": n.addr}, TCPOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), hang)
+	defer cancel()
+	if err := c.Renew(ctx, "b", 0, 77, time.Second); !errors.Is(err, ErrUnknownReservation) {
+		t.Fatalf("renew of an unknown id: %v", err)
+	}
+	if err := c.Free(ctx, "b", 0, 77, nil); !errors.Is(err, ErrUnknownReservation) {
+		t.Fatalf("free of an unknown id: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(lines) != 1 || !strings.Contains(lines[0], "control free") || !strings.Contains(lines[0], ErrUnknownReservation.Error()) {
+		t.Fatalf("logged %q; want the free alone", lines)
 	}
 }
 

@@ -209,6 +209,9 @@ func (e *benchEnv) startCluster(ctx context.Context, kind string) (*benchCluster
 	if c := e.clusters[kind]; c != nil {
 		return c, nil
 	}
+	if err := e.stopClusters(); err != nil {
+		return nil, fmt.Errorf("before the %q cluster: %w", kind, err)
+	}
 	prefix, flags := "bench", []string{"--rdma", "off"}
 	switch kind {
 	case "rdma":
@@ -275,6 +278,22 @@ func (e *benchEnv) startCluster(ctx context.Context, kind string) (*benchCluster
 		return nil, fmt.Errorf("place %s on %s-b: %w", remote, prefix, err)
 	}
 	return c, nil
+}
+
+// stopClusters stops the clusters running, so that one runs at a time:
+// each pins two daemons of clusterNodeSize at mount, and two at once (20
+// GiB at the default sizes, with the single-node mount beside them)
+// starved a 24 GiB machine until etcd's leases ran out mid-case. A
+// cluster stopped here is started again by its next case.
+func (e *benchEnv) stopClusters() error {
+	var errs []error
+	for kind, c := range e.clusters {
+		delete(e.clusters, kind)
+		if err := c.close(e.failed); err != nil {
+			errs = append(errs, fmt.Errorf("stop the %q cluster: %w", kind, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func waitHealthy(ctx context.Context, url string) error {

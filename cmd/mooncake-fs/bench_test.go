@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -329,5 +331,36 @@ func TestIoctlCases(t *testing.T) {
 	}
 	if c, _ := lookupBenchCase("ioctl-small"); !c.small || c.ceilingRun == nil {
 		t.Error("ioctl-small: want a small case with its own tmpfs ceiling function")
+	}
+}
+
+// TestStopClusters: starting a cluster stops the ones running, each
+// closed (its mounts and directory gone) and forgotten, so that its next
+// case starts it again.
+func TestStopClusters(t *testing.T) {
+	e := &benchEnv{clusters: map[string]*benchCluster{}}
+	for _, kind := range []string{"", "fake"} {
+		c := &benchCluster{root: filepath.Join(t.TempDir(), "cluster-"+kind)}
+		mnt := filepath.Join(c.root, "a")
+		if err := os.MkdirAll(mnt, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		c.mnts = []string{mnt}
+		e.clusters[kind] = c
+	}
+	roots := []string{e.clusters[""].root, e.clusters["fake"].root}
+	if err := e.stopClusters(); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.clusters) != 0 {
+		t.Fatalf("%d clusters still kept", len(e.clusters))
+	}
+	for _, r := range roots {
+		if _, err := os.Stat(r); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s: %v; want it removed", r, err)
+		}
+	}
+	if err := e.stopClusters(); err != nil {
+		t.Fatalf("with none running: %v", err)
 	}
 }
