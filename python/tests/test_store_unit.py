@@ -246,6 +246,9 @@ class OverlappedCalls(unittest.TestCase):
             ([0, 5], [10, 0], False),             # not even inside another
             ([5, 0], [0, 0], False),              # all empty, out of order
             ([], [], False), ([7], [3], False),
+            ([8, 0, 8], [4, 4, 4], True),          # one size, a start twice
+            ([25, 0, 13, 52], [13, 13, 13, 13], True),   # one size, out of order: 0 and 13 touch, 13 and 25 share
+            ([39, 0, 13, 26], [13, 13, 13, 13], False),  # one size, out of order, touching
         ]:
             self.assertEqual(ms._overlap(ptrs, sizes), want, (ptrs, sizes))
 
