@@ -333,7 +333,7 @@ def spans_overlap(ptrs, sizes):
     if all(map(operator.le, map(operator.add, ptrs, sizes), itertools.islice(ptrs, 1, None))):
         return False  # each ends before the next begins: blocks in order, the common case, with no sort
     size = sizes[0] if len(sizes) else 0
-    if size > 0 and sizes.count(size) == len(sizes):
+    if size > 0 and operator.countOf(sizes, size) == len(sizes):
         # One size (an engine's blocks, out of order): two ranges share a
         # byte when two starts, sorted, lie closer than it. A third of the
         # time of sorting the pairs.
