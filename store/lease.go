@@ -64,12 +64,13 @@ func (s *Store) reserveRemote(ctx context.Context, node string, n uint64) (trans
 }
 
 // reserveRemoteOrLess reserves want bytes on node, or failing that least
-// (no more than want): a refusal of want is asked again for least,
-// unless the owner refused for want of its index (ErrUnavailable), where
-// asking again would only wait out its timeout again.
+// (no more than want). A refusal of want is asked again for least even
+// when the owner refused for want of its index (ErrUnavailable): it
+// evicts only for what its free room does not hold, so least may fit at
+// once, and a write that fits must not fail for etcd's absence.
 func (s *Store) reserveRemoteOrLess(ctx context.Context, node string, want, least uint64) (transfer.Reservation, error) {
 	r, err := s.reserveRemote(ctx, node, want)
-	if err != nil && want > least && !errors.Is(err, ErrUnavailable) {
+	if err != nil && want > least {
 		r, err = s.reserveRemote(ctx, node, least)
 	}
 	return r, err

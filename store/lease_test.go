@@ -258,3 +258,46 @@ func TestReserveErrors(t *testing.T) {
 		t.Errorf("unreachable: %v, want it unchanged", err)
 	}
 }
+
+// indexDownAbove is a transport whose owner refuses reservations of more
+// than above bytes as a full owner whose index does not answer would
+// (transfer.ErrIndexUnavailable), and counts those refusals.
+type indexDownAbove struct {
+	transfer.Transport
+	above   uint64
+	refused *atomic.Int64
+}
+
+func (p indexDownAbove) Reserve(ctx context.Context, node string, n uint64, ttl time.Duration) (transfer.Reservation, error) {
+	if n > p.above {
+		p.refused.Add(1)
+		return transfer.Reservation{}, fmt.Errorf("reserve %d B on %s: full: %w", n, node, transfer.ErrIndexUnavailable)
+	}
+	return p.Transport.Reserve(ctx, node, n, ttl)
+}
+
+// TestRemoteGrowthFitsWithIndexDown: a remote draft whose speculative
+// growth the owner refuses for want of its index (it would have to
+// evict) asks again for what the write needs, which fits, and the write
+// lands: etcd's absence fails only what cannot fit.
+func TestRemoteGrowthFitsWithIndexDown(t *testing.T) {
+	ctx := context.Background()
+	var refused atomic.Int64
+	a, b := newCluster(t, true, withOptions(func(o *store.Options) {
+		o.Transport = indexDownAbove{Transport: o.Transport, above: 64 << 10, refused: &refused}
+	}))
+	d := a.NewDraft(store.NewIno(), nil, true)
+	defer d.Close()
+	d.Place(store.Placement{Policy: store.PolicyNode, Node: "b", Replicas: 1})
+	data := pattern(9, 8<<10)
+	if _, err := d.WriteAt(ctx, data, 0); err != nil {
+		t.Fatalf("write of 8 KiB on b, its speculative 256 KiB refused: %v", err)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("no reservation above 64 KiB was asked for: the test does not reach the case")
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	equalBytes(t, "f", b.readVia(t, "f"), data)
+}
