@@ -257,8 +257,8 @@ func (x *Index) requestError(ctx context.Context, op string, err error) error {
 
 // lockCaughtUp locks x.mu once the cache reflects readRev, waiting at most
 // RequestTimeout: past it, etcd's watch has not delivered this node's own
-// write, and the error wraps store.ErrUnavailable as a request's would
-// (unless the caller gave up first). On error x.mu is not held.
+// write, and the error is a request's (requestError: store.ErrUnavailable
+// unless the caller gave up first). On error x.mu is not held.
 func (x *Index) lockCaughtUp(parent context.Context, op string) error {
 	x.mu.Lock()
 	if x.mu.closed {
@@ -286,12 +286,8 @@ func (x *Index) lockCaughtUp(parent context.Context, op string) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			err := fmt.Errorf("etcdindex: %s: cache at revision %d has not reached this node's write at %d (etcd at %s, last watch error: %v): %w",
-				op, have, want, strings.Join(x.cli.Endpoints(), ","), werr, ctx.Err())
-			if parent.Err() == nil {
-				err = fmt.Errorf("%w: %w", store.ErrUnavailable, err)
-			}
-			return err
+			return x.requestError(parent, op, fmt.Errorf("cache at revision %d has not reached this node's write at %d (last watch error: %v): %w",
+				have, want, werr, ctx.Err()))
 		}
 	}
 }
