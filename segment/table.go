@@ -211,7 +211,7 @@ func look(segs []*Segment, later []uint64, rn uint64, held **Segment, again *res
 	var best *Segment
 	bestLen := uint64(math.MaxUint64)
 	if again != nil && again.rn == rn {
-		from, best, bestLen = again.at, again.best, again.bestLen
+		from, bestLen = again.at, again.bestLen // (AllocMany reads no best)
 	} else {
 		var after uint64
 		for i := len(segs) - 1; i >= 0; i-- {
@@ -246,7 +246,7 @@ func look(segs []*Segment, later []uint64, rn uint64, held **Segment, again *res
 		}
 		if r.Len > 0 {
 			if again != nil {
-				*again = resume{rn: rn, at: i, best: best, bestLen: bestLen}
+				*again = resume{rn: rn, at: i, bestLen: bestLen}
 			}
 			return Extent{Segment: s.ID, Off: r.Off, Len: r.Len}, s
 		}
@@ -261,7 +261,6 @@ func look(segs []*Segment, later []uint64, rn uint64, held **Segment, again *res
 type resume struct {
 	rn      uint64 // the size the last look took; 0: none
 	at      int    // the index of the segment it took from
-	best    *Segment
 	bestLen uint64 // the best fit before that segment
 }
 
