@@ -1144,17 +1144,20 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 	}
 	set := newOps(a.Count)
 	ptrs, release := set.ptrs, set.release
-	bc.arena = set.bufBlock(int(a.Count))
 	decode := func() {
 		var wire []ioctl.Seg
 		// The keys' segments, cut from blocks shared by the call's keys:
 		// the set's first.
 		arena := set.segBlock(4 * int(a.Count))[:0]
+		segs := 0
 		for i, op := range ptrs {
 			e := &a.Entries[i]
 			op.flags, op.objOff = e.Flags, e.ObjOff
 			op.err = decodeVEntry(a, dir, i, op, &wire, &arena, put)
+			segs += len(op.segs)
 		}
+		// A buffer a segment: room for the keys of several buffers too.
+		bc.arena = set.bufBlock(segs)
 	}
 	run := func(ctx context.Context) {
 		// The call's ops and batchCall use a (its keys, GPU table): it
