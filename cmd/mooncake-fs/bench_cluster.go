@@ -80,12 +80,17 @@ func needEtcd() error {
 	return nil
 }
 
+// clusterBenchCases are in order of their cluster (benchCase.rdma): one
+// runs at a time (stopClusters), and each kind's cases together start it
+// once.
 func clusterBenchCases() []benchCase {
 	return []benchCase{
 		{name: "remote-put", target: withCopy, ceiling: "tcp-stream", needs: needEtcd, cluster: benchRemoteDir,
 			run: benchRemotePut},
 		{name: "remote-get", target: withCopy, ceiling: "tcp-stream", needs: needEtcd, cluster: benchRemoteDir,
 			setup: benchIoctlGetSetup, run: benchRemoteGet, teardown: benchIoctlGetTeardown},
+		{name: "cluster-small", target: onMount, ceiling: "single-node", needs: needEtcd, cluster: ".",
+			small: true, run: benchIoctlSmall},
 		{name: "remote-put-rdma", target: withCopy, ceiling: "tcp-stream", needs: needRDMA, cluster: benchRemoteDir, rdma: "rdma",
 			run: withRemoteCopies(true, benchRemotePut)},
 		{name: "remote-get-rdma", target: withCopy, ceiling: "tcp-stream", needs: needRDMA, cluster: benchRemoteDir, rdma: "rdma",
@@ -98,8 +103,6 @@ func clusterBenchCases() []benchCase {
 			run: withRemoteCopies(true, benchIoctlPutVM)},
 		{name: "remote-get-vm-rdma-fake", target: withCopy, ceiling: "copy", needs: needEtcd, cluster: benchRemoteDir, rdma: "fake",
 			setup: benchIoctlGetSetup, run: withRemoteCopies(false, benchIoctlGetVM), teardown: benchIoctlGetTeardown},
-		{name: "cluster-small", target: onMount, ceiling: "single-node", needs: needEtcd, cluster: ".",
-			small: true, run: benchIoctlSmall},
 	}
 }
 
@@ -203,8 +206,8 @@ func freeLoopbackPorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// startCluster starts the cluster of an RDMA kind ("", "rdma", "fake")
-// on first use.
+// startCluster returns the cluster of an RDMA kind ("", "rdma", "fake"),
+// started (after stopping any other) unless it runs already.
 func (e *benchEnv) startCluster(ctx context.Context, kind string) (*benchCluster, error) {
 	if c := e.clusters[kind]; c != nil {
 		return c, nil

@@ -159,10 +159,7 @@ func (e *benchEnv) startProc(ctx context.Context, name, ready string, bin string
 // temporary directories. It only removes empty directories, so nothing
 // on a mount that failed to come off is touched.
 func (e *benchEnv) close() error {
-	var errs []error
-	for _, c := range e.clusters {
-		errs = append(errs, c.close(e.failed))
-	}
+	errs := []error{e.stopClusters()}
 	if e.daemon != nil {
 		if err := e.daemon.stop(); err != nil {
 			errs = append(errs, err)

@@ -364,3 +364,19 @@ func TestStopClusters(t *testing.T) {
 		t.Fatalf("with none running: %v", err)
 	}
 }
+
+// TestClusterCasesByKind: the cluster cases come grouped by their
+// cluster, so that a full run starts each (one runs at a time) once.
+func TestClusterCasesByKind(t *testing.T) {
+	done := map[string]bool{}
+	last := ""
+	for i, c := range clusterBenchCases() {
+		if i > 0 && c.rdma != last {
+			done[last] = true
+			if done[c.rdma] {
+				t.Fatalf("%s: the %q cluster again, after other cases", c.name, c.rdma)
+			}
+		}
+		last = c.rdma
+	}
+}
