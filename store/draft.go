@@ -270,7 +270,7 @@ func (d *Draft) spillLocked(ctx context.Context, node string, need, total uint64
 	}
 	r, err := d.s.reserveRemoteOrLess(ctx, node, total, need)
 	if err != nil {
-		if !errors.Is(err, ErrUnavailable) {
+		if !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrNoSpace) {
 			err = errors.Join(ErrNoSpace, err) // this node is full either way
 		}
 		return fmt.Errorf("store: spill %d B to node %q: %w", total, node, err)
