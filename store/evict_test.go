@@ -679,3 +679,40 @@ func TestEvictStopsWhenIndexUnavailable(t *testing.T) {
 	}
 	s.checkAlloc(t)
 }
+
+// TestMetaRoomStopsWhenIndexUnavailable: with etcd away, a new key that
+// needs metadata room the store's eviction cannot make (its removals go
+// through the index) fails with the index's error, ETIMEDOUT to a user,
+// as a write short of bytes does, not with ErrNoSpace; every key stays,
+// and the put lands once etcd is back.
+func TestMetaRoomStopsWhenIndexUnavailable(t *testing.T) {
+	const timeout = time.Second
+	srv := etcdtest.Start(t)
+	x, err := etcdindex.New(etcdindex.Options{Endpoints: []string{srv.ClientURL}, Prefix: fmt.Sprintf("/meta-%d/", time.Now().UnixNano()),
+		RequestTimeout: timeout, DialTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 8 << 10
+	s := newTestStore(t, 4<<20, withIndex(x), withOptions(func(o *store.Options) { o.MetaLimit, o.HighWater = limit, 1 }))
+	// Twice as many keys as the entries' room holds: the later ones
+	// evicted the first, and any new key needs room now.
+	for i := range 2 * limit / 300 {
+		s.put(t, fmt.Sprintf("k%03d", i), pattern(byte(i), 100))
+	}
+	names := s.keys(t)
+	srv.Stop()
+	_, put := s.tryPut("new", pattern(99, 100))
+	if !errors.Is(put, store.ErrUnavailable) || errors.Is(put, store.ErrNoSpace) {
+		t.Fatalf("a new key short of metadata room with etcd away: %v; want ErrUnavailable", put)
+	}
+	if in, _ := s.present(t, names); len(in) != len(names) {
+		t.Fatalf("present with etcd away: %d of %d keys", len(in), len(names))
+	}
+	srv.Start()
+	waitFor(t, "a new key once etcd is back", func() bool {
+		_, err := s.tryPut("back", pattern(98, 100))
+		return err == nil
+	})
+	equalBytes(t, "back", s.read(t, "back"), pattern(98, 100))
+}

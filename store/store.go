@@ -370,6 +370,7 @@ func (s *Store) metaRoom(op, key string, grow uint64) error {
 	limit := s.opts.MetaLimit
 	held := uint64(max(s.metaHeld.Load(), 0))
 	used := s.metaBytes() + held
+	var evictErr error // the index's, when it did not answer a round
 	if used+grow > limit && s.metaEvicts() {
 		// One commit evicts for room at a time: commits evicting at once
 		// took the same keys at the LRU's end from each other and each
@@ -383,15 +384,21 @@ func (s *Store) metaRoom(op, key string, grow uint64) error {
 			// the loop (kicked) doing the rest. Commits filling at once
 			// may take what a round freed: another round, while rounds
 			// still evict.
-			evicted, err := s.evictMetaUntil(context.Background(), limit-grow-held, key, maxMetaEvictions)
+			var evicted bool
+			evicted, evictErr = s.evictMetaUntil(context.Background(), limit-grow-held, key, maxMetaEvictions)
 			s.kickEvict()
 			held = uint64(max(s.metaHeld.Load(), 0))
 			used = s.metaBytes() + held
-			if !evicted || err != nil {
+			if !evicted || evictErr != nil {
 				break
 			}
 		}
 		s.metaEvicting.Unlock()
+	}
+	if used+grow > limit && evictErr != nil {
+		// As alloc says for bytes: what would make room cannot be
+		// removed for now, a timeout (try again), not a full store.
+		return fmt.Errorf("%s %q: metadata would take %d B of its %d B limit, and eviction needs the index: %w", op, key, used+grow, limit, evictErr)
 	}
 	if used+grow > limit {
 		return fmt.Errorf("%s %q: metadata would take %d B of its %d B limit: %w", op, key, used+grow, limit, ErrNoSpace)
