@@ -37,8 +37,9 @@
 // open (and stays) or gone before anyone could open it. OnEvict tells the
 // file system of each file evicted, for the kernel to forget its name.
 // A pass ends at the first key whose removal the index does not answer
-// (ErrUnavailable: etcd away), and the allocation behind it fails with
-// that error: each further key would wait out the request timeout.
+// (ErrUnavailable: etcd away), and the allocation or the metadata room
+// behind it fails with that error: each further key would wait out the
+// request timeout.
 //
 // # Metadata
 //
