@@ -617,6 +617,20 @@ func TestEvictWaitsForAnotherPass(t *testing.T) {
 	}
 }
 
+// etcdIndexOf starts an etcd and returns it with an index on it under a
+// fresh prefix (name), whose requests and dials time out after timeout:
+// a test stops and starts the etcd to take the index away.
+func etcdIndexOf(t *testing.T, name string, timeout time.Duration) (*etcdtest.Server, *etcdindex.Index) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	x, err := etcdindex.New(etcdindex.Options{Endpoints: []string{srv.ClientURL}, Prefix: fmt.Sprintf("/%s-%d/", name, time.Now().UnixNano()),
+		RequestTimeout: timeout, DialTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, x
+}
+
 // TestEvictStopsWhenIndexUnavailable: with etcd away, a write into a full
 // store ends its eviction pass at the first key whose removal etcd does
 // not answer, and fails with the index's error (ETIMEDOUT to a user), its
@@ -627,12 +641,7 @@ func TestEvictWaitsForAnotherPass(t *testing.T) {
 // evicts and lands.
 func TestEvictStopsWhenIndexUnavailable(t *testing.T) {
 	const timeout = time.Second
-	srv := etcdtest.Start(t)
-	x, err := etcdindex.New(etcdindex.Options{Endpoints: []string{srv.ClientURL}, Prefix: fmt.Sprintf("/evict-%d/", time.Now().UnixNano()),
-		RequestTimeout: timeout, DialTimeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, x := etcdIndexOf(t, "evict", timeout)
 	const size, obj, keys = 8 << 20, 512 << 10, 16
 	s := newTestStore(t, size, withIndex(x), withOptions(func(o *store.Options) { o.HighWater = 1 }))
 	var names []string
@@ -646,7 +655,7 @@ func TestEvictStopsWhenIndexUnavailable(t *testing.T) {
 
 	srv.Stop()
 	start := time.Now()
-	_, err = s.tryPut("new", pattern(99, 2*obj))
+	_, err := s.tryPut("new", pattern(99, 2*obj))
 	took := time.Since(start)
 	if !errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrNoSpace) {
 		t.Fatalf("put into a full store with etcd away: %v; want ErrUnavailable", err)
@@ -686,13 +695,7 @@ func TestEvictStopsWhenIndexUnavailable(t *testing.T) {
 // as a write short of bytes does, not with ErrNoSpace; every key stays,
 // and the put lands once etcd is back.
 func TestMetaRoomStopsWhenIndexUnavailable(t *testing.T) {
-	const timeout = time.Second
-	srv := etcdtest.Start(t)
-	x, err := etcdindex.New(etcdindex.Options{Endpoints: []string{srv.ClientURL}, Prefix: fmt.Sprintf("/meta-%d/", time.Now().UnixNano()),
-		RequestTimeout: timeout, DialTimeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, x := etcdIndexOf(t, "meta", time.Second)
 	const limit = 8 << 10
 	s := newTestStore(t, 4<<20, withIndex(x), withOptions(func(o *store.Options) { o.MetaLimit, o.HighWater = limit, 1 }))
 	// Twice as many keys as the entries' room holds: the later ones
