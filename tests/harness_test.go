@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -222,10 +223,26 @@ func startDaemon(t testing.TB, opts ...string) *daemon {
 // cleanly; its log is dumped if the test failed.
 func startDaemonAt(t testing.TB, dir string, opts ...string) *daemon {
 	t.Helper()
+	return startDaemonEnv(t, dir, nil, opts...)
+}
+
+// startDaemonEnv is startDaemonAt with env (NAME=value) in place of
+// the test's variables of those names.
+func startDaemonEnv(t testing.TB, dir string, env []string, opts ...string) *daemon {
+	t.Helper()
 	requireE2E(t)
 	d := &daemon{dir: dir, log: &syncBuffer{}, done: make(chan struct{})}
 	d.args = append(append([]string{"mount"}, opts...), dir)
 	d.cmd = exec.Command(daemonBin(), d.args...)
+	if env != nil {
+		d.cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+			return slices.ContainsFunc(env, func(e string) bool {
+				name, _, _ := strings.Cut(e, "=")
+				return strings.HasPrefix(kv, name+"=")
+			})
+		})
+		d.cmd.Env = append(d.cmd.Env, env...)
+	}
 	d.cmd.Stderr = d.log
 	// Its own process group, so that a signal meant for the test binary's
 	// group does not reach it; and SIGTERM if the test binary dies, so that

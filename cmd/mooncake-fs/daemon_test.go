@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,5 +22,38 @@ func TestCacheTimeoutFlag(t *testing.T) {
 		if _, err := parseMountFlags([]string{"--cache-timeout", bad, "/mnt/x"}); err == nil || !strings.Contains(err.Error(), "--cache-timeout") {
 			t.Fatalf("--cache-timeout %s: %v", bad, err)
 		}
+	}
+}
+
+// TestLazyFreeGODEBUG: madvdontneed=0 is added to a GODEBUG that does not
+// set madvdontneed, kept with the settings already there, and a GODEBUG
+// that sets it, either way, is left as it is.
+func TestLazyFreeGODEBUG(t *testing.T) {
+	for _, c := range []struct {
+		in, want string
+		changed  bool
+	}{
+		{"", "madvdontneed=0", true},
+		{"  ", "madvdontneed=0", true},
+		{"gctrace=1", "gctrace=1,madvdontneed=0", true},
+		{"madvdontneedx=1", "madvdontneedx=1,madvdontneed=0", true},
+		{"madvdontneed=1", "madvdontneed=1", false},
+		{"gctrace=1, madvdontneed=1", "gctrace=1, madvdontneed=1", false},
+		{"madvdontneed=0,gctrace=1", "madvdontneed=0,gctrace=1", false},
+	} {
+		got, changed := lazyFreeGODEBUG(c.in)
+		if got != c.want || changed != c.changed {
+			t.Errorf("lazyFreeGODEBUG(%q) = %q, %v; want %q, %v", c.in, got, changed, c.want, c.changed)
+		}
+	}
+}
+
+// TestSetEnv: every variable of the name goes, others stay in order, and
+// the new one comes last.
+func TestSetEnv(t *testing.T) {
+	got := setEnv([]string{"A=1", "GODEBUG=x=1", "B=2", "GODEBUG=", "GODEBUGX=3"}, "GODEBUG", "y=0")
+	want := []string{"A=1", "B=2", "GODEBUGX=3", "GODEBUG=y=0"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("setEnv: %q, want %q", got, want)
 	}
 }

@@ -9,14 +9,20 @@
 // phases' keys (none is removed): a phase stops at the first key that
 // finds no room.
 //
-//	kvprofile [-block 16384] -metrics ADDR -out DIR MOUNTDIR PHASE...
+//	kvprofile [-block 16384] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...
 //
 // A PHASE is IN_FLIGHT:SECONDS (e.g. 1:2 4:1.5). For each, OUT gets
 // cpu-N-ifK.prof and trace-N-ifK.bin, and stdout a line with the keys
-// put and the time per key.
+// put, the time per key and the daemon's page faults per key (minor
+// faults: first touches of memory, its heap's included). With -keep N,
+// a pass's directory is removed once N later passes are done (untimed),
+// so the index and the daemon's heap stop growing, as in the bench,
+// whose repetitions remove their keys; by default every key stays.
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -30,6 +36,7 @@ import (
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
+	"golang.org/x/sys/unix"
 )
 
 // passBytes is what one pass puts: the kv-put-gpu cases' 256 MiB.
@@ -75,9 +82,10 @@ func main() {
 	block := flag.Uint64("block", 16<<10, "bytes a key")
 	metrics := flag.String("metrics", "", "the daemon's --metrics address")
 	out := flag.String("out", ".", "directory for the profiles")
+	keep := flag.Int("keep", 0, "remove each pass's keys once this many later passes are done (0: keep all)")
 	flag.Parse()
-	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes%*block != 0 {
-		fmt.Fprintln(os.Stderr, "usage: kvprofile [-block N] -metrics ADDR -out DIR MOUNTDIR PHASE...")
+	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes%*block != 0 || *keep < 0 {
+		fmt.Fprintln(os.Stderr, "usage: kvprofile [-block N] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...")
 		os.Exit(2)
 	}
 	var phases []phase
@@ -89,13 +97,13 @@ func main() {
 		}
 		phases = append(phases, p)
 	}
-	if err := run(flag.Arg(0), *block, *metrics, *out, phases); err != nil {
+	if err := run(flag.Arg(0), *block, *keep, *metrics, *out, phases); err != nil {
 		fmt.Fprintln(os.Stderr, "kvprofile:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir string, block uint64, metrics, out string, phases []phase) error {
+func run(dir string, block uint64, keep int, metrics, out string, phases []phase) error {
 	if err := cuda.Init(); err != nil {
 		return err
 	}
@@ -119,6 +127,10 @@ func run(dir string, block uint64, metrics, out string, phases []phase) error {
 		items[k] = ioctl.BatchItem{Key: fmt.Sprintf("k%06d", k), BufOff: uint64(k) * block, Len: block}
 	}
 	ioctl.BatchCallKeys = ioctl.MaxBatch // as the bench's GPU cases
+	pid, err := daemonPid(dir)
+	if err != nil {
+		return err
+	}
 	pass := 0
 	for i, ph := range phases {
 		ioctl.BatchInFlight = ph.inFlight
@@ -135,10 +147,11 @@ func run(dir string, block uint64, metrics, out string, phases []phase) error {
 			}
 			profErr = fetch(fmt.Sprintf("http://%s/debug/pprof/trace?seconds=0.3", metrics), filepath.Join(out, "trace-"+name+".bin"))
 		})
-		n, busy, err := putFor(dir, h, items, ph.dur, &pass)
+		n, busy, faults, err := putFor(dir, h, items, ph.dur, &pass, keep, pid)
 		wg.Wait()
 		if n > 0 {
-			fmt.Printf("phase %d, %d in flight: %d keys of %d B, %.3f us a key\n", i, ph.inFlight, n, block, float64(busy.Nanoseconds())/float64(n)/1e3)
+			fmt.Printf("phase %d, %d in flight: %d keys of %d B, %.3f us a key, %.3f daemon page faults a key\n",
+				i, ph.inFlight, n, block, float64(busy.Nanoseconds())/float64(n)/1e3, float64(faults)/float64(n))
 		}
 		if err != nil {
 			return err
@@ -151,40 +164,93 @@ func run(dir string, block uint64, metrics, out string, phases []phase) error {
 }
 
 // putFor puts items into fresh directories of dir, one pass after the
-// other, for about d; it returns the keys put and the time their calls
-// took. A key that finds no room ends it (nil error: the store is full).
-func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d time.Duration, pass *int) (int, time.Duration, error) {
+// other, for about d; it returns the keys put, the time their calls took
+// and the daemon's minor page faults during them (process pid). With
+// keep > 0 it removes the directory of the pass keep passes back after
+// each pass, outside the time and the faults counted. A key that finds
+// no room ends it (nil error: the store is full).
+func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d time.Duration, pass *int, keep, pid int) (int, time.Duration, int64, error) {
 	end := time.Now().Add(d)
-	n, busy := 0, time.Duration(0)
+	n, busy, faults := 0, time.Duration(0), int64(0)
+	passDir := func(p int) string { return filepath.Join(dir, fmt.Sprintf("pass%d", p)) }
 	for time.Now().Before(end) {
-		sub := filepath.Join(dir, fmt.Sprintf("pass%d", *pass))
+		sub := passDir(*pass)
 		*pass++
 		if err := os.Mkdir(sub, 0o755); err != nil {
-			return n, busy, err
+			return n, busy, faults, err
 		}
 		f, err := ioctl.OpenDir(sub)
 		if err != nil {
-			return n, busy, err
+			return n, busy, faults, err
 		}
 		reg, err := f.RegisterCUDA(h, 0, passBytes)
 		if err != nil {
 			f.Close()
-			return n, busy, err
+			return n, busy, faults, err
+		}
+		f0, err := minorFaults(pid)
+		if err != nil {
+			f.Close()
+			return n, busy, faults, err
 		}
 		t0 := time.Now()
 		res, err := f.BatchPutBuf(reg.ID, items)
 		busy += time.Since(t0)
+		f1, ferr := minorFaults(pid)
+		faults += f1 - f0
 		f.Close()
+		if err == nil {
+			err = ferr
+		}
 		if err != nil {
-			return n, busy, err
+			return n, busy, faults, err
 		}
 		for _, r := range res {
 			if r.Err != nil {
 				fmt.Println("stopped:", r.Err)
-				return n, busy, nil
+				return n, busy, faults, nil
 			}
 			n++
 		}
+		if old := *pass - 1 - keep; keep > 0 && old >= 0 {
+			if err := os.RemoveAll(passDir(old)); err != nil {
+				return n, busy, faults, err
+			}
+		}
 	}
-	return n, busy, nil
+	return n, busy, faults, nil
+}
+
+// daemonPid is the process id of the daemon serving mount dir, from its
+// status.
+func daemonPid(dir string) (int, error) {
+	buf := make([]byte, 1<<16)
+	n, err := unix.Getxattr(dir, "user.mooncake.status", buf)
+	if err != nil {
+		return 0, fmt.Errorf("status of %s: %w", dir, err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(buf[:n], &st); err != nil || st.Pid <= 0 {
+		return 0, fmt.Errorf("status of %s: no pid (%v)", dir, err)
+	}
+	return st.Pid, nil
+}
+
+// minorFaults is process pid's count of minor page faults so far
+// (/proc/PID/stat, its tenth field).
+func minorFaults(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, in parentheses, may hold spaces: count fields
+	// after its closing one, where the third field (the state) starts.
+	rest := b[bytes.LastIndexByte(b, ')')+1:]
+	f := strings.Fields(string(rest))
+	if len(f) < 8 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
+	}
+	return strconv.ParseInt(f[7], 10, 64)
 }
