@@ -194,6 +194,10 @@ type BatchStats struct {
 	LockWaitNs  uint64 `json:"lock_wait_ns"`
 	SchedWaitNs uint64 `json:"sched_wait_ns"`
 	GCCPUNs     uint64 `json:"gc_cpu_ns"`
+	// MinorFaults is the daemon process's minor page faults so far: over
+	// a pass, the first touches of memory the kernel had to map, such as
+	// heap pages given back and used again.
+	MinorFaults uint64 `json:"minor_faults"`
 	// Submitted is how many submitted calls (ABI 1.7) the mount holds:
 	// running, or done and not yet waited for.
 	Submitted int64 `json:"submitted"`
@@ -212,6 +216,7 @@ func (m *Mount) Batches() BatchStats {
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPUNs = uint64(ru.Utime.Nano() + ru.Stime.Nano())
+		st.MinorFaults = uint64(ru.Minflt)
 	}
 	st.LockWaitNs, st.SchedWaitNs, st.GCCPUNs = runtimeWaits()
 	return st

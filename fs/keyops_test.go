@@ -770,3 +770,27 @@ func TestKeyInline(t *testing.T) {
 		t.Fatalf("put under a missing directory: %v, want ENOENT", e)
 	}
 }
+
+// TestBatchStatsFaults: the batch figures count the process's minor page
+// faults: first touches of fresh memory, in small pages, show in them.
+func TestBatchStatsFaults(t *testing.T) {
+	fx := newFuzzFixture(t)
+	m := &Mount{fs: fx.root.fs}
+	const pages = 2048
+	size := pages * os.Getpagesize()
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	if err := unix.Madvise(mem, unix.MADV_NOHUGEPAGE); err != nil {
+		t.Fatal(err)
+	}
+	before := m.Batches().MinorFaults
+	for i := 0; i < size; i += os.Getpagesize() {
+		mem[i] = 1
+	}
+	if got := m.Batches().MinorFaults - before; got < pages/16 {
+		t.Fatalf("%d minor faults counted for %d fresh pages", got, pages)
+	}
+}

@@ -349,6 +349,10 @@ type benchResult struct {
 	KeyLockWaitUs  float64 `json:"key_lock_wait_us,omitempty"`
 	KeySchedWaitUs float64 `json:"key_sched_wait_us,omitempty"`
 	KeyGCUs        float64 `json:"key_gc_us,omitempty"`
+	// KeyFaults is the daemon's minor page faults per key of the pass
+	// (kv cases): memory it had to have mapped again, heap pages given
+	// back to the kernel among them.
+	KeyFaults float64 `json:"key_faults,omitempty"`
 	// TransferUs is the batches' transfer time per key (kv cases).
 	TransferUs float64 `json:"transfer_us,omitempty"`
 	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
@@ -399,6 +403,7 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.KeyCPUUs = round(float64(m.KeyCPUNs)/1e3, 2)
 		res.KeyLockWaitUs, res.KeySchedWaitUs = round(float64(m.LockNs)/1e3, 2), round(float64(m.SchedNs)/1e3, 2)
 		res.KeyGCUs = round(float64(m.GCNs)/1e3, 2)
+		res.KeyFaults = round(m.Faults, 3)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
 		res.ClientUs, res.FuseUs = round(float64(m.ClientNs)/1e3, 2), round(float64(m.FuseNs)/1e3, 2)

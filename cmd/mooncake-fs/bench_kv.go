@@ -225,11 +225,13 @@ func keyWork(before, after mfs.BatchStats) int64 {
 }
 
 // KeyWaits is where a key's handler time went beyond its work, per key
-// of a pass (mfs.BatchStats' LockWaitNs, SchedWaitNs, GCCPUNs).
+// of a pass (mfs.BatchStats' LockWaitNs, SchedWaitNs, GCCPUNs), and the
+// daemon's page faults per key (MinorFaults).
 type KeyWaits struct {
-	LockNs  int64 `json:"key_lock_wait_ns,omitempty"`
-	SchedNs int64 `json:"key_sched_wait_ns,omitempty"`
-	GCNs    int64 `json:"key_gc_ns,omitempty"`
+	LockNs  int64   `json:"key_lock_wait_ns,omitempty"`
+	SchedNs int64   `json:"key_sched_wait_ns,omitempty"`
+	GCNs    int64   `json:"key_gc_ns,omitempty"`
+	Faults  float64 `json:"key_faults,omitempty"`
 }
 
 // keyWaits is KeyWaits between two readings of the batch figures.
@@ -240,7 +242,7 @@ func keyWaits(before, after mfs.BatchStats) KeyWaits {
 	}
 	per := func(a, b uint64) int64 { return max(int64(b-a), 0) / keys }
 	return KeyWaits{LockNs: per(before.LockWaitNs, after.LockWaitNs), SchedNs: per(before.SchedWaitNs, after.SchedWaitNs),
-		GCNs: per(before.GCCPUNs, after.GCCPUNs)}
+		GCNs: per(before.GCCPUNs, after.GCCPUNs), Faults: float64(after.MinorFaults-min(before.MinorFaults, after.MinorFaults)) / float64(keys)}
 }
 
 // keyCPU is the daemon's CPU time per key between two readings of its
