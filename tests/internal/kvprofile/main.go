@@ -6,8 +6,8 @@
 // and checking, the daemon here does nothing else, so a CPU profile and a
 // runtime trace taken during a phase (from the daemon's --metrics
 // address) show the puts alone. The store must be large enough for the
-// phases' keys (none is removed): a phase stops at the first key that
-// finds no room.
+// phases' keys (none is removed but with -keep): a phase stops at the
+// first key that finds no room.
 //
 //	kvprofile [-block 16384] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...
 //
@@ -21,7 +21,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -127,8 +126,7 @@ func run(dir string, block uint64, keep int, metrics, out string, phases []phase
 		items[k] = ioctl.BatchItem{Key: fmt.Sprintf("k%06d", k), BufOff: uint64(k) * block, Len: block}
 	}
 	ioctl.BatchCallKeys = ioctl.MaxBatch // as the bench's GPU cases
-	pid, err := daemonPid(dir)
-	if err != nil {
+	if _, err := daemonFaults(dir); err != nil {
 		return err
 	}
 	pass := 0
@@ -147,7 +145,7 @@ func run(dir string, block uint64, keep int, metrics, out string, phases []phase
 			}
 			profErr = fetch(fmt.Sprintf("http://%s/debug/pprof/trace?seconds=0.3", metrics), filepath.Join(out, "trace-"+name+".bin"))
 		})
-		n, busy, faults, err := putFor(dir, h, items, ph.dur, &pass, keep, pid)
+		n, busy, faults, err := putFor(dir, h, items, ph.dur, &pass, keep)
 		wg.Wait()
 		if n > 0 {
 			fmt.Printf("phase %d, %d in flight: %d keys of %d B, %.3f us a key, %.3f daemon page faults a key\n",
@@ -165,11 +163,11 @@ func run(dir string, block uint64, keep int, metrics, out string, phases []phase
 
 // putFor puts items into fresh directories of dir, one pass after the
 // other, for about d; it returns the keys put, the time their calls took
-// and the daemon's minor page faults during them (process pid). With
+// and the daemon's minor page faults during them (its status's). With
 // keep > 0 it removes the directory of the pass keep passes back after
 // each pass, outside the time and the faults counted. A key that finds
 // no room ends it (nil error: the store is full).
-func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d time.Duration, pass *int, keep, pid int) (int, time.Duration, int64, error) {
+func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d time.Duration, pass *int, keep int) (int, time.Duration, int64, error) {
 	end := time.Now().Add(d)
 	n, busy, faults := 0, time.Duration(0), int64(0)
 	passDir := func(p int) string { return filepath.Join(dir, fmt.Sprintf("pass%d", p)) }
@@ -188,7 +186,7 @@ func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d t
 			f.Close()
 			return n, busy, faults, err
 		}
-		f0, err := minorFaults(pid)
+		f0, err := daemonFaults(dir)
 		if err != nil {
 			f.Close()
 			return n, busy, faults, err
@@ -196,7 +194,7 @@ func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d t
 		t0 := time.Now()
 		res, err := f.BatchPutBuf(reg.ID, items)
 		busy += time.Since(t0)
-		f1, ferr := minorFaults(pid)
+		f1, ferr := daemonFaults(dir)
 		faults += f1 - f0
 		f.Close()
 		if err == nil {
@@ -221,36 +219,21 @@ func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d t
 	return n, busy, faults, nil
 }
 
-// daemonPid is the process id of the daemon serving mount dir, from its
-// status.
-func daemonPid(dir string) (int, error) {
+// daemonFaults is the minor page faults so far of the daemon serving
+// mount dir (its status's batch figures).
+func daemonFaults(dir string) (int64, error) {
 	buf := make([]byte, 1<<16)
 	n, err := unix.Getxattr(dir, "user.mooncake.status", buf)
 	if err != nil {
 		return 0, fmt.Errorf("status of %s: %w", dir, err)
 	}
 	var st struct {
-		Pid int `json:"pid"`
+		Batches struct {
+			MinorFaults *int64 `json:"minor_faults"`
+		} `json:"batches"`
 	}
-	if err := json.Unmarshal(buf[:n], &st); err != nil || st.Pid <= 0 {
-		return 0, fmt.Errorf("status of %s: no pid (%v)", dir, err)
+	if err := json.Unmarshal(buf[:n], &st); err != nil || st.Batches.MinorFaults == nil {
+		return 0, fmt.Errorf("status of %s: no batches.minor_faults (%v)", dir, err)
 	}
-	return st.Pid, nil
-}
-
-// minorFaults is process pid's count of minor page faults so far
-// (/proc/PID/stat, its tenth field).
-func minorFaults(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name, in parentheses, may hold spaces: count fields
-	// after its closing one, where the third field (the state) starts.
-	rest := b[bytes.LastIndexByte(b, ')')+1:]
-	f := strings.Fields(string(rest))
-	if len(f) < 8 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
-	}
-	return strconv.ParseInt(f[7], 10, 64)
+	return *st.Batches.MinorFaults, nil
 }
