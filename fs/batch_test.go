@@ -675,3 +675,39 @@ func TestOpSetBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchPutOverImplicitDirectory: a batch put of a name that is an
+// implicit directory (keys under it, no object of its own, as a shared
+// index can hold) fails that key alone with EISDIR and leaves it a
+// directory; the call's other new keys commit, and so does a key under
+// the implicit directory.
+func TestBatchPutOverImplicitDirectory(t *testing.T) {
+	fx := newFuzzFixture(t)
+	ctx := context.Background()
+	if _, err := fx.st.Mkdir(ctx, "imp", &store.Object{Mode: 0o755}); err != nil {
+		t.Fatal(err)
+	}
+	res := runBatch(t, fx, true, []batchEntry{{key: "imp/x", data: []byte("x")}})
+	if res[0] != 1 {
+		t.Fatalf("put imp/x: %d", res[0])
+	}
+	o, err := fx.idx.Get(ctx, "imp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fx.idx.CompareAndSwap(ctx, store.Swap{Key: "imp", Old: o.Version}); err != nil {
+		t.Fatal(err)
+	}
+	res = runBatch(t, fx, true, []batchEntry{
+		{key: "n1", data: []byte("one")},
+		{key: "imp", data: []byte("file")},
+		{key: "imp/y", data: []byte("yy")},
+		{key: "n2", data: []byte("two!")},
+	})
+	if want := []int64{3, -int64(syscall.EISDIR), 2, 4}; !slices.Equal(res, want) {
+		t.Fatalf("results %v, want %v", res, want)
+	}
+	if st, err := fx.st.Stat(ctx, "imp"); err != nil || st.Kind != store.KindDir || st.Version != 0 {
+		t.Fatalf("imp after the put: %+v, %v; want an implicit directory", st, err)
+	}
+}

@@ -93,6 +93,7 @@ func TestTableBatches(t *testing.T) {
 	t.Run("overwrite", TestBatchOverwriteNeedsNoDoubleSpace)
 	t.Run("chunked", TestChunkedBatches)
 	t.Run("moves-lru", TestBatchMovesLRU)
+	t.Run("implicit-dir", TestBatchPutOverImplicitDirectory)
 }
 
 // TestTableCall covers what only a table call has: more keys than a
