@@ -40,6 +40,12 @@ func TestLazyFreeGODEBUG(t *testing.T) {
 		{"madvdontneed=1", "madvdontneed=1", false},
 		{"gctrace=1, madvdontneed=1", "gctrace=1, madvdontneed=1", false},
 		{"madvdontneed=0,gctrace=1", "madvdontneed=0,gctrace=1", false},
+		// Odd ones the runtime reads as it will: the name alone, a value it
+		// does not know, an empty entry.
+		{"madvdontneed", "madvdontneed", false},
+		{"madvdontneed=7", "madvdontneed=7", false},
+		{"gctrace=1,", "gctrace=1,,madvdontneed=0", true},
+		{"=1", "=1,madvdontneed=0", true},
 	} {
 		got, changed := lazyFreeGODEBUG(c.in)
 		if got != c.want || changed != c.changed {
