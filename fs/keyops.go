@@ -1303,24 +1303,30 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put, inlin
 	if len(m) > 0 {
 		meta = bytes.Clone(m) // not a slice of a, which then stays on the stack
 	}
-	op := &keyOp{rel: rel, flags: a.Flags, objOff: a.ObjOff}
+	// The key, its segment and its buffer list from a pooled set, as a
+	// batch call's: nothing of them outlives the call.
+	set := newOps(1)
+	defer set.release()
+	op := set.ptrs[0]
+	*op = keyOp{rel: rel, flags: a.Flags, objOff: a.ObjOff}
 	if err := op.check(put, meta); err != nil {
 		return err
 	}
 	var gpus []ioctl.GPURef
+	op.segs = set.segBlock(1)
 	switch a.Source {
 	case ioctl.SrcBuf:
-		op.segs = []seg{{kind: segReg, id: a.ID, off: a.Addr, n: a.Len}}
+		op.segs[0] = seg{kind: segReg, id: a.ID, off: a.Addr, n: a.Len}
 	case ioctl.SrcVM:
-		op.segs = []seg{{kind: segVM, off: a.Addr, n: a.Len}}
+		op.segs[0] = seg{kind: segVM, off: a.Addr, n: a.Len}
 	case ioctl.SrcCUDA:
 		gpus = []ioctl.GPURef{a.GPU}
-		op.segs = []seg{{kind: segGPU, off: a.Addr, n: a.Len}}
+		op.segs[0] = seg{kind: segGPU, off: a.Addr, n: a.Len}
 	case ioctl.SrcInline:
 		if !inline {
 			return fmt.Errorf("source %d outside a KEY_INLINE call: %w", a.Source, errBadBatch)
 		}
-		op.segs = []seg{{kind: segMem, mem: data[:a.Len], n: a.Len}}
+		op.segs[0] = seg{kind: segMem, mem: data[:a.Len], n: a.Len}
 	default:
 		return fmt.Errorf("source %d: %w", a.Source, errBadBatch)
 	}
@@ -1329,7 +1335,8 @@ func (n *node) keyCmd(ctx context.Context, dh *dirHandle, dir string, put, inlin
 		return err
 	}
 	defer bc.end()
-	n.runOps(ctx, bc, put, []*keyOp{op})
+	bc.arena = set.bufBlock(1)
+	n.runOps(ctx, bc, put, set.ptrs)
 	if op.err != nil {
 		return op.err
 	}
