@@ -51,10 +51,11 @@ def batches(mount):
 
 def daemon_figures(out, before, after, wall_ns=0, ioctl_ns=0):
     """Add the daemon's work, transfer time, waits, page faults and GPU
-    copies per key of the timed pass to out; with the pass's wall time and the time its calls
-    spent in ioctls (one call at a time), also the caller's own time per
-    key (client_ns) and the ioctls' time beyond the daemon's handler
-    (fuse_ns: the kernel's FUSE path, the wake-ups of both sides)."""
+    copies per key of the timed pass to out; with the pass's wall time and
+    the time its calls spent in ioctls (one call at a time), also the
+    caller's own time per key (client_ns) and the ioctls' time beyond the
+    daemon's handler (fuse_ns: the kernel's FUSE path, the wake-ups of both
+    sides)."""
     keys = (after or {}).get("keys", 0) - (before or {}).get("keys", 0)
     if keys <= 0:
         return
