@@ -27,7 +27,7 @@ const (
 	xattrVersion  = "user.mooncake.version"
 	xattrLocation = "user.mooncake.location"
 	xattrPin      = "user.mooncake.pin"
-	xattrStatus   = "user.mooncake.status"
+	xattrStatus   = ioctl.StatusXattr
 	mooncakeNS    = "mooncake."
 	maxXattrValue = 64 << 10
 	// maxFileXattrs bounds the stored xattrs of one file, names and

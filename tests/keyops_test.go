@@ -611,3 +611,29 @@ while True:
 	})
 	d.checkAlive(t)
 }
+
+// TestReadStatus: ioctl.ReadStatus gives the daemon's status JSON from
+// the mount's root, the same figures `status --json` prints; a directory
+// of another file system is an error.
+func TestReadStatus(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	if err := os.WriteFile(d.dir+"/k", []byte("v"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := ioctl.ReadStatus(d.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Mountpoint string          `json:"mountpoint"`
+		Objects    int             `json:"objects"`
+		Batches    json.RawMessage `json:"batches"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Mountpoint != d.dir || st.Objects != 1 || len(st.Batches) == 0 {
+		t.Fatalf("status %+v, %v, from %s", st, err, b)
+	}
+	if _, err := ioctl.ReadStatus(t.TempDir()); err == nil {
+		t.Fatal("a status from a directory of another file system")
+	}
+}

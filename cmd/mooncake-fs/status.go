@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mooncake-fs/mooncake-fs/ioctl"
 	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
@@ -43,12 +44,11 @@ func runStatus(args []string) error {
 
 // readStatus fetches the daemon's status through the root's xattr.
 func readStatus(dir string) ([]byte, error) {
-	buf := make([]byte, 64<<10)
-	n, err := unix.Getxattr(dir, "user.mooncake.status", buf)
+	b, err := ioctl.ReadStatus(dir)
 	if err != nil {
 		return nil, fmt.Errorf("%s: not a running mooncake-fs mount (%w)", dir, err)
 	}
-	return buf[:n], nil
+	return b, nil
 }
 
 func pct(a, b uint64) string {

@@ -370,13 +370,12 @@ type daemonStatus struct {
 
 // status reads the daemon's status from the mount root's attribute.
 func status(root string) (daemonStatus, error) {
-	buf := make([]byte, 1<<20)
-	n, err := unix.Getxattr(root, "user.mooncake.status", buf)
+	b, err := ioctl.ReadStatus(root)
 	if err != nil {
-		return daemonStatus{}, fmt.Errorf("status of %s: %w", root, err)
+		return daemonStatus{}, err
 	}
 	var s daemonStatus
-	err = json.Unmarshal(buf[:n], &s)
+	err = json.Unmarshal(b, &s)
 	return s, err
 }
 

@@ -35,7 +35,6 @@ import (
 
 	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
-	"golang.org/x/sys/unix"
 )
 
 // passBytes is what one pass puts: the kv-put-gpu cases' 256 MiB.
@@ -222,17 +221,16 @@ func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d t
 // daemonFaults is the minor page faults so far of the daemon serving
 // mount dir (its status's batch figures).
 func daemonFaults(dir string) (int64, error) {
-	buf := make([]byte, 1<<16)
-	n, err := unix.Getxattr(dir, "user.mooncake.status", buf)
+	b, err := ioctl.ReadStatus(dir)
 	if err != nil {
-		return 0, fmt.Errorf("status of %s: %w", dir, err)
+		return 0, err
 	}
 	var st struct {
 		Batches struct {
 			MinorFaults *int64 `json:"minor_faults"`
 		} `json:"batches"`
 	}
-	if err := json.Unmarshal(buf[:n], &st); err != nil || st.Batches.MinorFaults == nil {
+	if err := json.Unmarshal(b, &st); err != nil || st.Batches.MinorFaults == nil {
 		return 0, fmt.Errorf("status of %s: no batches.minor_faults (%v)", dir, err)
 	}
 	return *st.Batches.MinorFaults, nil
