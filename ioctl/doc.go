@@ -15,6 +15,8 @@
 //
 // An unknown command on a mooncake-fs file fails with ENOTTY. The package
 // imports nothing of the daemon, so client programs can use it alone.
+// ReadStatus reads the daemon's status (JSON) from the mount root's
+// attribute StatusXattr.
 //
 // # Client
 //
