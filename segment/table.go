@@ -126,7 +126,7 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 		later = make([]uint64, len(segs))
 	}
 	for range maxContiguousTries {
-		e, best := look(segs, later, rn, nil, nil)
+		e, best := look(segs, later, rn, 1, nil, nil)
 		if e.Len > 0 {
 			return append(dst, e), nil
 		}
@@ -160,7 +160,10 @@ func (t *Table) AllocTo(dst []Extent, n uint64) ([]Extent, error) {
 // keeps the lock of the last segment it took from while the next sizes
 // fit best there too, so a batch of keys takes it about once. A size
 // that one look does not place (a better fit was taken meanwhile, or only
-// a split holds it) goes to AllocTo with no lock held.
+// a split holds it) goes to AllocTo with no lock held. Sizes in a row
+// that round alike (a batch of KV blocks) are placed by one look: its
+// best fit holds as many of them as it can, one after the other, each
+// where a look of its own would have put it (takeFitRunLocked).
 func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 	segs := t.snap.Load().list
 	var laterBuf [64]uint64
@@ -171,17 +174,38 @@ func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 	var held *Segment
 	defer release(&held)
 	var again resume
+	var run Extent // the rest of the last look's run, for the sizes after its first
+	same := 0      // sizes[k:same] round to the size of sizes[k] (while k < same)
 	for k, n := range sizes {
 		dst[k], errs[k] = dst[k][:0], nil
 		if n == 0 {
 			continue
 		}
-		if rn, ok := roundUp(n); ok {
-			if e, _ := look(segs, later, rn, &held, &again); e.Len > 0 {
-				dst[k] = append(dst[k], e)
+		rn, ok := roundUp(n)
+		if ok && run.Len > 0 && rn == again.rn {
+			dst[k] = append(dst[k], Extent{Segment: run.Segment, Off: run.Off, Len: rn})
+			run.Off, run.Len = run.Off+rn, run.Len-rn
+			continue
+		}
+		if ok {
+			// The sizes that round to rn from here on, without a gap: one
+			// look places as many of them as its best fit holds, each
+			// where a look of its own would (takeFitRunLocked).
+			if k >= same {
+				for same = k + 1; same < len(sizes); same++ {
+					if rm, ok := roundUp(sizes[same]); !ok || rm != rn {
+						break
+					}
+				}
+			}
+			count := uint64(same - k)
+			if e, _ := look(segs, later, rn, count, &held, &again); e.Len > 0 {
+				dst[k] = append(dst[k], Extent{Segment: e.Segment, Off: e.Off, Len: rn})
+				run = Extent{Segment: e.Segment, Off: e.Off + rn, Len: e.Len - rn}
 				continue
 			}
 		}
+		run = Extent{}
 		release(&held)
 		dst[k], errs[k] = t.AllocTo(dst[k], n)
 	}
@@ -206,7 +230,7 @@ func (t *Table) AllocMany(dst [][]Extent, sizes []uint64, errs []error) {
 // of one segment a size, not of every segment. (A free into an earlier
 // segment meanwhile, by another caller, goes unseen until the size
 // changes: a fit as valid, maybe not the best.)
-func look(segs []*Segment, later []uint64, rn uint64, held **Segment, again *resume) (Extent, *Segment) {
+func look(segs []*Segment, later []uint64, rn, count uint64, held **Segment, again *resume) (Extent, *Segment) {
 	from := 0
 	var best *Segment
 	bestLen := uint64(math.MaxUint64)
@@ -242,7 +266,7 @@ func look(segs []*Segment, later []uint64, rn uint64, held **Segment, again *res
 				s.Alloc.mu.Lock()
 				*held = s
 			}
-			r, l, ok = s.Alloc.takeFitLocked(rn, below)
+			r, l, ok = s.Alloc.takeFitRunLocked(rn, count, below)
 		}
 		if r.Len > 0 {
 			if again != nil {
