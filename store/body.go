@@ -30,13 +30,13 @@ type body struct {
 	extents []segment.Extent
 	starts  []uint64 // starts[i] = object offset of extents[i]
 	refs    atomic.Int64
-	// guarded by Store.mu
-	state   bodyState
+	// guarded by Store.mu (the small ones last: 128 bytes, not 144)
 	since   uint64 // version that published it (live, retired)
 	swapped uint64 // version of its swap while registered (sharedIndex)
 	doomed  uint64 // a retirement seen at this version while registered
 	key     string // the key the follow loop last saw it under (CheckBody's LRU touch)
-	pins    int
+	pins    int32
+	state   bodyState
 	delayed bool // the FreeDelay after its last reader ran (or runs)
 	waiting bool // that delay is running
 }
