@@ -331,10 +331,10 @@ func (a *Allocator) freeMany(rs []Range) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var errs []error
+	// Only whole granules join a run: parts that are not would be
+	// refused alone, and must be.
+	aligned := func(r Range) bool { return r.Len > 0 && r.Off%Granule == 0 && r.Len%Granule == 0 }
 	for i := 0; i < len(rs); {
-		// Only whole granules join a run: parts that are not would be
-		// refused alone, and must be.
-		aligned := func(r Range) bool { return r.Len > 0 && r.Off%Granule == 0 && r.Len%Granule == 0 }
 		j, run := i+1, rs[i]
 		for aligned(run) && j < len(rs) && rs[j].Off == run.End() && aligned(rs[j]) && run.Len <= a.size-rs[j].Len {
 			run.Len += rs[j].Len
