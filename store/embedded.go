@@ -13,7 +13,8 @@ import (
 // Embedded is the in-process Index for a single machine. Every key has a
 // slot holding its current object: a hash map finds a key's slot (point
 // lookups, the common case, cost one probe), and a B-tree orders the slots
-// for scans; replacing an object changes its slot only. A second, small
+// for scans (under a lock of its own: tree's comment); replacing an object
+// changes its slot only. A second, small
 // table counts the keys under each directory, so that asking whether a
 // new key is an implicit directory costs a probe, not a walk down the
 // tree. Every successful swap bumps one revision counter, which becomes
@@ -26,7 +27,6 @@ type Embedded struct {
 		// Lookups and scans share it; swaps take it alone.
 		sync.RWMutex
 		slots map[string]*slot
-		tree  *btree.BTreeG[treeItem]
 		// under counts, for every d such that some key starts with d+"/",
 		// the keys that do (HasChildren).
 		under  map[string]int
@@ -36,6 +36,17 @@ type Embedded struct {
 		// its calls (slot.txn).
 		found []*slot
 		txn   uint64
+	}
+	// tree orders the slots for scans. A swap changes the table under
+	// mu and the tree under this lock, which it takes before it lets go
+	// of mu: the tree's changes follow in the order of the table's, and
+	// the swap after it changes the table while this one changes the
+	// tree, which is a third of a swap of new keys. A scan holds mu for
+	// reading and then this lock, so that it waits for the tree changes
+	// of the swaps before it and sees the tree as the table is.
+	tree struct {
+		sync.Mutex
+		t *btree.BTreeG[treeItem]
 	}
 	// lru is the store's LRU (LRUKeeper), a ring of slots through head:
 	// head.next the most recently used, n slots in it. Its lock guards
@@ -94,7 +105,7 @@ func NewEmbedded() *Embedded { return NewEmbeddedFor(0) }
 func NewEmbeddedFor(keys int) *Embedded {
 	x := &Embedded{}
 	x.mu.slots = make(map[string]*slot, keys)
-	x.mu.tree = btree.NewG(32, func(a, b treeItem) bool { return a.key < b.key })
+	x.tree.t = btree.NewG(32, func(a, b treeItem) bool { return a.key < b.key })
 	x.mu.under = make(map[string]int)
 	x.lru.head.prev, x.lru.head.next = &x.lru.head, &x.lru.head
 	return x
@@ -147,9 +158,32 @@ func (x *Embedded) FindMany(_ context.Context, keys []string, objs []*Object) er
 func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, error) {
 	var local [64]*slot
 	var pre [64]swapPre
-	rev, up, err := x.swap(swaps, local[:0], prepare(swaps, pre[:0]))
+	var ops [64]treeOp
+	rev, up, tops, err := x.swap(swaps, local[:0], prepare(swaps, pre[:0]), ops[:0])
+	if len(tops) > 0 {
+		x.changeTree(tops) // once mu is free, x.tree taken before
+	}
 	x.toFront(up) // once mu is free
 	return rev, err
+}
+
+// treeOp is a change of the tree that a swap leaves for after the
+// table's: a new key's slot in (ReplaceOrInsert), or a removed one out.
+type treeOp struct {
+	it  treeItem
+	del bool
+}
+
+// changeTree makes ops, holding x.tree (swap took it), and lets go.
+func (x *Embedded) changeTree(ops []treeOp) {
+	defer x.tree.Unlock()
+	for _, op := range ops {
+		if op.del {
+			x.tree.t.Delete(op.it)
+		} else {
+			x.tree.t.ReplaceOrInsert(op.it)
+		}
+	}
 }
 
 // swapPre is what swap needs of a swap that can be had before the
@@ -177,12 +211,15 @@ func prepare(swaps []Swap, pre []swapPre) []swapPre {
 }
 
 // swap is CompareAndSwap under mu; it returns up with the slots of the
-// swaps that ask for a move up the LRU added. pre is prepare's.
-func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slot, error) {
+// swaps that ask for a move up the LRU added, and ops with the tree's
+// changes added. pre is prepare's. When it returns changes, it holds
+// x.tree, taken before it let go of mu: the caller makes them and lets
+// go (changeTree).
+func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre, ops []treeOp) (uint64, []*slot, []treeOp, error) {
 	lockSpin(&x.mu.RWMutex)
 	defer x.mu.Unlock()
 	if x.mu.closed {
-		return 0, nil, ErrClosed
+		return 0, nil, nil, ErrClosed
 	}
 	found := x.mu.found[:0]
 	defer func() {
@@ -232,7 +269,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 					delete(x.mu.slots, made.key)
 				}
 			}
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 		if sl == nil {
 			if sl = pre[i].sl; sl == nil {
@@ -261,7 +298,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 				continue
 			}
 			delete(x.mu.slots, s.Key)
-			x.mu.tree.Delete(treeItem{sl.key, sl})
+			ops = append(ops, treeOp{it: treeItem{sl.key, sl}, del: true})
 			under.add(x, sl.key, -1)
 			x.lru.Lock()
 			x.unlinkLocked(sl)
@@ -284,7 +321,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 			sl.obj = o
 		} else {
 			sl.key, sl.obj = o.Key, o
-			x.mu.tree.ReplaceOrInsert(treeItem{sl.key, sl})
+			ops = append(ops, treeOp{it: treeItem{sl.key, sl}})
 			under.add(x, sl.key, 1)
 		}
 		o.slot, sl.meta = sl, pre[i].meta
@@ -298,7 +335,12 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (uint64, []*slo
 	}
 	under.flush(x)
 	x.hub.Publish(events)
-	return rev, up, nil
+	if len(ops) > 0 {
+		// The last step under mu: nothing may fail between this and
+		// the caller's changeTree.
+		x.tree.Lock()
+	}
+	return rev, up, ops, nil
 }
 
 // slotLocked returns the slot of s's key, nil if it has none: s.Cur's
@@ -432,8 +474,11 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 	if from < prefix {
 		from = prefix
 	}
+	// After the tree changes of the swaps before (x.tree's comment).
+	x.tree.Lock()
+	defer x.tree.Unlock()
 	var out []*Object
-	x.mu.tree.AscendGreaterOrEqual(treeItem{key: from}, func(it treeItem) bool {
+	x.tree.t.AscendGreaterOrEqual(treeItem{key: from}, func(it treeItem) bool {
 		if !strings.HasPrefix(it.key, prefix) {
 			return false
 		}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
@@ -331,4 +332,92 @@ func TestEmbeddedLRUConcurrent(t *testing.T) {
 		}
 		seen[k] = true
 	}
+}
+
+// TestEmbeddedScanSeesWholeSwaps: writers move tokens from name to name,
+// each move one transaction (the old name out, the new one in), with the
+// tree's changes made after the table's (Embedded's tree lock); readers
+// scan the directory and find every token exactly once, never an emptied
+// slot, and a move committed before a scan is in it.
+func TestEmbeddedScanSeesWholeSwaps(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	t.Cleanup(func() { _ = x.Close() })
+	const tokens, moves = 6, 1500
+	name := func(tok, gen int) string { return fmt.Sprintf("p/t%d-%06d", tok, gen) }
+	for tok := range tokens {
+		if _, err := x.CompareAndSwap(ctx, store.Swap{Key: name(tok, 0), New: &store.Object{Key: name(tok, 0), Size: uint64(tok)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var gens [tokens]atomic.Int64 // each token's last move committed
+	var wg sync.WaitGroup
+	var writers sync.WaitGroup
+	for tok := range tokens {
+		writers.Add(1)
+		wg.Go(func() {
+			defer writers.Done()
+			cur, _ := x.Find(ctx, name(tok, 0))
+			for gen := 1; gen <= moves; gen++ {
+				next := &store.Object{Key: name(tok, gen), Size: uint64(tok)}
+				if _, err := x.CompareAndSwap(ctx,
+					store.Swap{Key: cur.Key, Old: cur.Version, Cur: cur},
+					store.Swap{Key: next.Key, New: next}); err != nil {
+					t.Error(err)
+					return
+				}
+				gens[tok].Store(int64(gen))
+				cur, _ = x.Find(ctx, next.Key)
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { writers.Wait(); close(done) }()
+	for range 3 {
+		wg.Go(func() {
+			for scans := 0; ; scans++ {
+				select {
+				case <-done:
+					if scans == 0 {
+						t.Error("no scan ran")
+					}
+					return
+				default:
+				}
+				// A move committed before the scan is in it: the
+				// token is under that name or a later one.
+				seenTok := rand.IntN(tokens)
+				before := int(gens[seenTok].Load())
+				objs, err := x.Scan(ctx, "p/", "", 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				count := make([]int, tokens)
+				for _, o := range objs {
+					if o == nil {
+						t.Error("scan returned an emptied slot")
+						return
+					}
+					var tok, gen int
+					if _, err := fmt.Sscanf(o.Key, "p/t%d-%d", &tok, &gen); err != nil || o.Size != uint64(tok) {
+						t.Errorf("scan returned %+v", o)
+						return
+					}
+					count[tok]++
+					if tok == seenTok && gen < before {
+						t.Errorf("scan has %s, after a lookup found generation %d", o.Key, before)
+						return
+					}
+				}
+				for tok, n := range count {
+					if n != 1 {
+						t.Errorf("token %d under %d names in one scan: %v", tok, n, objs)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
