@@ -331,12 +331,11 @@ func (a *Allocator) freeMany(rs []Range) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var errs []error
-	// Only whole granules join a run: parts that are not would be
-	// refused alone, and must be.
-	aligned := func(r Range) bool { return r.Len > 0 && r.Off%Granule == 0 && r.Len%Granule == 0 }
 	for i := 0; i < len(rs); {
+		// Only whole granules join a run: parts that are not would be
+		// refused alone, and must be.
 		j, run := i+1, rs[i]
-		for aligned(run) && j < len(rs) && rs[j].Off == run.End() && aligned(rs[j]) && run.Len <= a.size-rs[j].Len {
+		for wholeGranules(run) && j < len(rs) && rs[j].Off == run.End() && wholeGranules(rs[j]) && run.Len <= a.size-rs[j].Len {
 			run.Len += rs[j].Len
 			j++
 		}
@@ -352,10 +351,12 @@ func (a *Allocator) freeMany(rs []Range) error {
 	return errors.Join(errs...)
 }
 
+// wholeGranules reports whether r is a non-empty run of whole granules.
+func wholeGranules(r Range) bool { return r.Len > 0 && r.Off%Granule == 0 && r.Len%Granule == 0 }
+
 // freeLocked is Free with a.mu held.
 func (a *Allocator) freeLocked(r Range) error {
-	if r.Len == 0 || r.Off%Granule != 0 || r.Len%Granule != 0 ||
-		r.Len > a.size || r.Off > a.size-r.Len {
+	if !wholeGranules(r) || r.Len > a.size || r.Off > a.size-r.Len {
 		return fmt.Errorf("segment: free %v (size %d B): %w", r, a.size, ErrBadRange)
 	}
 	// prev is the last free range starting at or before r, next the first

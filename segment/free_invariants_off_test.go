@@ -110,8 +110,8 @@ func countErrs(err error) int {
 		}
 		return n
 	case interface{ Unwrap() error }:
-		if errors.As(e.Unwrap(), new(interface{ Unwrap() []error })) {
-			return countErrs(e.Unwrap())
+		if u := e.Unwrap(); u != nil {
+			return countErrs(u)
 		}
 	}
 	return 1
