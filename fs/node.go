@@ -136,6 +136,25 @@ func (n *node) key() (string, bool) {
 	return k, true
 }
 
+// liveObject returns the version of n that the index holds now: key's
+// (n.key's, ok false once n left the tree), while key still holds n's
+// inode; nil and no error once n was unlinked or replaced.
+func (n *node) liveObject(ctx context.Context, key string, ok bool) (*store.Object, error) {
+	if !ok {
+		return nil, nil
+	}
+	o, err := n.fs.st.Stat(ctx, key)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case o.Ino != n.StableAttr().Ino:
+		return nil, nil
+	}
+	return o, nil
+}
+
 func (n *node) childKey(name string) (string, error) {
 	if err := store.ValidateName(name); err != nil {
 		return "", err
@@ -317,11 +336,7 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	// file kept open let others in after a chmod, and cp of a file
 	// rewritten since stopped at the old size.
 	var o *store.Object
-	if ok {
-		if o, err = n.fs.st.Stat(ctx, key); err != nil || o.Ino != n.StableAttr().Ino {
-			o = nil
-		}
-	}
+	o, err = n.liveObject(ctx, key, ok)
 	gone := o == nil
 	if gone {
 		// Unlinked or replaced but still open (a file or a directory,
@@ -336,7 +351,7 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 		} else if g := n.ghostReader(); g != nil {
 			o, err = g.Object(), nil
 			g.Close()
-		} else if err == nil || errors.Is(err, store.ErrNotFound) {
+		} else if err == nil {
 			err = store.ErrStale
 		}
 	}

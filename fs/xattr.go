@@ -146,11 +146,7 @@ func (n *node) xattrValue(ctx context.Context, attr string) ([]byte, error) {
 		}
 		return []byte(fmt.Sprintf("%+v", n.fs.st.Stats())), nil
 	}
-	key, ok := n.key()
-	if !ok {
-		return nil, store.ErrNotFound
-	}
-	o, err := n.fs.st.Stat(ctx, key)
+	o, err := n.xattrObject(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +171,26 @@ func (n *node) xattrValue(ctx context.Context, attr string) ([]byte, error) {
 		return v, nil
 	}
 	return nil, syscall.ENODATA // system.posix_acl_access too: no ACL
+}
+
+// xattrObject is the version whose attributes n's reads: the one its key
+// holds while that is still n's inode (liveObject). Once n was unlinked
+// or replaced (a rename over it: the kernel can still hold its dentry),
+// the version a rename replaced while open (the ghost), else ErrStale, on
+// which the kernel looks the path up again and asks what is there now,
+// as for a stat; not ENOENT for a name that never stopped existing, nor
+// the attributes of another file.
+func (n *node) xattrObject(ctx context.Context) (*store.Object, error) {
+	key, ok := n.key()
+	o, err := n.liveObject(ctx, key, ok)
+	if o != nil || err != nil {
+		return o, err
+	}
+	if g := n.ghostReader(); g != nil {
+		defer g.Close()
+		return g.Object(), nil
+	}
+	return nil, store.ErrStale
 }
 
 // Getxattr implements gofs.NodeGetxattrer.
@@ -210,7 +226,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	}
 	key, ok := n.key()
 	if !ok {
-		return syscall.ENOENT
+		return syscall.ESTALE // unlinked or replaced: as Update says for a replaced inode
 	}
 	if name == "mooncake.pin" {
 		var pin bool
@@ -272,7 +288,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 	}
 	key, ok := n.key()
 	if !ok {
-		return syscall.ENOENT
+		return syscall.ESTALE // unlinked or replaced: as Update says for a replaced inode
 	}
 	_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
 		if _, ok := o.Xattrs[name]; !ok {
@@ -289,10 +305,6 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 
 // Listxattr implements gofs.NodeListxattrer.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (sz uint32, errno syscall.Errno) {
-	key, ok := n.key()
-	if !ok {
-		return 0, syscall.ENOENT
-	}
 	// The computed names (size, version, location, the root's status)
 	// are read by name, not listed: programs that copy a file's
 	// attributes (cp -a, rsync -X, tar --xattrs) copy what is listed, and
@@ -301,7 +313,7 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (sz uint32, errno sys
 	// a copy keeps it.
 	var names []string
 	if !n.IsRoot() {
-		o, err := n.fs.st.Stat(ctx, key)
+		o, err := n.xattrObject(ctx)
 		if err != nil {
 			return 0, toErrno(err)
 		}

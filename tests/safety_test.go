@@ -101,8 +101,9 @@ if fd is not None:
 }
 
 // TestRenameOverIsAtomic: the write-temp-then-rename pattern. One process
-// keeps replacing a name, others keep opening, reading, stating and
-// recreating it: on a local file system none of them ever fails.
+// keeps replacing a name, others keep opening, reading, stating, reading
+// the attributes of and recreating it: on a local file system none of
+// them ever fails.
 func TestRenameOverIsAtomic(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python)
@@ -126,6 +127,13 @@ for i in range(n):
             if not (b in (b"", b"first\n") or (b.startswith(b"v") and len(b) == 1009)):
                 fails["torn"] += 1
             os.stat(d + "/rr")
+            # As ls -l: the name's attributes right after its stat.
+            try:
+                os.getxattr(d + "/rr", "security.selinux", follow_symlinks=False)
+            except OSError as e:
+                if e.errno != errno.ENODATA:
+                    raise
+            os.listxattr(d + "/rr", follow_symlinks=False)
         else:
             os.close(os.open(d + "/rr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
     except OSError as e:
