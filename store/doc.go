@@ -108,11 +108,13 @@
 // extents in the segments under it too, except in a batch put's commit,
 // which collects them (Store.mu.freeing) and frees them after Store.mu.
 // The embedded index's lookups and scans share its lock and swaps take it
-// alone; its B-tree of keys in order has a lock of its own, which a swap
-// takes before it lets go of the table's and then changes the tree (a
-// third of a swap of new keys, so the next swap and the lookups need not
-// wait for it), and a scan takes after the table's; its LRU has a third
-// lock, taken after the first or alone: a
+// alone; its B-tree of keys in order (for scans) has a lock of its own
+// and follows the table through a log of changes: a swap appends to it
+// under the table's lock, a goroutine makes them once the log is long
+// (a third of a swap of new keys, off every call's path), and a scan
+// takes the tree's lock after the table's and makes those still pending
+// before it reads; its LRU has a third lock, taken after the first or
+// alone: a
 // swap moves its keys up the LRU after it lets go of the table, Touch
 // finds its keys under the shared lock, then moves them, and TouchObjects
 // (a batch get's) finds them through the objects read. A swap finds a

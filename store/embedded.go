@@ -36,18 +36,27 @@ type Embedded struct {
 		// its calls (slot.txn).
 		found []*slot
 		txn   uint64
+		// pend is the tree's changes not made yet (tree's comment).
+		pend []treeOp
 	}
-	// tree orders the slots for scans. A swap changes the table under
-	// mu and the tree under this lock, which it takes before it lets go
-	// of mu: the tree's changes follow in the order of the table's, and
-	// the swap after it changes the table while this one changes the
-	// tree, which is a third of a swap of new keys. A scan holds mu for
-	// reading and then this lock, so that it waits for the tree changes
-	// of the swaps before it and sees the tree as the table is.
+	// tree orders the slots for scans, changed after the table: a swap
+	// appends its changes to the table's (mu.pend, in the table's order)
+	// and no call waits for the tree, which is a third of a swap of new
+	// keys. Once pend holds treeAsync changes, a swap starts an applier
+	// (applyPending), which makes them off every call's path; past
+	// treeInline, the swap makes them itself before it returns, so pend
+	// stays bounded when the applier falls behind. A scan holds mu for
+	// reading and then this lock, and makes the changes still pending
+	// first, so that it sees the tree as the table is. pend is appended
+	// to under mu, written, and taken whole under mu, read, with this
+	// lock (applier and scans take it one at a time).
 	tree struct {
 		sync.Mutex
 		t *btree.BTreeG[treeItem]
+		// spare is the applied log's array, for the next one.
+		spare []treeOp
 	}
+	applying atomic.Bool // an applier runs or is about to
 	// lru is the store's LRU (LRUKeeper), a ring of slots through head:
 	// head.next the most recently used, n slots in it. Its lock guards
 	// the ring and every slot's prev, next and gone; one who holds mu too
@@ -158,10 +167,13 @@ func (x *Embedded) FindMany(_ context.Context, keys []string, objs []*Object) er
 func (x *Embedded) CompareAndSwap(_ context.Context, swaps ...Swap) (uint64, error) {
 	var local [64]*slot
 	var pre [64]swapPre
-	var ops [64]treeOp
-	rev, up, tops, err := x.swap(swaps, local[:0], prepare(swaps, pre[:0]), ops[:0])
-	if len(tops) > 0 {
-		x.changeTree(tops) // once mu is free, x.tree taken before
+	rev, up, tree, apply, err := x.swap(swaps, local[:0], prepare(swaps, pre[:0]))
+	if tree != nil {
+		x.changeTree(tree) // mu is free, x.tree held
+		x.tree.Unlock()
+	}
+	if apply {
+		go x.applyPending()
 	}
 	x.toFront(up) // once mu is free
 	return rev, err
@@ -174,15 +186,58 @@ type treeOp struct {
 	del bool
 }
 
-// changeTree makes ops, holding x.tree (swap took it), and lets go.
+// The pending tree changes that start an applier, and that a swap makes
+// itself (tree's comment). treeAsync is sixteen 64-key batch puts'
+// keys: an applier that runs for longer holds the tree fewer times, and
+// a scan that finds them pending makes at most about that many changes.
+const (
+	treeAsync  = 1024
+	treeInline = 64 << 10
+)
+
+// takePendLocked takes the pending tree changes, leaving x.mu.pend empty
+// on the spare array. The caller holds x.tree and mu, for reading at
+// least (tree's comment).
+func (x *Embedded) takePendLocked() []treeOp {
+	ops := x.mu.pend
+	x.mu.pend, x.tree.spare = x.tree.spare[:0], nil
+	return ops
+}
+
+// changeTree makes ops, holding x.tree, and keeps their array for the
+// next log (x.tree.spare) unless it grew large.
 func (x *Embedded) changeTree(ops []treeOp) {
-	defer x.tree.Unlock()
 	for _, op := range ops {
 		if op.del {
 			x.tree.t.Delete(op.it)
 		} else {
 			x.tree.t.ReplaceOrInsert(op.it)
 		}
+	}
+	clear(ops) // the slots removed may go
+	if cap(ops) <= 4*treeAsync && cap(ops) > cap(x.tree.spare) {
+		x.tree.spare = ops[:0]
+	}
+}
+
+// applyPending makes the pending tree changes until none are left, off
+// the calls' paths; a swap started it (x.applying).
+func (x *Embedded) applyPending() {
+	for {
+		rlockSpin(&x.mu.RWMutex)
+		x.tree.Lock()
+		if x.mu.closed || len(x.mu.pend) == 0 {
+			// Cleared under mu: the swap that next finds enough pending
+			// starts the next applier.
+			x.applying.Store(false)
+			x.tree.Unlock()
+			x.mu.RUnlock()
+			return
+		}
+		ops := x.takePendLocked()
+		x.mu.RUnlock()
+		x.changeTree(ops)
+		x.tree.Unlock()
 	}
 }
 
@@ -211,15 +266,15 @@ func prepare(swaps []Swap, pre []swapPre) []swapPre {
 }
 
 // swap is CompareAndSwap under mu; it returns up with the slots of the
-// swaps that ask for a move up the LRU added, and ops with the tree's
-// changes added. pre is prepare's. When it returns changes, it holds
-// x.tree, taken before it let go of mu: the caller makes them and lets
-// go (changeTree).
-func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre, ops []treeOp) (uint64, []*slot, []treeOp, error) {
+// swaps that ask for a move up the LRU added, and what the caller is to
+// do of the tree (tree's comment): make the changes in tree, holding
+// x.tree (taken before swap let go of mu), and let go; or start an
+// applier (apply). pre is prepare's.
+func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (rev uint64, _ []*slot, tree []treeOp, apply bool, _ error) {
 	lockSpin(&x.mu.RWMutex)
 	defer x.mu.Unlock()
 	if x.mu.closed {
-		return 0, nil, nil, ErrClosed
+		return 0, nil, nil, false, ErrClosed
 	}
 	found := x.mu.found[:0]
 	defer func() {
@@ -269,7 +324,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre, ops []treeOp) (
 					delete(x.mu.slots, made.key)
 				}
 			}
-			return 0, nil, nil, err
+			return 0, nil, nil, false, err
 		}
 		if sl == nil {
 			if sl = pre[i].sl; sl == nil {
@@ -281,7 +336,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre, ops []treeOp) (
 		found = append(found, sl)
 	}
 	x.mu.rev++
-	rev := x.mu.rev
+	rev = x.mu.rev
 	var events []Event
 	watched := x.hub.Watched()
 	if watched {
@@ -290,6 +345,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre, ops []treeOp) (
 	var under underCounts // the directories' counts, a run of one parent at a time
 	var dbytes int64      // x.bytes' change, made once
 	defer func() { x.bytes.Add(dbytes) }()
+	ops := x.mu.pend
 	for i, s := range swaps {
 		sl := found[i]
 		if s.New == nil {
@@ -335,12 +391,17 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre, ops []treeOp) (
 	}
 	under.flush(x)
 	x.hub.Publish(events)
-	if len(ops) > 0 {
+	x.mu.pend = ops
+	switch {
+	case len(ops) >= treeInline:
 		// The last step under mu: nothing may fail between this and
-		// the caller's changeTree.
+		// the caller's changes.
 		x.tree.Lock()
+		return rev, up, x.takePendLocked(), false, nil
+	case len(ops) >= treeAsync && x.applying.CompareAndSwap(false, true):
+		return rev, up, nil, true, nil
 	}
-	return rev, up, ops, nil
+	return rev, up, nil, false, nil
 }
 
 // slotLocked returns the slot of s's key, nil if it has none: s.Cur's
@@ -477,6 +538,9 @@ func (x *Embedded) Scan(_ context.Context, prefix, from string, limit int) ([]*O
 	// After the tree changes of the swaps before (x.tree's comment).
 	x.tree.Lock()
 	defer x.tree.Unlock()
+	if len(x.mu.pend) > 0 {
+		x.changeTree(x.takePendLocked())
+	}
 	var out []*Object
 	x.tree.t.AscendGreaterOrEqual(treeItem{key: from}, func(it treeItem) bool {
 		if !strings.HasPrefix(it.key, prefix) {

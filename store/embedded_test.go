@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/store"
@@ -331,6 +333,65 @@ func TestEmbeddedLRUConcurrent(t *testing.T) {
 			t.Fatalf("LRU %q: %q is not in the index, or twice", tail, k)
 		}
 		seen[k] = true
+	}
+}
+
+// TestEmbeddedTreeLog: the tree's changes left for later stay bounded
+// with no scan to make them (an applier makes them once there are
+// enough, a swap past the bound makes them itself), and a scan then
+// finds every key, in order.
+func TestEmbeddedTreeLog(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	t.Cleanup(func() { _ = x.Close() })
+	name := func(i int) string { return fmt.Sprintf("d/k%07d", i) }
+	put := func(from, n int) {
+		t.Helper()
+		swaps := make([]store.Swap, n)
+		for i := range swaps {
+			k := name(from + i)
+			swaps[i] = store.Swap{Key: k, New: &store.Object{Key: k}}
+		}
+		if _, err := x.CompareAndSwap(ctx, swaps...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One swap past the bound makes every change before it returns.
+	put(0, store.TreeInline+1)
+	if n := store.PendingTree(x); n != 0 {
+		t.Fatalf("%d tree changes pending after a swap of %d keys", n, store.TreeInline+1)
+	}
+	// Batches, in an order that is not the keys', with no scan between.
+	keys := store.TreeInline + 1
+	const batches, per = 2000, 64
+	for b := range batches {
+		put(keys+(b*7919%batches)*per, per)
+		if n := store.PendingTree(x); n > store.TreeInline+per {
+			t.Fatalf("after %d batches %d tree changes pending, over %d", b+1, n, store.TreeInline+per)
+		}
+	}
+	keys += batches * per
+	// The applier leaves fewer than would start another (a liveness
+	// bound, not a speed: it takes milliseconds).
+	for deadline := time.Now().Add(time.Minute); store.PendingTree(x) >= store.TreeAsync; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d tree changes still pending a minute after the last swap", store.PendingTree(x))
+		}
+	}
+	objs, err := x.Scan(ctx, "d/", "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != keys {
+		t.Fatalf("scan found %d keys of %d", len(objs), keys)
+	}
+	for i, o := range objs {
+		if o.Key != name(i) {
+			t.Fatalf("scan's key %d is %q, want %q", i, o.Key, name(i))
+		}
+	}
+	if n := store.PendingTree(x); n != 0 {
+		t.Fatalf("%d tree changes pending after a scan", n)
 	}
 }
 

@@ -64,3 +64,16 @@ func MarkEvicting(s *Store, ino uint64) (end func()) {
 
 // ReserveError is reserveError, for tests.
 func ReserveError(err error) error { return reserveError(err) }
+
+// PendingTree counts x's tree changes not made yet, for tests.
+func PendingTree(x *Embedded) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	x.tree.Lock()
+	defer x.tree.Unlock()
+	return len(x.mu.pend)
+}
+
+// TreeAsync and TreeInline are the pending tree changes that start an
+// applier and that a swap makes itself, for tests.
+const TreeAsync, TreeInline = treeAsync, treeInline
