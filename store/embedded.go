@@ -221,10 +221,12 @@ func (x *Embedded) changeTree(ops []treeOp) {
 }
 
 // applyPending makes the pending tree changes until none are left, off
-// the calls' paths; a swap started it (x.applying).
+// the calls' paths; a swap started it (x.applying). It waits for mu
+// without polling (rlockSpin): no call waits for it, and a poller would
+// keep a CPU busy while swaps follow each other.
 func (x *Embedded) applyPending() {
 	for {
-		rlockSpin(&x.mu.RWMutex)
+		x.mu.RLock()
 		x.tree.Lock()
 		if x.mu.closed || len(x.mu.pend) == 0 {
 			// Cleared under mu: the swap that next finds enough pending
