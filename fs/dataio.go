@@ -157,21 +157,33 @@ type invalidation struct {
 // is now inode ino, without telling it: the caller applies it once its
 // commit is done, and only when there is one (applyAll).
 func (n *node) invalidation(rel string, ino uint64) (invalidation, bool) {
+	inv, ok, neg := n.knownInvalidation(rel, ino)
+	if neg && n.fs.neg.cached(inv.in.StableAttr().Ino, inv.name) {
+		return inv, true
+	}
+	if !ok {
+		return invalidation{}, false
+	}
+	return inv, true
+}
+
+// knownInvalidation is invalidation from the inodes the kernel knows:
+// for a name it knows no inode of, it returns neg and the entry to
+// forget if the daemon answered ENOENT for it (negatives.cached, or
+// cachedMany for a batch's names).
+func (n *node) knownInvalidation(rel string, ino uint64) (inv invalidation, ok, neg bool) {
 	parent, name, ch, _ := walkKnown(&n.Inode, rel)
 	switch {
 	case ch == nil:
 		// The kernel may hold the name as missing: a key, or a
 		// directory a put made (FlagParents), is there now.
-		if n.fs.neg.cached(parent.StableAttr().Ino, name) {
-			return invalidation{in: parent, name: name}, true
-		}
-		return invalidation{}, false
+		return invalidation{in: parent, name: name}, false, true
 	case ch.StableAttr().Ino != ino:
 		// A name for a file gone: forgotten, the next walk finds this
 		// one (an open of the old node would answer ESTALE).
-		return invalidation{in: parent, name: name}, true
+		return invalidation{in: parent, name: name}, true, false
 	}
-	return invalidation{in: ch, content: true}, true
+	return invalidation{in: ch, content: true}, true, false
 }
 
 func (inv invalidation) apply() {

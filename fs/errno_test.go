@@ -235,6 +235,27 @@ func TestInvalidation(t *testing.T) {
 	if inv, ok := root.invalidation("d/asked", 7006); !ok || inv.in != d || inv.name != "asked" || inv.content {
 		t.Errorf("a name answered missing: %+v, %v; want its entry in d", inv, ok)
 	}
+	// A batch's new names, asked together (cachedMany): those answered
+	// missing, in order, each once.
+	fx.root.fs.neg.looking(7001, "m1", time.Hour)
+	fx.root.fs.neg.looking(7001, "m3", time.Hour)
+	var negs []invalidation
+	for _, name := range []string{"m1", "m2", "m3", "k"} {
+		inv, ok, neg := root.knownInvalidation("d/"+name, 7010)
+		if ok == neg {
+			t.Fatalf("knownInvalidation(d/%s): ok %v, neg %v", name, ok, neg)
+		}
+		if neg {
+			negs = append(negs, inv)
+		}
+	}
+	got := fx.root.fs.neg.cachedMany(negs)
+	if len(got) != 2 || got[0].in != d || got[0].name != "m1" || got[1].in != d || got[1].name != "m3" {
+		t.Errorf("cachedMany of m1, m2, m3 with m1 and m3 answered missing: %+v", got)
+	}
+	if again := fx.root.fs.neg.cachedMany([]invalidation{{in: d, name: "m1"}, {in: d, name: "m3"}}); len(again) != 0 || fx.root.fs.neg.n.Load() != 0 {
+		t.Errorf("asked again: %+v, %d records left", again, fx.root.fs.neg.n.Load())
+	}
 }
 
 // TestSpareProcs: after a mount, the scheduler has a P more than the

@@ -532,6 +532,9 @@ type putChunk struct {
 	writes []store.DraftWrite
 	w      *store.Writes
 	gpu    bool // some key's bytes come from GPU memory
+	// negs is commitChunk's scratch: the entries of new names to look
+	// up in the negative answers.
+	negs []invalidation
 }
 
 // putChunks holds chunks of earlier calls (release): their slices of
@@ -551,7 +554,7 @@ func newPutChunk(keys int) *putChunk {
 func (c *putChunk) release() {
 	clear(c.fast)
 	clear(c.specs)
-	*c = putChunk{fast: c.fast[:0], specs: c.specs[:0]}
+	*c = putChunk{fast: c.fast[:0], specs: c.specs[:0], negs: c.negs[:0]}
 	putChunks.Put(c)
 }
 
@@ -775,6 +778,7 @@ func (c *putChunk) addDraft(st *store.Store, op *keyOp, key string, bufs []trans
 // commitChunk waits for c's copies and commits each of its keys.
 func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs *[]invalidation, again *[]*keyOp) {
 	if c.puts != nil {
+		negs := c.negs[:0]
 		objs, errs := c.puts.Commit()
 		n.fs.batches.transferNs.Add(uint64(c.puts.CopyNs()))
 		for j, op := range c.fast {
@@ -791,11 +795,19 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 				op.fail(err)
 			default:
 				op.n, op.version = objs[j].Size, objs[j].Version
-				if inv, ok := n.invalidation(op.rel, objs[j].Ino); ok {
+				switch inv, ok, neg := n.knownInvalidation(op.rel, objs[j].Ino); {
+				case ok:
 					*invs = append(*invs, inv)
+				case neg:
+					negs = append(negs, inv)
 				}
 			}
 		}
+		// The names the kernel knows no inode of: one look at the
+		// negative answers for all.
+		*invs = append(*invs, n.fs.neg.cachedMany(negs)...)
+		clear(negs)
+		c.negs = negs[:0]
 		c.puts.Release()
 		c.puts = nil
 	}

@@ -111,25 +111,54 @@ func (g *negatives) cached(dir uint64, name string) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	defer g.countLocked()
+	now := time.Now()
+	defer g.doneLocked(now)
+	return g.takeLocked(negKey{dir, name}, now)
+}
+
+// cachedMany is cached for the names of invs (each an entry of its in)
+// under one lock: it returns those the kernel may hold a negative entry
+// for, in invs' array, and forgets them.
+func (g *negatives) cachedMany(invs []invalidation) []invalidation {
+	if g.n.Load() == 0 {
+		return invs[:0]
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	defer g.doneLocked(now)
+	kept := invs[:0]
+	for _, inv := range invs {
+		if g.takeLocked(negKey{inv.in.StableAttr().Ino, inv.name}, now) {
+			kept = append(kept, inv)
+		}
+	}
+	return kept
+}
+
+// takeLocked forgets k's record and reports whether the kernel may
+// still hold its negative entry at now (or some answer went unrecorded
+// since). Caller holds mu.
+func (g *negatives) takeLocked(k negKey, now time.Time) bool {
 	var t time.Time
 	ok := false
 	if len(g.mu.until) > 0 {
-		k := negKey{dir, name}
 		if t, ok = g.mu.until[k]; ok {
 			delete(g.mu.until, k)
 		}
 	}
-	now := time.Now()
+	return ok && now.Before(t) || now.Before(g.mu.overflow)
+}
+
+// doneLocked ends a look at the record made at now: every record expired
+// goes (so that the next commits skip mu), and so does an overflow that
+// passed. Caller holds mu.
+func (g *negatives) doneLocked(now time.Time) {
 	if len(g.mu.until) > 0 && now.After(g.mu.last) {
-		// Every record expired: gone, so that the next commits skip mu.
 		clear(g.mu.until)
 	}
-	if !ok && g.mu.overflow.IsZero() {
-		return false
+	if !g.mu.overflow.IsZero() && !now.Before(g.mu.overflow) {
+		g.mu.overflow = time.Time{}
 	}
-	if !now.Before(g.mu.overflow) {
-		g.mu.overflow = time.Time{} // over
-	}
-	return ok && now.Before(t) || now.Before(g.mu.overflow)
+	g.countLocked()
 }

@@ -68,38 +68,24 @@ func initBody(b *body, ext []segment.Extent, state bodyState, since uint64) *bod
 	return b
 }
 
-// bodyKey is the key in Store.mu.bodies of the body whose first extent is
-// first: its segment and granule, one word to hash and compare where the
-// extent is three. No two bodies in the map share it, since their
-// extents are allocated and allocations do not overlap; New refuses
-// segments too large for the granule to fit (maxBodySegment).
-func bodyKey(first segment.Extent) uint64 {
-	return uint64(first.Segment)<<32 | first.Off/segment.Granule
-}
-
-// maxBodySegment is the largest segment whose granules bodyKey tells
-// apart: 2^32 granules.
+// maxBodySegment is the largest segment a store takes: 2^32 granules.
 const maxBodySegment = segment.Granule << 32
 
 // bodyLocked returns the body whose first extent is first, nil if none.
 // Caller holds s.mu.
 func (s *Store) bodyLocked(first segment.Extent) *body {
-	if b := s.mu.bodies[bodyKey(first)]; b != nil && b.id == first {
+	if b := s.mu.bodies.get(first); b != nil && b.id == first {
 		return b
 	}
 	return nil
 }
 
-// addBodyLocked records b, whose first extent no body in the map has.
+// addBodyLocked records b, whose first extent no body in the table has.
 // Caller holds s.mu.
-func (s *Store) addBodyLocked(b *body) { s.mu.bodies[bodyKey(b.id)] = b }
+func (s *Store) addBodyLocked(b *body) { s.mu.bodies.add(b) }
 
-// dropBodyLocked forgets b, if the map has it. Caller holds s.mu.
-func (s *Store) dropBodyLocked(b *body) {
-	if k := bodyKey(b.id); s.mu.bodies[k] == b {
-		delete(s.mu.bodies, k)
-	}
-}
+// dropBodyLocked forgets b, if the table has it. Caller holds s.mu.
+func (s *Store) dropBodyLocked(b *body) { s.mu.bodies.drop(b) }
 
 // bodyOfLocked is bodyLocked for the local bytes of obj, whose first
 // extent is first: the record obj was committed with, while it is not

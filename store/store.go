@@ -141,8 +141,8 @@ type Store struct {
 	mu struct {
 		sync.Mutex
 		// bodies: every local body from its commit's registration to its
-		// free, by first extent (bodyKey, bodyLocked).
-		bodies map[uint64]*body
+		// free, by first extent (bodyLocked).
+		bodies bodyTable
 		opens  map[uint64]int // Ino -> open readers and drafts
 		// evicting: inodes whose eviction is between its open check and
 		// its index swap; an open of one waits for the outcome (evict.go).
@@ -227,7 +227,6 @@ func New(o Options) (*Store, error) {
 	if x, ok := idx.(*sharedIndex); ok {
 		x.s = s
 	}
-	s.mu.bodies = make(map[uint64]*body, KeysFor(o.Segments.Stats().Size))
 	s.mu.opens = make(map[uint64]int)
 	s.mu.evicting = make(map[uint64]chan struct{})
 	s.mu.resv = make(map[uint64]*reservation)
@@ -327,7 +326,7 @@ func (s *Store) Stats() Stats {
 	st.Objects = s.lruLen()
 	s.mu.Lock()
 	st.OpenObjects = len(s.mu.opens)
-	st.LiveBodies = len(s.mu.bodies)
+	st.LiveBodies = s.mu.bodies.n
 	st.Reservations = len(s.mu.resv)
 	st.Holds = len(s.mu.holds)
 	for _, m := range s.mu.remoteReaders {
