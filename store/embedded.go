@@ -96,6 +96,7 @@ var (
 	_ Finder           = (*Embedded)(nil)
 	_ ManyFinder       = (*Embedded)(nil)
 	_ LRUKeeper        = (*Embedded)(nil)
+	_ ChildGuard       = (*Embedded)(nil)
 )
 
 // treeItem is a slot in the tree, its key beside it: a comparison
@@ -319,6 +320,8 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (rev uint64, _ 
 				cur = sl.obj.Version
 			}
 			err = fmt.Errorf("swap %q: have version %d, want %d: %w", s.Key, cur, s.Old, ErrConflict)
+		case sl == nil && s.NoKids && s.New != nil && x.mu.under[s.Key] > 0:
+			err = fmt.Errorf("swap %q: keys under it: %w", s.Key, ErrIsDir)
 		}
 		if err != nil {
 			for _, made := range found[:i] {
@@ -417,6 +420,9 @@ func (x *Embedded) slotLocked(s *Swap) *slot {
 
 // maxScratch is the largest commit whose scratch CompareAndSwap keeps.
 const maxScratch = 1024
+
+// GuardsChildren implements ChildGuard.
+func (x *Embedded) GuardsChildren() bool { return true }
 
 // ClaimLRU implements LRUKeeper: the first caller keeps its LRU here.
 func (x *Embedded) ClaimLRU() bool { return x.lruClaimed.CompareAndSwap(false, true) }

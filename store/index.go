@@ -22,6 +22,11 @@ type Swap struct {
 	// through it, without a lookup, while it is still the key's current
 	// object. Old alone decides the check.
 	Cur *Object
+	// NoKids, with New and Old 0, fails the swap (ErrIsDir) when some key
+	// is under Key (it is an implicit directory), in an index that says
+	// it checks (ChildGuard); others ignore it, and the caller asks
+	// before (ChildChecker).
+	NoKids bool
 }
 
 // EventType says what happened to a key.
@@ -90,6 +95,15 @@ type ManyFinder interface {
 // through Scan.
 type ChildChecker interface {
 	HasChildren(ctx context.Context, dir string) (bool, error)
+}
+
+// ChildGuard is an Index that checks Swap.NoKids in the swap itself,
+// where the answer cannot change before the key is in: a batch put's
+// commit then asks nothing before it (the embedded index, where the
+// question took a lock of its own that queued behind other calls'
+// swaps).
+type ChildGuard interface {
+	GuardsChildren() bool
 }
 
 // ManyChildChecker is an Index that answers ChildChecker's question for

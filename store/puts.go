@@ -234,17 +234,24 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	p.copyNs += int64(time.Since(t0))
 	swaps, at := p.swaps[:0], p.at[:0] // at: the spec index of each swap
 	memo := &commitMemo{}
-	// The new keys' implicit-directory checks, one look for all.
-	fresh := p.fresh[:0]
-	for i := range p.specs {
-		if p.st[i].err == nil && p.specs[i].Cur == nil {
-			fresh = append(fresh, p.specs[i].Key)
+	// The new keys' implicit-directory checks: in the swap, or one look
+	// for all before it.
+	guard, _ := s.idx.(ChildGuard)
+	guarded := guard != nil && guard.GuardsChildren()
+	if guarded {
+		memo.kidsKnown = true // none: the swap checks
+	} else {
+		fresh := p.fresh[:0]
+		for i := range p.specs {
+			if p.st[i].err == nil && p.specs[i].Cur == nil {
+				fresh = append(fresh, p.specs[i].Key)
+			}
 		}
+		p.kids = grown(p.kids, len(fresh))
+		memo.knowKids(ctx, s, fresh, p.kids)
+		clear(fresh)
+		p.fresh = fresh[:0]
 	}
-	p.kids = grown(p.kids, len(fresh))
-	memo.knowKids(ctx, s, fresh, p.kids)
-	clear(fresh)
-	p.fresh = fresh[:0]
 	defer func() { s.metaHeld.Add(-int64(memo.metaHeld)) }() // in the index now, or not put
 	for i := range p.specs {
 		sp, st := &p.specs[i], &p.st[i]
@@ -286,7 +293,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		st.obj, st.cur = next, cur
 		// Read only from here on; an index that keeps the LRU moves the
 		// key up with the swap (committedMany).
-		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true, Touch: s.keeper != nil, Cur: cur})
+		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true, Touch: s.keeper != nil, Cur: cur, NoKids: guarded && cur == nil})
 		at = append(at, i)
 	}
 	mutexSpin(&s.mu.Mutex)

@@ -206,10 +206,19 @@ func TestPutsLaterSwapAfterFailure(t *testing.T) {
 
 // TestPutsOverImplicitDirectories: a batch's new keys whose names are
 // implicit directories (keys exist below them) fail with ErrIsDir and
-// leave nothing; the others commit, with one look of the index for all
-// of them (ManyChildChecker) as with one look each (a batch of one).
+// leave nothing; the others commit, with the swap checking them
+// (ChildGuard), with one look of the index for all of them before
+// (ManyChildChecker), as with one look each (a batch of one).
 func TestPutsOverImplicitDirectories(t *testing.T) {
-	s := newTestStore(t, 1<<20)
+	for _, unguarded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unguarded=%v", unguarded), func(t *testing.T) {
+			testPutsOverImplicitDirectories(t, &countingIndex{Embedded: store.NewEmbedded(), unguarded: unguarded})
+		})
+	}
+}
+
+func testPutsOverImplicitDirectories(t *testing.T, idx *countingIndex) {
+	s := newTestStore(t, 1<<20, withIndex(idx))
 	ctx := context.Background()
 	s.create(t, "imp/x")
 	s.create(t, "deep/a/b")
@@ -324,7 +333,12 @@ func TestPutsDeepInherit(t *testing.T) {
 type countingIndex struct {
 	*store.Embedded
 	get, findMany, hasChildren, hasChildrenMany atomic.Int64
+	// unguarded hides the embedded index's check of Swap.NoKids
+	// (ChildGuard): the store asks before the swap.
+	unguarded bool
 }
+
+func (c *countingIndex) GuardsChildren() bool { return !c.unguarded }
 
 func (c *countingIndex) Get(ctx context.Context, key string) (*store.Object, error) {
 	c.get.Add(1)
@@ -347,12 +361,18 @@ func (c *countingIndex) HasChildrenMany(ctx context.Context, dirs []string, has 
 }
 
 // TestPutsCommitLooksOnce: a batch commit of new keys under one directory
-// three deep asks the index which are implicit directories once for all
-// of them, and reads their directory with its ancestors in one look: no
-// look of its own per key or per ancestor (each could queue behind other
-// calls' swaps).
+// three deep reads their directory with its ancestors in one look, and
+// asks the index which are implicit directories once for all of them,
+// or not at all when the swap checks (ChildGuard): no look of its own per
+// key or per ancestor (each could queue behind other calls' swaps).
 func TestPutsCommitLooksOnce(t *testing.T) {
-	idx := &countingIndex{Embedded: store.NewEmbedded()}
+	for _, unguarded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unguarded=%v", unguarded), func(t *testing.T) { testPutsCommitLooksOnce(t, unguarded) })
+	}
+}
+
+func testPutsCommitLooksOnce(t *testing.T, unguarded bool) {
+	idx := &countingIndex{Embedded: store.NewEmbedded(), unguarded: unguarded}
 	s := newTestStore(t, 1<<20, withIndex(idx))
 	ctx := context.Background()
 	for _, d := range []string{"a", "a/b", "a/b/c"} {
@@ -376,8 +396,12 @@ func TestPutsCommitLooksOnce(t *testing.T) {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
-	if g, f, h, hm := idx.get.Load(), idx.findMany.Load(), idx.hasChildren.Load(), idx.hasChildrenMany.Load(); g != 0 || f != 1 || h != 0 || hm != 1 {
-		t.Fatalf("commit of 16 new keys: %d Get, %d FindMany, %d HasChildren, %d HasChildrenMany; want 0, 1, 0, 1", g, f, h, hm)
+	wantMany := int64(0)
+	if unguarded {
+		wantMany = 1
+	}
+	if g, f, h, hm := idx.get.Load(), idx.findMany.Load(), idx.hasChildren.Load(), idx.hasChildrenMany.Load(); g != 0 || f != 1 || h != 0 || hm != wantMany {
+		t.Fatalf("commit of 16 new keys: %d Get, %d FindMany, %d HasChildren, %d HasChildrenMany; want 0, 1, 0, %d", g, f, h, hm, wantMany)
 	}
 }
 
