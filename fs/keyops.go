@@ -1106,11 +1106,10 @@ func (n *node) batchTable(ctx context.Context, dh *dirHandle, dir string, put bo
 	t := tableScratches.Get().(*tableScratch)
 	defer tableScratches.Put(t)
 	raw, keys, entries := t.raw[:ioctl.TableBytes(int(a.Count))], t.keys[:a.KeysLen], t.entries[:a.Count]
-	if err := eng.ReadProcess(pid, a.Entries, raw); err != nil {
-		return fmt.Errorf("table of %d entries at %#x: %w", a.Count, a.Entries, err)
-	}
-	if err := eng.ReadProcess(pid, a.Keys, keys); err != nil {
-		return fmt.Errorf("table keys of %d B at %#x: %w", a.KeysLen, a.Keys, err)
+	if errRaw, errKeys := eng.ReadProcessPair(pid, a.Entries, raw, a.Keys, keys); errRaw != nil {
+		return fmt.Errorf("table of %d entries at %#x: %w", a.Count, a.Entries, errRaw)
+	} else if errKeys != nil {
+		return fmt.Errorf("table keys of %d B at %#x: %w", a.KeysLen, a.Keys, errKeys)
 	}
 	// Written back as read, so that no key runs whose result could not
 	// be reported.

@@ -495,8 +495,23 @@ func TestReadWriteProcess(t *testing.T) {
 	if err := e.WriteProcess(pid, 8, dst); !errors.Is(err, ErrFault) {
 		t.Fatalf("write to address 8: %v", err)
 	}
+	// Two ranges at once, each with its own outcome.
+	keys, dk := []byte("k1k2k3"), make([]byte, 6)
+	srcAt, keysAt := uint64(uintptr(unsafe.Pointer(&src[0]))), uint64(uintptr(unsafe.Pointer(&keys[0])))
+	clear(dst)
+	if e0, e1 := e.ReadProcessPair(pid, srcAt, dst, keysAt, dk); e0 != nil || e1 != nil || string(dst) != string(src) || string(dk) != "k1k2k3" {
+		t.Fatalf("pair: %q %q, %v %v", dst, dk, e0, e1)
+	}
+	clear(dk)
+	if e0, e1 := e.ReadProcessPair(pid, 8, dst, keysAt, dk); !errors.Is(e0, ErrFault) || e1 != nil || string(dk) != "k1k2k3" {
+		t.Fatalf("pair, the first unreadable: %v, %v, %q", e0, e1, dk)
+	}
+	if e0, e1 := e.ReadProcessPair(pid, srcAt, dst, 8, dk); e0 != nil || !errors.Is(e1, ErrFault) {
+		t.Fatalf("pair, the second unreadable: %v, %v", e0, e1)
+	}
 	if st := e.Stats(); st.CopiedBytes != 0 {
 		t.Fatalf("arguments counted as data: %d B", st.CopiedBytes)
 	}
 	runtime.KeepAlive(src)
+	runtime.KeepAlive(keys)
 }

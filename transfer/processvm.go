@@ -118,6 +118,17 @@ func (e *Engine) ReadProcess(pid int, addr uint64, dst []byte) error {
 	return errors.Join(vmGroups([]vmPiece{{op: Write, pid: pid, addr: addr, local: dst}})...)
 }
 
+// ReadProcessPair is ReadProcess of two ranges of process pid, with one
+// system call when both are readable (a batch's table and its keys); it
+// returns each range's error.
+func (e *Engine) ReadProcessPair(pid int, addr0 uint64, dst0 []byte, addr1 uint64, dst1 []byte) (error, error) {
+	ps := [2]vmPiece{{op: Write, pid: pid, addr: addr0, local: dst0}, {op: Write, pid: pid, addr: addr1, local: dst1}}
+	if vmCall(ps[:]) == nil {
+		return nil, nil
+	}
+	return vmCall(ps[:1]), vmCall(ps[1:])
+}
+
 // WriteProcess copies src to addr of process pid, as ReadProcess the
 // other way.
 func (e *Engine) WriteProcess(pid int, addr uint64, src []byte) error {
