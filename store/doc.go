@@ -120,9 +120,13 @@
 // (a batch get's) finds them through the objects read. A swap finds a
 // replaced key's entry through the object it replaces (Swap.Cur).
 // A batch put's commit takes the index's lock a fixed number of times,
-// not once per key: one look for its new keys' implicit-directory checks
-// (ManyChildChecker), one for each new directory with its ancestors
-// (FindMany), the swap; the index's metadata bytes are an atomic. Calls
+// not once per key: one for each new directory with its ancestors
+// (FindMany), the swap, which checks the new keys for keys under them
+// (Swap.NoKids, in an index that says it does: ChildGuard; others get one
+// look for all before, ManyChildChecker); the index's metadata bytes are
+// an atomic. Local bodies are found by their first extent in a table of
+// leaves per segment (bodyTable), where a batch's neighbouring extents
+// share cache lines. Calls
 // in flight together queued behind each other's swaps on per-key read
 // locks (an H100 trace, 2026-12-05). The embedded index's lock and a
 // batch commit's Store.mu are polled, yielding, for a few tens of
