@@ -310,7 +310,10 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch 
 	o, err := n.fs.st.Stat(ctx, key)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			out.SetEntryTimeout(n.fs.opts.NegativeTimeout)
+			// The bridge answers a negative entry for NegativeTimeout
+			// (the mount's option) only while out's timeout is 0: one
+			// set here made the answer a plain ENOENT, which the kernel
+			// does not keep, so every lookup of a missing name came here.
 			err = nil
 			return nil, syscall.ENOENT
 		}
