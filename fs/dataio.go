@@ -158,8 +158,8 @@ type invalidation struct {
 // commit is done, and only when there is one (applyAll).
 func (n *node) invalidation(rel string, ino uint64) (invalidation, bool) {
 	inv, ok, neg := n.knownInvalidation(rel, ino)
-	if neg && n.fs.neg.cached(inv.in.StableAttr().Ino, inv.name) {
-		return inv, true
+	if neg {
+		ok = n.fs.neg.cached(inv.in.StableAttr().Ino, inv.name)
 	}
 	if !ok {
 		return invalidation{}, false

@@ -68,9 +68,6 @@ func initBody(b *body, ext []segment.Extent, state bodyState, since uint64) *bod
 	return b
 }
 
-// maxBodySegment is the largest segment a store takes: 2^32 granules.
-const maxBodySegment = segment.Granule << 32
-
 // bodyLocked returns the body whose first extent is first, nil if none.
 // Caller holds s.mu.
 func (s *Store) bodyLocked(first segment.Extent) *body {

@@ -85,12 +85,6 @@ func (o Options) Validate() error {
 	}
 	if o.Segments == nil {
 		errs = append(errs, errors.New("store: Options.Segments is required"))
-	} else {
-		for _, sg := range o.Segments.Segments() {
-			if sg.Alloc.Size() > maxBodySegment {
-				errs = append(errs, fmt.Errorf("store: segment %d of %d B: at most %d B", sg.ID, sg.Alloc.Size(), uint64(maxBodySegment)))
-			}
-		}
 	}
 	if o.Engine == nil {
 		errs = append(errs, errors.New("store: Options.Engine is required"))
