@@ -9,16 +9,29 @@ import "github.com/mooncake-fs/mooncake-fs/segment"
 // (Table.AllocMany places runs together), which share a leaf and its
 // cache lines; a hash map spread them over a line each, each a miss
 // under Store.mu (a quarter of a microsecond a key of a 16 KiB put on the
-// H100 host, 2026-12-06). A leaf goes with its last body, so the table
-// holds at most a pointer per granule of the megabytes that have
-// bodies, and a pointer per megabyte of a segment up to its last body.
+// H100 host, 2026-12-06). A leaf leaves its segment with its last body
+// (kept spare for the next, see spare), so the table holds at most a
+// pointer per granule of the megabytes that have bodies, twice, and a
+// pointer per megabyte of a segment up to its last body.
 // No two bodies share a first granule: their extents are allocated, and
 // allocations do not overlap. Its user holds Store.mu.
 type bodyTable struct {
 	segs []*bodySeg              // by segment ID, below bodyNearSegs
 	far  map[segment.ID]*bodySeg // the others
 	n    int                     // bodies in the table
+	// spare is leaves that lost their last body, kept (empty) for the
+	// next: where bodies are a leaf's size or more (1 MiB values), every
+	// put would make one and every removal drop one, 2 KiB of the heap
+	// and the collector's work a key. It keeps at most as many as are
+	// in use, or bodySpareLeaves when more: the leaves of a table never
+	// weigh more than twice those in use, or 512 KiB more.
+	spare  []*bodyLeaf
+	leaves int // leaves in use
 }
+
+// bodySpareLeaves is the spare leaves kept even when few are in use: 512
+// KiB.
+const bodySpareLeaves = 256
 
 // bodyNearSegs bounds the segment IDs found by index: a daemon numbers
 // its segments from 0, one a GiB.
@@ -77,8 +90,14 @@ func (t *bodyTable) leaf(first segment.Extent, grow bool) (*bodySeg, *bodyLeaf, 
 	}
 	l := sg.leaves[li]
 	if l == nil && grow {
-		l = new(bodyLeaf)
+		if n := len(t.spare); n > 0 {
+			l, t.spare[n-1] = t.spare[n-1], nil
+			t.spare = t.spare[:n-1]
+		} else {
+			l = new(bodyLeaf)
+		}
 		sg.leaves[li] = l
+		t.leaves++
 	}
 	return sg, l, li, bi
 }
@@ -114,5 +133,14 @@ func (t *bodyTable) drop(b *body) {
 	t.n--
 	if l.n == 0 {
 		sg.leaves[li] = nil
+		t.leaves--
+		switch keep := max(bodySpareLeaves, t.leaves); {
+		case len(t.spare) < keep:
+			t.spare = append(t.spare, l)
+		case len(t.spare) > keep:
+			// One over, with one fewer in use: the collector's.
+			t.spare[len(t.spare)-1] = nil
+			t.spare = t.spare[:len(t.spare)-1]
+		}
 	}
 }

@@ -56,8 +56,12 @@ func TestBodyTable(t *testing.T) {
 	for id, sg := range tb.far {
 		segs[id] = sg
 	}
+	inUse := 0
 	for id, sg := range segs {
 		for li, l := range sg.leaves {
+			if l != nil {
+				inUse++
+			}
 			want := leaves[[2]uint64{uint64(id), uint64(li)}]
 			switch {
 			case l == nil && want > 0:
@@ -69,6 +73,10 @@ func TestBodyTable(t *testing.T) {
 			}
 		}
 	}
+	if tb.leaves != inUse {
+		t.Fatalf("%d leaves counted in use, %d are", tb.leaves, inUse)
+	}
+	checkSpare(t, &tb)
 	for e, b := range model {
 		tb.drop(b)
 		if tb.get(e) != nil {
@@ -82,4 +90,69 @@ func TestBodyTable(t *testing.T) {
 			}
 		}
 	}
+	checkSpare(t, &tb)
+}
+
+// checkSpare checks tb's spare leaves: empty, and no more than its bound.
+func checkSpare(t *testing.T, tb *bodyTable) {
+	t.Helper()
+	if len(tb.spare) > max(bodySpareLeaves, tb.leaves) {
+		t.Fatalf("%d spare leaves with %d in use", len(tb.spare), tb.leaves)
+	}
+	for i, l := range tb.spare {
+		if l.n != 0 || l.b != [bodyLeafGranules]*body{} {
+			t.Fatalf("spare leaf %d holds %d bodies", i, l.n)
+		}
+	}
+}
+
+// TestBodyTableSpareLeaves puts and removes bodies of a leaf's size or
+// more, a leaf each, as 1 MiB values do: the leaves they leave are kept
+// and used again, up to the bound, and never more than were in use.
+func TestBodyTableSpareLeaves(t *testing.T) {
+	var tb bodyTable
+	const n = 4 * bodySpareLeaves
+	bodies := make([]*body, n)
+	add := func() {
+		for i := range bodies {
+			bodies[i] = newBody([]segment.Extent{{Segment: 3, Off: uint64(i) * bodyLeafGranules * segment.Granule, Len: bodyLeafGranules * segment.Granule}}, bodyLive, 1)
+			tb.add(bodies[i])
+		}
+	}
+	drop := func() {
+		for _, b := range bodies {
+			tb.drop(b)
+			checkSpare(t, &tb)
+		}
+	}
+	add()
+	if tb.leaves != n || len(tb.spare) != 0 {
+		t.Fatalf("%d leaves in use and %d spare after %d bodies a leaf each", tb.leaves, len(tb.spare), n)
+	}
+	drop()
+	if tb.leaves != 0 || len(tb.spare) != bodySpareLeaves {
+		t.Fatalf("%d leaves in use and %d spare after removing all %d; want 0 and %d", tb.leaves, len(tb.spare), n, bodySpareLeaves)
+	}
+	spare := map[*bodyLeaf]bool{}
+	for _, l := range tb.spare {
+		spare[l] = true
+	}
+	add()
+	reused := 0
+	for _, l := range tb.segs[3].leaves {
+		if spare[l] {
+			reused++
+		}
+	}
+	if reused != bodySpareLeaves || len(tb.spare) != 0 {
+		t.Fatalf("%d spare leaves used again, %d left; want %d and 0", reused, len(tb.spare), bodySpareLeaves)
+	}
+	// Half the bodies go: as many leaves are kept as stay in use.
+	for _, b := range bodies[:n/2] {
+		tb.drop(b)
+	}
+	if tb.leaves != n/2 || len(tb.spare) != n/2 {
+		t.Fatalf("%d leaves in use and %d spare after removing half; want %d and %d", tb.leaves, len(tb.spare), n/2, n/2)
+	}
+	checkSpare(t, &tb)
 }
