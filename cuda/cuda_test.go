@@ -58,27 +58,28 @@ func TestUnavailable(t *testing.T) {
 	var nilStream *cuda.Stream
 	mem := make([]byte, 4096)
 	calls := map[string]func() error{
-		"DriverVersion":  func() error { _, err := cuda.DriverVersion(); return err },
-		"DeviceCount":    func() error { _, err := cuda.DeviceCount(); return err },
-		"Devices":        func() error { _, err := cuda.Devices(); return err },
-		"Retain":         func() error { _, err := cuda.Retain(0); return err },
-		"Release":        nilCtx.Release,
-		"MakeCurrent":    nilCtx.MakeCurrent,
-		"HostRegister":   func() error { return nilCtx.HostRegister(mem, cuda.HostRegisterPortable) },
-		"HostUnregister": func() error { return nilCtx.HostUnregister(mem) },
-		"MemAlloc":       func() error { _, err := nilCtx.MemAlloc(MiB); return err },
-		"MemFree":        func() error { return nilCtx.MemFree(1) },
-		"AddressRange":   func() error { _, _, err := nilCtx.AddressRange(1); return err },
-		"IpcGetHandle":   func() error { _, err := nilCtx.IpcGetHandle(1); return err },
-		"IpcOpen":        func() error { _, err := nilCtx.IpcOpen([cuda.IpcHandleSize]byte{}); return err },
-		"IpcClose":       func() error { return nilCtx.IpcClose(1) },
-		"CopyHtoD":       func() error { return nilCtx.CopyHtoD(1, mem) },
-		"CopyDtoH":       func() error { return nilCtx.CopyDtoH(mem, 1) },
-		"NewStream":      func() error { _, err := nilCtx.NewStream(); return err },
-		"Stream.Sync":    nilStream.Sync,
-		"Stream.Close":   nilStream.Close,
-		"CopyHtoDAsync":  func() error { return cuda.CopyHtoDAsync(1, mem, nilStream) },
-		"CopyDtoHAsync":  func() error { return cuda.CopyDtoHAsync(mem, 1, nilStream) },
+		"DriverVersion":    func() error { _, err := cuda.DriverVersion(); return err },
+		"DeviceCount":      func() error { _, err := cuda.DeviceCount(); return err },
+		"Devices":          func() error { _, err := cuda.Devices(); return err },
+		"Retain":           func() error { _, err := cuda.Retain(0); return err },
+		"Release":          nilCtx.Release,
+		"MakeCurrent":      nilCtx.MakeCurrent,
+		"HostRegister":     func() error { return nilCtx.HostRegister(mem, cuda.HostRegisterPortable) },
+		"HostUnregister":   func() error { return nilCtx.HostUnregister(mem) },
+		"MemAlloc":         func() error { _, err := nilCtx.MemAlloc(MiB); return err },
+		"MemFree":          func() error { return nilCtx.MemFree(1) },
+		"AddressRange":     func() error { _, _, err := nilCtx.AddressRange(1); return err },
+		"IpcGetHandle":     func() error { _, err := nilCtx.IpcGetHandle(1); return err },
+		"IpcOpen":          func() error { _, err := nilCtx.IpcOpen([cuda.IpcHandleSize]byte{}); return err },
+		"IpcClose":         func() error { return nilCtx.IpcClose(1) },
+		"CopyHtoD":         func() error { return nilCtx.CopyHtoD(1, mem) },
+		"CopyDtoH":         func() error { return nilCtx.CopyDtoH(mem, 1) },
+		"NewStream":        func() error { _, err := nilCtx.NewStream(); return err },
+		"Stream.Sync":      nilStream.Sync,
+		"Stream.SyncAfter": func() error { return nilStream.SyncAfter(time.Microsecond) },
+		"Stream.Close":     nilStream.Close,
+		"CopyHtoDAsync":    func() error { return cuda.CopyHtoDAsync(1, mem, nilStream) },
+		"CopyDtoHAsync":    func() error { return cuda.CopyDtoHAsync(mem, 1, nilStream) },
 		"PointerIsDevice": func() error {
 			_, err := cuda.PointerIsDevice(uintptr(unsafe.Pointer(&mem[0])))
 			return err
@@ -304,6 +305,9 @@ func TestRoundTrip(t *testing.T) {
 		if err := s.Sync(); !errors.Is(err, cuda.ErrClosed) {
 			t.Errorf("Sync after Close: %v, want ErrClosed", err)
 		}
+		if err := s.SyncAfter(time.Microsecond); !errors.Is(err, cuda.ErrClosed) {
+			t.Errorf("SyncAfter after Close: %v, want ErrClosed", err)
+		}
 	}()
 	if s.Context() != c {
 		t.Error("Stream.Context")
@@ -319,6 +323,30 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if !bytes.Equal(src, dst) {
 		t.Fatal("async round trip through the device is not bit-exact")
+	}
+	// Again, waited for by sleeping first: many copies queued, waited for
+	// after sleeping less than they take, as long, longer, and not at all.
+	for i, d := range []time.Duration{50 * time.Microsecond, time.Millisecond, 20 * time.Millisecond, -1} {
+		fill(src, uint64(3+i))
+		for off := 0; off < n; off += 4 * MiB {
+			if err := cuda.CopyHtoDAsync(dptr+cuda.DevicePtr(off), src[off:off+4*MiB], s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clear(dst)
+		if err := cuda.CopyDtoHAsync(dst, dptr, s); err != nil {
+			t.Fatal(err)
+		}
+		t0 := time.Now()
+		if err := s.SyncAfter(d); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(t0); took < d {
+			t.Errorf("SyncAfter(%v) returned after %v", d, took)
+		}
+		if !bytes.Equal(src, dst) {
+			t.Fatalf("round %d: async round trip waited for by SyncAfter(%v) is not bit-exact", i, d)
+		}
 	}
 
 	// Synchronous copies, pageable Go memory, at an offset inside the

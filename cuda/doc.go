@@ -76,7 +76,10 @@
 // device's context sees it pinned, and unregister it before unmapping.
 //
 // The async copies read or write host memory after they return: it must
-// be registered and stay mapped and untouched until Stream.Sync. From
+// be registered and stay mapped and untouched until Stream.Sync, which
+// keeps its thread polling the GPU until they are done (the primary
+// context's default scheduling); Stream.SyncAfter sleeps first, for a
+// caller that knows about how long the copies take. From
 // unregistered memory the driver copies synchronously through its own
 // staging buffers, at 7-19 GB/s instead of the ~55 GB/s a pinned copy
 // reaches on PCIe Gen5. The synchronous copies (Context.CopyHtoD, CopyDtoH)

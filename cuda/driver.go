@@ -9,6 +9,8 @@ package cuda
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
 
 // The few driver API types we use, declared here so that no CUDA header or
 // toolkit is needed at build time. Layouts are the driver ABI's.
@@ -199,6 +201,20 @@ static CUresult mc_streamCreate(CUcontext c, CUstream *s) {
 	MC_IN(c, p_cuStreamCreate(s, MC_STREAM_NON_BLOCKING));
 }
 static CUresult mc_streamSync(CUcontext c, CUstream s) { MC_IN(c, p_cuStreamSynchronize(s)); }
+// mc_sleep sleeps ns nanoseconds with this thread's timer slack (50 us by
+// default, by which the kernel may wake it late) lowered to 1 us for the
+// time.
+static void mc_sleep(long long ns) {
+	int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+	struct timespec ts = { ns / 1000000000LL, ns % 1000000000LL }, rem;
+	while (nanosleep(&ts, &rem) != 0) ts = rem;
+	if (slack > 0) prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0, 0, 0);
+}
+static CUresult mc_streamSyncAfter(CUcontext c, CUstream s, long long ns) {
+	mc_sleep(ns);
+	MC_IN(c, p_cuStreamSynchronize(s));
+}
 static CUresult mc_streamDestroy(CUcontext c, CUstream s) { MC_IN(c, p_cuStreamDestroy(s)); }
 static CUresult mc_ipcGetRaw(CUipcMemHandle *h, CUdeviceptr p) { return p_cuIpcGetMemHandle(h, p); }
 static CUresult mc_ipcGetIn(CUcontext c, CUipcMemHandle *h, CUdeviceptr p) { MC_IN(c, mc_ipcGetRaw(h, p)); }
@@ -272,6 +288,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -742,6 +759,21 @@ func (s *Stream) Sync() error {
 		return err
 	}
 	if r := C.mc_streamSync(s.ctx.h, s.h); r != 0 {
+		return fmt.Errorf("cuda: sync stream on device %d: %w", s.ctx.ordinal, newResult("cuStreamSynchronize", r))
+	}
+	return nil
+}
+
+// SyncAfter is Sync after sleeping for d: a wait expected to take longer
+// than d spends d without a CPU, where Sync alone keeps one polling for
+// all of it (a sleep the kernel times to about a microsecond, where a
+// blocking-sync event costs tens in its wake-up). A d of 0 or less is
+// Sync.
+func (s *Stream) SyncAfter(d time.Duration) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if r := C.mc_streamSyncAfter(s.ctx.h, s.h, C.longlong(max(d, 0))); r != 0 {
 		return fmt.Errorf("cuda: sync stream on device %d: %w", s.ctx.ordinal, newResult("cuStreamSynchronize", r))
 	}
 	return nil

@@ -2,7 +2,10 @@
 
 package cuda
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // This file is the package without cgo: the same API, and every entry
 // point answers ErrUnavailable. Keep it in step with driver.go and nvml.go;
@@ -91,6 +94,9 @@ func (s *Stream) Context() *Context { return nil }
 
 // Sync returns ErrUnavailable.
 func (s *Stream) Sync() error { return errNoCgo }
+
+// SyncAfter returns ErrUnavailable.
+func (s *Stream) SyncAfter(d time.Duration) error { return errNoCgo }
 
 // Close returns ErrUnavailable.
 func (s *Stream) Close() error { return errNoCgo }

@@ -15,6 +15,13 @@
 // bounded number of helpers of its own, never by the shared workers, as
 // its pages may fault on files of the mount itself (processvm.go).
 //
+// GPU copies are queued on a pooled stream per context and flight, and
+// waited for once (gpu.go). A wait of megabytes sleeps through most of
+// the time its bytes take at the best rate the context's copies were seen
+// to move at (gpuPace), then polls: the driver's own wait polls for all
+// of it, a CPU per flight, and its sleeping wait wakes tens of
+// microseconds late.
+//
 // Every strategy counts bytes and copies (one copy = one pass over the
 // bytes), so "one copy" is a measured claim: see Stats and the Prometheus
 // metrics mooncake_transfer_*.
