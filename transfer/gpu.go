@@ -102,9 +102,12 @@ func (p *streamPool) close() {
 // bytes a microsecond: a flight's bytes on one stream over the time from
 // its first copy queued to the end of its wait, for flights of
 // gpuSleepBytes or more that found no other flight's copies queued on
-// the context, so that the rate is the link's, not a share of it (the
-// copy engine takes a direction's copies in the order they were queued:
-// the copies of a flight queued later wait behind them). A wait sleeps
+// the context, so that the rate is the link's, not a share of it (this
+// takes the copy engine to serve a direction's copies about in the order
+// they were queued, the copies of a flight queued later behind them, as
+// the H100 host's did: sleeping so, waits one call at a time kept their
+// time, 2026-12-06; an engine that shared itself out among the streams
+// would let a later flight slow one that began alone). A wait sleeps
 // (Stream.SyncAfter) for gpuSleepShare of the time its bytes take at
 // that rate, less the time since they were queued, and polls for the
 // rest: no copy beats the link, so the sleep ends before the copies do,
@@ -220,7 +223,6 @@ func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 			used = append(used, gpuStream{ctx: p.ctx, s: s, pace: pace, start: time.Now(), alone: pace.begin()})
 			at = len(used) - 1
 		}
-		used[at].bytes += len(p.host)
 		for off := 0; off < len(p.host); off += gpuChunk {
 			end := min(off+gpuChunk, len(p.host))
 			var err error
@@ -234,6 +236,7 @@ func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 				break
 			}
 			copies++
+			used[at].bytes += end - off
 		}
 		i += run
 	}
