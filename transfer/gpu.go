@@ -47,14 +47,21 @@ type streamPool struct {
 	all  []*cuda.Stream
 }
 
-// ctxStreams is a context's free streams and the pace of its copies.
+// ctxStreams is a context's free streams and the pace of its copies, one
+// a direction (by Op: the link's two directions have copy engines of
+// their own).
 type ctxStreams struct {
 	free []*cuda.Stream
-	pace gpuPace
+	pace [2]gpuPace
 }
 
-// get returns a free stream of ctx, made if none is, and ctx's pace.
-func (p *streamPool) get(ctx *cuda.Context) (*cuda.Stream, *gpuPace, error) {
+// get returns a free stream of ctx, made if none is, and ctx's pace for
+// copies of op.
+func (p *streamPool) get(ctx *cuda.Context, op Op) (*cuda.Stream, *gpuPace, error) {
+	dir := 0
+	if op == Write {
+		dir = 1
+	}
 	p.mu.Lock()
 	if p.ctxs == nil {
 		p.ctxs = make(map[*cuda.Context]*ctxStreams)
@@ -68,7 +75,7 @@ func (p *streamPool) get(ctx *cuda.Context) (*cuda.Stream, *gpuPace, error) {
 		s := l[len(l)-1]
 		cs.free = l[:len(l)-1]
 		p.mu.Unlock()
-		return s, &cs.pace, nil
+		return s, &cs.pace[dir], nil
 	}
 	p.mu.Unlock()
 	s, err := ctx.NewStream()
@@ -78,7 +85,7 @@ func (p *streamPool) get(ctx *cuda.Context) (*cuda.Stream, *gpuPace, error) {
 	p.mu.Lock()
 	p.all = append(p.all, s)
 	p.mu.Unlock()
-	return s, &cs.pace, nil
+	return s, &cs.pace[dir], nil
 }
 
 func (p *streamPool) put(ctx *cuda.Context, s *cuda.Stream) {
@@ -98,28 +105,28 @@ func (p *streamPool) close() {
 	p.all, p.ctxs = nil, nil
 }
 
-// gpuPace is the best rate a context's copies were seen to move at, in
-// bytes a microsecond: a flight's bytes on one stream over the time from
-// its first copy queued to the end of its wait, for flights of
-// gpuSleepBytes or more that found no other flight's copies queued on
-// the context, so that the rate is the link's, not a share of it (this
-// takes the copy engine to serve a direction's copies about in the order
-// they were queued, the copies of a flight queued later behind them, as
-// the H100 host's did: sleeping so, waits one call at a time kept their
-// time, 2026-12-06; an engine that shared itself out among the streams
-// would let a later flight slow one that began alone). A wait sleeps
-// (Stream.SyncAfter) for gpuSleepShare of the time its bytes take at
-// that rate, less the time since they were queued, and polls for the
-// rest: no copy beats the link, so the sleep ends before the copies do,
-// and a wait never takes longer for it. Behind other flights' copies its
-// own take longer than that, and it polls for longer.
+// gpuPace is the best rate a context's copies of one direction were seen
+// to move at, in bytes a microsecond: a flight's bytes on one stream over
+// the time from its first copy queued to the end of its wait, for flights
+// of gpuSleepBytes or more that found no other flight's copies of that
+// direction queued on the context, so that the rate is the link's, not a
+// share of it (this takes the copy engine to serve a direction's copies
+// about in the order they were queued, the copies of a flight queued
+// later behind them, as the H100 host's did: sleeping so, waits one call
+// at a time kept their time, 2026-12-06; an engine that shared itself out
+// among the streams would let a later flight slow one that began alone).
+// A wait sleeps (Stream.SyncAfter) for gpuSleepShare of the time its bytes
+// take at that rate, less the time since they were queued, and polls for
+// the rest: no copy beats the link, so the sleep ends before the copies
+// do, and a wait never takes longer for it. Behind other flights' copies
+// its own take longer than that, and it polls for longer.
 type gpuPace struct {
 	best   atomic.Uint64
-	active atomic.Int64 // flights queued on the context, not yet waited for
+	active atomic.Int64 // flights queued, not yet waited for
 }
 
-// begin notes a flight's first copy queued on the context, and returns
-// whether no other flight was in progress there.
+// begin notes a flight's first copy queued, and returns whether no other
+// flight of its context and direction was in progress.
 func (p *gpuPace) begin() (alone bool) { return p.active.Add(1) == 1 }
 
 // gpuSleepBytes is the least bytes a flight queues on a stream for its
@@ -215,7 +222,9 @@ func (e *Engine) queueGPU(pieces []gpuPiece) ([]gpuStream, []error) {
 		if s == nil {
 			var pace *gpuPace
 			var err error
-			if s, pace, err = e.streams.get(p.ctx); err != nil {
+			// A flight's copies on a context go one way (a put's or a
+			// get's): its first copy's direction picks its pace.
+			if s, pace, err = e.streams.get(p.ctx, p.op); err != nil {
 				fail(fmt.Errorf("stream: %w", err))
 				i += run
 				continue
