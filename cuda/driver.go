@@ -205,6 +205,7 @@ static CUresult mc_streamSync(CUcontext c, CUstream s) { MC_IN(c, p_cuStreamSync
 // default, by which the kernel may wake it late) lowered to 1 us for the
 // time.
 static void mc_sleep(long long ns) {
+	if (ns <= 0) return;
 	int slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	struct timespec ts = { ns / 1000000000LL, ns % 1000000000LL }, rem;
