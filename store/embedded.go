@@ -222,8 +222,8 @@ func (x *Embedded) changeTree(ops []treeOp) {
 }
 
 // applyPending makes the pending tree changes until none are left, off
-// the calls' paths; a swap started it (x.applying). It waits for mu
-// without polling (rlockSpin): no call waits for it, and a poller would
+// the calls' paths; a swap started it (x.applying). It takes mu with a
+// plain RLock, not rlockSpin: no call waits for it, and a poller would
 // keep a CPU busy while swaps follow each other.
 func (x *Embedded) applyPending() {
 	for {
