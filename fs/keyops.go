@@ -777,9 +777,14 @@ func (c *putChunk) addDraft(st *store.Store, op *keyOp, key string, bufs []trans
 
 // commitChunk waits for c's copies and commits each of its keys.
 func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs *[]invalidation, again *[]*keyOp) {
+	// The time here less the waits is the chunk's commit (CommitNs).
+	t0, waited := time.Now(), int64(0)
+	defer func() { n.fs.batches.commitNs.Add(uint64(max(int64(time.Since(t0))-waited, 0))) }()
 	if c.puts != nil {
 		negs := c.negs[:0]
+		started := c.puts.CopyNs()
 		objs, errs := c.puts.Commit()
+		waited += c.puts.CopyNs() - started
 		n.fs.batches.transferNs.Add(uint64(c.puts.CopyNs()))
 		for j, op := range c.fast {
 			err := errs[j]
@@ -814,7 +819,9 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 	if c.w == nil {
 		return // no drafts
 	}
+	started := c.w.CopyNs()
 	errs := c.w.Wait()
+	waited += c.w.CopyNs() - started
 	n.fs.batches.transferNs.Add(uint64(c.w.CopyNs()))
 	for j := range c.ps {
 		pp := &c.ps[j]

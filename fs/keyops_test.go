@@ -794,3 +794,46 @@ func TestBatchStatsFaults(t *testing.T) {
 		t.Fatalf("%d minor faults counted for %d fresh pages", got, pages)
 	}
 }
+
+// TestBatchStatsCommit: the batch figures' commit time grows with put
+// calls, one chunk or several, and is part of their work (handler less
+// transfers), the copies' waits left out; get calls commit nothing.
+func TestBatchStatsCommit(t *testing.T) {
+	for _, chunked := range []bool{false, true} {
+		t.Run(fmt.Sprint("chunked=", chunked), func(t *testing.T) {
+			if chunked {
+				chunkAlways, chunkKeys = true, 8
+				t.Cleanup(func() { chunkAlways, chunkKeys = false, gpuChunkKeys })
+			}
+			// Values large enough that the copies outlast their start:
+			// the commits' time leaves the waits out.
+			fx := newFixtureWith(t, 64<<20, false)
+			m := &Mount{fs: fx.root.fs}
+			val := bytes.Repeat([]byte{3}, 1<<20)
+			entries := make([]batchEntry, 40)
+			for i := range entries {
+				entries[i] = batchEntry{key: fmt.Sprintf("c%d", i), data: val}
+			}
+			before := m.Batches()
+			runBatch(t, fx, true, entries)
+			after := m.Batches()
+			commit, work := after.CommitNs-before.CommitNs, (after.HandlerNs-before.HandlerNs)-(after.TransferNs-before.TransferNs)
+			if commit == 0 || commit > work {
+				t.Fatalf("put of %d keys: %d ns committing, of %d ns of work", len(entries), commit, work)
+			}
+			for i := range entries {
+				entries[i].data = make([]byte, len(val))
+			}
+			before = m.Batches()
+			runBatch(t, fx, false, entries)
+			if got := m.Batches().CommitNs - before.CommitNs; got != 0 {
+				t.Fatalf("a get call added %d ns of commits", got)
+			}
+			for _, e := range entries {
+				if !bytes.Equal(e.data, val) {
+					t.Fatalf("%s read back wrong", e.key)
+				}
+			}
+		})
+	}
+}

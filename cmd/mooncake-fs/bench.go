@@ -353,6 +353,9 @@ type benchResult struct {
 	// (kv cases): memory it had to have mapped again, heap pages given
 	// back to the kernel among them.
 	KeyFaults float64 `json:"key_faults,omitempty"`
+	// KeyCommitUs is the part of key_work_us done after the key's copy
+	// (put cases): committing it. The rest is checking and reserving.
+	KeyCommitUs float64 `json:"key_commit_us,omitempty"`
 	// TransferUs is the batches' transfer time per key (kv cases).
 	TransferUs float64 `json:"transfer_us,omitempty"`
 	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
@@ -404,6 +407,7 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.KeyLockWaitUs, res.KeySchedWaitUs = round(float64(m.LockNs)/1e3, 2), round(float64(m.SchedNs)/1e3, 2)
 		res.KeyGCUs = round(float64(m.GCNs)/1e3, 2)
 		res.KeyFaults = round(m.Faults, 3)
+		res.KeyCommitUs = round(float64(m.CommitNs)/1e3, 2)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
 		res.ClientUs, res.FuseUs = round(float64(m.ClientNs)/1e3, 2), round(float64(m.FuseNs)/1e3, 2)

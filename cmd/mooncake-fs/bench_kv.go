@@ -225,13 +225,15 @@ func keyWork(before, after mfs.BatchStats) int64 {
 }
 
 // KeyWaits is where a key's handler time went beyond its work, per key
-// of a pass (mfs.BatchStats' LockWaitNs, SchedWaitNs, GCCPUNs), and the
-// daemon's page faults per key (MinorFaults).
+// of a pass (mfs.BatchStats' LockWaitNs, SchedWaitNs, GCCPUNs), the
+// daemon's page faults per key (MinorFaults), and the share of a put
+// key's work done after its copy (CommitNs).
 type KeyWaits struct {
-	LockNs  int64   `json:"key_lock_wait_ns,omitempty"`
-	SchedNs int64   `json:"key_sched_wait_ns,omitempty"`
-	GCNs    int64   `json:"key_gc_ns,omitempty"`
-	Faults  float64 `json:"key_faults,omitempty"`
+	LockNs   int64   `json:"key_lock_wait_ns,omitempty"`
+	SchedNs  int64   `json:"key_sched_wait_ns,omitempty"`
+	GCNs     int64   `json:"key_gc_ns,omitempty"`
+	Faults   float64 `json:"key_faults,omitempty"`
+	CommitNs int64   `json:"key_commit_ns,omitempty"`
 }
 
 // keyWaits is KeyWaits between two readings of the batch figures.
@@ -242,7 +244,8 @@ func keyWaits(before, after mfs.BatchStats) KeyWaits {
 	}
 	per := func(a, b uint64) int64 { return max(int64(b-a), 0) / keys }
 	return KeyWaits{LockNs: per(before.LockWaitNs, after.LockWaitNs), SchedNs: per(before.SchedWaitNs, after.SchedWaitNs),
-		GCNs: per(before.GCCPUNs, after.GCCPUNs), Faults: float64(after.MinorFaults-min(before.MinorFaults, after.MinorFaults)) / float64(keys)}
+		GCNs: per(before.GCCPUNs, after.GCCPUNs), Faults: float64(after.MinorFaults-min(before.MinorFaults, after.MinorFaults)) / float64(keys),
+		CommitNs: per(before.CommitNs, after.CommitNs)}
 }
 
 // keyCPU is the daemon's CPU time per key between two readings of its

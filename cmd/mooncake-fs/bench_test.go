@@ -82,14 +82,14 @@ func TestBenchResultJSON(t *testing.T) {
 		{
 			name: "waits",
 			c:    small,
-			// The daemon's figures per key: waits, the collector and
-			// page faults (a fault in eight keys).
+			// The daemon's figures per key: waits, the collector, page
+			// faults (a fault in eight keys) and the work after the copy.
 			m: benchSample{Bytes: 1000 * 4096, Ns: 10_000_000, Ops: 1000, KeyWorkNs: 2_250,
-				KeyWaits: KeyWaits{LockNs: 120, SchedNs: 640, GCNs: 310, Faults: 0.125}},
+				KeyWaits: KeyWaits{LockNs: 120, SchedNs: 640, GCNs: 310, Faults: 0.125, CommitNs: 1_040}},
 			k: benchSample{Bytes: 1000 * 4096, Ns: 5_000_000, Ops: 1000},
 			want: `{"case":"fuse-small-files","bytes":4096000,"gbps":0.41,"ceiling":"tmpfs-small-files","ceiling_gbps":0.819,"ratio":0.5,` +
 				`"ops_per_s":100000,"ceiling_ops_per_s":200000,"key_work_us":2.25,"key_lock_wait_us":0.12,"key_sched_wait_us":0.64,` +
-				`"key_gc_us":0.31,"key_faults":0.125,"reps":3}`,
+				`"key_gc_us":0.31,"key_faults":0.125,"key_commit_us":1.04,"reps":3}`,
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -399,9 +399,9 @@ func TestClusterCasesByKind(t *testing.T) {
 // the pass; a pass of no keys says nothing, and a count that went down
 // (another daemon's reading) counts as none.
 func TestKeyWaits(t *testing.T) {
-	before := mfs.BatchStats{Keys: 100, LockWaitNs: 1_000, SchedWaitNs: 5_000, GCCPUNs: 0, MinorFaults: 40}
-	after := mfs.BatchStats{Keys: 1_100, LockWaitNs: 201_000, SchedWaitNs: 5_000, GCCPUNs: 90_000, MinorFaults: 290}
-	if got, want := keyWaits(before, after), (KeyWaits{LockNs: 200, SchedNs: 0, GCNs: 90, Faults: 0.25}); got != want {
+	before := mfs.BatchStats{Keys: 100, LockWaitNs: 1_000, SchedWaitNs: 5_000, GCCPUNs: 0, MinorFaults: 40, CommitNs: 7_000}
+	after := mfs.BatchStats{Keys: 1_100, LockWaitNs: 201_000, SchedWaitNs: 5_000, GCCPUNs: 90_000, MinorFaults: 290, CommitNs: 707_000}
+	if got, want := keyWaits(before, after), (KeyWaits{LockNs: 200, SchedNs: 0, GCNs: 90, Faults: 0.25, CommitNs: 700}); got != want {
 		t.Errorf("keyWaits: %+v, want %+v", got, want)
 	}
 	if got := keyWaits(after, after); got != (KeyWaits{}) {

@@ -50,8 +50,9 @@ def batches(mount):
 
 
 def daemon_figures(out, before, after, wall_ns=0, ioctl_ns=0):
-    """Add the daemon's work, transfer time, waits, page faults and GPU
-    copies per key of the timed pass to out; with the pass's wall time and
+    """Add the daemon's work (and the part of it after the copies),
+    transfer time, waits, page faults and GPU copies per key of the timed
+    pass to out; with the pass's wall time and
     the time its calls spent in ioctls (one call at a time), also the
     caller's own time per key (client_ns) and the ioctls' time beyond the
     daemon's handler (fuse_ns: the kernel's FUSE path, the wake-ups of both
@@ -67,7 +68,8 @@ def daemon_figures(out, before, after, wall_ns=0, ioctl_ns=0):
     out["key_work_ns"] = max(handler - transfer, 0) // keys
     out["transfer_ns"] = transfer // keys
     out["key_cpu_ns"] = (after.get("cpu_ns", 0) - before.get("cpu_ns", 0)) // keys
-    for name, field in (("key_lock_wait_ns", "lock_wait_ns"), ("key_sched_wait_ns", "sched_wait_ns"), ("key_gc_ns", "gc_cpu_ns")):
+    for name, field in (("key_lock_wait_ns", "lock_wait_ns"), ("key_sched_wait_ns", "sched_wait_ns"), ("key_gc_ns", "gc_cpu_ns"),
+                        ("key_commit_ns", "commit_ns")):
         out[name] = max(after.get(field, 0) - before.get(field, 0), 0) // keys
     out["key_faults"] = max(after.get("minor_faults", 0) - before.get("minor_faults", 0), 0) / keys
     out["copies_per_key"] = (after["gpu_copies"] - before["gpu_copies"]) / keys
