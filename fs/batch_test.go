@@ -351,6 +351,45 @@ func reportKeyWork(b *testing.B, f *FS) func() {
 	}
 }
 
+// BenchmarkBatchPutSize is BenchmarkBatchPut's new keys at the sizes of
+// KV blocks, 64 a call from the caller's memory, each 4 calls' keys
+// removed after them: the work a key (work-ns/key, the bench's
+// key_work_us) grows with the value, for the call's copy of up to 64 MiB
+// through the CPU leaves the caches to the value and the commit after it
+// finds the index, the bodies and the allocator cold, as a GPU call's
+// commit after a long wait does.
+func BenchmarkBatchPutSize(b *testing.B) {
+	for _, size := range []int{16 << 10, 256 << 10, 1 << 20} {
+		b.Run(fmt.Sprint(size>>10, "KiB"), func(b *testing.B) {
+			const calls = 4
+			fx := newFixtureWith(b, 2*calls*64*size+(64<<20), true)
+			ctx := context.Background()
+			if _, err := fx.st.Mkdir(ctx, "a", &store.Object{Mode: 0o755}); err != nil {
+				b.Fatal(err)
+			}
+			data := bytes.Repeat([]byte{7}, size)
+			entries := make([]batchEntry, 64)
+			b.ReportAllocs()
+			defer reportKeyWork(b, fx.root.fs)()
+			for i := 0; b.Loop(); i++ {
+				for k := range entries {
+					entries[k] = batchEntry{key: fmt.Sprintf("a/n%d", i*64+k), data: data}
+				}
+				runBatch(b, fx, true, entries)
+				if i%calls == calls-1 {
+					b.StopTimer()
+					for j := (i - calls + 1) * 64; j < (i+1)*64; j++ {
+						if err := fx.st.Delete(ctx, fmt.Sprintf("a/n%d", j), 0); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StartTimer()
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkBatchGet measures one BATCH_GET of 64 4 KiB keys into the
 // caller's memory, two directories deep (per call, as BenchmarkBatchPut).
 func BenchmarkBatchGet(b *testing.B) {
