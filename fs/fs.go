@@ -180,12 +180,11 @@ type BatchStats struct {
 	HandlerNs  uint64 `json:"handler_ns"`
 	TransferNs uint64 `json:"transfer_ns"`
 	// CommitNs is the part of the put calls' own work (HandlerNs less
-	// TransferNs) done after their copies: committing the keys (the
-	// index, the values' records, the LRU, the kernel's caches) and
-	// putting again alone a key that changed meanwhile. The rest is
-	// checking and reserving. Work that waits for nothing it did itself
-	// runs on caches other work had: what makes a key's work dear
-	// after a long copy.
+	// TransferNs) done after their chunks' copies: committing the keys
+	// (the index, the values' records, the LRU, the kernel's caches), a
+	// key that changed meanwhile put again alone among them. The rest is
+	// decoding, checking and reserving, and the keys a call puts alone
+	// outside its chunks.
 	CommitNs uint64 `json:"commit_ns"`
 	// CPUNs is the daemon process's CPU time (user and system, every
 	// thread) when the figures were read: over a pass of batch calls its
