@@ -45,9 +45,12 @@ type bodySeg struct {
 	leaves []*bodyLeaf
 }
 
+// bodyLeaf's count comes first, in the line of its first bodies': a body
+// of a leaf's size or more (a 1 MiB value) is its leaf's only one, at the
+// leaf's start, and adding or dropping it touches one line, not two.
 type bodyLeaf struct {
-	b [bodyLeafGranules]*body
 	n int // bodies in b
+	b [bodyLeafGranules]*body
 }
 
 // leaf returns the leaf of first's granule, its index in its segment's

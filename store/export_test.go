@@ -77,3 +77,7 @@ func PendingTree(x *Embedded) int {
 // TreeAsync and TreeInline are the pending tree changes that start an
 // applier and that a swap makes itself, for tests.
 const TreeAsync, TreeInline = treeAsync, treeInline
+
+// MetaHeld is the metadata batch commits hold until their swaps, for
+// tests: none once every batch committed.
+func MetaHeld(s *Store) int64 { return s.metaHeld.Load() }

@@ -118,6 +118,9 @@ func TestPutsModel(t *testing.T) {
 		if got := s.used(); got != live {
 			t.Fatalf("round %d: %d B used, the live values take %d", round, got, live)
 		}
+		if held := store.MetaHeld(s.Store); held != 0 {
+			t.Fatalf("round %d: %d B of metadata still held after the commit", round, held)
+		}
 		s.checkAlloc(t)
 	}
 }
@@ -385,12 +388,11 @@ func testPutsCommitLooksOnce(t *testing.T, unguarded bool) {
 		specs = append(specs, store.PutSpec{Key: fmt.Sprintf("a/b/c/k%d", i), Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("v"))},
 			Place: store.DefaultPlacement(), Template: store.Object{Mode: 0o644, Ino: store.NewIno()}})
 	}
-	p := s.StartPuts(ctx, specs)
 	idx.get.Store(0)
 	idx.findMany.Store(0)
 	idx.hasChildren.Store(0)
 	idx.hasChildrenMany.Store(0)
-	_, errs := p.Commit()
+	_, errs := s.StartPuts(ctx, specs).Commit()
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("put %d: %v", i, err)
@@ -401,7 +403,7 @@ func testPutsCommitLooksOnce(t *testing.T, unguarded bool) {
 		wantMany = 1
 	}
 	if g, f, h, hm := idx.get.Load(), idx.findMany.Load(), idx.hasChildren.Load(), idx.hasChildrenMany.Load(); g != 0 || f != 1 || h != 0 || hm != wantMany {
-		t.Fatalf("commit of 16 new keys: %d Get, %d FindMany, %d HasChildren, %d HasChildrenMany; want 0, 1, 0, %d", g, f, h, hm, wantMany)
+		t.Fatalf("batch of 16 new keys: %d Get, %d FindMany, %d HasChildren, %d HasChildrenMany; want 0, 1, 0, %d", g, f, h, hm, wantMany)
 	}
 }
 
