@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"errors"
+
+	"github.com/mooncake-fs/mooncake-fs/segment"
 )
 
 // Touch makes each key, in turn, the most recently used (a key removed
@@ -231,13 +233,63 @@ func (s *Store) otherReplicas(o *Object) []Replica {
 }
 
 // evictFor evicts least recently used objects until need bytes are free
-// (and use is below the low watermark). It reports whether it freed any,
-// and, when the index did not answer, its error.
+// (and use is below the low watermark), and none where no eviction can
+// free need bytes (mayFree). It reports whether it freed any, and, when
+// the index did not answer, its error.
 func (s *Store) evictFor(need uint64) (bool, error) {
 	ctx := context.Background()
+	if !s.mayFree(ctx, need) {
+		return false, nil
+	}
 	st := s.segs.Stats()
 	target := max(need, st.Size-uint64(float64(st.Size)*s.opts.LowWater))
 	return s.evictUntil(ctx, target)
+}
+
+// mayFree reports whether eviction could leave need bytes free: the free
+// room, the bytes retired and on their way back, and the local bytes of
+// the files eviction may take (closed, unpinned, with bytes here),
+// counted from the LRU's end until they reach need. A reservation that
+// no eviction can satisfy (a copy of a file that takes most of the
+// store) fails at once rather than after evicting every file. The count
+// is the pass's own work done ahead, and stops where the pass would:
+// past maxEvictLooks keys, or when the index does not answer, it answers
+// yes and the pass decides.
+func (s *Store) mayFree(ctx context.Context, need uint64) bool {
+	have := s.segs.Stats().Free + uint64(max(s.stats.delayed.Load(), 0))
+	counted := 0
+	for n := 64; have < need; n *= 4 {
+		if n > maxEvictLooks {
+			return true
+		}
+		keys := s.lruTail(n)
+		for _, k := range keys[counted:] {
+			o, err := s.idx.Get(ctx, k)
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return true
+			}
+			ext := s.localExtents(o)
+			if o.Kind != KindFile || o.Pinned || len(ext) == 0 {
+				continue
+			}
+			s.mu.Lock()
+			open := s.mu.opens[o.Ino] > 0
+			s.mu.Unlock()
+			if !open {
+				if have += segment.TotalLen(ext); have >= need {
+					return true
+				}
+			}
+		}
+		if len(keys) < n {
+			return false // every key counted
+		}
+		counted = len(keys)
+	}
+	return true
 }
 
 // evictUntil evicts until target bytes are free or nothing evictable is

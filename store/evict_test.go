@@ -247,6 +247,38 @@ func TestEvictNothingEvictable(t *testing.T) {
 	}
 }
 
+// TestEvictNotInVain: a reservation that evicting every file could not
+// satisfy (the copy of a file that takes most of the store, for a change
+// in place) fails with ErrNoSpace and evicts nothing; one that eviction
+// can satisfy still evicts, least recently used first.
+func TestEvictNotInVain(t *testing.T) {
+	const size, small, big = 4 << 20, 64 << 10, 5 << 19 // 2.5 MiB
+	s := newTestStore(t, size, withOptions(func(o *store.Options) { o.HighWater = 1 }))
+	ctx := context.Background()
+	var keys []string
+	for i := range 8 {
+		k := fmt.Sprintf("s%d", i)
+		keys = append(keys, k)
+		s.put(t, k, pattern(byte(i), small))
+	}
+	s.put(t, "log", pattern(9, big))
+	d := s.edit(t, "log")
+	defer d.Close()
+	if _, err := d.WriteAt(ctx, []byte("x"), big); !errors.Is(err, store.ErrNoSpace) {
+		t.Fatalf("append needing a copy of the whole file: %v, want ErrNoSpace", err)
+	}
+	if _, gone := s.present(t, keys); len(gone) > 0 || s.Stats().Evictions != 0 {
+		t.Fatalf("evicted %q (%d evictions) for a reservation that could not fit", gone, s.Stats().Evictions)
+	}
+	// 1.5 MiB of new bytes fit once the small files are gone.
+	s.put(t, "new", pattern(10, 3<<19))
+	if _, gone := s.present(t, keys); len(gone) == 0 {
+		t.Fatalf("nothing evicted for a put that needed it")
+	}
+	equalBytes(t, "log", s.read(t, "log"), pattern(9, big))
+	s.checkAlloc(t)
+}
+
 func sameSet(a, b []string) bool {
 	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
