@@ -76,7 +76,8 @@ func checkPut(flags uint32, objOff uint64) error {
 // atomic version change. It acts on the version cur the caller checked
 // (its permissions, FlagExcl), nil when it found no file: a key changed
 // meanwhile (a rename over it, say) fails with ErrConflict and is not
-// touched. tmpl gives a new file's owner, mode and inode.
+// touched. tmpl gives a new file's owner, mode and inode; its owner is the
+// caller, whose put over a file clears its set-ID bits as write(2) does.
 func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object, bufs []transfer.Buffer, objOff uint64, flags uint32, xattrs map[string][]byte) (*store.Object, error) {
 	if err := checkPut(flags, objOff); err != nil {
 		return nil, err
@@ -84,7 +85,8 @@ func (f *FS) putObject(ctx context.Context, key string, cur, tmpl *store.Object,
 	if flags&ioctl.FlagExcl != 0 && cur != nil {
 		return nil, fmt.Errorf("put %q: %w", key, store.ErrExists)
 	}
-	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil, SetXattrs: xattrs, Last: true}
+	opts := store.CommitOptions{Key: key, Template: tmpl, Exclusive: cur == nil, SetXattrs: xattrs, Last: true,
+		KillSUID: tmpl != nil && tmpl.Uid != 0} // tmpl's owner is the caller
 	var d *store.Draft
 	switch {
 	case cur != nil && flags&ioctl.FlagUpdate == 0:
@@ -413,7 +415,8 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 	n.putMu.Lock()
 	defer n.putMu.Unlock()
 	ino := n.StableAttr().Ino
-	opts := store.CommitOptions{Key: key, IfIno: ino}
+	uid, _ := caller(ctx)
+	opts := store.CommitOptions{Key: key, IfIno: ino, KillSUID: uid != 0}
 	if putMeta(flags, nil) {
 		// New bytes: the meta of the old ones no longer describes them.
 		opts.SetXattrs = dropMeta

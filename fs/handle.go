@@ -481,6 +481,9 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 		return 0, syscall.EBADF
 	}
 	h.abandoned.Store(false)
+	if uid, _ := caller(ctx); uid != 0 {
+		d.KillSUID() // the kernel leaves it to us on direct writes
+	}
 	if h.append {
 		// The kernel picks an append's offset from its own idea of the
 		// size; the draft's end is the one that counts.
@@ -531,6 +534,13 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 	_, err := d.Commit(ctx, opts)
 	if err == nil && shared != 0 {
 		n.sharedRewrite.CompareAndSwap(shared, 0)
+	}
+	if err == nil {
+		// The kernel may hold the attributes a stat got while the file
+		// was open (the old version's mtime, mode, size) for the attribute
+		// timeout: they changed now. Attributes only (a negative offset):
+		// no page, no lock of the inode that a close may hold.
+		n.NotifyContent(-1, 0)
 	}
 	if errors.Is(err, store.ErrStale) {
 		return nil

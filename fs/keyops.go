@@ -717,7 +717,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 			cur.fast = append(cur.fast, op)
 			set := bc.metaXattrs(op, old)
 			cur.specs = append(cur.specs, store.PutSpec{Key: key, Bufs: bufs, Cur: old, Template: tmpl,
-				SetXattrs: set, SharedXattrs: set != nil && len(op.meta) > 0, Place: place})
+				SetXattrs: set, SharedXattrs: set != nil && len(op.meta) > 0, Place: place, KillSUID: bc.uid != 0})
 		} else {
 			cur.addDraft(n.fs.st, op, key, bufs, size, old, tmpl, place)
 		}
@@ -834,7 +834,8 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 			pp.op.fail(errs[j])
 			continue
 		}
-		opts := store.CommitOptions{Key: pp.key, Template: &pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: bc.metaXattrs(pp.op, pp.cur), Last: true}
+		opts := store.CommitOptions{Key: pp.key, Template: &pp.tmpl, Exclusive: pp.cur == nil, SetXattrs: bc.metaXattrs(pp.op, pp.cur), Last: true,
+			KillSUID: bc.uid != 0}
 		if pp.cur != nil {
 			opts.IfVersion = pp.cur.Version
 		}

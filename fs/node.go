@@ -715,6 +715,9 @@ func (n *node) Allocate(ctx context.Context, fh gofs.FileHandle, off uint64, siz
 	if off+size < off {
 		return syscall.EFBIG
 	}
+	if uid, _ := caller(ctx); uid != 0 {
+		d.KillSUID() // as a write does
+	}
 	err = d.Grow(ctx, off+size)
 	return toErrno(err)
 }

@@ -946,3 +946,84 @@ func TestDraftWriteStaged(t *testing.T) {
 		t.Fatal("a failed staged write left the draft able to commit")
 	}
 }
+
+// TestKillSUID: a commit after an unprivileged write clears the version's
+// set-user-ID bit, and its set-group-ID bit only where the group may
+// execute; the next commit with no such write since keeps what a chmod
+// set meanwhile. A batch put and a one-shot commit clear them by option.
+func TestKillSUID(t *testing.T) {
+	for mode, want := range map[uint32]uint32{0o6777: 0o777, 0o6767: 0o2767, 0o4755: 0o755, 0o2750: 0o750, 0o755: 0o755} {
+		if got := store.KillSUID(mode); got != want {
+			t.Errorf("KillSUID(%o) = %o, want %o", mode, got, want)
+		}
+	}
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	chmod := func(key string, mode uint32) {
+		t.Helper()
+		if _, err := s.Update(ctx, key, 0, func(o *store.Object) error { o.Mode = mode; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	modeOf := func(key string) uint32 {
+		t.Helper()
+		o, err := s.Stat(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o.Mode
+	}
+	s.put(t, "f", []byte("old"))
+	chmod("f", 0o6777)
+	d := s.edit(t, "f")
+	defer d.Close()
+	d.KillSUID()
+	if _, err := d.WriteAt(ctx, []byte("new"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := modeOf("f"); m != 0o777 {
+		t.Fatalf("after an unprivileged write: mode %o, want 777", m)
+	}
+	chmod("f", 0o6777) // the owner sets them again; a privileged write follows
+	if _, err := d.WriteAt(ctx, []byte("root"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Commit(ctx, store.CommitOptions{Key: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := modeOf("f"); m != 0o6777 {
+		t.Fatalf("after a privileged write: mode %o, want 6777", m)
+	}
+	// A batch put and a one-shot commit, by option; a new key keeps its
+	// template's mode.
+	cur, err := s.Stat(ctx, "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs := []store.PutSpec{
+		{Key: "f", Cur: cur, Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("batch"))}, Place: store.DefaultPlacement(), KillSUID: true},
+		{Key: "g", Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("new"))}, Place: store.DefaultPlacement(), KillSUID: true,
+			Template: store.Object{Mode: 0o4755, Ino: store.NewIno()}},
+	}
+	if _, errs := s.StartPuts(ctx, specs).Commit(); errs[0] != nil || errs[1] != nil {
+		t.Fatal(errs)
+	}
+	if m, g := modeOf("f"), modeOf("g"); m != 0o777 || g != 0o4755 {
+		t.Fatalf("batch put: modes %o and %o, want 777 and 4755", m, g)
+	}
+	chmod("f", 0o6777)
+	one := s.NewDraft(cur.Ino, nil, true)
+	defer one.Close()
+	if _, err := one.WriteAt(ctx, []byte("one"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := one.Commit(ctx, store.CommitOptions{Key: "f", KillSUID: true}); err != nil {
+		t.Fatal(err)
+	}
+	if m := modeOf("f"); m != 0o777 {
+		t.Fatalf("one-shot commit: mode %o, want 777", m)
+	}
+}

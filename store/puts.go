@@ -36,6 +36,8 @@ type PutSpec struct {
 	SharedXattrs bool
 	// Place is the key's placement; it must be one BatchPuts takes.
 	Place Placement
+	// KillSUID is CommitOptions.KillSUID.
+	KillSUID bool
 }
 
 // BatchPuts reports whether StartPuts can put a key placed p: a store
@@ -267,7 +269,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		// Over the version the caller checked: the swap fails if the key
 		// moved on since (ErrConflict), so it is not looked up again.
 		cur := sp.Cur
-		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, SharedXattrs: sp.SharedXattrs, Exclusive: cur == nil}
+		o := CommitOptions{Key: sp.Key, Template: &sp.Template, SetXattrs: sp.SetXattrs, SharedXattrs: sp.SharedXattrs, Exclusive: cur == nil, KillSUID: sp.KillSUID}
 		if cur == nil && len(st.ext) > 0 {
 			o.replicas = replicaMeta(s.opts.Node, len(st.ext)) // a new key's room counts it
 		}

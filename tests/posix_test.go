@@ -1104,3 +1104,82 @@ early.close()
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
 }
+
+// TestWriteKillsSetID: as on tmpfs, bytes written by a user without the
+// privilege to keep them clear a file's set-user-ID bit, and its
+// set-group-ID bit where the group may execute: through write(2) (a new
+// content, an append), a put by name, a batch put and a put through an
+// open file. root's writes keep them. The kernel leaves this to the daemon
+// for the mount's direct writes.
+func TestWriteKillsSetID(t *testing.T) {
+	t.Parallel()
+	requireTools(t, python, "setpriv", "stat")
+	d := startDaemon(t, "--size", "64MiB")
+	pub := d.publicDir(t)
+	files := map[string]string{ // name: mode set by root
+		"trunc": "6777", "append": "6777", "nogx": "6767", "root": "6777",
+		"byname": "6777", "batch": "6777", "handle": "6777",
+	}
+	for name, mode := range files {
+		run(t, "sh", "-c", `printf old > "$1" && chmod "$2" "$1"`, "sh", filepath.Join(pub, name), mode)
+	}
+	run(t, "sh", "-c", `printf root >> "$1"`, "sh", filepath.Join(pub, "root"))
+	script := `
+import sys
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+mnt = sys.argv[2]
+open(mnt + "/pub/trunc", "w").write("new")
+open(mnt + "/pub/append", "a").write("more")
+open(mnt + "/pub/nogx", "a").write("more")
+c = mc.Client(mnt)
+c.put("pub/byname", b"new")
+c.batch_put({"batch": b"new"}, dir="pub")
+with mc.File(mnt + "/pub/handle", "w") as f:
+    f.put(b"new")
+`
+	if out, err := asNobody(`exec "$1" -c "$2" "$3" "$4"`, python, script, publicPythonDir(t), d.dir); err != nil {
+		t.Fatalf("nobody's writes: %v\n%s", err, out)
+	}
+	want := map[string]string{
+		"trunc": "777", "append": "777", "nogx": "2767", "root": "6777",
+		"byname": "777", "batch": "777", "handle": "777",
+	}
+	for name, mode := range want {
+		if got := strings.TrimSpace(run(t, "stat", "-c", "%a", filepath.Join(pub, name))); got != mode {
+			t.Errorf("%s: mode %s after the writes, want %s", name, got, mode)
+		}
+	}
+	d.checkAlive(t)
+}
+
+// TestStatAfterClose: a stat while a file is open for writing shows the
+// version before it; the close publishes the new one, and a stat right
+// after shows its mtime and size, not what the kernel kept from the stat
+// before.
+func TestStatAfterClose(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	out := py(t, `
+import os, sys
+p = sys.argv[1]
+open(p, "w").write("x")
+os.utime(p, (0, 0))
+fd = os.open(p, os.O_WRONLY | os.O_APPEND)
+os.write(fd, b"yz")
+during = os.stat(p)
+os.close(fd)
+after = os.stat(p)
+print(f"during={during.st_mtime_ns},{during.st_size} after={after.st_mtime_ns},{after.st_size}")
+`, d.path("f"))
+	var dm, ds, am, as int64
+	if _, err := fmt.Sscanf(strings.TrimSpace(out), "during=%d,%d after=%d,%d", &dm, &ds, &am, &as); err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	if dm != 0 || ds != 1 {
+		t.Logf("during the write: mtime %d, size %d (the version before it)", dm, ds)
+	}
+	if am == 0 || as != 3 {
+		t.Fatalf("right after close: mtime %d, size %d; want the new version's (not 0), 3", am, as)
+	}
+}
