@@ -123,6 +123,7 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	h := &handle{n: n, writable: true, append: flags&syscall.O_APPEND != 0}
 	h.regs.fs = n.fs
 	if flags&syscall.O_TRUNC != 0 {
+		n.killSUID(ctx) // the kernel leaves an atomic O_TRUNC to us
 		d, err := n.fs.st.OpenDraft(ctx, key, ino, true)
 		if err != nil {
 			return nil, err
@@ -481,9 +482,7 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 		return 0, syscall.EBADF
 	}
 	h.abandoned.Store(false)
-	if uid, _ := caller(ctx); uid != 0 {
-		d.KillSUID() // the kernel leaves it to us on direct writes
-	}
+	n.killSUID(ctx)
 	if h.append {
 		// The kernel picks an append's offset from its own idea of the
 		// size; the draft's end is the one that counts.
@@ -497,6 +496,33 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 		return 0, toErrno(err)
 	}
 	return uint32(got), 0
+}
+
+// killSUID clears the file's set-user-ID bit, and its set-group-ID bit
+// where the group may execute, when the caller is not root: as the kernel
+// does at a write or truncation without CAP_FSETID, which it leaves to
+// the daemon for the mount's direct writes and atomic O_TRUNC opens. At
+// once, on the published version, as a chmod: a chmod between the write
+// and the close keeps what it sets.
+func (n *node) killSUID(ctx context.Context) {
+	if uid, _ := caller(ctx); uid == 0 {
+		return
+	}
+	key, ok := n.key()
+	if !ok {
+		return
+	}
+	ino := n.StableAttr().Ino
+	if o, err := n.fs.st.Stat(ctx, key); err != nil || o.Ino != ino || store.KillSUID(o.Mode) == o.Mode {
+		return
+	}
+	_, err := n.fs.st.Update(ctx, key, ino, func(o *store.Object) error {
+		o.Mode = store.KillSUID(o.Mode)
+		return nil
+	})
+	if err == nil {
+		n.NotifyContent(-1, 0) // attributes only: no lock of the inode
+	}
 }
 
 // publish commits d as the node's new version if it changed. A draft with
@@ -535,11 +561,13 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 	if err == nil && shared != 0 {
 		n.sharedRewrite.CompareAndSwap(shared, 0)
 	}
-	if err == nil {
+	if err == nil && n.attrsWriting.Swap(false) {
 		// The kernel may hold the attributes a stat got while the file
-		// was open (the old version's mtime, mode, size) for the attribute
+		// was open (the old version's mtime, mode) for the attribute
 		// timeout: they changed now. Attributes only (a negative offset):
-		// no page, no lock of the inode that a close may hold.
+		// no page, no lock of the inode that a close may hold. Only
+		// then: the kernel drops its own after a write, and asking it to
+		// again costs the next open a round trip.
 		n.NotifyContent(-1, 0)
 	}
 	if errors.Is(err, store.ErrStale) {

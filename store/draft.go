@@ -75,9 +75,6 @@ type Draft struct {
 		failed error
 		mtime  int64 // explicit modification time (SetMtime) since the last change; 0: now
 		place  Placement
-		// kills counts the calls of KillSUID, killed the count the last
-		// commit saw: a commit clears the bits when they differ.
-		kills, killed uint64
 	}
 }
 
@@ -733,16 +730,6 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 // truncate resets it to the commit time.
 func (d *Draft) SetMtime(ns int64) { d.setMtime(ns) }
 
-// KillSUID says a caller without the privilege to keep them wrote to the
-// draft: its next commit clears the set-user-ID bit of the version, and
-// the set-group-ID bit where group execution is allowed
-// (CommitOptions.KillSUID), as write(2) does.
-func (d *Draft) KillSUID() {
-	d.meta.Lock()
-	d.meta.kills++
-	d.meta.Unlock()
-}
-
 func (d *Draft) setMtime(ns int64) {
 	d.meta.Lock()
 	d.meta.mtime = ns
@@ -843,9 +830,9 @@ type CommitOptions struct {
 	replicas uint64
 	// KillSUID clears the set-user-ID bit of a version that replaces
 	// another, and its set-group-ID bit where group execution is allowed:
-	// the bytes come from a caller without the privilege to keep them
-	// (write(2), as Linux does without CAP_FSETID). A new key takes
-	// Template's mode as it is.
+	// its bytes come, whole, from a caller without the privilege to keep
+	// them (a put, as write(2) clears them without CAP_FSETID). A new key
+	// takes Template's mode as it is.
 	KillSUID bool
 	// Last closes the draft with a successful commit: it keeps nothing of
 	// the committed version to continue from (a one-shot put saves the
@@ -872,10 +859,8 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		return nil, fmt.Errorf("commit %q: %w", o.Key, err)
 	}
 	d.meta.Lock()
-	place, mtime, kills := d.meta.place, d.meta.mtime, d.meta.kills
-	kill := kills != d.meta.killed
+	place, mtime := d.meta.place, d.meta.mtime
 	d.meta.Unlock()
-	o.KillSUID = o.KillSUID || kill
 	if !d.mu.own {
 		// Unchanged since the base version: nothing to publish.
 		return d.mu.base.Object(), nil
@@ -953,12 +938,6 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		published = true
 		d.s.publishedBodyLocked(next)
 		d.s.mu.Unlock()
-		if kill {
-			// A KillSUID since counts for the next commit.
-			d.meta.Lock()
-			d.meta.killed = kills
-			d.meta.Unlock()
-		}
 		d.s.committed(nil, []*Object{next}, nil)
 		// Remote reservations now belong to the committed body: their
 		// owners take them over when they see the commit.

@@ -263,6 +263,9 @@ func (s *Store) mayFree(ctx context.Context, need uint64) bool {
 			return true
 		}
 		keys := s.lruTail(n)
+		if len(keys) < counted {
+			return true // other passes took keys meanwhile: this one decides
+		}
 		for _, k := range keys[counted:] {
 			o, err := s.idx.Get(ctx, k)
 			if errors.Is(err, ErrNotFound) {

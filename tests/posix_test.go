@@ -1108,16 +1108,17 @@ early.close()
 // TestWriteKillsSetID: as on tmpfs, bytes written by a user without the
 // privilege to keep them clear a file's set-user-ID bit, and its
 // set-group-ID bit where the group may execute: through write(2) (a new
-// content, an append), a put by name, a batch put and a put through an
-// open file. root's writes keep them. The kernel leaves this to the daemon
-// for the mount's direct writes.
+// content, an append), an O_TRUNC open, a put by name, a batch put and a
+// put through an open file. root's writes keep them, and so does a chmod
+// after the write, before the close. The kernel leaves this to the daemon
+// for the mount's direct writes and atomic O_TRUNC opens.
 func TestWriteKillsSetID(t *testing.T) {
 	t.Parallel()
 	requireTools(t, python, "setpriv", "stat")
 	d := startDaemon(t, "--size", "64MiB")
 	pub := d.publicDir(t)
 	files := map[string]string{ // name: mode set by root
-		"trunc": "6777", "append": "6777", "nogx": "6767", "root": "6777",
+		"trunc": "6777", "append": "6777", "nogx": "6767", "root": "6777", "otrunc": "6777",
 		"byname": "6777", "batch": "6777", "handle": "6777",
 	}
 	for name, mode := range files {
@@ -1125,13 +1126,18 @@ func TestWriteKillsSetID(t *testing.T) {
 	}
 	run(t, "sh", "-c", `printf root >> "$1"`, "sh", filepath.Join(pub, "root"))
 	script := `
-import sys
+import os, sys
 sys.path.insert(0, sys.argv[1])
 import mooncake_fs as mc
 mnt = sys.argv[2]
 open(mnt + "/pub/trunc", "w").write("new")
 open(mnt + "/pub/append", "a").write("more")
 open(mnt + "/pub/nogx", "a").write("more")
+os.close(os.open(mnt + "/pub/otrunc", os.O_WRONLY | os.O_TRUNC))
+fd = os.open(mnt + "/pub/mine", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, b"mine")
+os.fchmod(fd, 0o4755)  # after the write, before the close: kept
+os.close(fd)
 c = mc.Client(mnt)
 c.put("pub/byname", b"new")
 c.batch_put({"batch": b"new"}, dir="pub")
@@ -1142,7 +1148,7 @@ with mc.File(mnt + "/pub/handle", "w") as f:
 		t.Fatalf("nobody's writes: %v\n%s", err, out)
 	}
 	want := map[string]string{
-		"trunc": "777", "append": "777", "nogx": "2767", "root": "6777",
+		"trunc": "777", "append": "777", "nogx": "2767", "root": "6777", "otrunc": "777", "mine": "4755",
 		"byname": "777", "batch": "777", "handle": "777",
 	}
 	for name, mode := range want {
