@@ -134,7 +134,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (evictOutcome, error) 
 		}
 		return kept(err), err
 	}
-	if o.Kind != KindFile || o.Size == 0 || len(s.localExtents(o)) == 0 || o.Pinned {
+	if len(s.evictable(o)) == 0 {
 		// Nothing here to evict until a commit writes bytes here, or
 		// unpins the file, which puts it back: out of the LRU (empty
 		// files cost metadata too; pinned ones left at its end would
@@ -274,8 +274,8 @@ func (s *Store) mayFree(ctx context.Context, need uint64) bool {
 			if err != nil {
 				return true
 			}
-			ext := s.localExtents(o)
-			if o.Kind != KindFile || o.Pinned || len(ext) == 0 {
+			ext := s.evictable(o)
+			if len(ext) == 0 {
 				continue
 			}
 			s.mu.Lock()
@@ -293,6 +293,16 @@ func (s *Store) mayFree(ctx context.Context, need uint64) bool {
 		counted = len(keys)
 	}
 	return true
+}
+
+// evictable returns the extents on this node that evicting o would free,
+// whether or not it is open: none for a directory, an empty or pinned
+// file, or one with no bytes here.
+func (s *Store) evictable(o *Object) []segment.Extent {
+	if o.Kind != KindFile || o.Size == 0 || o.Pinned {
+		return nil
+	}
+	return s.localExtents(o)
 }
 
 // evictUntil evicts until target bytes are free or nothing evictable is

@@ -47,12 +47,7 @@ func TestEvictLRU(t *testing.T) {
 	const size, obj = 8 << 20, 512 << 10
 	s := newTestStore(t, size, withOptions(func(o *store.Options) { o.HighWater = 1 }))
 	ctx := context.Background()
-	var keys []string
-	for i := range 10 {
-		k := fmt.Sprintf("o%d", i)
-		keys = append(keys, k)
-		s.put(t, k, pattern(byte(i), obj))
-	}
+	keys := s.putSeries(t, "o", 10, obj)
 	s.pin(t, "o1")
 	r, err := s.OpenReader(ctx, "o0") // used: moves to the front
 	if err != nil {
@@ -164,12 +159,7 @@ func TestNoSpace(t *testing.T) {
 	const size, obj = 4 << 20, 512 << 10
 	s := newTestStore(t, size, noEvict(), withSegments(2))
 	ctx := context.Background()
-	var keys []string
-	for i := range size / obj {
-		k := fmt.Sprintf("o%d", i)
-		keys = append(keys, k)
-		s.put(t, k, pattern(byte(i), obj))
-	}
+	keys := s.putSeries(t, "o", size/obj, obj)
 	if u := s.used(); u != size {
 		t.Fatalf("Used = %d, want a full store", u)
 	}
@@ -255,12 +245,7 @@ func TestEvictNotInVain(t *testing.T) {
 	const size, small, big = 4 << 20, 64 << 10, 5 << 19 // 2.5 MiB
 	s := newTestStore(t, size, withOptions(func(o *store.Options) { o.HighWater = 1 }))
 	ctx := context.Background()
-	var keys []string
-	for i := range 8 {
-		k := fmt.Sprintf("s%d", i)
-		keys = append(keys, k)
-		s.put(t, k, pattern(byte(i), small))
-	}
+	keys := s.putSeries(t, "s", 8, small)
 	s.put(t, "log", pattern(9, big))
 	d := s.edit(t, "log")
 	defer d.Close()

@@ -145,6 +145,18 @@ func (s *testStore) tryPut(key string, data []byte) (*store.Object, error) {
 	return d.Commit(ctx, store.CommitOptions{Key: key})
 }
 
+// putSeries puts n keys prefix0, prefix1, ... of size bytes each (key i
+// holds pattern(i, size)) and returns them in order.
+func (s *testStore) putSeries(t testing.TB, prefix string, n, size int) []string {
+	t.Helper()
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s%d", prefix, i)
+		s.put(t, keys[i], pattern(byte(i), size))
+	}
+	return keys
+}
+
 // edit opens a copy-on-write draft on the current version of key, like
 // open(2) without O_TRUNC.
 func (s *testStore) edit(t testing.TB, key string) *store.Draft {
