@@ -561,15 +561,6 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 	if err == nil && shared != 0 {
 		n.sharedRewrite.CompareAndSwap(shared, 0)
 	}
-	if err == nil && n.attrsWriting.Swap(false) {
-		// The kernel may hold the attributes a stat got while the file
-		// was open (the old version's mtime, mode) for the attribute
-		// timeout: they changed now. Attributes only (a negative offset):
-		// no page, no lock of the inode that a close may hold. Only
-		// then: the kernel drops its own after a write, and asking it to
-		// again costs the next open a round trip.
-		n.NotifyContent(-1, 0)
-	}
 	if errors.Is(err, store.ErrStale) {
 		return nil
 	}

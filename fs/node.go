@@ -52,11 +52,6 @@ type node struct {
 	// putMu makes each PUT ioctl through this file's drafts one version
 	// change: truncate, write and publish (dataio.go).
 	putMu sync.Mutex
-	// attrsWriting says the kernel was given the file's attributes while
-	// drafts of it were open (sizeOf): the published version's times and
-	// mode, which it may keep for the attribute timeout after the close
-	// that publishes new ones (publish).
-	attrsWriting atomic.Bool
 	// metaGen counts setxattr/removexattr of user.mooncake.meta through
 	// this file. A rewrite (an O_TRUNC open, a truncation) drops the meta
 	// when it publishes unless one was set since it began: the meta
@@ -292,7 +287,6 @@ func (n *node) sizeOf(o *store.Object) uint64 {
 	if drafts == 0 {
 		return o.Size
 	}
-	n.attrsWriting.Store(true)
 	return size
 }
 

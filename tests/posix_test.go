@@ -1158,34 +1158,3 @@ with mc.File(mnt + "/pub/handle", "w") as f:
 	}
 	d.checkAlive(t)
 }
-
-// TestStatAfterClose: a stat while a file is open for writing shows the
-// version before it; the close publishes the new one, and a stat right
-// after shows its mtime and size, not what the kernel kept from the stat
-// before.
-func TestStatAfterClose(t *testing.T) {
-	t.Parallel()
-	d := startDaemon(t, "--size", "64MiB")
-	out := py(t, `
-import os, sys
-p = sys.argv[1]
-open(p, "w").write("x")
-os.utime(p, (0, 0))
-fd = os.open(p, os.O_WRONLY | os.O_APPEND)
-os.write(fd, b"yz")
-during = os.stat(p)
-os.close(fd)
-after = os.stat(p)
-print(f"during={during.st_mtime_ns},{during.st_size} after={after.st_mtime_ns},{after.st_size}")
-`, d.path("f"))
-	var dm, ds, am, as int64
-	if _, err := fmt.Sscanf(strings.TrimSpace(out), "during=%d,%d after=%d,%d", &dm, &ds, &am, &as); err != nil {
-		t.Fatalf("%q: %v", out, err)
-	}
-	if dm != 0 || ds != 1 {
-		t.Logf("during the write: mtime %d, size %d (the version before it)", dm, ds)
-	}
-	if am == 0 || as != 3 {
-		t.Fatalf("right after close: mtime %d, size %d; want the new version's (not 0), 3", am, as)
-	}
-}
