@@ -168,6 +168,10 @@ func (d *Draft) Dirty() bool {
 // exclusively: its bytes move to another node.
 var errSpill = errors.New("store: draft must spill to another node")
 
+// errNotOwn tells a writer that a commit made the draft's version the
+// committed one again: it must take extents of its own first (ensureOwn).
+var errNotOwn = errors.New("store: draft has no extents of its own")
+
 // reserveLocked grows the draft to hold at least need bytes. With excl the
 // caller holds d.rw exclusively, which moving the draft to another node
 // (spilling) needs; without it a spill returns errSpill.
@@ -474,7 +478,15 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	if err != nil || w.d == nil {
 		return 0, err
 	}
-	return w.finish(ctx, d.s.eng.Submit(ctx, reqs))
+	copied := false
+	defer func() {
+		if !copied { // the copy panicked: let the draft go (prepareWrite)
+			d.rw.RUnlock()
+		}
+	}()
+	err = d.s.eng.Submit(ctx, reqs)
+	copied = true
+	return w.finish(ctx, err)
 }
 
 // pendingWrite is a write between prepareWrite and its finish.
@@ -504,66 +516,98 @@ func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off ui
 	if end < off {
 		return reqs, w, fmt.Errorf("store: write %d B at %d: %w", n, off, ErrTooLarge)
 	}
+	// The draft stays held shared past a successful return, for finish;
+	// an error or a panic on the way (go-fuse recovers a handler's) lets
+	// it go, or the file's next close or commit would wait forever.
+	held := false
+	defer func() {
+		if held {
+			d.rw.RUnlock()
+		}
+	}()
 	for {
 		if err := d.ensureOwn(ctx, ^uint64(0)); err != nil {
 			return reqs, w, err
 		}
 		d.rw.RLock()
-		d.mu.Lock()
-		if d.mu.own || d.mu.closed {
-			break
+		held = true
+		v, err := d.reserveWrite(ctx, off, end)
+		if err == nil {
+			at := off
+			for _, buf := range bufs {
+				spanIdx(v.ext, v.starts, at, buf.Size(), func(i int, e segment.Extent, rel uint64) bool {
+					reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: v.node, Epoch: v.epoch, Resv: v.resv[i]})
+					return true
+				})
+				at += buf.Size()
+			}
+			held = false
+			return reqs, pendingWrite{d: d, off: off, end: end, n: n}, nil
 		}
-		// A commit between ensureOwn and RLock made the committed version
-		// the base again; writing now would go to extents no commit sees.
-		d.mu.Unlock()
 		d.rw.RUnlock()
-	}
-	if d.mu.closed {
-		d.mu.Unlock()
-		d.rw.RUnlock()
-		return reqs, w, ErrClosed
-	}
-	err := d.reserveLocked(ctx, end, false)
-	if errors.Is(err, errSpill) {
-		// Moving the draft needs it exclusively: no writer copies into
-		// the extents being moved.
-		d.mu.Unlock()
-		d.rw.RUnlock()
-		d.rw.Lock()
-		d.mu.Lock()
-		if d.mu.own && !d.mu.closed {
-			err = d.reserveLocked(ctx, end, true)
-		} else {
-			err = nil // committed or closed meanwhile: start over
-		}
-		d.mu.Unlock()
-		d.rw.Unlock()
-		if err != nil {
+		held = false
+		switch {
+		case errors.Is(err, errNotOwn):
+			// A commit between ensureOwn and the lock made the committed
+			// version the base again; writing now would go to extents no
+			// commit sees.
+		case errors.Is(err, errSpill):
+			if err := d.spill(ctx, end); err != nil {
+				return reqs, w, err
+			}
+		default:
 			return reqs, w, err
 		}
-		return d.prepareWrite(ctx, bufs, off, reqs)
 	}
+}
+
+// writeView is what a write's requests are made of: the draft's extents
+// and where they lie, read under d.mu by reserveWrite.
+type writeView struct {
+	ext    []segment.Extent
+	starts []uint64
+	node   string
+	epoch  uint64
+	resv   []uint64
+}
+
+// reserveWrite, with the draft held shared, reserves room up to end and
+// zeroes any gap before off. errNotOwn: the draft's version is no longer
+// its own (ensureOwn again); errSpill: the room is elsewhere, and moving
+// there needs the draft exclusively (spill).
+func (d *Draft) reserveWrite(ctx context.Context, off, end uint64) (writeView, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.closed {
+		return writeView{}, ErrClosed
+	}
+	if !d.mu.own {
+		return writeView{}, errNotOwn
+	}
+	err := d.reserveLocked(ctx, end, false)
 	if err == nil && off > d.mu.zeroed {
 		err = d.zeroLocked(ctx, d.mu.zeroed, off)
 	}
 	if err != nil {
-		d.mu.Unlock()
-		d.rw.RUnlock()
-		return reqs, w, err
+		return writeView{}, err
 	}
 	d.mu.zeroed = max(d.mu.zeroed, end)
-	ext, starts, node, epoch, resv := d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch, d.mu.extResv
-	d.mu.Unlock()
+	return writeView{d.mu.ext, d.mu.starts, d.mu.node, d.mu.epoch, d.mu.extResv}, nil
+}
 
-	at := off
-	for _, buf := range bufs {
-		spanIdx(ext, starts, at, buf.Size(), func(i int, e segment.Extent, rel uint64) bool {
-			reqs = append(reqs, transfer.Request{Op: transfer.Write, Buf: buf, BufOff: rel, Extent: e, Node: node, Epoch: epoch, Resv: resv[i]})
-			return true
-		})
-		at += buf.Size()
+// spill moves the draft where it has room up to end, holding it
+// exclusively so that no writer copies into the extents being moved. A
+// draft committed or closed meanwhile needs nothing: its writer starts
+// over.
+func (d *Draft) spill(ctx context.Context, end uint64) error {
+	d.rw.Lock()
+	defer d.rw.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.mu.own || d.mu.closed {
+		return nil
 	}
-	return reqs, pendingWrite{d: d, off: off, end: end, n: n}, nil
+	return d.reserveLocked(ctx, end, true)
 }
 
 // finish records the outcome err of the write's requests and ends it.

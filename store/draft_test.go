@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -312,6 +313,52 @@ func TestCommitExclusiveRace(t *testing.T) {
 	if o, err := s.Stat(ctx, "f"); err != nil || o.Ino != 77 {
 		t.Fatalf("Stat = %+v, %v; want the winner", o, err)
 	}
+}
+
+// panicIndex is a fault-injecting Index whose Get panics while armed, as
+// a defect in the index's client would.
+type panicIndex struct {
+	store.Index
+	armed atomic.Bool
+}
+
+func (x *panicIndex) Get(ctx context.Context, key string) (*store.Object, error) {
+	if x.armed.Load() {
+		panic("panicIndex: armed")
+	}
+	return x.Index.Get(ctx, key)
+}
+
+// A panic while a write reserves room (here in eviction, which asks the
+// index) lets the draft go: go-fuse recovers a handler's panic, and a
+// draft left held made the file's close wait forever.
+func TestWritePanicLetsDraftGo(t *testing.T) {
+	x := &panicIndex{Index: store.NewEmbedded()}
+	s := newTestStore(t, 4<<20, withIndex(x))
+	ctx := context.Background()
+	s.put(t, "old", pattern(1, 3<<20))
+	d := s.NewDraft(store.NewIno(), nil, true)
+	x.armed.Store(true)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the write that evicts did not reach the index")
+			}
+		}()
+		_, _ = d.WriteAt(ctx, pattern(2, 2<<20), 0)
+	}()
+	x.armed.Store(false)
+	closed := make(chan struct{})
+	go func() {
+		d.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("Close still waits for the draft a minute after the write's panic")
+	}
+	equalBytes(t, "old", s.read(t, "old"), pattern(1, 3<<20))
 }
 
 func TestCommitIfIno(t *testing.T) {
