@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -306,9 +307,21 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (rev uint64, _ 
 	// cleanup on a panic; no one else sees them (mu).
 	x.mu.txn++
 	txn := x.mu.txn
+	// Every key's slot first, in a loop of its own: a batch's commit
+	// comes after its copies, which leave the table's lines cold, and
+	// probes that depend on nothing but their key let the CPU overlap
+	// their misses. A key with none is probed again below (warm now),
+	// where an earlier swap of the transaction may have made it one.
+	found = slices.Grow(found, len(swaps))[:len(swaps)]
+	for i := range swaps {
+		found[i] = x.slotLocked(&swaps[i])
+	}
 	for i, s := range swaps {
 		var err error
-		sl := x.slotLocked(&swaps[i])
+		sl := found[i]
+		if sl == nil && i > 0 {
+			sl = x.mu.slots[s.Key]
+		}
 		switch {
 		case s.New != nil && s.New.Key != s.Key:
 			err = fmt.Errorf("swap %q carries object %q: %w", s.Key, s.New.Key, ErrInvalid)
@@ -338,7 +351,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (rev uint64, _ 
 			x.mu.slots[s.Key] = sl
 		}
 		sl.txn = txn
-		found = append(found, sl)
+		found[i] = sl
 	}
 	x.mu.rev++
 	rev = x.mu.rev
