@@ -302,6 +302,13 @@ class _Block(NamedTuple):
     ordinal: int
 
 
+# locate_columns notes the blocks a call confirmed under the 2 MiB
+# granules they cover (CUDA's allocation granularity), up to this many
+# granules a block (larger ones it looks through).
+_GRANULE_SHIFT = 21
+_GRANULES_NOTED = 16
+
+
 class HandleCache:
     """IPC handles per allocation, keyed by the allocation's process-wide
     unique buffer id (CU_POINTER_ATTRIBUTE_BUFFER_ID) where the driver has
@@ -410,7 +417,14 @@ class HandleCache:
         drv = driver()
         raw = ctypes.c_uint64(0)
         ref, get, buf_attr = ctypes.byref(raw), drv.cuPointerGetAttribute, POINTER_ATTRIBUTE_BUFFER_ID
-        blocks, checked = self._blocks, []  # checked: the 8 blocks this call confirmed last, latest first
+        blocks = self._blocks
+        # seen: the blocks this call confirmed, by the 2 MiB granules they
+        # cover (each granule's list: (block, its refs index)), so that a
+        # pointer outside the last one's block finds its own with one
+        # lookup, whatever order the tensors' allocations come in (a
+        # caching allocator's blocks rarely come in address order); big:
+        # those too large to note granule by granule, looked through.
+        seen, big, gran = {}, [], _GRANULE_SHIFT
         refs, idx, offs, at = [], [], [], {}
         add_idx, add_off = idx.append, offs.append
         lo, hi, cur = 1, 0, -1  # the range and refs index of the last pointer's block
@@ -421,16 +435,16 @@ class HandleCache:
                     add_off(ptr - lo)
                     continue
                 end = ptr + length
-                for blk in checked:
+                for blk, cur in seen.get(ptr >> gran, ()):
                     if blk.base <= ptr < blk.base + blk.size and end <= blk.base + blk.size:
                         break
                 else:
-                    blk = None
-                if blk is not None and ptr:
-                    if blk is not checked[0]:
-                        checked.remove(blk)
-                        checked.insert(0, blk)
-                else:
+                    for blk, cur in big:
+                        if blk.base <= ptr < blk.base + blk.size and end <= blk.base + blk.size:
+                            break
+                    else:
+                        blk = None
+                if blk is None:
                     raw.value = 0
                     if ptr and get(ref, buf_attr, ptr) == 0 and raw.value:
                         key = (ordinal, raw.value)
@@ -444,13 +458,17 @@ class HandleCache:
                     if blk is None:
                         loc = self.locate(ptr, length, ordinal)
                         blk = _Block(loc.handle, loc.base, loc.size, loc.device, loc.ordinal)
-                    checked.insert(0, blk)
-                    del checked[8:]
-                pair = (blk.handle, blk.device)
-                cur = at.get(pair)
-                if cur is None:
-                    cur = at[pair] = len(refs)
-                    refs.append(pair)
+                    pair = (blk.handle, blk.device)
+                    cur = at.get(pair)
+                    if cur is None:
+                        cur = at[pair] = len(refs)
+                        refs.append(pair)
+                    first, last = blk.base >> gran, (blk.base + blk.size - 1) >> gran
+                    if last - first < _GRANULES_NOTED:
+                        for g in range(first, last + 1):
+                            seen.setdefault(g, []).append((blk, cur))
+                    else:
+                        big.append((blk, cur))
                 lo, hi = blk.base, blk.base + blk.size
                 add_idx(cur)
                 add_off(ptr - lo)

@@ -264,6 +264,27 @@ class TestFakeDriver(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "run past the end"):
             self.cache.locate_many([0x7F0000000000, 0x7F0000000000 + MB], [1, 2 * MB], 0)
 
+    def test_locate_columns_queries_each_allocation_once(self):
+        # More allocations in one call than there is room to keep in a
+        # short list, met in turn, and a large one (64 MiB, past what is
+        # noted granule by granule) met between them: still one driver
+        # query per allocation, the answers as locate's.
+        self.cache = cudadrv.HandleCache(max_entries=32)
+        for b in range(12):
+            self.add(0x7F0000000000 + b * 2 * MB, 2 * MB, buf_id=60 + b)
+        self.add(0x7F0040000000, 64 * MB, buf_id=80)
+        ptrs = []
+        for i in range(48):
+            ptrs.append(0x7F0000000000 + (i % 12) * 2 * MB + (i // 12) * 256 * 1024)
+            if i % 3 == 0:
+                ptrs.append(0x7F0040000000 + (i * 7 % 64) * MB)
+        lens = [256 * 1024] * len(ptrs)
+        want = [self.cache.locate(p, n, 0) for p, n in zip(ptrs, lens)]
+        self.fake.fake_reset_queries()
+        refs, idx, offs = self.cache.locate_columns(ptrs, lens, 0)
+        self.assertEqual(self.var("fake_queries"), 13)
+        self.assertEqual([refs[i] + (o,) for i, o in zip(idx, offs)], [(w.handle, w.device, w.dev_off) for w in want])
+
     def test_locate_columns(self):
         # The columns say what locate says of each pointer: its
         # allocation's (handle, device) once in refs, in the order first
