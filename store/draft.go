@@ -168,6 +168,11 @@ func (d *Draft) Dirty() bool {
 // exclusively: its bytes move to another node.
 var errSpill = errors.New("store: draft must spill to another node")
 
+// errWritePanicked fails a draft whose write panicked (go-fuse recovers
+// a handler's panic): whether its copies ran is unknown, so its range
+// holds undefined bytes and it must not commit.
+var errWritePanicked = errors.New("store: a write panicked: its range is undefined")
+
 // errNotOwn tells a writer that a commit made the draft's version the
 // committed one again: it must take extents of its own first (ensureOwn).
 var errNotOwn = errors.New("store: draft has no extents of its own")
@@ -335,6 +340,9 @@ func (d *Draft) zeroLocked(ctx context.Context, from, to uint64) error {
 func (d *Draft) materialize(ctx context.Context, keep uint64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.mu.closed {
+		return ErrClosed // closed since the caller looked (Close drops the base)
+	}
 	if d.mu.own {
 		return nil
 	}
@@ -481,6 +489,7 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	copied := false
 	defer func() {
 		if !copied { // the copy panicked: let the draft go (prepareWrite)
+			d.fail(errWritePanicked)
 			d.rw.RUnlock()
 		}
 	}()
@@ -517,11 +526,12 @@ func (d *Draft) prepareWrite(ctx context.Context, bufs []transfer.Buffer, off ui
 		return reqs, w, fmt.Errorf("store: write %d B at %d: %w", n, off, ErrTooLarge)
 	}
 	// The draft stays held shared past a successful return, for finish;
-	// an error or a panic on the way (go-fuse recovers a handler's) lets
-	// it go, or the file's next close or commit would wait forever.
+	// a panic on the way (go-fuse recovers a handler's) lets it go, or
+	// the file's next close or commit would wait forever, and fails it.
 	held := false
 	defer func() {
 		if held {
+			d.fail(errWritePanicked)
 			d.rw.RUnlock()
 		}
 	}()
@@ -680,6 +690,12 @@ type writeState struct {
 // the caller must call before it commits or closes them.
 func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 	w := &Writes{ctx: ctx, ws: ws, each: make([]writeState, len(ws))}
+	started := false
+	defer func() {
+		if !started { // a panic: the drafts prepared so far would stay held
+			w.abandon(0)
+		}
+	}()
 	all := make([]transfer.Request, 0, len(ws))
 	for i, dw := range ws {
 		st := &w.each[i]
@@ -700,7 +716,21 @@ func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 	t0 := time.Now()
 	w.flight = s.eng.Start(ctx, all)
 	w.copyNs = int64(time.Since(t0))
+	started = true
 	return w
+}
+
+// abandon lets go of the drafts of writes from on that are still held
+// (a panic on the way, go-fuse recovering it), failing each: whether its
+// copies ran is unknown.
+func (w *Writes) abandon(from int) {
+	for i := from; i < len(w.each); i++ {
+		if d := w.each[i].w.d; d != nil {
+			w.each[i].w.d = nil
+			d.fail(errWritePanicked)
+			d.rw.RUnlock()
+		}
+	}
 }
 
 // Wait waits for the copies and returns each write's error as WriteMany
@@ -708,23 +738,33 @@ func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 func (w *Writes) Wait() []error {
 	if !w.done {
 		w.done = true
+		next := 0 // the writes from here on are not finished
+		defer func() {
+			if next < len(w.each) { // a panic
+				w.abandon(next)
+			}
+		}()
 		t0 := time.Now()
 		each := w.flight.Wait()
 		w.copyNs += int64(time.Since(t0))
 		for i := range w.each {
+			next = i
 			st := &w.each[i]
-			if st.w.d == nil {
+			pw := st.w
+			if pw.d == nil {
 				continue
 			}
+			st.w.d = nil // finish lets it go, also when it panics
 			var err error
 			if each != nil {
 				err = errors.Join(each[st.span[0]:st.span[1]]...)
 			}
-			if _, err = st.w.finish(w.ctx, err); err != nil {
+			if _, err = pw.finish(w.ctx, err); err != nil {
 				w.ws[i].Draft.fail(err)
 				st.err, w.failed = err, true
 			}
 		}
+		next = len(w.each)
 	}
 	if !w.failed {
 		return nil

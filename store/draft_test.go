@@ -358,7 +358,86 @@ func TestWritePanicLetsDraftGo(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("Close still waits for the draft a minute after the write's panic")
 	}
+	if d.Err() == nil {
+		t.Error("the draft whose write panicked may still commit")
+	}
 	equalBytes(t, "old", s.read(t, "old"), pattern(1, 3<<20))
+}
+
+// The same through WriteMany (a batch put's drafts): the second draft's
+// reservation panics after the first was prepared; both are let go and
+// failed (the first one's copy never ran).
+func TestWriteManyPanicLetsDraftsGo(t *testing.T) {
+	x := &panicIndex{Index: store.NewEmbedded()}
+	s := newTestStore(t, 4<<20, withIndex(x))
+	ctx := context.Background()
+	s.put(t, "old", pattern(1, 3<<20))
+	d1 := s.NewDraft(store.NewIno(), nil, true)
+	d2 := s.NewDraft(store.NewIno(), nil, true)
+	d1.Expect(64 << 10)
+	x.armed.Store(true)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the write that evicts did not reach the index")
+			}
+		}()
+		s.WriteMany(ctx, []store.DraftWrite{
+			{Draft: d1, Bufs: []transfer.Buffer{transfer.HostBuffer(pattern(2, 64<<10))}},
+			{Draft: d2, Bufs: []transfer.Buffer{transfer.HostBuffer(pattern(3, 2<<20))}},
+		})
+	}()
+	x.armed.Store(false)
+	for i, d := range []*store.Draft{d1, d2} {
+		closed := make(chan struct{})
+		go func() {
+			d.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(time.Minute):
+			t.Fatalf("Close of draft %d still waits a minute after the batch's panic", i+1)
+		}
+		if d.Err() == nil {
+			t.Errorf("draft %d may still commit", i+1)
+		}
+	}
+}
+
+// Writes racing Close of a draft over a committed version: a writer that
+// found the draft open and not yet its own must get ErrClosed, not find
+// the base Close dropped (a nil dereference).
+func TestWriteRacingClose(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	s.put(t, "k", pattern(1, 64<<10))
+	for i := range 300 {
+		d := s.edit(t, "k")
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for w := range 4 {
+			wg.Go(func() {
+				<-start
+				for {
+					// Each commit makes the draft's version the base again.
+					if _, err := d.WriteAt(ctx, []byte("x"), uint64(10+w*4096)); err != nil {
+						if !errors.Is(err, store.ErrClosed) {
+							t.Errorf("write: %v", err)
+						}
+						return
+					}
+					if _, err := d.Commit(ctx, store.CommitOptions{Key: "k"}); err != nil {
+						return
+					}
+				}
+			})
+		}
+		close(start)
+		time.Sleep(time.Duration(i%10) * 50 * time.Microsecond)
+		d.Close()
+		wg.Wait()
+	}
 }
 
 func TestCommitIfIno(t *testing.T) {
