@@ -623,23 +623,37 @@ func (d *Draft) spill(ctx context.Context, end uint64) error {
 // finish records the outcome err of the write's requests and ends it.
 func (w pendingWrite) finish(ctx context.Context, err error) (uint64, error) {
 	d := w.d
-	defer d.rw.RUnlock()
+	ended := false
+	defer func() {
+		if !ended { // clearing the range panicked: it is undefined
+			d.fail(errWritePanicked)
+		}
+		d.rw.RUnlock()
+	}()
 	if err != nil {
-		d.mu.Lock()
-		if zerr := d.zeroLocked(ctx, w.off, w.end); zerr != nil {
+		zerr := d.zeroRange(ctx, w.off, w.end)
+		ended = true
+		if zerr != nil {
 			// Neither the bytes nor zeros reached the range: committing
 			// would publish whatever the remote memory holds.
 			d.fail(fmt.Errorf("store: write of %d B at %d failed and its range could not be cleared: %w", w.n, w.off, errors.Join(err, zerr)))
 		}
-		d.mu.Unlock()
 		return 0, err
 	}
+	ended = true
 	d.mu.Lock()
 	d.size.Store(max(d.size.Load(), w.end))
 	d.dirty.Store(true)
 	d.mu.Unlock()
 	d.setMtime(0)
 	return w.n, nil
+}
+
+// zeroRange is zeroLocked under d.mu, let go also if it panics.
+func (d *Draft) zeroRange(ctx context.Context, from, to uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.zeroLocked(ctx, from, to)
 }
 
 // DraftWrite is one write of a WriteMany: Bufs, one after the other, into
