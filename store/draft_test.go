@@ -338,16 +338,28 @@ func TestWritePanicLetsDraftGo(t *testing.T) {
 	ctx := context.Background()
 	s.put(t, "old", pattern(1, 3<<20))
 	d := s.NewDraft(store.NewIno(), nil, true)
-	x.armed.Store(true)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the write that evicts did not reach the index")
-			}
-		}()
-		_, _ = d.WriteAt(ctx, pattern(2, 2<<20), 0)
+	panicsIn(t, x, func() { _, _ = d.WriteAt(ctx, pattern(2, 2<<20), 0) })
+	closesFailed(t, "the draft", d)
+	equalBytes(t, "old", s.read(t, "old"), pattern(1, 3<<20))
+}
+
+// panicsIn runs fn with x armed and fails t unless fn panics.
+func panicsIn(t *testing.T, x *panicIndex, fn func()) {
+	t.Helper()
+	defer x.armed.Store(false)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("the write that evicts did not reach the index")
+		}
 	}()
-	x.armed.Store(false)
+	x.armed.Store(true)
+	fn()
+}
+
+// closesFailed fails t unless d, whose write panicked, closes (within a
+// minute: a draft left held waits forever) and may no longer commit.
+func closesFailed(t *testing.T, what string, d *store.Draft) {
+	t.Helper()
 	closed := make(chan struct{})
 	go func() {
 		d.Close()
@@ -356,12 +368,11 @@ func TestWritePanicLetsDraftGo(t *testing.T) {
 	select {
 	case <-closed:
 	case <-time.After(time.Minute):
-		t.Fatal("Close still waits for the draft a minute after the write's panic")
+		t.Fatalf("Close of %s still waits a minute after the panic", what)
 	}
 	if d.Err() == nil {
-		t.Error("the draft whose write panicked may still commit")
+		t.Errorf("%s may still commit", what)
 	}
-	equalBytes(t, "old", s.read(t, "old"), pattern(1, 3<<20))
 }
 
 // The same through WriteMany (a batch put's drafts): the second draft's
@@ -375,34 +386,14 @@ func TestWriteManyPanicLetsDraftsGo(t *testing.T) {
 	d1 := s.NewDraft(store.NewIno(), nil, true)
 	d2 := s.NewDraft(store.NewIno(), nil, true)
 	d1.Expect(64 << 10)
-	x.armed.Store(true)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the write that evicts did not reach the index")
-			}
-		}()
+	panicsIn(t, x, func() {
 		s.WriteMany(ctx, []store.DraftWrite{
 			{Draft: d1, Bufs: []transfer.Buffer{transfer.HostBuffer(pattern(2, 64<<10))}},
 			{Draft: d2, Bufs: []transfer.Buffer{transfer.HostBuffer(pattern(3, 2<<20))}},
 		})
-	}()
-	x.armed.Store(false)
-	for i, d := range []*store.Draft{d1, d2} {
-		closed := make(chan struct{})
-		go func() {
-			d.Close()
-			close(closed)
-		}()
-		select {
-		case <-closed:
-		case <-time.After(time.Minute):
-			t.Fatalf("Close of draft %d still waits a minute after the batch's panic", i+1)
-		}
-		if d.Err() == nil {
-			t.Errorf("draft %d may still commit", i+1)
-		}
-	}
+	})
+	closesFailed(t, "draft 1", d1)
+	closesFailed(t, "draft 2", d2)
 }
 
 // Writes racing Close of a draft over a committed version: a writer that
