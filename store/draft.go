@@ -486,16 +486,9 @@ func (d *Draft) writeFrom(ctx context.Context, buf transfer.Buffer, off uint64) 
 	if err != nil || w.d == nil {
 		return 0, err
 	}
-	copied := false
-	defer func() {
-		if !copied { // the copy panicked: let the draft go (prepareWrite)
-			d.fail(errWritePanicked)
-			d.rw.RUnlock()
-		}
-	}()
-	err = d.s.eng.Submit(ctx, reqs)
-	copied = true
-	return w.finish(ctx, err)
+	// A panic in the engine keeps the draft held: copies it started may
+	// still run into the draft's extents, which a close would free.
+	return w.finish(ctx, d.s.eng.Submit(ctx, reqs))
 }
 
 // pendingWrite is a write between prepareWrite and its finish.
@@ -704,9 +697,11 @@ type writeState struct {
 // the caller must call before it commits or closes them.
 func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 	w := &Writes{ctx: ctx, ws: ws, each: make([]writeState, len(ws))}
-	started := false
+	// A panic while the writes are prepared lets go of the drafts held so
+	// far; one in the engine keeps them (see abandon).
+	handed := false
 	defer func() {
-		if !started { // a panic: the drafts prepared so far would stay held
+		if !handed {
 			w.abandon(0)
 		}
 	}()
@@ -727,16 +722,18 @@ func (s *Store) StartWrites(ctx context.Context, ws []DraftWrite) *Writes {
 		}
 		st.span = [2]int{first, len(all)}
 	}
+	handed = true
 	t0 := time.Now()
 	w.flight = s.eng.Start(ctx, all)
 	w.copyNs = int64(time.Since(t0))
-	started = true
 	return w
 }
 
 // abandon lets go of the drafts of writes from on that are still held
 // (a panic on the way, go-fuse recovering it), failing each: whether its
-// copies ran is unknown.
+// copies ran is unknown. Only where no copy of theirs can still run:
+// before the engine has them, or after their flight ended (a close frees
+// a draft's extents, which a running copy would write into).
 func (w *Writes) abandon(from int) {
 	for i := from; i < len(w.each); i++ {
 		if d := w.each[i].w.d; d != nil {
@@ -752,15 +749,16 @@ func (w *Writes) abandon(from int) {
 func (w *Writes) Wait() []error {
 	if !w.done {
 		w.done = true
-		next := 0 // the writes from here on are not finished
+		next := -1 // once the flight ended: the writes from here on are not finished
 		defer func() {
-			if next < len(w.each) { // a panic
+			if next >= 0 && next < len(w.each) { // a panic
 				w.abandon(next)
 			}
 		}()
 		t0 := time.Now()
 		each := w.flight.Wait()
 		w.copyNs += int64(time.Since(t0))
+		next = 0
 		for i := range w.each {
 			next = i
 			st := &w.each[i]
