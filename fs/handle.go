@@ -247,8 +247,26 @@ func (n *node) retire(ctx context.Context, d *store.Draft) {
 				return
 			}
 		}
+		n.settle(d)
 	}
 	d.Close()
+}
+
+// settle keeps what d, a followed shared draft about to close, leaves
+// for its followers (node.mu.settled).
+func (n *node) settle(d *store.Draft) {
+	r := d.BaseReader()
+	if r == nil {
+		return // changes of its own (a publish failed), or empty
+	}
+	n.mu.Lock()
+	if n.mu.followers > 0 {
+		r, n.mu.settled = n.mu.settled, r
+	}
+	n.mu.Unlock()
+	if r != nil {
+		r.Close()
+	}
 }
 
 // lockSettled locks n.mu once no last writer's release is publishing the
@@ -290,12 +308,17 @@ func (n *node) dropFollower() {
 	n.mu.Lock()
 	n.mu.followers--
 	var d *store.Draft
+	var r *store.Reader
 	if n.mu.followers == 0 {
 		d, n.mu.orphan = n.mu.orphan, nil
+		r, n.mu.settled = n.mu.settled, nil
 	}
 	n.mu.Unlock()
 	if d != nil {
 		d.Close()
+	}
+	if r != nil {
+		r.Close()
 	}
 }
 
@@ -327,10 +350,11 @@ func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bo
 	return 0, false, nil
 }
 
-// refresh ends following: the handle reads the file's current version
-// from now on, as one opened now would (kept in live; the version at
-// open stays held for the ioctls, which read versions), or keeps its own
-// if the file is gone or replaced by another.
+// refresh ends following: the handle reads what the writers it followed
+// left (node.mu.settled) from now on, else the file's current version,
+// as one opened now would (kept in live; the version at open stays held
+// for the ioctls, which read versions), or keeps its own if the file is
+// gone or replaced by another.
 func (h *handle) refresh(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -339,7 +363,15 @@ func (h *handle) refresh(ctx context.Context) {
 	}
 	// live is set before follow is cleared: a read that finds follow
 	// false reads live.
-	if key, ok := h.n.key(); ok {
+	h.n.mu.Lock()
+	var r *store.Reader
+	if s := h.n.mu.settled; s != nil {
+		r = s.Dup()
+	}
+	h.n.mu.Unlock()
+	if r != nil {
+		h.live.Store(r)
+	} else if key, ok := h.n.key(); ok {
 		if r, err := h.n.fs.st.OpenReader(ctx, key); err == nil {
 			if r.Object().Ino == h.n.StableAttr().Ino {
 				h.live.Store(r)

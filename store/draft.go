@@ -141,6 +141,20 @@ func (d *Draft) NoEvict() {
 	d.mu.Unlock()
 }
 
+// BaseReader returns a lease of its own on the version the draft
+// continues from while it has no changes of its own: after a commit, the
+// committed version; before its first write, the one it was opened on.
+// Nil when it has changes, is empty, is closed, or its base is on
+// another node.
+func (d *Draft) BaseReader() *Reader {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.mu.closed || d.mu.own || d.mu.base == nil {
+		return nil
+	}
+	return d.mu.base.Dup()
+}
+
 // Size returns the draft's current size.
 func (d *Draft) Size() uint64 {
 	return d.size.Load()

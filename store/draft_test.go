@@ -396,6 +396,52 @@ func TestWriteManyPanicLetsDraftsGo(t *testing.T) {
 	closesFailed(t, "draft 2", d2)
 }
 
+// BaseReader: the version a draft goes on from while it has no changes
+// of its own (the one it was opened on, then each it committed), held
+// apart from the draft; none while it has changes, or once it is closed.
+func TestDraftBaseReader(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	o := s.put(t, "k", pattern(1, 8192))
+	d := s.edit(t, "k")
+	r := d.BaseReader()
+	if r == nil || r.Object().Version != o.Version {
+		t.Fatalf("BaseReader of a fresh draft: %v, want version %d", r, o.Version)
+	}
+	if _, err := d.WriteAt(ctx, pattern(2, 100), 0); err != nil {
+		t.Fatal(err)
+	}
+	if d.BaseReader() != nil {
+		t.Fatal("BaseReader of a draft with changes of its own")
+	}
+	c, err := d.Commit(ctx, store.CommitOptions{Key: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := d.BaseReader()
+	if after == nil || after.Object().Version != c.Version {
+		t.Fatalf("BaseReader after a commit: %v, want version %d", after, c.Version)
+	}
+	d.Close()
+	if d.BaseReader() != nil {
+		t.Fatal("BaseReader of a closed draft")
+	}
+	// Each lease outlives the draft and reads its own version.
+	s.put(t, "k", pattern(3, 4096))
+	buf := make([]byte, 8192)
+	for _, c := range []struct {
+		r    *store.Reader
+		want []byte
+	}{{r, pattern(1, 8192)}, {after, append(pattern(2, 100), pattern(1, 8192)[100:]...)}} {
+		n, err := c.r.ReadAt(ctx, buf, 0)
+		if err != nil && n != len(buf) {
+			t.Fatal(err)
+		}
+		equalBytes(t, "lease", buf[:n], c.want)
+		c.r.Close()
+	}
+}
+
 // Writes racing Close of a draft over a committed version: a writer that
 // found the draft open and not yet its own must get ErrClosed, not find
 // the base Close dropped (a nil dereference).
