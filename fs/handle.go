@@ -39,6 +39,7 @@ type handle struct {
 	// handle.refresh).
 	follow   atomic.Bool
 	live     atomic.Pointer[store.Reader]
+	bound    *store.Draft // the shared draft it follows, once it read one (node.mu)
 	writable bool
 	priv     *store.Draft // O_TRUNC handles: their own new version
 	append   bool         // O_APPEND: every write goes to the end
@@ -230,13 +231,15 @@ func (n *node) leaveShared(ctx context.Context) error {
 // unlinked file's bytes stay for whoever has it open.
 func (n *node) retire(ctx context.Context, d *store.Draft) {
 	n.mu.Lock()
-	followed := n.mu.followers > 0 && n.mu.orphan == nil
+	followed, orphaned := n.mu.followers > 0, n.mu.orphan != nil
 	n.mu.Unlock()
 	// Only a followed draft costs a look at the index. A follower that
 	// comes after this look reads the draft until it is closed, then
 	// what was published (readLive).
 	if followed {
-		if o, _ := n.object(ctx); o == nil {
+		if orphaned {
+			// One draft is kept at a time (for the followers of the first).
+		} else if o, _ := n.object(ctx); o == nil {
 			n.mu.Lock()
 			kept := n.mu.followers > 0 && n.mu.orphan == nil
 			if kept {
@@ -252,21 +255,47 @@ func (n *node) retire(ctx context.Context, d *store.Draft) {
 	d.Close()
 }
 
-// settle keeps what d, a followed shared draft about to close, leaves
-// for its followers (node.mu.settled).
+// settle keeps what d, a shared draft about to close, leaves for the
+// followers that read it (node.mu.settled); none when it has changes of
+// its own (a publish failed) or is empty.
 func (n *node) settle(d *store.Draft) {
 	r := d.BaseReader()
-	if r == nil {
-		return // changes of its own (a publish failed), or empty
-	}
 	n.mu.Lock()
-	if n.mu.followers > 0 {
-		r, n.mu.settled = n.mu.settled, r
+	if r != nil && n.mu.bound[d] > 0 {
+		if n.mu.settled == nil {
+			n.mu.settled = map[*store.Draft]*store.Reader{}
+		}
+		n.mu.settled[d], r = r, nil
 	}
 	n.mu.Unlock()
 	if r != nil {
 		r.Close()
 	}
+}
+
+// unbind ends h's following of the draft it read (refresh, release):
+// with take, it returns a lease of its own on what that draft left, if
+// kept; the last of the draft's followers lets that go.
+func (n *node) unbind(h *handle, take bool) *store.Reader {
+	var r, done *store.Reader
+	n.mu.Lock()
+	if d := h.bound; d != nil {
+		h.bound = nil
+		s := n.mu.settled[d]
+		if take && s != nil {
+			r = s.Dup()
+		}
+		if n.mu.bound[d]--; n.mu.bound[d] == 0 {
+			delete(n.mu.bound, d)
+			delete(n.mu.settled, d)
+			done = s
+		}
+	}
+	n.mu.Unlock()
+	if done != nil {
+		done.Close()
+	}
+	return r
 }
 
 // lockSettled locks n.mu once no last writer's release is publishing the
@@ -308,37 +337,44 @@ func (n *node) dropFollower() {
 	n.mu.Lock()
 	n.mu.followers--
 	var d *store.Draft
-	var r *store.Reader
 	if n.mu.followers == 0 {
 		d, n.mu.orphan = n.mu.orphan, nil
-		r, n.mu.settled = n.mu.settled, nil
 	}
 	n.mu.Unlock()
 	if d != nil {
 		d.Close()
 	}
-	if r != nil {
-		r.Close()
-	}
 }
 
-// liveDraft returns the draft a following reader reads: the shared one,
-// or the one its file left behind (orphan); nil once the last writer is
-// gone and what it wrote is the file's version.
-func (n *node) liveDraft() *store.Draft {
+// liveDraft returns the draft follower h reads: the shared one, or the
+// one its file left behind (orphan), the first it reads binding it
+// (h.bound); nil once that one is gone (a later one is not its to read).
+func (n *node) liveDraft(h *handle) *store.Draft {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if d := n.mu.draft; d != nil && d.Err() == nil {
-		return d
+	d := n.mu.draft
+	if d == nil || d.Err() != nil {
+		d = n.mu.orphan
 	}
-	return n.mu.orphan
+	switch {
+	case d == nil:
+	case h.bound == nil:
+		h.bound = d
+		if n.mu.bound == nil {
+			n.mu.bound = map[*store.Draft]int{}
+		}
+		n.mu.bound[d]++
+	case d != h.bound:
+		return nil
+	}
+	return d
 }
 
 // readLive reads for a following handle: from the writers' draft while
 // there is one (ok), else, once, it opens the version they published
 // (refresh) and says to read that (!ok).
 func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bool, error) {
-	if d := h.n.liveDraft(); d != nil {
+	if d := h.n.liveDraft(h); d != nil {
 		got, err := d.ReadAt(ctx, dest, off)
 		if !errors.Is(err, store.ErrClosed) {
 			return got, true, err
@@ -350,7 +386,7 @@ func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bo
 	return 0, false, nil
 }
 
-// refresh ends following: the handle reads what the writers it followed
+// refresh ends following: the handle reads what the draft it followed
 // left (node.mu.settled) from now on, else the file's current version,
 // as one opened now would (kept in live; the version at open stays held
 // for the ioctls, which read versions), or keeps its own if the file is
@@ -363,13 +399,7 @@ func (h *handle) refresh(ctx context.Context) {
 	}
 	// live is set before follow is cleared: a read that finds follow
 	// false reads live.
-	h.n.mu.Lock()
-	var r *store.Reader
-	if s := h.n.mu.settled; s != nil {
-		r = s.Dup()
-	}
-	h.n.mu.Unlock()
-	if r != nil {
+	if r := h.n.unbind(h, true); r != nil {
 		h.live.Store(r)
 	} else if key, ok := h.n.key(); ok {
 		if r, err := h.n.fs.st.OpenReader(ctx, key); err == nil {
@@ -684,6 +714,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 		following := h.follow.Load()
 		h.mu.Unlock()
 		if following {
+			n.unbind(h, false)
 			n.dropFollower()
 		}
 		return 0

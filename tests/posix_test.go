@@ -939,7 +939,8 @@ print(f"sub_kept={os.stat(mnt + '/pkg2/s/t').st_mtime_ns == old}")
 //     old version, whole, and then the new one, whole;
 //   - a reader opened before the writer keeps the version it opened;
 //   - a follower whose writers are gone reads what they left, not a
-//     version an O_TRUNC writer published after them.
+//     version an O_TRUNC writer published after them, nor the draft of
+//     writers who came after.
 func TestOpenWhileWriting(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, "--size", "64MiB", "--cache-timeout", "100ms")
@@ -1052,8 +1053,9 @@ say("short reads", short)
 
 # A follower that reads on after the writers it followed are gone reads
 # what they left, whole, even once an O_TRUNC writer published another
-# version (the writer that shared the file may not have written at all).
-for wrote in (False, True):
+# version (the writer that shared the file may not have written at all),
+# and once other writers share the file anew (again).
+for wrote, again in ((False, False), (True, False), (False, True)):
     with open("left", "wb") as f:
         f.write(b"A" * (3 << 20))
     h = os.open("left", os.O_WRONLY)
@@ -1065,16 +1067,19 @@ for wrote in (False, True):
     w = os.open("left", os.O_WRONLY | os.O_TRUNC)
     os.write(w, b"B" * (2 << 20))
     os.close(w)
+    h2 = os.open("left", os.O_WRONLY) if again else None
     while True:
         more = os.pread(r, 1 << 20, len(got))
         if not more:
             break
         got += more
     os.close(r)
+    if h2 is not None:
+        os.close(h2)
     want = b"A" * (3 << 20)
     if wrote:
         want = b"C" * 10 + want[10:]
-    say("left", wrote, got == want)
+    say("left", wrote, again, got == want)
 
 # A shell's > publishes the emptied file when the shell closes its
 # descriptor: readers see that until the job closes (an O_TRUNC rewrite
@@ -1127,7 +1132,7 @@ os.close(w)
 say("kept", early.read())
 early.close()
 `, d.dir)
-	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nunlink True 210\nrenameover True 210\nshort reads 0\nleft False True\nleft True True\njob running b''\nkilled job b'partial\\n'\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
+	want := "stat 5000 end 5000\ngrow ok True\nmapped stat 8192\nmapped b'yz'\npack ok\nlog ok\ntrunc ok\nunlink True 210\nrenameover True 210\nshort reads 0\nleft False False True\nleft True False True\nleft False True True\njob running b''\nkilled job b'partial\\n'\ngone dir 0o40755 0\ngone file 3 0\nkept b'first'\n"
 	if out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
