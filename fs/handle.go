@@ -237,17 +237,19 @@ func (n *node) retire(ctx context.Context, d *store.Draft) {
 	// comes after this look reads the draft until it is closed, then
 	// what was published (readLive).
 	if followed {
-		if orphaned {
-			// One draft is kept at a time (for the followers of the first).
-		} else if o, _ := n.object(ctx); o == nil {
-			n.mu.Lock()
-			kept := n.mu.followers > 0 && n.mu.orphan == nil
-			if kept {
-				n.mu.orphan = d
-			}
-			n.mu.Unlock()
-			if kept {
-				return
+		// One draft is kept whole at a time (orphan); any other that
+		// followers read leaves them what it settled on.
+		if !orphaned {
+			if o, _ := n.object(ctx); o == nil {
+				n.mu.Lock()
+				kept := n.mu.followers > 0 && n.mu.orphan == nil
+				if kept {
+					n.mu.orphan = d
+				}
+				n.mu.Unlock()
+				if kept {
+					return
+				}
 			}
 		}
 		n.settle(d)
@@ -255,17 +257,21 @@ func (n *node) retire(ctx context.Context, d *store.Draft) {
 	d.Close()
 }
 
+// boundDraft is a shared draft's followers (node.mu.bound): how many, and
+// what it left them once closed (nil while open, or when it left none).
+type boundDraft struct {
+	followers int
+	left      *store.Reader
+}
+
 // settle keeps what d, a shared draft about to close, leaves for the
-// followers that read it (node.mu.settled); none when it has changes of
-// its own (a publish failed) or is empty.
+// followers that read it; none when it has changes of its own (a publish
+// failed) or is empty.
 func (n *node) settle(d *store.Draft) {
 	r := d.BaseReader()
 	n.mu.Lock()
-	if r != nil && n.mu.bound[d] > 0 {
-		if n.mu.settled == nil {
-			n.mu.settled = map[*store.Draft]*store.Reader{}
-		}
-		n.mu.settled[d], r = r, nil
+	if b := n.mu.bound[d]; b != nil && r != nil {
+		b.left, r = r, nil
 	}
 	n.mu.Unlock()
 	if r != nil {
@@ -279,18 +285,16 @@ func (n *node) settle(d *store.Draft) {
 func (n *node) unbind(h *handle, take bool) *store.Reader {
 	var r, done *store.Reader
 	n.mu.Lock()
-	if d := h.bound; d != nil {
-		h.bound = nil
-		s := n.mu.settled[d]
-		if take && s != nil {
-			r = s.Dup()
+	if b := n.mu.bound[h.bound]; b != nil {
+		if take && b.left != nil {
+			r = b.left.Dup()
 		}
-		if n.mu.bound[d]--; n.mu.bound[d] == 0 {
-			delete(n.mu.bound, d)
-			delete(n.mu.settled, d)
-			done = s
+		if b.followers--; b.followers == 0 {
+			delete(n.mu.bound, h.bound)
+			done = b.left
 		}
 	}
+	h.bound = nil
 	n.mu.Unlock()
 	if done != nil {
 		done.Close()
@@ -360,10 +364,15 @@ func (n *node) liveDraft(h *handle) *store.Draft {
 	case d == nil:
 	case h.bound == nil:
 		h.bound = d
-		if n.mu.bound == nil {
-			n.mu.bound = map[*store.Draft]int{}
+		b := n.mu.bound[d]
+		if b == nil {
+			if n.mu.bound == nil {
+				n.mu.bound = map[*store.Draft]*boundDraft{}
+			}
+			b = &boundDraft{}
+			n.mu.bound[d] = b
 		}
-		n.mu.bound[d]++
+		b.followers++
 	case d != h.bound:
 		return nil
 	}
@@ -387,7 +396,7 @@ func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bo
 }
 
 // refresh ends following: the handle reads what the draft it followed
-// left (node.mu.settled) from now on, else the file's current version,
+// left (node.mu.bound) from now on, else the file's current version,
 // as one opened now would (kept in live; the version at open stays held
 // for the ioctls, which read versions), or keeps its own if the file is
 // gone or replaced by another.

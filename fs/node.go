@@ -48,15 +48,14 @@ type node struct {
 		// closed with the last of them.
 		followers int
 		orphan    *store.Draft
-		// bound counts the followers that read each shared draft (each
-		// reads one: handle.bound), and settled holds what such a draft
-		// left once closed (the version its writers published, or the
-		// one they began from) for them to read on, not whatever version
-		// is current by then: a later draft's, or an O_TRUNC writer's
+		// bound holds, for each shared draft that followers read (each
+		// reads one: handle.bound), their count and what the draft left
+		// once closed (the version its writers published, or the one
+		// they began from) for them to read on, not whatever version is
+		// current by then: a later draft's, or an O_TRUNC writer's
 		// published meanwhile, would follow the first part of a read with
 		// another version's bytes. Let go with the last of its followers.
-		bound   map[*store.Draft]int
-		settled map[*store.Draft]*store.Reader
+		bound map[*store.Draft]*boundDraft
 	}
 	// putMu makes each PUT ioctl through this file's drafts one version
 	// change: truncate, write and publish (dataio.go).
