@@ -385,6 +385,9 @@ func TestRemoteReadsKeepLRU(t *testing.T) {
 	if _, err := b.putPlaced("more", pattern(6, 1<<20), onB, 1<<20); err != nil {
 		t.Fatalf("put more on b: %v", err)
 	}
+	// The put fits whole; crossing the high watermark kicks b's evict
+	// loop, which runs after it: wait for the room it makes (one MiB).
+	b.waitUsed(t, 3<<20)
 	if _, err := b.Stat(ctx, "r2"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("r2 after b made room: %v, want ErrNotFound (evicted)", err)
 	}
