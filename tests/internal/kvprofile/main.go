@@ -2,6 +2,11 @@
 // of GPU blocks, as the bench's kv-put-gpu cases send them: 64 keys a
 // call from one registered CUDA allocation of 256 MiB, new keys into a
 // fresh directory per pass, in phases of a number of calls in flight.
+// With -host it puts from a registered memfd instead, as the
+// kv-put-host cases do (table calls of up to ioctl.BatchCallKeys keys),
+// registered once, into MOUNTDIR itself under names led by the pass's
+// number; -pass sets the bytes of a pass (as few keys a pass as a
+// bench repetition's keep the daemon's index small, as there).
 // Unlike the bench, whose daemon spends most of a repetition setting up
 // and checking, the daemon here does nothing else, so a CPU profile and a
 // runtime trace taken during a phase (from the daemon's --metrics
@@ -9,7 +14,7 @@
 // phases' keys (none is removed but with -keep): a phase stops at the
 // first key that finds no room.
 //
-//	kvprofile [-block 16384] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...
+//	kvprofile [-host] [-block 16384] [-pass BYTES] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...
 //
 // A PHASE is IN_FLIGHT:SECONDS (e.g. 1:2 4:1.5). For each, OUT gets
 // cpu-N-ifK.prof and trace-N-ifK.bin, and stdout a line with the keys
@@ -33,12 +38,15 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/mooncake-fs/mooncake-fs/cuda"
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
 
-// passBytes is what one pass puts: the kv-put-gpu cases' 256 MiB.
-const passBytes = 256 << 20
+// passBytes is what one pass puts: by default the kv-put-gpu cases'
+// 256 MiB.
+var passBytes uint64 = 256 << 20
 
 type phase struct {
 	inFlight int
@@ -81,9 +89,11 @@ func main() {
 	metrics := flag.String("metrics", "", "the daemon's --metrics address")
 	out := flag.String("out", ".", "directory for the profiles")
 	keep := flag.Int("keep", 0, "remove each pass's keys once this many later passes are done (0: keep all)")
+	host := flag.Bool("host", false, "put from a registered memfd instead of GPU memory")
+	flag.Uint64Var(&passBytes, "pass", passBytes, "bytes a pass")
 	flag.Parse()
-	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes%*block != 0 || *keep < 0 {
-		fmt.Fprintln(os.Stderr, "usage: kvprofile [-block N] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...")
+	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes == 0 || passBytes%*block != 0 || *keep < 0 {
+		fmt.Fprintln(os.Stderr, "usage: kvprofile [-host] [-block N] [-pass BYTES] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...")
 		os.Exit(2)
 	}
 	var phases []phase
@@ -95,36 +105,97 @@ func main() {
 		}
 		phases = append(phases, p)
 	}
-	if err := run(flag.Arg(0), *block, *keep, *metrics, *out, phases); err != nil {
+	src := gpuSource
+	if *host {
+		src = hostSource
+	}
+	if err := run(flag.Arg(0), src, *block, *keep, *metrics, *out, phases); err != nil {
 		fmt.Fprintln(os.Stderr, "kvprofile:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir string, block uint64, keep int, metrics, out string, phases []phase) error {
+// A pinnedSource is the memory passes put from. register registers it
+// on a directory; with f set (host memory), one registration reg on the
+// mount's root, made once, serves every pass; done releases it all.
+type pinnedSource struct {
+	register func(f *ioctl.File) (ioctl.Registration, error)
+	f        *ioctl.File
+	reg      ioctl.Registration
+	done     func()
+}
+
+// gpuSource is one CUDA allocation of passBytes, registered by IPC
+// handle on each pass's directory.
+func gpuSource(string) (*pinnedSource, error) {
 	if err := cuda.Init(); err != nil {
-		return err
+		return nil, err
 	}
 	ctx, err := cuda.Retain(0)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer ctx.Release()
 	dev, err := ctx.MemAlloc(passBytes)
 	if err != nil {
-		return err
+		ctx.Release()
+		return nil, err
 	}
-	defer ctx.MemFree(dev)
+	done := func() { ctx.MemFree(dev); ctx.Release() }
 	h, err := ctx.IpcGetHandle(dev)
+	if err != nil {
+		done()
+		return nil, err
+	}
+	ioctl.BatchCallKeys = ioctl.MaxBatch // as the bench's GPU cases
+	return &pinnedSource{register: func(f *ioctl.File) (ioctl.Registration, error) { return f.RegisterCUDA(h, 0, passBytes) }, done: done}, nil
+}
+
+// hostSource is a memfd of passBytes, filled, and registered once on
+// directory dir.
+func hostSource(dir string) (*pinnedSource, error) {
+	fd, err := unix.MemfdCreate("kvprofile", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	m := os.NewFile(uintptr(fd), "kvprofile")
+	if err := m.Truncate(int64(passBytes)); err != nil {
+		m.Close()
+		return nil, err
+	}
+	mem, err := unix.Mmap(fd, 0, int(passBytes), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	for i := range mem {
+		mem[i] = byte(i * 7)
+	}
+	s := &pinnedSource{done: func() { unix.Munmap(mem); m.Close() }}
+	if s.f, err = ioctl.OpenDir(dir); err != nil {
+		s.done()
+		return nil, err
+	}
+	if s.reg, err = s.f.Register(m, 0, passBytes); err != nil {
+		s.f.Close()
+		s.done()
+		return nil, err
+	}
+	done := s.done
+	s.done = func() { s.f.Close(); done() }
+	return s, nil
+}
+
+func run(dir string, source func(string) (*pinnedSource, error), block uint64, keep int, metrics, out string, phases []phase) error {
+	src, err := source(dir)
 	if err != nil {
 		return err
 	}
+	defer src.done()
 	keys := int(passBytes / block)
 	items := make([]ioctl.BatchItem, keys)
 	for k := range items {
 		items[k] = ioctl.BatchItem{Key: fmt.Sprintf("k%06d", k), BufOff: uint64(k) * block, Len: block}
 	}
-	ioctl.BatchCallKeys = ioctl.MaxBatch // as the bench's GPU cases
 	if _, err := daemonFaults(dir); err != nil {
 		return err
 	}
@@ -144,7 +215,7 @@ func run(dir string, block uint64, keep int, metrics, out string, phases []phase
 			}
 			profErr = fetch(fmt.Sprintf("http://%s/debug/pprof/trace?seconds=0.3", metrics), filepath.Join(out, "trace-"+name+".bin"))
 		})
-		n, busy, faults, err := putFor(dir, h, items, ph.dur, &pass, keep)
+		n, busy, faults, err := putFor(dir, src, items, ph.dur, &pass, keep)
 		wg.Wait()
 		if n > 0 {
 			fmt.Printf("phase %d, %d in flight: %d keys of %d B, %.3f us a key, %.3f daemon page faults a key\n",
@@ -160,42 +231,61 @@ func run(dir string, block uint64, keep int, metrics, out string, phases []phase
 	return nil
 }
 
-// putFor puts items into fresh directories of dir, one pass after the
-// other, for about d; it returns the keys put, the time their calls took
-// and the daemon's minor page faults during them (its status's). With
-// keep > 0 it removes the directory of the pass keep passes back after
-// each pass, outside the time and the faults counted. A key that finds
-// no room ends it (nil error: the store is full).
-func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d time.Duration, pass *int, keep int) (int, time.Duration, int64, error) {
+// putFor puts items for about d, one pass after the other; it returns
+// the keys put, the time their calls took and the daemon's minor page
+// faults during them (its status's). A pass on GPU memory puts into a
+// fresh directory of dir, registering the allocation on it, as the
+// bench's repetitions do. A pass on host memory puts into dir itself,
+// from one registration kept for the whole run (as an engine's pool is),
+// its keys' names led by the pass's number. With keep > 0 it removes the
+// keys of the pass keep passes back after each pass, outside the time
+// and the faults counted. A key that finds no room ends it (nil error:
+// the store is full).
+func putFor(dir string, src *pinnedSource, items []ioctl.BatchItem, d time.Duration, pass *int, keep int) (int, time.Duration, int64, error) {
 	end := time.Now().Add(d)
 	n, busy, faults := 0, time.Duration(0), int64(0)
 	passDir := func(p int) string { return filepath.Join(dir, fmt.Sprintf("pass%d", p)) }
+	prefix := func(p int) string { return fmt.Sprintf("p%d-", p) }
+	named := make([]ioctl.BatchItem, len(items))
 	for time.Now().Before(end) {
-		sub := passDir(*pass)
+		p := *pass
 		*pass++
-		if err := os.Mkdir(sub, 0o755); err != nil {
-			return n, busy, faults, err
+		f, reg := src.f, src.reg
+		if f == nil {
+			if err := os.Mkdir(passDir(p), 0o755); err != nil {
+				return n, busy, faults, err
+			}
+			var err error
+			if f, err = ioctl.OpenDir(passDir(p)); err != nil {
+				return n, busy, faults, err
+			}
+			if reg, err = src.register(f); err != nil {
+				f.Close()
+				return n, busy, faults, err
+			}
+			copy(named, items)
+		} else {
+			for k, it := range items {
+				it.Key = prefix(p) + it.Key
+				named[k] = it
+			}
 		}
-		f, err := ioctl.OpenDir(sub)
-		if err != nil {
-			return n, busy, faults, err
-		}
-		reg, err := f.RegisterCUDA(h, 0, passBytes)
-		if err != nil {
-			f.Close()
-			return n, busy, faults, err
+		closeF := func() {
+			if f != src.f {
+				f.Close()
+			}
 		}
 		f0, err := daemonFaults(dir)
 		if err != nil {
-			f.Close()
+			closeF()
 			return n, busy, faults, err
 		}
 		t0 := time.Now()
-		res, err := f.BatchPutBuf(reg.ID, items)
+		res, err := f.BatchPutBuf(reg.ID, named)
 		busy += time.Since(t0)
 		f1, ferr := daemonFaults(dir)
 		faults += f1 - f0
-		f.Close()
+		closeF()
 		if err == nil {
 			err = ferr
 		}
@@ -209,8 +299,17 @@ func putFor(dir string, h [cuda.IpcHandleSize]byte, items []ioctl.BatchItem, d t
 			}
 			n++
 		}
-		if old := *pass - 1 - keep; keep > 0 && old >= 0 {
-			if err := os.RemoveAll(passDir(old)); err != nil {
+		if old := p - keep; keep > 0 && old >= 0 {
+			if src.f == nil {
+				err = os.RemoveAll(passDir(old))
+			} else {
+				for _, it := range items {
+					if err = os.Remove(filepath.Join(dir, prefix(old)+it.Key)); err != nil {
+						break
+					}
+				}
+			}
+			if err != nil {
 				return n, busy, faults, err
 			}
 		}
