@@ -329,14 +329,22 @@ func (x *panicIndex) Get(ctx context.Context, key string) (*store.Object, error)
 	return x.Index.Get(ctx, key)
 }
 
+// newPanicStore is a 4 MiB store over a panicIndex, holding "old" (3 MiB
+// of pattern 1): a write of more than 1 MiB must evict, which asks the
+// index.
+func newPanicStore(t *testing.T) (*panicIndex, *testStore) {
+	x := &panicIndex{Index: store.NewEmbedded()}
+	s := newTestStore(t, 4<<20, withIndex(x))
+	s.put(t, "old", pattern(1, 3<<20))
+	return x, s
+}
+
 // A panic while a write reserves room (here in eviction, which asks the
 // index) lets the draft go: go-fuse recovers a handler's panic, and a
 // draft left held made the file's close wait forever.
 func TestWritePanicLetsDraftGo(t *testing.T) {
-	x := &panicIndex{Index: store.NewEmbedded()}
-	s := newTestStore(t, 4<<20, withIndex(x))
+	x, s := newPanicStore(t)
 	ctx := context.Background()
-	s.put(t, "old", pattern(1, 3<<20))
 	d := s.NewDraft(store.NewIno(), nil, true)
 	panicsIn(t, x, func() { _, _ = d.WriteAt(ctx, pattern(2, 2<<20), 0) })
 	closesFailed(t, "the draft", d)
@@ -379,10 +387,8 @@ func closesFailed(t *testing.T, what string, d *store.Draft) {
 // reservation panics after the first was prepared; both are let go and
 // failed (the first one's copy never ran).
 func TestWriteManyPanicLetsDraftsGo(t *testing.T) {
-	x := &panicIndex{Index: store.NewEmbedded()}
-	s := newTestStore(t, 4<<20, withIndex(x))
+	x, s := newPanicStore(t)
 	ctx := context.Background()
-	s.put(t, "old", pattern(1, 3<<20))
 	d1 := s.NewDraft(store.NewIno(), nil, true)
 	d2 := s.NewDraft(store.NewIno(), nil, true)
 	d1.Expect(64 << 10)
