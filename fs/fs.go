@@ -204,6 +204,11 @@ type BatchStats struct {
 	LockWaitNs  uint64 `json:"lock_wait_ns"`
 	SchedWaitNs uint64 `json:"sched_wait_ns"`
 	GCCPUNs     uint64 `json:"gc_cpu_ns"`
+	// LockPollNs is the time spent polling the store's contended locks
+	// before taking them (store.LockPollNs), since the daemon started:
+	// CPU time, which a handler's time counts as its work, spent waiting
+	// for other calls. LockWaitNs counts only the waits that parked.
+	LockPollNs uint64 `json:"lock_poll_ns"`
 	// MinorFaults is the daemon process's minor page faults so far: over
 	// a pass, the first touches of memory the kernel had to map, such as
 	// heap pages given back and used again.
@@ -229,6 +234,7 @@ func (m *Mount) Batches() BatchStats {
 		st.MinorFaults = uint64(ru.Minflt)
 	}
 	st.LockWaitNs, st.SchedWaitNs, st.GCCPUNs = runtimeWaits()
+	st.LockPollNs = store.LockPollNs()
 	return st
 }
 

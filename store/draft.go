@@ -1128,13 +1128,15 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 			setXattrs(next, o.SetXattrs)
 		}
 		grow := next.MetaBytes() + o.replicas
-		if err := s.metaRoom("commit", o.Key, grow); err != nil {
-			return nil, 0, err
-		}
-		if memo != nil {
-			// Held until the batch's swap (Puts.Commit lets it go).
-			s.metaHeld.Add(int64(grow))
-			memo.metaHeld += grow
+		if !memo.takeMeta(grow) { // else held with the batch's budget
+			if err := s.metaRoom("commit", o.Key, grow); err != nil {
+				return nil, 0, err
+			}
+			if memo != nil {
+				// Held until the batch's swap (Puts.Commit lets it go).
+				s.metaHeld.Add(int64(grow))
+				memo.metaHeld += grow
+			}
 		}
 	}
 	next.Size = size

@@ -518,8 +518,9 @@ func TestMetaRoomOfBatches(t *testing.T) {
 		}
 		p := s.StartPuts(ctx, specs)
 		_, errs := p.Commit()
+		err := errors.Join(errs...) // before Release takes errs back
 		p.Release()
-		if err := errors.Join(errs...); err != nil {
+		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		if m := s.Stats().MetaBytes; m > limit {
@@ -528,6 +529,51 @@ func TestMetaRoomOfBatches(t *testing.T) {
 	}
 	if st := s.Stats(); st.Evictions == 0 {
 		t.Fatalf("nothing evicted: %+v", st)
+	}
+}
+
+// TestMetaRoomOfBatchAtLimit: a batch of new keys that does not fit the
+// metadata limit as a whole, eviction off: the keys that fit commit, in
+// order, and the rest fail with ErrNoSpace alone; the entries stay under
+// the limit and no room stays held. A batch that fits takes its room at
+// once and holds none after either.
+func TestMetaRoomOfBatchAtLimit(t *testing.T) {
+	const limit = 16 << 10
+	s := newTestStore(t, 16<<20, withOptions(func(o *store.Options) { o.MetaLimit, o.Evict = limit, false }))
+	ctx := context.Background()
+	batch := func(round, n int) ([]store.PutSpec, []error) {
+		specs := make([]store.PutSpec, n)
+		for k := range specs {
+			specs[k] = store.PutSpec{Key: fmt.Sprintf("r%d-k%03d", round, k), Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("v"))},
+				Place: store.DefaultPlacement(), SetXattrs: map[string][]byte{"user.mooncake.meta": []byte("f16 (4,)")}}
+		}
+		p := s.StartPuts(ctx, specs)
+		_, errs := p.Commit()
+		errs = slices.Clone(errs) // Release takes them back
+		p.Release()
+		if held := store.MetaHeld(s.Store); held != 0 {
+			t.Fatalf("round %d: %d B of metadata held after the commit", round, held)
+		}
+		return specs, errs
+	}
+	if _, errs := batch(0, 8); errors.Join(errs...) != nil {
+		t.Fatalf("a batch far from the limit: %v", errors.Join(errs...))
+	}
+	_, errs := batch(1, 128) // about 3 times what is left
+	fit := 0
+	for fit < len(errs) && errs[fit] == nil {
+		fit++
+	}
+	if fit == 0 || fit == len(errs) {
+		t.Fatalf("%d of %d keys fit", fit, len(errs))
+	}
+	for k, err := range errs[fit:] {
+		if !errors.Is(err, store.ErrNoSpace) {
+			t.Fatalf("key %d, after the %d that fit: %v, want ErrNoSpace", fit+k, fit, err)
+		}
+	}
+	if st := s.Stats(); st.MetaBytes > limit || st.MetaBytes+400 < limit {
+		t.Fatalf("entries take %d B of a %d B limit", st.MetaBytes, limit)
 	}
 }
 

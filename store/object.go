@@ -69,11 +69,16 @@ const objectOverhead = 256
 // MetaBytes is what o costs the daemon's memory as an index entry, the
 // figure metadata limits count (Options.MetaLimit).
 func (o *Object) MetaBytes() uint64 {
-	n := uint64(objectOverhead + len(o.Key))
-	for k, v := range o.Xattrs {
+	return uint64(objectOverhead+len(o.Key)) + xattrsMeta(o.Xattrs) + replicasMeta(o.Replicas)
+}
+
+// xattrsMeta is the part of MetaBytes that xattrs take.
+func xattrsMeta(xattrs map[string][]byte) uint64 {
+	var n uint64
+	for k, v := range xattrs {
 		n += uint64(len(k) + len(v) + 16)
 	}
-	return n + replicasMeta(o.Replicas)
+	return n
 }
 
 // replicasMeta is the part of MetaBytes that replicas rs take.

@@ -285,10 +285,41 @@ type commitMemo struct {
 	// pass Options.MetaLimit by its own keys (leaving the next one to
 	// fail while eviction catches up), nor by another batch's.
 	metaHeld uint64
+	// metaBudget is the part of metaHeld reserved for the batch's new keys
+	// at once (reserveMeta) that no key has taken yet: a key that fits in
+	// it takes its room from it without reading or writing the store's
+	// shared counters, which calls in flight together otherwise pass
+	// between their CPUs once per key.
+	metaBudget uint64
 	// kidsKnown: kids answers hasChildren for the batch's new keys, all
 	// asked at once (knowKids); kids holds those that have children.
 	kidsKnown bool
 	kids      map[string]bool
+}
+
+// reserveMeta holds n bytes of metadata room for the batch's new keys
+// at once (metaBudget), when they fit without evicting; otherwise each
+// key finds its room alone (Store.metaRoom), evicting for it.
+func (m *commitMemo) reserveMeta(s *Store, n uint64) {
+	if n == 0 {
+		return
+	}
+	if s.metaBytes()+uint64(max(s.metaHeld.Load(), 0))+n > s.opts.MetaLimit {
+		return
+	}
+	s.metaHeld.Add(int64(n))
+	m.metaHeld += n
+	m.metaBudget += n
+}
+
+// takeMeta takes grow bytes of room for a new key from the batch's
+// budget, reporting whether it held that much.
+func (m *commitMemo) takeMeta(grow uint64) bool {
+	if m == nil || grow > m.metaBudget {
+		return false
+	}
+	m.metaBudget -= grow
+	return true
 }
 
 // knowKids asks the index, once, which of keys (a batch's new keys) are

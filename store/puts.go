@@ -255,6 +255,19 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		p.fresh = fresh[:0]
 	}
 	defer func() { s.metaHeld.Add(-int64(memo.metaHeld)) }() // in the index now, or not put
+	// The new keys' metadata room, all at once where it is plenty: what
+	// nextVersion adds for each (MetaBytes, the new replica's part), but
+	// for xattrs a directory passes on, which take room of their own.
+	var room uint64
+	for i := range p.specs {
+		if sp, st := &p.specs[i], &p.st[i]; st.err == nil && sp.Cur == nil {
+			room += objectOverhead + uint64(len(sp.Key)) + xattrsMeta(sp.SetXattrs)
+			if len(st.ext) > 0 {
+				room += replicaMeta(s.opts.Node, len(st.ext))
+			}
+		}
+	}
+	memo.reserveMeta(s, room)
 	for i := range p.specs {
 		sp, st := &p.specs[i], &p.st[i]
 		if st.err != nil {

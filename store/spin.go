@@ -95,14 +95,27 @@ func pollThen(try func() bool, wait func()) {
 		return
 	}
 	if mayPoll() {
-		for start := time.Now(); time.Since(start) < spinFor; {
+		start := time.Now()
+		for time.Since(start) < spinFor {
 			for range pollTriesPerClock {
 				runtime.Gosched()
 				if try() {
+					lockPollNs.Add(uint64(time.Since(start)))
 					return
 				}
 			}
 		}
+		lockPollNs.Add(uint64(time.Since(start)))
 	}
 	wait()
 }
+
+// lockPollNs is the time pollThen has polled contended locks, in all.
+var lockPollNs atomic.Uint64
+
+// LockPollNs returns the time the store's callers have spent polling its
+// contended locks since the process started: CPU time (a poller yields
+// its processor only to goroutines ready to run) that a handler's time
+// counts as its own work, and that the runtime's lock waits, which count
+// parked waiters, leave out.
+func LockPollNs() uint64 { return lockPollNs.Load() }

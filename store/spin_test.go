@@ -73,3 +73,38 @@ func TestSpinLocksExclude(t *testing.T) {
 		}
 	}
 }
+
+// TestLockPollCounted: a taker that finds a lock held polls it for
+// spinFor and then parks; LockPollNs counts the polling, all of it.
+func TestLockPollCounted(t *testing.T) {
+	prevMin := minPollCPUs.Swap(2)
+	t.Cleanup(func() { minPollCPUs.Store(prevMin); pollCPUs.at.Store(0) })
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("one P: locks are not polled")
+	}
+	pollCPUs.at.Store(0)
+	if !mayPoll() {
+		t.Skip("this process may run on one CPU: locks are not polled")
+	}
+	var mu sync.Mutex
+	mu.Lock()
+	before := LockPollNs()
+	done := make(chan struct{})
+	go func() {
+		mutexSpin(&mu)
+		mu.Unlock()
+		close(done)
+	}()
+	// Held until the taker has polled it through: its polling is counted
+	// once it gives up and parks.
+	deadline := time.Now().Add(10 * time.Second)
+	for LockPollNs()-before < uint64(spinFor) {
+		if time.Now().After(deadline) {
+			mu.Unlock()
+			t.Fatalf("a taker of a held lock polled %d ns in 10 s, want at least %d", LockPollNs()-before, spinFor)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	mu.Unlock()
+	<-done
+}

@@ -346,7 +346,12 @@ type benchResult struct {
 	// the collector's CPU, per key of the pass (kv cases): where
 	// key_work_us goes beyond the work itself. The runtime's figures,
 	// approximate (fs.BatchStats).
-	KeyLockWaitUs  float64 `json:"key_lock_wait_us,omitempty"`
+	KeyLockWaitUs float64 `json:"key_lock_wait_us,omitempty"`
+	// KeyLockPollUs is the time the daemon polled its store's contended
+	// locks per key of the pass (kv cases): CPU time spent waiting for
+	// the other calls, inside key_work_us, which key_lock_wait_us (parked
+	// waits only) leaves out.
+	KeyLockPollUs  float64 `json:"key_lock_poll_us,omitempty"`
 	KeySchedWaitUs float64 `json:"key_sched_wait_us,omitempty"`
 	KeyGCUs        float64 `json:"key_gc_us,omitempty"`
 	// KeyFaults is the daemon's minor page faults per key of the pass
@@ -406,6 +411,7 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.KeyCPUUs = round(float64(m.KeyCPUNs)/1e3, 2)
 		res.KeyLockWaitUs, res.KeySchedWaitUs = round(float64(m.LockNs)/1e3, 2), round(float64(m.SchedNs)/1e3, 2)
 		res.KeyGCUs = round(float64(m.GCNs)/1e3, 2)
+		res.KeyLockPollUs = round(float64(m.PollNs)/1e3, 2)
 		res.KeyFaults = round(m.Faults, 3)
 		res.KeyCommitUs = round(float64(m.CommitNs)/1e3, 2)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)

@@ -230,6 +230,7 @@ func keyWork(before, after mfs.BatchStats) int64 {
 // key's work done after its copy (CommitNs).
 type KeyWaits struct {
 	LockNs   int64   `json:"key_lock_wait_ns,omitempty"`
+	PollNs   int64   `json:"key_lock_poll_ns,omitempty"`
 	SchedNs  int64   `json:"key_sched_wait_ns,omitempty"`
 	GCNs     int64   `json:"key_gc_ns,omitempty"`
 	Faults   float64 `json:"key_faults,omitempty"`
@@ -243,7 +244,7 @@ func keyWaits(before, after mfs.BatchStats) KeyWaits {
 		return KeyWaits{}
 	}
 	per := func(a, b uint64) int64 { return max(int64(b-a), 0) / keys }
-	return KeyWaits{LockNs: per(before.LockWaitNs, after.LockWaitNs), SchedNs: per(before.SchedWaitNs, after.SchedWaitNs),
+	return KeyWaits{LockNs: per(before.LockWaitNs, after.LockWaitNs), PollNs: per(before.LockPollNs, after.LockPollNs), SchedNs: per(before.SchedWaitNs, after.SchedWaitNs),
 		GCNs: per(before.GCCPUNs, after.GCCPUNs), Faults: float64(after.MinorFaults-min(before.MinorFaults, after.MinorFaults)) / float64(keys),
 		CommitNs: per(before.CommitNs, after.CommitNs)}
 }
