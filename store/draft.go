@@ -1128,7 +1128,7 @@ func (s *Store) nextVersion(ctx context.Context, o CommitOptions, cur *Object, s
 			setXattrs(next, o.SetXattrs)
 		}
 		grow := next.MetaBytes() + o.replicas
-		if !memo.takeMeta(grow) { // else held with the batch's budget
+		if !memo.takeMeta(s, grow) { // else held with the batch's budget
 			if err := s.metaRoom("commit", o.Key, grow); err != nil {
 				return nil, 0, err
 			}

@@ -536,44 +536,64 @@ func TestMetaRoomOfBatches(t *testing.T) {
 // metadata limit as a whole, eviction off: the keys that fit commit, in
 // order, and the rest fail with ErrNoSpace alone; the entries stay under
 // the limit and no room stays held. A batch that fits takes its room at
-// once and holds none after either.
+// once and holds none after either. In a directory whose placement its
+// new keys inherit, the keys take more room than the batch reserved for
+// them: the last ones find theirs alone.
 func TestMetaRoomOfBatchAtLimit(t *testing.T) {
 	const limit = 16 << 10
-	s := newTestStore(t, 16<<20, withOptions(func(o *store.Options) { o.MetaLimit, o.Evict = limit, false }))
-	ctx := context.Background()
-	batch := func(round, n int) ([]store.PutSpec, []error) {
-		specs := make([]store.PutSpec, n)
-		for k := range specs {
-			specs[k] = store.PutSpec{Key: fmt.Sprintf("r%d-k%03d", round, k), Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("v"))},
-				Place: store.DefaultPlacement(), SetXattrs: map[string][]byte{"user.mooncake.meta": []byte("f16 (4,)")}}
+	for _, dir := range []string{"", "placed/"} {
+		s := newTestStore(t, 16<<20, withOptions(func(o *store.Options) { o.MetaLimit, o.Evict = limit, false }))
+		ctx := context.Background()
+		if dir != "" {
+			x := map[string][]byte{store.XattrPlacement: []byte(store.PolicyLocal)}
+			if _, err := s.Mkdir(ctx, strings.TrimSuffix(dir, "/"), &store.Object{Mode: 0o755, Xattrs: x}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		p := s.StartPuts(ctx, specs)
-		_, errs := p.Commit()
-		errs = slices.Clone(errs) // Release takes them back
-		p.Release()
-		if held := store.MetaHeld(s.Store); held != 0 {
-			t.Fatalf("round %d: %d B of metadata held after the commit", round, held)
+		batch := func(round, n int) []error {
+			specs := make([]store.PutSpec, n)
+			for k := range specs {
+				specs[k] = store.PutSpec{Key: fmt.Sprintf("%sr%d-k%03d", dir, round, k), Bufs: []transfer.Buffer{transfer.HostBuffer([]byte("v"))},
+					Place: store.DefaultPlacement(), SetXattrs: map[string][]byte{"user.mooncake.meta": []byte("f16 (4,)")}}
+			}
+			p := s.StartPuts(ctx, specs)
+			_, errs := p.Commit()
+			errs = slices.Clone(errs) // Release takes them back
+			p.Release()
+			if held := store.MetaHeld(s.Store); held != 0 {
+				t.Fatalf("%q round %d: %d B of metadata held after the commit", dir, round, held)
+			}
+			return errs
 		}
-		return specs, errs
-	}
-	if _, errs := batch(0, 8); errors.Join(errs...) != nil {
-		t.Fatalf("a batch far from the limit: %v", errors.Join(errs...))
-	}
-	_, errs := batch(1, 128) // about 3 times what is left
-	fit := 0
-	for fit < len(errs) && errs[fit] == nil {
-		fit++
-	}
-	if fit == 0 || fit == len(errs) {
-		t.Fatalf("%d of %d keys fit", fit, len(errs))
-	}
-	for k, err := range errs[fit:] {
-		if !errors.Is(err, store.ErrNoSpace) {
-			t.Fatalf("key %d, after the %d that fit: %v, want ErrNoSpace", fit+k, fit, err)
+		before := s.Stats().MetaBytes
+		if err := errors.Join(batch(0, 8)...); err != nil {
+			t.Fatalf("%q: a batch far from the limit: %v", dir, err)
 		}
-	}
-	if st := s.Stats(); st.MetaBytes > limit || st.MetaBytes+400 < limit {
-		t.Fatalf("entries take %d B of a %d B limit", st.MetaBytes, limit)
+		if dir != "" {
+			o, err := s.Lookup(ctx, dir+"r0-k000")
+			if err != nil || o.Xattrs[store.XattrPlacement] == nil {
+				t.Fatalf("%q: the directory's placement was not passed on: %v", dir, err)
+			}
+			if got := s.Stats().MetaBytes - before; got < 8*o.MetaBytes() {
+				t.Fatalf("%q: 8 keys of %d B took %d B", dir, o.MetaBytes(), got)
+			}
+		}
+		errs := batch(1, 128) // about 3 times what is left
+		fit := 0
+		for fit < len(errs) && errs[fit] == nil {
+			fit++
+		}
+		if fit == 0 || fit == len(errs) {
+			t.Fatalf("%q: %d of %d keys fit", dir, fit, len(errs))
+		}
+		for k, err := range errs[fit:] {
+			if !errors.Is(err, store.ErrNoSpace) {
+				t.Fatalf("%q: key %d, after the %d that fit: %v, want ErrNoSpace", dir, fit+k, fit, err)
+			}
+		}
+		if st := s.Stats(); st.MetaBytes > limit || st.MetaBytes+400 < limit {
+			t.Fatalf("%q: entries take %d B of a %d B limit", dir, st.MetaBytes, limit)
+		}
 	}
 }
 

@@ -313,9 +313,20 @@ func (m *commitMemo) reserveMeta(s *Store, n uint64) {
 }
 
 // takeMeta takes grow bytes of room for a new key from the batch's
-// budget, reporting whether it held that much.
-func (m *commitMemo) takeMeta(grow uint64) bool {
-	if m == nil || grow > m.metaBudget {
+// budget, reporting whether it held that much. A key that finds too
+// little (one a directory's xattrs made larger) lets the rest go, so
+// that it and the keys after it find their room alone, the budget not
+// counted against them.
+func (m *commitMemo) takeMeta(s *Store, grow uint64) bool {
+	if m == nil {
+		return false
+	}
+	if grow > m.metaBudget {
+		if m.metaBudget > 0 {
+			s.metaHeld.Add(-int64(m.metaBudget))
+			m.metaHeld -= m.metaBudget
+			m.metaBudget = 0
+		}
 		return false
 	}
 	m.metaBudget -= grow
