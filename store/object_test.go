@@ -48,3 +48,15 @@ func TestValidateKey(t *testing.T) {
 		}
 	}
 }
+
+// FuzzValidateKey checks ValidateKey against the model on any bytes.
+func FuzzValidateKey(f *testing.F) {
+	for _, k := range []string{"", "a/b", "a//b", "./a", "a/..", "a\x00b/c", strings.Repeat("x", 256) + "/\x00", "a/" + strings.Repeat("y", 300)} {
+		f.Add(k)
+	}
+	f.Fuzz(func(t *testing.T, k string) {
+		if got, want := ValidateKey(k), validateKeyModel(k); got != want {
+			t.Fatalf("ValidateKey(%q) = %v, want %v", k, got, want)
+		}
+	})
+}
