@@ -68,13 +68,12 @@ const objectOverhead = 256
 
 // MetaBytes is what o costs the daemon's memory as an index entry, the
 // figure metadata limits count (Options.MetaLimit).
-func (o *Object) MetaBytes() uint64 {
-	return uint64(objectOverhead+len(o.Key)) + xattrsMeta(o.Xattrs) + replicasMeta(o.Replicas)
-}
+func (o *Object) MetaBytes() uint64 { return entryMeta(o.Key, o.Xattrs) + replicasMeta(o.Replicas) }
 
-// xattrsMeta is the part of MetaBytes that xattrs take.
-func xattrsMeta(xattrs map[string][]byte) uint64 {
-	var n uint64
+// entryMeta is the part of MetaBytes that an entry of key with xattrs
+// takes without its replicas.
+func entryMeta(key string, xattrs map[string][]byte) uint64 {
+	n := uint64(objectOverhead + len(key))
 	for k, v := range xattrs {
 		n += uint64(len(k) + len(v) + 16)
 	}

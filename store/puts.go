@@ -261,7 +261,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 	var room uint64
 	for i := range p.specs {
 		if sp, st := &p.specs[i], &p.st[i]; st.err == nil && sp.Cur == nil {
-			room += objectOverhead + uint64(len(sp.Key)) + xattrsMeta(sp.SetXattrs)
+			room += entryMeta(sp.Key, sp.SetXattrs)
 			if len(st.ext) > 0 {
 				room += replicaMeta(s.opts.Node, len(st.ext))
 			}
