@@ -14,7 +14,7 @@
 // phases' keys (none is removed but with -keep): a phase stops at the
 // first key that finds no room.
 //
-//	kvprofile [-host] [-block 16384] [-pass BYTES] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...
+//	kvprofile [-host] [-block 16384] [-pass BYTES] [-batch KEYS] [-keep N] [-perf-ctl CTL,ACK] -metrics ADDR -out DIR MOUNTDIR PHASE...
 //
 // A PHASE is IN_FLIGHT:SECONDS (e.g. 1:2 4:1.5). For each, OUT gets
 // cpu-N-ifK.prof and trace-N-ifK.bin, and stdout a line with the keys
@@ -23,9 +23,15 @@
 // a pass's directory is removed once N later passes are done (untimed),
 // so the index and the daemon's heap stop growing, as in the bench,
 // whose repetitions remove their keys; by default every key stays.
+//
+// With -perf-ctl CTL,ACK (the FIFOs of `perf record --control
+// fifo:CTL,ACK -D -1`), perf records only while the timed calls run: a
+// system-wide profile then holds the puts' CPU time alone, the client's
+// and the kernel's included, without the passes' removals between them.
 package main
 
 import (
+	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -47,6 +53,10 @@ import (
 // passBytes is what one pass puts: by default the kv-put-gpu cases'
 // 256 MiB.
 var passBytes uint64 = 256 << 20
+
+// batchKeys is the most keys one client call puts: by default a whole
+// pass (the bench's host cases call with 1024).
+var batchKeys = 1 << 30
 
 type phase struct {
 	inFlight int
@@ -90,10 +100,12 @@ func main() {
 	out := flag.String("out", ".", "directory for the profiles")
 	keep := flag.Int("keep", 0, "remove each pass's keys once this many later passes are done (0: keep all)")
 	host := flag.Bool("host", false, "put from a registered memfd instead of GPU memory")
+	perfCtl := flag.String("perf-ctl", "", "CTL,ACK: perf record's control FIFOs, to record the timed calls alone")
 	flag.Uint64Var(&passBytes, "pass", passBytes, "bytes a pass")
+	flag.IntVar(&batchKeys, "batch", batchKeys, "keys a client call (BatchPutBuf) puts; a pass is as many calls as it takes")
 	flag.Parse()
-	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes == 0 || passBytes%*block != 0 || *keep < 0 {
-		fmt.Fprintln(os.Stderr, "usage: kvprofile [-host] [-block N] [-pass BYTES] [-keep N] -metrics ADDR -out DIR MOUNTDIR PHASE...")
+	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes == 0 || passBytes%*block != 0 || *keep < 0 || batchKeys < 1 {
+		fmt.Fprintln(os.Stderr, "usage: kvprofile [-host] [-block N] [-pass BYTES] [-batch KEYS] [-keep N] [-perf-ctl CTL,ACK] -metrics ADDR -out DIR MOUNTDIR PHASE...")
 		os.Exit(2)
 	}
 	var phases []phase
@@ -104,6 +116,13 @@ func main() {
 			os.Exit(2)
 		}
 		phases = append(phases, p)
+	}
+	if *perfCtl != "" {
+		var err error
+		if perf, err = openPerf(*perfCtl); err != nil {
+			fmt.Fprintln(os.Stderr, "kvprofile:", err)
+			os.Exit(2)
+		}
 	}
 	src := gpuSource
 	if *host {
@@ -280,9 +299,21 @@ func putFor(dir string, src *pinnedSource, items []ioctl.BatchItem, d time.Durat
 			closeF()
 			return n, busy, faults, err
 		}
+		if err := perf.command("enable"); err != nil {
+			closeF()
+			return n, busy, faults, err
+		}
 		t0 := time.Now()
-		res, err := f.BatchPutBuf(reg.ID, named)
+		var res []ioctl.BatchResult
+		for i := 0; i < len(named) && err == nil; i += batchKeys {
+			var r []ioctl.BatchResult
+			r, err = f.BatchPutBuf(reg.ID, named[i:min(i+batchKeys, len(named))])
+			res = append(res, r...)
+		}
 		busy += time.Since(t0)
+		if perr := perf.command("disable"); err == nil {
+			err = perr
+		}
 		f1, ferr := daemonFaults(dir)
 		faults += f1 - f0
 		closeF()
@@ -315,6 +346,47 @@ func putFor(dir string, src *pinnedSource, items []ioctl.BatchItem, d time.Durat
 		}
 	}
 	return n, busy, faults, nil
+}
+
+// perfControl is perf record's control FIFOs (nil: none).
+type perfControl struct {
+	ctl *os.File
+	ack *bufio.Reader
+}
+
+var perf *perfControl
+
+// openPerf opens "CTL,ACK". perf opens them as it starts, so this
+// waits for perf.
+func openPerf(spec string) (*perfControl, error) {
+	ctlPath, ackPath, ok := strings.Cut(spec, ",")
+	if !ok {
+		return nil, fmt.Errorf("-perf-ctl %q: want CTL,ACK", spec)
+	}
+	ctl, err := os.OpenFile(ctlPath, os.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	ack, err := os.Open(ackPath)
+	if err != nil {
+		ctl.Close()
+		return nil, err
+	}
+	return &perfControl{ctl: ctl, ack: bufio.NewReader(ack)}, nil
+}
+
+// command sends cmd and waits for perf's ack.
+func (p *perfControl) command(cmd string) error {
+	if p == nil {
+		return nil
+	}
+	if _, err := p.ctl.WriteString(cmd + "\n"); err != nil {
+		return fmt.Errorf("perf %s: %w", cmd, err)
+	}
+	if line, err := p.ack.ReadString('\n'); err != nil || strings.Trim(line, "\x00") != "ack\n" { // perf may lead it with a NUL
+		return fmt.Errorf("perf %s: answered %q (%v)", cmd, line, err)
+	}
+	return nil
 }
 
 // daemonFaults is the minor page faults so far of the daemon serving
