@@ -124,14 +124,21 @@ func (n *node) ghostReader() *store.Reader {
 }
 
 // key returns the node's key; ok is false for a node that is no longer
-// reachable from the root (unlinked or replaced while open).
+// reachable from the root (unlinked or replaced while open), and for one
+// whose way up is longer than any key, which only a loop of directories
+// makes: the walk stops there rather than grow without end (the kernel
+// then looks the path up again, from the root).
 func (n *node) key() (string, bool) {
 	var parts []string
 	cur := &n.Inode
 	root := n.Root()
+	size := 0
 	for cur != root {
 		name, parent := cur.Parent()
 		if parent == nil {
+			return "", false
+		}
+		if size += len(name) + 1; size > store.MaxKeyLen+1 {
 			return "", false
 		}
 		parts = append(parts, name)

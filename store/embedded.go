@@ -335,6 +335,10 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (rev uint64, _ 
 			err = fmt.Errorf("swap %q: have version %d, want %d: %w", s.Key, cur, s.Old, ErrConflict)
 		case sl == nil && s.NoKids && s.New != nil && x.mu.under[s.Key] > 0:
 			err = fmt.Errorf("swap %q: keys under it: %w", s.Key, ErrIsDir)
+		case s.InDir && !x.dirLocked(Parent(s.Key)):
+			err = fmt.Errorf("swap %q: no directory %q: %w", s.Key, Parent(s.Key), ErrNotFound)
+		case s.CheckKids && x.mu.under[s.Key] != s.Kids:
+			err = fmt.Errorf("swap %q: %d keys under it, want %d: %w", s.Key, x.mu.under[s.Key], s.Kids, ErrConflict)
 		}
 		if err != nil {
 			for _, made := range found[:i] {
@@ -581,6 +585,16 @@ func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
 		return false, ErrClosed
 	}
 	return x.mu.under[dir] > 0, nil
+}
+
+// dirLocked reports whether dir is a directory: the root, a directory's
+// object, or keys under it. The caller holds mu.
+func (x *Embedded) dirLocked(dir string) bool {
+	if dir == "" || x.mu.under[dir] > 0 {
+		return true
+	}
+	sl := x.mu.slots[dir]
+	return sl != nil && sl.obj != nil && sl.obj.Kind == KindDir
 }
 
 // HasChildrenMany implements ManyChildChecker.

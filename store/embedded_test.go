@@ -482,3 +482,72 @@ func TestEmbeddedScanSeesWholeSwaps(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// The checks a swap carries for the file system's creates, renames and
+// rmdirs (Swap.InDir, CheckKids) hold as the swap lands, and a failed one
+// changes nothing.
+func TestEmbeddedDirChecks(t *testing.T) {
+	ctx := context.Background()
+	x := store.NewEmbedded()
+	t.Cleanup(func() { _ = x.Close() })
+	put := func(k string, kind store.Kind) uint64 {
+		t.Helper()
+		rev, err := x.CompareAndSwap(ctx, store.Swap{Key: k, New: &store.Object{Key: k, Kind: kind}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	dv := put("d", store.KindDir)
+	put("f", store.KindFile)
+	put("imp/x", store.KindFile) // imp: an implicit directory
+	for _, c := range []struct {
+		key  string
+		want error
+	}{
+		{"top", nil},                    // the root
+		{"d/new", nil},                  // a directory's object
+		{"imp/new", nil},                // an implicit directory
+		{"gone/new", store.ErrNotFound}, // none
+		{"f/new", store.ErrNotFound},    // a file is no directory
+	} {
+		_, err := x.CompareAndSwap(ctx, store.Swap{Key: c.key, New: &store.Object{Key: c.key}, InDir: true})
+		if !errors.Is(err, c.want) || c.want == nil && err != nil {
+			t.Errorf("create %q with InDir: %v; want %v", c.key, err, c.want)
+		}
+		if _, gerr := x.Get(ctx, c.key); (gerr == nil) != (c.want == nil) {
+			t.Errorf("%q after the create: %v", c.key, gerr)
+		}
+	}
+	// d holds d/new: a removal that found it empty fails, one that found
+	// one key passes; a check-only swap (no Old, no New) changes nothing.
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "d", Old: dv, CheckKids: true}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("rmdir of d, found empty, with d/new in it: %v; want ErrConflict", err)
+	}
+	if _, err := x.Get(ctx, "d"); err != nil {
+		t.Fatalf("d after the refused removal: %v", err)
+	}
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "imp", CheckKids: true, Kids: 1}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("imp holds 2 keys, checked for 1: %v; want ErrConflict", err)
+	}
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "imp", CheckKids: true, Kids: 2}, store.Swap{Key: "other", InDir: true}); err != nil {
+		t.Fatalf("checks that hold: %v", err)
+	}
+	if _, err := x.Get(ctx, "imp"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("imp after a check-only swap: %v; want still no object", err)
+	}
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "d/new", Old: mustGet(t, x, "d/new").Version}, store.Swap{Key: "d", Old: dv, CheckKids: true, Kids: 1}); err != nil {
+		t.Fatalf("removing d/new and d, d checked for the one key: %v", err)
+	}
+}
+
+func mustGet(t *testing.T, x store.Index, k string) *store.Object {
+	t.Helper()
+	o, err := x.Get(ctx0, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+var ctx0 = context.Background()

@@ -27,6 +27,20 @@ type Swap struct {
 	// it checks (ChildGuard); others ignore it, and the caller asks
 	// before (ChildChecker).
 	NoKids bool
+	// InDir fails the swap (ErrNotFound) unless the parent directory of
+	// Key is there as the swap lands: its object, or keys under it (an
+	// implicit directory), or the root. A file system's create or rename
+	// checked before, and a rename of the directory since then would
+	// leave the new key under a name that no longer holds a directory.
+	// CheckKids fails it (ErrConflict) unless exactly Kids keys are under
+	// Key then: a directory's rename moves the keys it found, and rmdir
+	// removes one that had none, so a key made under it meanwhile makes
+	// them look again. Both in an index that says it checks (ChildGuard);
+	// others ignore them (the checks before are all there is). A swap
+	// with neither New nor Old carries only these checks.
+	InDir     bool
+	CheckKids bool
+	Kids      int
 }
 
 // EventType says what happened to a key.
@@ -97,7 +111,8 @@ type ChildChecker interface {
 	HasChildren(ctx context.Context, dir string) (bool, error)
 }
 
-// ChildGuard is an Index that checks Swap.NoKids in the swap itself,
+// ChildGuard is an Index that checks Swap.NoKids, InDir and CheckKids in
+// the swap itself,
 // where the answer cannot change before the key is in: a batch put's
 // commit then asks nothing before it (the embedded index, where the
 // question took a lock of its own that queued behind other calls'

@@ -270,7 +270,7 @@ func (s *Store) Create(ctx context.Context, key string, t *Object, exclusive boo
 		if err := s.metaRoom("create", key, o.MetaBytes()); err != nil {
 			return nil, err
 		}
-		if _, err := s.cas(ctx, Swap{Key: key, New: o}); err != nil {
+		if _, err := s.cas(ctx, Swap{Key: key, New: o, InDir: true}); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
 			}
@@ -298,7 +298,7 @@ func (s *Store) Mkdir(ctx context.Context, key string, t *Object) (*Object, erro
 	if err := s.metaRoom("mkdir", key, o.MetaBytes()); err != nil {
 		return nil, err
 	}
-	if _, err := s.cas(ctx, Swap{Key: key, New: o}); err != nil {
+	if _, err := s.cas(ctx, Swap{Key: key, New: o, InDir: true}); err != nil {
 		if errors.Is(err, ErrConflict) {
 			return nil, fmt.Errorf("mkdir %q: %w", key, ErrExists)
 		}
@@ -313,6 +313,21 @@ func (s *Store) hasChildren(ctx context.Context, key string) (bool, error) {
 	}
 	kids, err := s.idx.Scan(ctx, key+"/", "", 1)
 	return len(kids) > 0, err
+}
+
+// movedTo returns o as a rename makes it at key to. A directory that
+// was made explicit where it was implicit (keepParent, a chmod) bears
+// the inode number its old key gives an implicit directory: once moved
+// it takes a number of its own, since a later implicit directory at the
+// old key gets that number again, and two directories of one inode
+// number are one to the kernel (a directory inside itself).
+func (s *Store) movedTo(o *Object, to string) *Object {
+	n := o.Clone()
+	n.Key, n.Ctime = to, s.now()
+	if n.Kind == KindDir && n.Ino == implicitIno(o.Key) {
+		n.Ino = NewIno()
+	}
+	return n
 }
 
 // keepParent returns a swap that materializes key's parent as an explicit
@@ -375,6 +390,9 @@ func (s *Store) Rmdir(ctx context.Context, key string) error {
 		if err != nil {
 			return err
 		}
+		// Still empty as it goes: a key made in it since the look above
+		// makes it look again.
+		swaps[0].CheckKids, swaps[0].Kids = true, 0
 		if _, err := s.cas(ctx, swaps...); err != nil {
 			if errors.Is(err, ErrConflict) {
 				continue
@@ -547,9 +565,7 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 			replaced = append(replaced, dst)
 		}
 		move := func(o *Object, to string, old uint64) {
-			n := o.Clone()
-			n.Key = to
-			n.Ctime = s.now()
+			n := s.movedTo(o, to)
 			swaps = append(swaps, Swap{Key: o.Key, Old: o.Version}, Swap{Key: to, Old: old, New: n})
 			gone[o.Key] = true
 		}
@@ -558,11 +574,25 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 		} else if dstVersion != 0 {
 			// Implicit source directory over an explicit empty one.
 			swaps = append(swaps, Swap{Key: newKey, Old: dstVersion})
+		} else {
+			swaps = append(swaps, Swap{Key: newKey}) // its checks alone
+		}
+		// The new name's directory is still there as the rename lands
+		// (swaps[0] or [1] is newKey's).
+		for i := range swaps {
+			swaps[i].InDir = swaps[i].Key == newKey
 		}
 		if src.Kind == KindDir {
 			kids, err := s.idx.Scan(ctx, oldKey+"/", "", 0)
 			if err != nil {
 				return err
+			}
+			// The keys found are all there are as the rename lands: one
+			// made in the old tree meanwhile makes it look again.
+			if src.Version != 0 {
+				swaps[0].CheckKids, swaps[0].Kids = true, len(kids)
+			} else {
+				swaps = append(swaps, Swap{Key: oldKey, CheckKids: true, Kids: len(kids)})
 			}
 			for _, k := range kids {
 				to := newKey + k.Key[len(oldKey):]

@@ -576,6 +576,58 @@ func mapsKeys[V any](m map[string]V) func(func(string) bool) {
 	}
 }
 
+// A directory made explicit where it was implicit bears the inode number
+// of an implicit directory at its key. Moved away it takes one of its
+// own: a new implicit directory at the old key gets the old number, and
+// two directories of one number would be one to the kernel (a loop of
+// directories in the mount's inode tree, found by a rename race).
+func TestMovedImplicitBornDirectoryTakesOwnInode(t *testing.T) {
+	s := newTestStore(t, 1<<20)
+	ctx := context.Background()
+	s.create(t, "d/f")
+	s.create(t, "e/sub/g")
+	s.makeImplicit(t, "d")
+	s.makeImplicit(t, "e/sub")
+	s.makeImplicit(t, "e")
+	if err := s.Delete(ctx, "d/f", 0); err != nil {
+		t.Fatal(err)
+	}
+	born := mustStat(t, s, "d") // explicit now, with the implicit number
+	if born.Version == 0 {
+		t.Fatalf("d = %+v; want explicit", born)
+	}
+	if err := s.Rename(ctx, "d", "moved", 0); err != nil {
+		t.Fatal(err)
+	}
+	// Its subtree moved along: e/sub, implicit-born too, once e/sub/g goes.
+	if err := s.Delete(ctx, "e/sub/g", 0); err != nil {
+		t.Fatal(err)
+	}
+	sub := mustStat(t, s, "e/sub")
+	if err := s.Rename(ctx, "e", "moved/e", 0); err != nil {
+		t.Fatal(err)
+	}
+	s.create(t, "d/again")
+	s.create(t, "e/sub/again")
+	s.makeImplicit(t, "d")
+	s.makeImplicit(t, "e/sub")
+	s.makeImplicit(t, "e")
+	seen := map[uint64]string{}
+	for _, k := range []string{"d", "moved", "e", "e/sub", "moved/e", "moved/e/sub"} {
+		o := mustStat(t, s, k)
+		if o.Kind != store.KindDir {
+			t.Fatalf("%s = %+v; want a directory", k, o)
+		}
+		if other, dup := seen[o.Ino]; dup {
+			t.Fatalf("%s and %s share inode %#x", k, other, o.Ino)
+		}
+		seen[o.Ino] = k
+	}
+	if o := mustStat(t, s, "moved/e/sub"); o.Version == 0 || o.Ino == sub.Ino {
+		t.Fatalf("moved/e/sub = %+v; want explicit with a number of its own (was %#x)", o, sub.Ino)
+	}
+}
+
 // Moving the last child out of an implicit directory keeps the directory.
 func TestRenameKeepsOldParent(t *testing.T) {
 	s := newTestStore(t, 1<<20)

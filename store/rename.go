@@ -100,8 +100,7 @@ func (s *Store) renameInSteps(ctx context.Context, src *Object, to string, dstVe
 	var put []*Object
 	var deleted []string
 	if src.Version != 0 {
-		n := src.Clone()
-		n.Key, n.Ctime = to, s.now()
+		n := s.movedTo(src, to)
 		first = append(first, Swap{Key: from, Old: src.Version}, Swap{Key: to, Old: dstVersion, New: n})
 		put, deleted = append(put, n), append(deleted, from)
 	} else if dstVersion != 0 {
@@ -164,8 +163,7 @@ func (s *Store) finishRename(ctx context.Context, intent *Object) error {
 			} else if !errors.Is(err, ErrNotFound) {
 				return err
 			}
-			n := k.Clone()
-			n.Key, n.Ctime = dst, s.now()
+			n := s.movedTo(k, dst)
 			swaps = append(swaps, Swap{Key: k.Key, Old: k.Version}, Swap{Key: dst, Old: old, New: n})
 			put, deleted = append(put, n), append(deleted, k.Key)
 		}
