@@ -632,10 +632,28 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 	if err == nil && shared != 0 {
 		n.sharedRewrite.CompareAndSwap(shared, 0)
 	}
+	if err == nil && h != nil && h.priv == d {
+		n.rebaseShared(ctx, key)
+	}
 	if errors.Is(err, store.ErrStale) {
 		return nil
 	}
 	return err
+}
+
+// rebaseShared moves the shared draft, while it has no changes of its
+// own, onto the version a writer of its own just published
+// (Draft.Rebase): an O_RDWR descriptor kept open without writing (a
+// lock file, a process that may write later) would otherwise keep the
+// draft on the version before, and the next writer to join it, or an
+// append through it, would publish that older content over the new one.
+func (n *node) rebaseShared(ctx context.Context, key string) {
+	n.lockSettled()
+	d := n.mu.draft
+	n.mu.Unlock()
+	if d != nil {
+		d.Rebase(ctx, key)
+	}
 }
 
 // Flush implements gofs.NodeFlusher: close(2) of a writable descriptor

@@ -155,6 +155,50 @@ func (d *Draft) BaseReader() *Reader {
 	return d.mu.base.Dup()
 }
 
+// Rebase starts a draft that has no changes of its own anew from the
+// current version of key, when that is a later version of the same file
+// (a writer of its own published one since the draft began): the draft's
+// writers then go on from what they would find in the file they share
+// on tmpfs, and its readers read that. It reports whether it did. A draft
+// with changes of its own keeps them (its commit replaces the version:
+// the last close wins), and so does a closed or failed draft, or one
+// whose key now holds another file or none.
+func (d *Draft) Rebase(ctx context.Context, key string) bool {
+	r, err := d.s.OpenReader(ctx, key)
+	if err != nil {
+		return false
+	}
+	if r.Object().Ino != d.ino {
+		r.Close()
+		return false
+	}
+	d.rw.Lock() // no write is copying
+	d.mu.Lock()
+	keep := d.mu.closed || d.dirty.Load() || d.Err() != nil || len(d.mu.ext) > 0 ||
+		d.mu.base != nil && d.mu.base.Object().Version == r.Object().Version
+	var old *Reader
+	if !keep {
+		old = d.mu.base
+		if r.Size() > 0 {
+			d.mu.base, d.mu.own = r, false
+			d.size.Store(r.Size())
+			r = nil
+		} else {
+			d.mu.base, d.mu.own = nil, true
+			d.size.Store(0)
+		}
+	}
+	d.mu.Unlock()
+	d.rw.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	if r != nil {
+		r.Close()
+	}
+	return !keep
+}
+
 // Size returns the draft's current size.
 func (d *Draft) Size() uint64 {
 	return d.size.Load()

@@ -1179,3 +1179,64 @@ func TestKillSUID(t *testing.T) {
 		t.Fatalf("one-shot commit: mode %o, want 777", m)
 	}
 }
+
+// Rebase moves a draft without changes of its own onto the version a
+// writer of its own published since it began, and leaves one with
+// changes, or one whose key holds another file, as it is.
+func TestDraftRebase(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	o := s.put(t, "f", []byte("old\n"))
+	shared, err := s.OpenDraft(ctx, "f", o.Ino, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Close()
+	if shared.Rebase(ctx, "f") {
+		t.Fatal("rebased onto the version it began from")
+	}
+	rewrite := func(data string) {
+		t.Helper()
+		d, err := s.OpenDraft(ctx, "f", o.Ino, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if _, err := d.WriteAt(ctx, []byte(data), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Commit(ctx, store.CommitOptions{Key: "f", IfIno: o.Ino}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rewrite("NEWER\n")
+	if !shared.Rebase(ctx, "f") {
+		t.Fatal("a clean draft did not move onto the new version")
+	}
+	if got := string(readDraft(t, shared)); got != "NEWER\n" || shared.Size() != 6 {
+		t.Fatalf("rebased draft holds %q (size %d)", got, shared.Size())
+	}
+	if _, err := shared.WriteAt(ctx, []byte("X"), 0); err != nil {
+		t.Fatal(err)
+	}
+	rewrite("v3\n")
+	if shared.Rebase(ctx, "f") {
+		t.Fatal("a draft with changes of its own was rebased")
+	}
+	if got := string(readDraft(t, shared)); got != "XEWER\n" {
+		t.Fatalf("draft with changes holds %q", got)
+	}
+	// Another file at the key: nothing to follow.
+	other, err := s.OpenDraft(ctx, "f", o.Ino, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := s.Delete(ctx, "f", 0); err != nil {
+		t.Fatal(err)
+	}
+	s.put(t, "f", []byte("another file\n"))
+	if other.Rebase(ctx, "f") {
+		t.Fatal("rebased onto another file")
+	}
+}

@@ -55,6 +55,7 @@ func TestPOSIX(t *testing.T) {
 		{"Ls", testLs},
 		{"Statfs", func(t *testing.T, d *daemon, dir string) { testStatfs(t, d, capacity) }},
 		{"Xattrs", testXattrs},
+		{"RewriteWhileHeld", testRewriteWhileHeld},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			d.checkAlive(t)
@@ -63,6 +64,28 @@ func TestPOSIX(t *testing.T) {
 			c.fn(t, d, dir)
 			d.checkAlive(t)
 		})
+	}
+}
+
+// testRewriteWhileHeld: a descriptor opened read-write and kept open
+// without writing (a lock file, a process that may write later) while
+// others rewrite the file (O_TRUNC), append to it and truncate it, then
+// a write through the held descriptor. Each reader sees what the same
+// commands leave on the local file system. The held descriptor's draft
+// stayed on the version it opened: the rewrite was hidden from readers,
+// and the append's close published the old content plus the append.
+func testRewriteWhileHeld(t *testing.T, d *daemon, dir string) {
+	script := `f=$1/held
+echo old > "$f"
+exec 3<>"$f"
+echo NEWER > "$f"; printf '%s|' "$(cat "$f")"
+echo app >> "$f"; printf '%s|' "$(cat "$f")"
+echo NEW2 > "$f"; truncate -s 2 "$f"; printf '%s|' "$(cat "$f")"
+printf X >&3; printf '%s|' "$(cat "$f")"
+exec 3>&-; printf '%s|' "$(cat "$f")"`
+	want := sh(t, script, t.TempDir())
+	if got := sh(t, script, dir); got != want {
+		t.Fatalf("readers saw %q; the local file system gives %q", got, want)
 	}
 }
 
