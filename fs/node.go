@@ -491,6 +491,13 @@ func (n *node) truncate(ctx context.Context, h *handle, key string, size uint64)
 		n.mu.Unlock()
 		n.sharedRewrite.CompareAndSwap(0, n.metaGen.Load()+1)
 		err := shared.Truncate(ctx, size)
+		if err == nil {
+			// A truncate(2) by path is done when it returns, as on
+			// tmpfs: published now, as an fsync would, not when the
+			// holders close (a holder that never writes would keep it
+			// from readers, and a rewrite meanwhile would go under it).
+			err = n.publish(ctx, shared, nil)
+		}
 		if lerr := n.leaveShared(ctx); err == nil {
 			err = lerr
 		}

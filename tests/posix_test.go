@@ -69,8 +69,10 @@ func TestPOSIX(t *testing.T) {
 
 // testRewriteWhileHeld: a descriptor opened read-write and kept open
 // without writing (a lock file, a process that may write later) while
-// others rewrite the file (O_TRUNC), append to it and truncate it, then
-// a write through the held descriptor. Each reader sees what the same
+// others rewrite the file (O_TRUNC), append to it and truncate it (also
+// truncate(2) by path, which went into the holder's draft unpublished,
+// and a rewrite after it was lost), then a write through the held
+// descriptor. Each reader sees what the same
 // commands leave on the local file system. The held descriptor's draft
 // stayed on the version it opened: the rewrite was hidden from readers,
 // and the append's close published the old content plus the append.
@@ -82,9 +84,15 @@ echo NEWER > "$f"; printf '%s|' "$(cat "$f")"
 echo app >> "$f"; printf '%s|' "$(cat "$f")"
 echo NEW2 > "$f"; truncate -s 2 "$f"; printf '%s|' "$(cat "$f")"
 printf X >&3; printf '%s|' "$(cat "$f")"
+exec 3>&-; printf '%s|' "$(cat "$f")"
+echo init > "$f"
+exec 3<>"$f"
+"$2" -c 'import os, sys; os.truncate(sys.argv[1], 2)' "$f"; printf '%s|' "$(cat "$f")"
+echo X > "$f"; printf '%s|' "$(cat "$f")"
 exec 3>&-; printf '%s|' "$(cat "$f")"`
-	want := sh(t, script, t.TempDir())
-	if got := sh(t, script, dir); got != want {
+	requireTools(t, python)
+	want := sh(t, script, t.TempDir(), python)
+	if got := sh(t, script, dir, python); got != want {
 		t.Fatalf("readers saw %q; the local file system gives %q", got, want)
 	}
 }
