@@ -35,9 +35,9 @@ type Swap struct {
 	// CheckKids fails it (ErrConflict) unless exactly Kids keys are under
 	// Key then: a directory's rename moves the keys it found, and rmdir
 	// removes one that had none, so a key made under it meanwhile makes
-	// them look again. Both in an index that says it checks (ChildGuard);
-	// others ignore them (the checks before are all there is). A swap
-	// with neither New nor Old carries only these checks.
+	// them look again. Every index checks both (etcd with a read before
+	// its transaction and compares in it). A swap with neither New nor
+	// Old carries only these checks.
 	InDir     bool
 	CheckKids bool
 	Kids      int
@@ -111,8 +111,7 @@ type ChildChecker interface {
 	HasChildren(ctx context.Context, dir string) (bool, error)
 }
 
-// ChildGuard is an Index that checks Swap.NoKids, InDir and CheckKids in
-// the swap itself,
+// ChildGuard is an Index that checks Swap.NoKids in the swap itself,
 // where the answer cannot change before the key is in: a batch put's
 // commit then asks nothing before it (the embedded index, where the
 // question took a lock of its own that queued behind other calls'

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/btree"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -182,6 +183,11 @@ func (x *Index) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64
 	}
 	rctx, cancel := context.WithTimeout(ctx, x.opts.RequestTimeout)
 	defer cancel()
+	guards, err := x.guards(rctx, swaps)
+	if err != nil {
+		return 0, err
+	}
+	cmps = append(cmps, guards...)
 	resp, err := x.cli.Txn(rctx).If(cmps...).Then(ops...).Else(gets...).Commit()
 	if err != nil {
 		return 0, x.requestError(ctx, fmt.Sprintf("commit %d swaps", len(swaps)), err)
@@ -205,6 +211,72 @@ func (x *Index) CompareAndSwap(ctx context.Context, swaps ...store.Swap) (uint64
 		x.raiseReadRev(rev)
 	}
 	return uint64(rev), nil
+}
+
+// guards returns the compares that make the swaps' InDir and CheckKids
+// hold as the transaction lands, from one read of etcd before it (none
+// when no swap asks: no read). InDir: the parent directory's object is
+// the one read (same CreateRevision), or, for an implicit directory,
+// some key is still under it. CheckKids: the keys under the key were
+// Kids at the read, and none was made after it. A check that fails at
+// the read fails at once (ErrNotFound, ErrConflict); one that fails
+// between the read and the transaction fails the transaction, and the
+// caller looks again.
+func (x *Index) guards(ctx context.Context, swaps []store.Swap) ([]clientv3.Cmp, error) {
+	var reads []clientv3.Op
+	for _, s := range swaps {
+		if p := store.Parent(s.Key); s.InDir && p != "" {
+			reads = append(reads, clientv3.OpGet(x.objPrefix+p), clientv3.OpGet(x.objPrefix+p+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()))
+		}
+		if s.CheckKids {
+			reads = append(reads, clientv3.OpGet(x.objPrefix+s.Key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly()))
+		}
+	}
+	if len(reads) == 0 {
+		return nil, nil
+	}
+	resp, err := x.cli.Txn(ctx).Then(reads...).Commit()
+	if err != nil {
+		return nil, x.requestError(ctx, "read the checks of a swap", err)
+	}
+	at := resp.Header.Revision
+	var cmps []clientv3.Cmp
+	r := 0
+	next := func() *etcdserverpb.RangeResponse {
+		rr := resp.Responses[r].GetResponseRange()
+		r++
+		return rr
+	}
+	for _, s := range swaps {
+		if p := store.Parent(s.Key); s.InDir && p != "" {
+			own, kids := next(), next()
+			switch {
+			case len(own.Kvs) > 0:
+				kv := own.Kvs[0]
+				o, err := decode(p, uint64(kv.ModRevision), kv.Value)
+				if err != nil {
+					return nil, err
+				}
+				if o.Kind != store.KindDir {
+					return nil, fmt.Errorf("etcdindex: swap %q: %q is no directory: %w", s.Key, p, store.ErrNotFound)
+				}
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(x.objPrefix+p), "=", kv.CreateRevision))
+			case kids.Count > 0:
+				// Every key under it was made (a range compares each; an
+				// empty one compares as a key never made).
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(x.objPrefix+p+"/"), ">", 0).WithPrefix())
+			default:
+				return nil, fmt.Errorf("etcdindex: swap %q: no directory %q: %w", s.Key, p, store.ErrNotFound)
+			}
+		}
+		if s.CheckKids {
+			if n := next().Count; n != int64(s.Kids) {
+				return nil, fmt.Errorf("etcdindex: swap %q: %d keys under it, want %d: %w", s.Key, n, s.Kids, store.ErrConflict)
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(x.objPrefix+s.Key+"/"), "<", at+1).WithPrefix())
+		}
+	}
+	return cmps, nil
 }
 
 // conflict explains a failed transaction from its Else reads, and makes

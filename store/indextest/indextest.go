@@ -55,6 +55,7 @@ func Run(t *testing.T, newIndex func(t *testing.T) store.Index) {
 		{"WatchClosesOnCancel", testWatchClosesOnCancel},
 		{"WatchOrderUnderConcurrency", testWatchConcurrent},
 		{"ConcurrentIncrements", testConcurrentIncrements},
+		{"DirChecks", testDirChecks},
 		{"Close", testClose},
 	}
 	for _, tc := range tests {
@@ -717,5 +718,62 @@ func testClose(t *testing.T, x store.Index) {
 	}
 	if _, err := x.Watch(ctx, ""); !errors.Is(err, store.ErrClosed) {
 		t.Errorf("Watch after Close: %v, want ErrClosed", err)
+	}
+}
+
+// testDirChecks: the checks a swap carries for the file system's creates,
+// renames and rmdirs (Swap.InDir, CheckKids) hold as the swap lands, and
+// a failed one changes nothing.
+func testDirChecks(t *testing.T, x store.Index) {
+	ctx := context.Background()
+	dir := func(k string) *store.Object { return &store.Object{Key: k, Kind: store.KindDir, Ino: 77, Mode: 0o755} }
+	dv := put(t, x, "d", 0, dir("d"))
+	put(t, x, "f", 0, obj("f", 1))
+	put(t, x, "imp/x", 0, obj("imp/x", 2)) // imp: an implicit directory
+	for _, c := range []struct {
+		key  string
+		want error
+	}{
+		{"top", nil},                    // the root
+		{"d/new", nil},                  // a directory's object
+		{"imp/new", nil},                // an implicit directory
+		{"gone/new", store.ErrNotFound}, // none
+		{"f/new", store.ErrNotFound},    // a file is no directory
+	} {
+		_, err := x.CompareAndSwap(ctx, store.Swap{Key: c.key, New: obj(c.key, 3), InDir: true})
+		if c.want == nil && err != nil || !errors.Is(err, c.want) {
+			t.Errorf("create %q with InDir: %v; want %v", c.key, err, c.want)
+		}
+		if _, gerr := x.Get(ctx, c.key); (gerr == nil) != (c.want == nil) {
+			t.Errorf("%q after the create: %v", c.key, gerr)
+		}
+	}
+	// d holds d/new: a removal that found it empty fails, one that found
+	// one key passes; a check-only swap (no Old, no New) changes nothing.
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "d", Old: dv, CheckKids: true}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("removal of d, found empty, with d/new in it: %v; want ErrConflict", err)
+	}
+	mustGet(t, x, "d")
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "imp", CheckKids: true, Kids: 1}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("imp holds 2 keys, checked for 1: %v; want ErrConflict", err)
+	}
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "imp", CheckKids: true, Kids: 2}, store.Swap{Key: "other", InDir: true}); err != nil {
+		t.Fatalf("checks that hold: %v", err)
+	}
+	wantAbsent(t, x, "imp")
+	wantAbsent(t, x, "other")
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "d/new", Old: mustGet(t, x, "d/new").Version}, store.Swap{Key: "d", Old: dv, CheckKids: true, Kids: 1}); err != nil {
+		t.Fatalf("removing d/new and d, d checked for the one key: %v", err)
+	}
+	wantAbsent(t, x, "d")
+	// A directory's object replaced by another between a look and the
+	// swap: an index may read the parent at the swap (etcd: at its
+	// transaction); either way the new key lands only in a directory.
+	put(t, x, "e", 0, dir("e"))
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "e", Old: mustGet(t, x, "e").Version}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "e/k", New: obj("e/k", 4), InDir: true}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("create under a removed directory: %v; want ErrNotFound", err)
 	}
 }
