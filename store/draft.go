@@ -1068,7 +1068,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		if len(ext) > 0 {
 			next.Replicas = append([]Replica{primary}, extra...)
 		}
-		_, err = d.s.cas(ctx, Swap{Key: o.Key, Old: old, New: next})
+		_, err = d.s.cas(ctx, Swap{Key: o.Key, Old: old, New: next, InDir: cur == nil})
 		if errors.Is(err, ErrConflict) && ctx.Err() == nil {
 			// Look again: an Exclusive commit that lost the race now sees
 			// the winner and fails with ErrExists, IfIno rechecks the inode.

@@ -308,7 +308,7 @@ func (p *Puts) Commit() ([]*Object, []error) {
 		st.obj, st.cur = next, cur
 		// Read only from here on; an index that keeps the LRU moves the
 		// key up with the swap (committedMany).
-		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true, Touch: s.keeper != nil, Cur: cur, NoKids: guarded && cur == nil})
+		swaps = append(swaps, Swap{Key: sp.Key, Old: old, New: next, Owned: true, Touch: s.keeper != nil, Cur: cur, NoKids: guarded && cur == nil, InDir: cur == nil})
 		at = append(at, i)
 	}
 	mutexSpin(&s.mu.Mutex)

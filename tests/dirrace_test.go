@@ -9,8 +9,8 @@ import (
 )
 
 // TestRenameDirWhileCreating: one process renames a directory back and
-// forth while another creates files in it, as an unprivileged user in a
-// shared directory. A create that lands in the directory's old name after
+// forth while another creates files in it (open, and the key ioctls'
+// puts by name), as an unprivileged user in a shared directory. A create that lands in the directory's old name after
 // it moved made that name again, as a directory nobody owns (root's, of
 // 1970) that its user could not remove; now the create fails (ENOENT) or
 // the rename takes the file along, so one directory stays, the user's.
@@ -21,8 +21,12 @@ func TestRenameDirWhileCreating(t *testing.T) {
 	pub := d.publicDir(t)
 	script := `
 import os, sys, time
-root, secs = sys.argv[1], float(sys.argv[2])
+root, secs, how = sys.argv[1], float(sys.argv[2]), sys.argv[3]
 D, X = root + "/D", root + "/X"
+if how != "open":
+    sys.path.insert(0, sys.argv[4])
+    import mooncake_fs as mc
+    client, rel = mc.Client(sys.argv[5]), os.path.relpath(D, sys.argv[5])
 os.mkdir(D)
 def mover():
     end = time.time() + secs
@@ -35,7 +39,12 @@ def creator():
     while time.time() < end:
         i += 1
         try:
-            with open("%s/f%d" % (D, i % 50), "wb") as f: f.write(b"x")
+            if how == "open":
+                with open("%s/f%d" % (D, i % 50), "wb") as f: f.write(b"x")
+            elif how == "put":
+                client.put("%s/f%d" % (rel, i % 50), b"x", makedirs=False)
+            else:
+                client.batch_put({"f%d" % j: b"x" for j in range(i % 50, i % 50 + 8)}, dir=rel, check=False, makedirs=False)
         except OSError: pass
 kids = []
 for fn in (mover, creator):
@@ -47,9 +56,11 @@ for fn in (mover, creator):
 for p in kids: os.waitpid(p, 0)
 print(" ".join(sorted(os.listdir(root))))
 `
-	for round := range 2 {
+	// Creates through the file system, then puts of one key and batch
+	// puts by name (the key ioctls), which commit new keys the same way.
+	for round, how := range []string{"open", "open", "put", "batch"} {
 		dir := filepath.Join(pub, "r"+string(rune('0'+round)))
-		if out, err := asNobody(`mkdir "$1" && exec "$2" -c "$3" "$1" 3`, dir, python, script); err != nil {
+		if out, err := asNobody(`mkdir "$1" && exec "$2" -c "$3" "$1" 3 "$4" "$5" "$6"`, dir, python, script, how, publicPythonDir(t), d.dir); err != nil {
 			t.Fatalf("race: %v\n%s", err, out)
 		} else if got := strings.TrimSpace(out); got != "D" && got != "X" {
 			t.Fatalf("round %d: directories left: %q; want one, D or X", round, got)
