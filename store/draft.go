@@ -164,6 +164,9 @@ func (d *Draft) BaseReader() *Reader {
 // the last close wins), and so does a closed or failed draft, or one
 // whose key now holds another file or none.
 func (d *Draft) Rebase(ctx context.Context, key string) bool {
+	if d.dirty.Load() {
+		return false // (checked again below, held: no lookup for it)
+	}
 	r, err := d.s.OpenReader(ctx, key)
 	if err != nil {
 		return false

@@ -564,23 +564,20 @@ func (s *Store) Rename(ctx context.Context, oldKey, newKey string, flags uint32)
 			dstVersion = dst.Version
 			replaced = append(replaced, dst)
 		}
+		// The new name's swap checks that its directory is still there
+		// as the rename lands (InDir).
 		move := func(o *Object, to string, old uint64) {
 			n := s.movedTo(o, to)
-			swaps = append(swaps, Swap{Key: o.Key, Old: o.Version}, Swap{Key: to, Old: old, New: n})
+			swaps = append(swaps, Swap{Key: o.Key, Old: o.Version}, Swap{Key: to, Old: old, New: n, InDir: to == newKey})
 			gone[o.Key] = true
 		}
 		if src.Version != 0 {
 			move(src, newKey, dstVersion)
 		} else if dstVersion != 0 {
 			// Implicit source directory over an explicit empty one.
-			swaps = append(swaps, Swap{Key: newKey, Old: dstVersion})
+			swaps = append(swaps, Swap{Key: newKey, Old: dstVersion, InDir: true})
 		} else {
-			swaps = append(swaps, Swap{Key: newKey}) // its checks alone
-		}
-		// The new name's directory is still there as the rename lands
-		// (swaps[0] or [1] is newKey's).
-		for i := range swaps {
-			swaps[i].InDir = swaps[i].Key == newKey
+			swaps = append(swaps, Swap{Key: newKey, InDir: true}) // its checks alone
 		}
 		if src.Kind == KindDir {
 			kids, err := s.idx.Scan(ctx, oldKey+"/", "", 0)
