@@ -735,6 +735,14 @@ func TestEvictStopsWhenIndexUnavailable(t *testing.T) {
 	if free := s.Table.Stats().Free; free != 0 {
 		t.Fatalf("%d B free after filling the store", free)
 	}
+	// The index's cache caught up with the last put (a read waits for
+	// it): with etcd gone before its watch delivered that put, every
+	// read below would wait out the timeout instead of reading the cache
+	// (a failure of this test, 2026-12-07: "cache at revision 16 has not
+	// reached this node's write at 17").
+	if in, _ := s.present(t, names); len(in) != keys {
+		t.Fatalf("present before etcd went: %q, want all %d", in, keys)
+	}
 
 	srv.Stop()
 	start := time.Now()
