@@ -188,8 +188,15 @@ func (n *node) knownInvalidation(rel string, ino uint64) (inv invalidation, ok, 
 	return invalidation{in: ch, content: true}, true, false
 }
 
-func (inv invalidation) apply() {
+// apply tells the kernel. A known file's shared draft (a descriptor
+// holding it read-write) moves onto the put's version first, when it has
+// no changes of its own (node.rebaseShared): its readers follow that
+// draft, and an append would publish it over the put.
+func (inv invalidation) apply(ctx context.Context) {
 	if inv.content {
+		if nd, ok := inv.in.Operations().(*node); ok {
+			nd.rebaseShared(ctx)
+		}
 		inv.in.NotifyContent(0, 0)
 	} else {
 		inv.in.NotifyEntry(inv.name)
@@ -202,9 +209,9 @@ func (inv invalidation) apply() {
 // caller that mapped a key right after its put had the late invalidation
 // drop pages the daemon was writing (a get into the mapping lost them),
 // and its fstat saw the old size.
-func applyAll(invs []invalidation) {
+func applyAll(ctx context.Context, invs []invalidation) {
 	for _, inv := range invs {
-		inv.apply()
+		inv.apply(ctx)
 	}
 }
 

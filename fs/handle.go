@@ -633,7 +633,7 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 		n.sharedRewrite.CompareAndSwap(shared, 0)
 	}
 	if err == nil && h != nil && h.priv == d {
-		n.rebaseShared(ctx, key)
+		n.rebaseShared(ctx)
 	}
 	if errors.Is(err, store.ErrStale) {
 		return nil
@@ -642,16 +642,20 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 }
 
 // rebaseShared moves the shared draft, while it has no changes of its
-// own, onto the version a writer of its own just published
-// (Draft.Rebase): an O_RDWR descriptor kept open without writing (a
-// lock file, a process that may write later) would otherwise keep the
-// draft on the version before, and the next writer to join it, or an
-// append through it, would publish that older content over the new one.
-func (n *node) rebaseShared(ctx context.Context, key string) {
+// own, onto the file's version now (Draft.Rebase), after a writer with a
+// draft of its own published or a put by name replaced the file: an
+// O_RDWR descriptor kept open without writing (a lock file, a process
+// that may write later) would otherwise keep the draft on the version
+// before, its readers would see that, and the next writer to join it, or
+// an append through it, would publish that older content over the new.
+func (n *node) rebaseShared(ctx context.Context) {
 	n.lockSettled()
 	d := n.mu.draft
 	n.mu.Unlock()
-	if d != nil {
+	if d == nil || d.Dirty() {
+		return
+	}
+	if key, ok := n.key(); ok {
 		d.Rebase(ctx, key)
 	}
 }

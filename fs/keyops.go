@@ -587,7 +587,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		}
 	}()
 	var invs []invalidation
-	defer func() { applyAll(invs) }()
+	defer func() { applyAll(ctx, invs) }()
 	var again []*keyOp
 	done := 0 // chunks committed
 	start := func(c *putChunk) {
@@ -1021,7 +1021,7 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 		break
 	}
 	if inv, ok := n.invalidation(op.rel, o.Ino); ok {
-		inv.apply() // before the reply, as applyAll
+		inv.apply(ctx) // before the reply, as applyAll
 	}
 	return size, o.Version, nil
 }

@@ -523,6 +523,62 @@ print(f"bad={bad}")
 	d.checkAlive(t)
 }
 
+// TestPutByNameWhileHeld: a file held open read-write, never written
+// through, while puts by name (one key, a batch, the client's put)
+// replace it: every reader sees each put's value, an append through the
+// file system adds to it, and the holder's later write lands on the last
+// value, as the same steps give on a local file system (the put by name
+// there is a rewrite). A held descriptor kept its draft on the version
+// it opened: readers saw the old value, and the append published the
+// old value plus the append over the put.
+func TestPutByNameWhileHeld(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB")
+	script := `
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import mooncake_fs as mc
+mnt, local = sys.argv[2], len(sys.argv) > 3
+c = None if local else mc.Client(mnt)
+f = mnt + "/held"
+def put(v, how):
+    if local:
+        with open(f, "wb") as w:
+            w.write(v)
+    elif how == "key":
+        mc.Directory(mnt).put_key("held", v)
+    elif how == "batch":
+        c.batch_put({"held": v, "other": b"x"})
+    else:
+        c.put("held", v)
+def read():
+    with open(f, "rb") as r:
+        return r.read().decode()
+with open(f, "wb") as w:
+    w.write(b"old\n")
+fd = os.open(f, os.O_RDWR)
+seen = []
+put(b"NEWER\n", "key"); seen.append(read())
+with open(f, "ab") as a:
+    a.write(b"app\n")
+seen.append(read())
+put(b"B1\n", "batch"); seen.append(read())
+put(b"P\n", "client"); seen.append(read())
+os.write(fd, b"X"); seen.append(read())
+os.close(fd); seen.append(read())
+print("seen=" + "|".join(s.replace("\n", "/") for s in seen))
+`
+	want := py(t, script, publicPythonDir(t), t.TempDir(), "local")
+	if !strings.Contains(want, "seen=NEWER/|NEWER/app/|B1/|P/|") {
+		t.Fatalf("the local file system gave %q", want)
+	}
+	got := py(t, script, publicPythonDir(t), d.dir)
+	if got != want {
+		t.Fatalf("readers saw %q; the local file system gives %q", got, want)
+	}
+	d.checkAlive(t)
+}
+
 // TestInlineKeyCalls: one-key calls whose values ride in the call (ABI
 // 1.9, values up to 4 KiB), from an unprivileged user's process: values
 // of 0, 1 and 4096 bytes come back bit-exact, inline and by address (a
