@@ -35,6 +35,10 @@ const (
 	// file's xattr block is full). The mount's metadata as a whole is
 	// bounded by the store (store.Options.MetaLimit).
 	maxFileXattrs = 128 << 10
+	// maxXattrList is what listxattr(2) can return (the kernel's
+	// XATTR_LIST_MAX): a file's names, each with its NUL, the pin's
+	// included, stay within it, or nothing could list them (E2BIG).
+	maxXattrList = 64 << 10
 )
 
 // storedMooncake are the user.mooncake.* names stored with the object like
@@ -104,21 +108,29 @@ const xattrMeta = "mooncake.meta"
 var dropMeta = map[string][]byte{xattrMeta: nil}
 
 // checkStored validates the stored user.mooncake.* values that mean
-// something to the daemon: the placement choice.
-func checkStored(name string, v []byte) error {
+// something to the daemon: the placement choice (one this store can
+// meet), the meta.
+func checkStored(st *store.Store, name string, v []byte) error {
 	switch name {
-	case store.XattrReplicas:
-		_, err := store.ParseReplicas(string(v))
-		return err
-	case store.XattrPlacement:
-		_, _, err := store.ParsePlacement(string(v))
-		return err
+	case store.XattrReplicas, store.XattrPlacement:
+		return st.CheckPlacement(name, string(v))
 	case xattrMeta:
 		if len(v) > ioctl.MaxMeta {
 			return fmt.Errorf("meta of %d B, at most %d: %w", len(v), ioctl.MaxMeta, syscall.E2BIG)
 		}
 	}
 	return nil
+}
+
+// listedBytes is the most Listxattr can answer for o: its stored names,
+// and the pin's, each with its NUL.
+func listedBytes(o *store.Object) int {
+	n := len(xattrPin) + 1
+	for k := range o.Xattrs {
+		name, _ := attrName(k)
+		n += len(name) + 1
+	}
+	return n
 }
 
 func location(o *store.Object) string {
@@ -247,7 +259,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		// Computed attributes are read-only; unknown ones are reserved.
 		return syscall.EPERM
 	}
-	if err = checkStored(name, data); err != nil {
+	if err = checkStored(n.fs.st, name, data); err != nil {
 		return toErrno(err)
 	}
 	_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
@@ -262,7 +274,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 			o.Xattrs = map[string][]byte{}
 		}
 		o.Xattrs[name] = append([]byte(nil), data...)
-		if o.XattrBytes() > maxFileXattrs {
+		if o.XattrBytes() > maxFileXattrs || !exists && listedBytes(o) > maxXattrList {
 			return syscall.ENOSPC
 		}
 		return nil

@@ -85,6 +85,30 @@ func ParseReplicas(v string) (int, error) {
 	return n, nil
 }
 
+// CheckPlacement validates a value of XattrReplicas or XattrPlacement
+// (name) for this store: well formed, and one it can meet. A store with
+// no Cluster places every byte on this node, so more than one replica,
+// or a node of another name, could never be placed, and every write
+// under it would fail (ErrNoSpace, some only at the close): refused
+// here (ErrInvalid). A cluster's nodes come and go, so it takes any.
+func (s *Store) CheckPlacement(name, v string) error {
+	switch name {
+	case XattrReplicas:
+		n, err := ParseReplicas(v)
+		if err == nil && n > 1 && s.opts.Cluster == nil {
+			return fmt.Errorf("replicas %d: this node is not in a cluster, one at most: %w", n, ErrInvalid)
+		}
+		return err
+	case XattrPlacement:
+		pol, node, err := ParsePlacement(v)
+		if err == nil && pol == PolicyNode && node != s.opts.Node && s.opts.Cluster == nil {
+			return fmt.Errorf("placement %q: this node (%q) is not in a cluster: %w", v, s.opts.Node, ErrInvalid)
+		}
+		return err
+	}
+	return fmt.Errorf("%q is no placement attribute: %w", name, ErrInvalid)
+}
+
 // placementOf reads o's own choice; ok fields say which attributes it has.
 func placementOf(o *Object, p *Placement) (hasRepl, hasPol bool) {
 	if v, ok := o.Xattrs[XattrReplicas]; ok {

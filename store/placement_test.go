@@ -436,3 +436,37 @@ func TestPlacementOf(t *testing.T) {
 		t.Fatalf("only %d placements among the keys: the attributes did not take", len(seen))
 	}
 }
+
+// TestCheckPlacement: a store outside a cluster refuses the placement
+// values it could never meet (more than one replica, another node), and
+// takes the rest; a store in a cluster takes any well-formed value (its
+// nodes come and go); malformed values fail on both.
+func TestCheckPlacement(t *testing.T) {
+	alone := newTestStore(t, 1<<20)
+	a, _ := newCluster(t, false)
+	for _, c := range []struct {
+		name, v        string
+		alone, cluster error
+	}{
+		{store.XattrReplicas, "1", nil, nil},
+		{store.XattrReplicas, "2", store.ErrInvalid, nil},
+		{store.XattrReplicas, "0", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrReplicas, "9", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrPlacement, "local", nil, nil},
+		{store.XattrPlacement, "spread", nil, nil},
+		{store.XattrPlacement, "node:" + alone.Node(), nil, nil},
+		{store.XattrPlacement, "node:elsewhere", store.ErrInvalid, nil},
+		{store.XattrPlacement, "node:", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrPlacement, "nearby", store.ErrInvalid, store.ErrInvalid},
+		{"mooncake.meta", "1", store.ErrInvalid, store.ErrInvalid},
+	} {
+		for _, s := range []struct {
+			st   *testStore
+			want error
+		}{{alone, c.alone}, {a, c.cluster}} {
+			if err := s.st.CheckPlacement(c.name, c.v); !errors.Is(err, s.want) || (err == nil) != (s.want == nil) {
+				t.Errorf("%s: CheckPlacement(%s, %q) = %v, want %v", s.st.Node(), c.name, c.v, err, s.want)
+			}
+		}
+	}
+}

@@ -262,12 +262,13 @@ print("huge_size=%d" % os.stat(d + "/huge").st_size)
 // testBadXattr: computed attributes are read-only, pin takes 0 or 1, and
 // a refused change changes nothing; trusted.* and security.* are kept
 // like user.* (the kernel checks the caller), system.* and
-// security.capability are refused.
+// security.capability are refused, and so is a placement that a mount
+// outside a cluster can never meet (more than one replica, another node).
 func testBadXattr(t *testing.T, d *daemon, dir string) {
 	f := filepath.Join(dir, "f")
 	run(t, "sh", "-c", `head -c 1234 /dev/zero > "$1"`, "sh", f)
 	out := py(t, pyErrnoPrelude+`
-f = sys.argv[1]
+f, dir_ = sys.argv[1], sys.argv[2]
 for name in ("size", "version", "location", "status", "bogus"):
     try_("set_" + name, os.setxattr, f, "user.mooncake." + name, b"5")
 for label, v in (("banana", b"banana"), ("empty", b""), ("two", b"2")):
@@ -295,12 +296,20 @@ try_("remove_trusted_again", os.removexattr, f, "trusted.x")
 try_("user_64KiB", os.setxattr, f, "user.big", b"v" * 65536)
 try_("user_64KiB_plus_1", os.setxattr, f, "user.bigger", b"v" * 65537)
 try_("get_missing", os.getxattr, f, "user.nothing")
+# Placement this one node can never meet is refused, not left to fail
+# every write under it (some only at the close).
+try_("replicas_2", os.setxattr, f, "user.mooncake.replicas", b"2")
+try_("replicas_1", os.setxattr, f, "user.mooncake.replicas", b"1")
+try_("replicas_0", os.setxattr, f, "user.mooncake.replicas", b"0")
+try_("placement_other", os.setxattr, dir_, "user.mooncake.placement", b"node:elsewhere")
+try_("placement_spread", os.setxattr, dir_, "user.mooncake.placement", b"spread")
+print("placement_other_set=%d" % ("user.mooncake.placement" in os.listxattr(f)))
 try_("create_existing", os.setxattr, f, "user.big", b"1", os.XATTR_CREATE)
 try_("replace_missing", os.setxattr, f, "user.none", b"1", os.XATTR_REPLACE)
 print("size=" + os.getxattr(f, "user.mooncake.size").decode())
 print("pin=" + os.getxattr(f, "user.mooncake.pin").decode())
 print("stat_size=%d" % os.stat(f).st_size)
-`, f)
+`, f, dir)
 	checkResults(t, out, map[string]string{
 		"set_size": "EPERM", "set_version": "EPERM", "set_location": "EPERM", "set_status": "EPERM", "set_bogus": "EPERM",
 		"pin_banana": "EINVAL", "pin_empty": "EINVAL", "pin_two": "EINVAL",
@@ -312,6 +321,8 @@ print("stat_size=%d" % os.stat(f).st_size)
 		"user_64KiB": "OK", "user_64KiB_plus_1": "E2BIG",
 		"get_missing": "ENODATA", "create_existing": "EEXIST", "replace_missing": "ENODATA",
 		"size": "1234", "pin": "0", "stat_size": "1234",
+		"replicas_2": "EINVAL", "replicas_1": "OK", "replicas_0": "EINVAL", "placement_other": "EINVAL", "placement_spread": "OK",
+		"placement_other_set": "0",
 	})
 	// The same through setfattr, as a user would see it.
 	if out, err := runErr("setfattr", "-n", "user.mooncake.pin", "-v", "banana", f); err == nil || !strings.Contains(out, "Invalid argument") {

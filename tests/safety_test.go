@@ -382,7 +382,8 @@ try_("close", os.close, fd)
 }
 
 // TestXattrsBounded: nobody cannot grow the daemon without bound through
-// extended attributes: one file holds at most 128 KiB of them, the mount
+// extended attributes: one file holds at most 128 KiB of them, and no
+// more names than listxattr can list (64 KiB with their NULs), the mount
 // a documented share of its capacity (status shows it), and past either
 // setxattr fails with ENOSPC while everything else keeps working.
 func TestXattrsBounded(t *testing.T) {
@@ -396,6 +397,18 @@ v = b"x" * (64 << 10)
 open(d + "/one", "wb").close()
 for i in range(3):
     try_("one_%d" % i, os.setxattr, d + "/one", "user.a%d" % i, v)
+# Names alone: the list listxattr answers stays within the kernel's 64 KiB.
+open(d + "/names", "wb").close()
+named = 0
+for i in range(1000):
+    try:
+        os.setxattr(d + "/names", "user." + ("%04d" % i) * 50, b"v")
+        named += 1
+    except OSError as e:
+        print("names_stopped=" + errno.errorcode[e.errno])
+        break
+print("listed_names=%d" % (len(os.listxattr(d + "/names")) == named))
+try_("names_replace", os.setxattr, d + "/names", "user." + "0000" * 50, b"w")
 done = 0
 for i in range(2000):
     p = "%s/f%d" % (d, i)
@@ -411,7 +424,8 @@ for i in range(2000):
 	if err != nil {
 		t.Fatalf("nobody's script: %v\n%s", err, out)
 	}
-	checkResults(t, out, map[string]string{"one_0": "OK", "one_1": "ENOSPC", "one_2": "ENOSPC"})
+	checkResults(t, out, map[string]string{"one_0": "OK", "one_1": "ENOSPC", "one_2": "ENOSPC",
+		"names_stopped": "ENOSPC", "listed_names": "1", "names_replace": "OK"})
 	stop, ok := pyResults(out)["stopped_at"]
 	if !ok || !strings.HasSuffix(stop, "ENOSPC") {
 		t.Fatalf("2000 xattrs of 64 KiB in a 64 MiB store all succeeded (or failed otherwise): %q\n%s", stop, lastLines(out, 5))

@@ -866,6 +866,18 @@ class MooncakeDistributedStore:
                     node = self._foreign_node(config._preferred())
                     if node:
                         os.setxattr(fd, "user.mooncake.placement", b"node:" + node.encode())
+                except OSError as e:
+                    # No empty value is left behind. A placement the store
+                    # cannot meet (EINVAL: more than one replica, or
+                    # another node, without a cluster) is Mooncake's "no
+                    # segment can take it".
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+                    if e.errno == errno.EINVAL:
+                        return int(ErrorCode.NO_AVAILABLE_HANDLE)
+                    raise
                 finally:
                     os.close(fd)
             (r, _), = self._run(True, [(key, segs, 0)], 0)

@@ -233,6 +233,10 @@ class Store(unittest.TestCase):
         cfg.preferred_segment = "no-such-node:12345"
         self.assertEqual(self.s.put("placed", b"x", cfg), -200)  # no such node on this store
         self.assertEqual(self.s.is_exist("placed"), 0)  # and nothing left of the attempt
+        cfg = ReplicateConfig()
+        cfg.replica_num = 2
+        self.assertEqual(self.s.put("copied", b"x", cfg), -200)  # one node: one replica at most
+        self.assertEqual(self.s.is_exist("copied"), 0)
 
     def test_no_space(self):
         # The daemon runs with --evict off: a batch that outgrows it gets
