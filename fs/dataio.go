@@ -240,11 +240,22 @@ func (n *node) ioctlData(ctx context.Context, fh any, cmd uint32, in, out []byte
 		}
 		key, ok := n.key()
 		if !ok {
-			return 0, store.ErrStale
+			return 0, goneErr(true)
 		}
 		return n.vbatch(ctx, dh, key, cmd == ioctl.CmdBatchPutV, in, out)
 	}
 	return 0, n.ioctlFixed(ctx, fh, cmd, in, out)
+}
+
+// goneErr is the error of a key call through the handle of a file or
+// directory (dir) that was removed or replaced: a directory's is ENOENT,
+// as openat(2) with its descriptor says; a file's ErrStale, as its
+// writes say (putThrough).
+func goneErr(dir bool) error {
+	if dir {
+		return fmt.Errorf("the handle's directory was removed: %w", store.ErrNotFound)
+	}
+	return store.ErrStale
 }
 
 // ioctlFixed serves the data-path commands whose value is 0.
@@ -259,10 +270,6 @@ func (n *node) ioctlFixed(ctx context.Context, fh any, cmd uint32, in, out []byt
 		dh, regs = x, &x.regs
 	default:
 		return syscall.EBADF
-	}
-	key, ok := n.key()
-	if !ok {
-		return store.ErrStale
 	}
 	switch cmd {
 	case ioctl.CmdRegisterBuffer:
@@ -281,6 +288,12 @@ func (n *node) ioctlFixed(ctx context.Context, fh any, cmd uint32, in, out []byt
 			return err
 		}
 		return regs.remove(a.ID)
+	}
+	key, ok := n.key()
+	if !ok {
+		return goneErr(dh != nil)
+	}
+	switch cmd {
 	case ioctl.CmdBatchPut, ioctl.CmdBatchGet:
 		if dh == nil {
 			return errNotDirFd
@@ -455,7 +468,7 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 		if _, err := src.WriteFrom(ctx, buf, 0); err != nil {
 			return nil, err
 		}
-		o, err = d.CommitInto(ctx, src, opts)
+		o, err = n.commitFollowing(&opts, func() (*store.Object, error) { return d.CommitInto(ctx, src, opts) })
 	} else {
 		// An update edits the content as it stands, pending writes
 		// included: a write into the draft, as pwrite(2) then fsync(2).
@@ -464,12 +477,38 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 		if _, err := d.WriteStaged(ctx, buf, objOff); err != nil {
 			return nil, err
 		}
-		o, err = d.Commit(ctx, opts)
+		o, err = n.commitFollowing(&opts, func() (*store.Object, error) { return d.Commit(ctx, opts) })
 	}
 	if errors.Is(err, store.ErrConflict) && flags&ioctl.FlagExcl != 0 {
 		return nil, fmt.Errorf("put %q: another writer won: %w", key, store.ErrExists)
 	}
 	return o, err
+}
+
+// maxFollows bounds how often one commit follows its file to a new name.
+const maxFollows = 8
+
+// commitFollowing runs commit at opts.Key, the file's name when its
+// write began, and again at its name now while the commit finds another
+// inode there, or none (ErrStale), because a rename moved the file
+// meanwhile: a file's writes follow it to its new name, as write(2)'s
+// do. One unlinked or replaced keeps ErrStale. opts.Key is the name
+// committed at.
+func (n *node) commitFollowing(opts *store.CommitOptions, commit func() (*store.Object, error)) (*store.Object, error) {
+	for i := 0; ; i++ {
+		o, err := commit()
+		if !errors.Is(err, store.ErrStale) || i == maxFollows {
+			return o, err
+		}
+		now, ok := n.key()
+		if ok && now == opts.Key {
+			now, ok = n.settledKey() // a rename may be on its way to the tree
+		}
+		if !ok || now == opts.Key {
+			return o, err
+		}
+		opts.Key = now
+	}
 }
 
 // mayPut checks that the caller may write key (its current version cur,

@@ -130,6 +130,9 @@ type FS struct {
 	// dirs counts open directory handles, which opens counts too
 	// (status reports how many of the open files are directories).
 	dirs atomic.Int64
+	// renaming is read-held by each rename from before its store rename
+	// until go-fuse moved the inode in its tree (renames.go).
+	renaming sync.RWMutex
 	// ioctls counts the ioctls running, submitted calls included, and
 	// when one last ended (Unix ns): ioctls copy client memory, whose
 	// page faults can wait for ever (and GPU copies), and Unmount gives

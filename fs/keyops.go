@@ -90,13 +90,22 @@ func (op *keyOp) setKey(dir string, rel []byte) {
 	op.rel = op.key[len(dir)+1:]
 }
 
-// fullKey returns op's key, joining dir and op.rel the first time (when
-// it was not decoded with the call's directory).
+// fullKey returns op's key under dir, joining dir and op.rel when op's
+// key is not that yet (not decoded with the call's directory, or made
+// under the directory's name before a rename: followDir).
 func (op *keyOp) fullKey(dir string) string {
-	if op.key == "" {
+	if op.key == "" || !underDir(op.key, dir, op.rel) {
 		op.key = store.Join(dir, op.rel)
 	}
 	return op.key
+}
+
+// underDir says whether key is rel under dir.
+func underDir(key, dir, rel string) bool {
+	if dir == "" {
+		return len(key) == len(rel)
+	}
+	return len(key) == len(dir)+1+len(rel) && key[:len(dir)] == dir
 }
 
 func (op *keyOp) fail(err error) {
@@ -384,6 +393,17 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 		return
 	}
 	err = bc.checkPath(ctx, n.fs, key)
+	if errors.Is(err, store.ErrNotFound) && n.followDir(bc, op) {
+		// The call's directory moved: its keys follow it. (A key looked
+		// up under the old name fails its commit's checks, and goes
+		// again alone.)
+		op.key = ""
+		if key = op.fullKey(bc.dir); len(key) > store.MaxKeyLen {
+			err = store.ErrNameTooLong
+			return
+		}
+		err = bc.checkPath(ctx, n.fs, key)
+	}
 	if errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents == 0 && beforeParents != nil {
 		beforeParents()
 		bc.searched.Forget(store.Parent(key))
@@ -790,9 +810,10 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 			err := errs[j]
 			switch {
 			case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists),
-				errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0:
+				errors.Is(err, store.ErrNotFound) && (op.flags&ioctl.FlagParents != 0 || n.followDir(bc, op)):
 				// Changed since checked (or a directory made for it was
-				// removed since): check it again, one key.
+				// removed since, or the call's directory moved): check it
+				// again, one key.
 				n.putAlone(ctx, bc, op)
 			case errors.Is(err, store.ErrNoSpace):
 				*again = append(*again, op)
@@ -842,7 +863,7 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 		o, err := pp.d.Commit(ctx, opts)
 		pp.d.Close() // the replaced version's space comes back now
 		if again := errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) ||
-			errors.Is(err, store.ErrNotFound) && pp.op.flags&ioctl.FlagParents != 0; again {
+			errors.Is(err, store.ErrNotFound) && (pp.op.flags&ioctl.FlagParents != 0 || n.followDir(bc, pp.op)); again {
 			// Changed since checked (or a directory made for it was
 			// removed since): check it again, one key.
 			n.putAlone(ctx, bc, pp.op)
@@ -983,6 +1004,7 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 // changed between batchPut's check and its commit. It returns the bytes
 // written and the version.
 func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, uint64, error) {
+	op.key = "" // joined with the call's directory as it is now (followDir)
 	key, bufs, size, err := n.target(ctx, bc, op)
 	if err != nil {
 		return 0, 0, err
@@ -1005,6 +1027,14 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 			switch {
 			case errors.Is(err, store.ErrConflict) && op.flags&ioctl.FlagExcl == 0:
 				continue
+			case errors.Is(err, store.ErrNotFound) && n.followDir(bc, op):
+				// The call's directory was renamed since the call began:
+				// its keys go where it is now, as openat(2)'s do.
+				op.key = ""
+				if key, bufs, size, err = n.target(ctx, bc, op); err != nil {
+					return 0, 0, err
+				}
+				continue
 			case errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0:
 				// The call's search of the directory found it: it went
 				// since. Look again, making it again.
@@ -1024,6 +1054,24 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 		inv.apply(ctx) // before the reply, as applyAll
 	}
 	return size, o.Version, nil
+}
+
+// followDir points the call at its directory's name now, when a rename
+// moved it since the call began, and says whether op's key was made
+// under another name of it: the keys of a call through a directory's
+// handle are in that directory wherever it goes, as the names given to
+// openat(2) with its descriptor are. The call's path checks are redone
+// at the new name.
+func (n *node) followDir(bc *batchCall, op *keyOp) bool {
+	now, ok := n.key()
+	if ok && now == bc.dir && op.key != "" && underDir(op.key, bc.dir, op.rel) {
+		now, ok = n.settledKey() // a rename may be on its way to the tree
+	}
+	if ok && now != bc.dir {
+		bc.dir = now
+		bc.searched = store.DirMemo[searchedDir]{}
+	}
+	return op.key != "" && !underDir(op.key, bc.dir, op.rel)
 }
 
 // batch serves BATCH_PUT and BATCH_GET on directory dir. Each key gets its
@@ -1226,7 +1274,7 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 					decode()
 				} else {
 					for _, op := range ptrs {
-						op.fail(store.ErrStale)
+						op.fail(goneErr(true))
 					}
 				}
 				run(actx)

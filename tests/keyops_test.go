@@ -579,6 +579,69 @@ print("seen=" + "|".join(s.replace("\n", "/") for s in seen))
 	d.checkAlive(t)
 }
 
+// TestPutFollowsRename: a put whose file, or whose directory handle's
+// directory, is renamed while its bytes are copied lands under the new
+// name, as a write(2) or an openat(2) with the same descriptors would:
+// a put through an open file, a put by name through a directory's handle
+// (one key, and a batch of keys), each raced in rounds against a rename
+// at a growing delay, some rounds before the copy ends. A put through a
+// file renamed meanwhile failed with ESTALE, one by name with ENOENT,
+// and stored nothing. Then a directory's handle whose directory was
+// removed answers ENOENT, as openat does with it, not ESTALE.
+func TestPutFollowsRename(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "1GiB")
+	out := py(t, keysPrelude+`
+import threading, time
+big = bytearray(os.urandom(1 << 20)) * 128
+bad = 0
+def race(label, do, rename, delay):
+    global bad
+    t = threading.Thread(target=lambda: (time.sleep(delay), rename()))
+    t.start()
+    try:
+        do()
+    except OSError as e:
+        bad += 1
+        print(f"{label} at {delay}: {errno.errorcode.get(e.errno, e.errno)}")
+    t.join()
+for r in range(6):
+    delay = 0.004 * r
+    os.makedirs(f"{mnt}/f{r}")
+    f = mc.File(f"{mnt}/f{r}/x", "w")
+    race("file", lambda: f.put(big), lambda: os.rename(f"{mnt}/f{r}/x", f"{mnt}/f{r}/y"), delay)
+    f.close()
+    with open(f"{mnt}/f{r}/y", "rb") as g:
+        bad += g.read() != big
+    os.makedirs(f"{mnt}/k{r}")
+    dk = mc.Directory(f"{mnt}/k{r}")
+    race("key", lambda: dk.put_key("x", big), lambda: os.rename(f"{mnt}/k{r}", f"{mnt}/k{r}moved"), delay)
+    dk.close()
+    with open(f"{mnt}/k{r}moved/x", "rb") as g:
+        bad += g.read() != big
+    os.makedirs(f"{mnt}/b{r}")
+    db = mc.Directory(f"{mnt}/b{r}")
+    part = memoryview(big)[: 8 << 20]
+    race("batch", lambda: db.batch_put({f"k{i}": part for i in range(16)}), lambda: os.rename(f"{mnt}/b{r}", f"{mnt}/b{r}moved"), delay)
+    db.close()
+    for i in range(16):
+        with open(f"{mnt}/b{r}moved/k{i}", "rb") as g:
+            bad += g.read() != part
+    for p in (f"f{r}/y", f"k{r}moved/x"):
+        os.unlink(f"{mnt}/{p}")
+    for i in range(16):
+        os.unlink(f"{mnt}/b{r}moved/k{i}")
+print(f"bad={bad}")
+os.makedirs(mnt + "/gone")
+g = mc.Directory(mnt + "/gone")
+os.rmdir(mnt + "/gone")
+res("gone_put", g.put_key, "x", b"1")
+res("gone_lookup", g.lookup, "x")
+`, publicPythonDir(t), d.dir)
+	checkResults(t, out, map[string]string{"bad": "0", "gone_put": "ENOENT", "gone_lookup": "ENOENT"})
+	d.checkAlive(t)
+}
+
 // TestInlineKeyCalls: one-key calls whose values ride in the call (ABI
 // 1.9, values up to 4 KiB), from an unprivileged user's process: values
 // of 0, 1 and 4096 bytes come back bit-exact, inline and by address (a
