@@ -24,6 +24,10 @@
 // so the index and the daemon's heap stop growing, as in the bench,
 // whose repetitions remove their keys; by default every key stays.
 //
+// With -host -get, the passes get instead: one pass's keys, put once
+// before the first, untimed, read back into the registration by every
+// pass, as the kv-get-host cases do.
+//
 // With -perf-ctl CTL,ACK (the FIFOs of `perf record --control
 // fifo:CTL,ACK -D -1`), perf records only while the timed calls run: a
 // system-wide profile then holds the puts' CPU time alone, the client's
@@ -53,6 +57,9 @@ import (
 // passBytes is what one pass puts: by default the kv-put-gpu cases'
 // 256 MiB.
 var passBytes uint64 = 256 << 20
+
+// getMode (-get): the passes get one pass's keys, put once, untimed.
+var getMode bool
 
 // batchKeys is the most keys one client call puts: by default a whole
 // pass (the bench's host cases call with 1024).
@@ -101,11 +108,12 @@ func main() {
 	keep := flag.Int("keep", 0, "remove each pass's keys once this many later passes are done (0: keep all)")
 	host := flag.Bool("host", false, "put from a registered memfd instead of GPU memory")
 	perfCtl := flag.String("perf-ctl", "", "CTL,ACK: perf record's control FIFOs, to record the timed calls alone")
+	flag.BoolVar(&getMode, "get", false, "with -host: put one pass's keys once, untimed, then time gets of them into the registration")
 	flag.Uint64Var(&passBytes, "pass", passBytes, "bytes a pass")
 	flag.IntVar(&batchKeys, "batch", batchKeys, "keys a client call (BatchPutBuf) puts; a pass is as many calls as it takes")
 	flag.Parse()
-	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes == 0 || passBytes%*block != 0 || *keep < 0 || batchKeys < 1 {
-		fmt.Fprintln(os.Stderr, "usage: kvprofile [-host] [-block N] [-pass BYTES] [-batch KEYS] [-keep N] [-perf-ctl CTL,ACK] -metrics ADDR -out DIR MOUNTDIR PHASE...")
+	if flag.NArg() < 2 || *metrics == "" || *block == 0 || passBytes == 0 || passBytes%*block != 0 || *keep < 0 || batchKeys < 1 || getMode && !*host {
+		fmt.Fprintln(os.Stderr, "usage: kvprofile [-host [-get]] [-block N] [-pass BYTES] [-batch KEYS] [-keep N] [-perf-ctl CTL,ACK] -metrics ADDR -out DIR MOUNTDIR PHASE...")
 		os.Exit(2)
 	}
 	var phases []phase
@@ -283,10 +291,26 @@ func putFor(dir string, src *pinnedSource, items []ioctl.BatchItem, d time.Durat
 				return n, busy, faults, err
 			}
 			copy(named, items)
-		} else {
+		} else if !getMode || named[0].Key == "" {
+			q := p
+			if getMode {
+				q = 0 // the keys pass 0 put
+			}
 			for k, it := range items {
-				it.Key = prefix(p) + it.Key
+				it.Key = prefix(q) + it.Key
 				named[k] = it
+			}
+		}
+		if getMode && p == 0 {
+			// The keys the gets read, put once, untimed.
+			res, err := f.BatchPutBuf(reg.ID, named)
+			for _, r := range res {
+				if err == nil {
+					err = r.Err
+				}
+			}
+			if err != nil {
+				return n, busy, faults, err
 			}
 		}
 		closeF := func() {
@@ -307,7 +331,11 @@ func putFor(dir string, src *pinnedSource, items []ioctl.BatchItem, d time.Durat
 		var res []ioctl.BatchResult
 		for i := 0; i < len(named) && err == nil; i += batchKeys {
 			var r []ioctl.BatchResult
-			r, err = f.BatchPutBuf(reg.ID, named[i:min(i+batchKeys, len(named))])
+			if getMode {
+				r, err = f.BatchGetBuf(reg.ID, named[i:min(i+batchKeys, len(named))])
+			} else {
+				r, err = f.BatchPutBuf(reg.ID, named[i:min(i+batchKeys, len(named))])
+			}
 			res = append(res, r...)
 		}
 		busy += time.Since(t0)
@@ -330,7 +358,7 @@ func putFor(dir string, src *pinnedSource, items []ioctl.BatchItem, d time.Durat
 			}
 			n++
 		}
-		if old := p - keep; keep > 0 && old >= 0 {
+		if old := p - keep; keep > 0 && old >= 0 && !getMode {
 			if src.f == nil {
 				err = os.RemoveAll(passDir(old))
 			} else {
