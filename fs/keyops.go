@@ -393,10 +393,9 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 		return
 	}
 	err = bc.checkPath(ctx, n.fs, key)
-	if errors.Is(err, store.ErrNotFound) && n.followDir(bc, op) {
-		// The call's directory moved: its keys follow it. (A key looked
-		// up under the old name fails its commit's checks, and goes
-		// again alone.)
+	for try := 0; errors.Is(err, store.ErrNotFound) && try < maxPutRetries && n.followDir(ctx, bc, op); try++ {
+		// The call's directory moved: its keys follow it. (batchPut
+		// looks a key up again under the new name.)
 		op.key = ""
 		if key = op.fullKey(bc.dir); len(key) > store.MaxKeyLen {
 			err = store.ErrNameTooLong
@@ -679,7 +678,7 @@ func (n *node) batchPut(ctx context.Context, bc *batchCall, ops []*keyOp) {
 		// The key's own object: an implicit directory there fails at the
 		// commit (or below, if the put may not go on anyway).
 		var old *store.Object
-		if i < wend && wchanges == changes {
+		if i < wend && wchanges == changes && key == wkeys[i-wstart] { // (not followed elsewhere: followDir)
 			old = olds[i-wstart]
 		} else if old, err = n.fs.st.Lookup(ctx, key); err != nil && !errors.Is(err, store.ErrNotFound) {
 			op.fail(err)
@@ -809,11 +808,10 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 		for j, op := range c.fast {
 			err := errs[j]
 			switch {
-			case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists),
-				errors.Is(err, store.ErrNotFound) && (op.flags&ioctl.FlagParents != 0 || n.followDir(bc, op)):
-				// Changed since checked (or a directory made for it was
-				// removed since, or the call's directory moved): check it
-				// again, one key.
+			case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists), errors.Is(err, store.ErrNotFound):
+				// Changed since checked (or its directory is not where
+				// the check found it: see putOne): check it again, one
+				// key.
 				n.putAlone(ctx, bc, op)
 			case errors.Is(err, store.ErrNoSpace):
 				*again = append(*again, op)
@@ -862,8 +860,7 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 		}
 		o, err := pp.d.Commit(ctx, opts)
 		pp.d.Close() // the replaced version's space comes back now
-		if again := errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) ||
-			errors.Is(err, store.ErrNotFound) && (pp.op.flags&ioctl.FlagParents != 0 || n.followDir(bc, pp.op)); again {
+		if again := errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrNotFound); again {
 			// Changed since checked (or a directory made for it was
 			// removed since): check it again, one key.
 			n.putAlone(ctx, bc, pp.op)
@@ -1027,18 +1024,15 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 			switch {
 			case errors.Is(err, store.ErrConflict) && op.flags&ioctl.FlagExcl == 0:
 				continue
-			case errors.Is(err, store.ErrNotFound) && n.followDir(bc, op):
-				// The call's directory was renamed since the call began:
-				// its keys go where it is now, as openat(2)'s do.
-				op.key = ""
-				if key, bufs, size, err = n.target(ctx, bc, op); err != nil {
-					return 0, 0, err
-				}
-				continue
-			case errors.Is(err, store.ErrNotFound) && op.flags&ioctl.FlagParents != 0:
-				// The call's search of the directory found it: it went
-				// since. Look again, making it again.
+			case errors.Is(err, store.ErrNotFound):
+				// The key's directory, which the call's search found, is
+				// not there now: the call's directory moved (followed,
+				// as openat(2) follows its descriptor's), or went away
+				// and came back, or a directory made for the key
+				// (FlagParents) was removed (made again). Check the path
+				// again; a put whose directory is gone fails there.
 				bc.searched.Forget(store.Parent(key))
+				op.key = ""
 				if key, bufs, size, err = n.target(ctx, bc, op); err != nil {
 					return 0, 0, err
 				}
@@ -1062,10 +1056,15 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 // handle are in that directory wherever it goes, as the names given to
 // openat(2) with its descriptor are. The call's path checks are redone
 // at the new name.
-func (n *node) followDir(bc *batchCall, op *keyOp) bool {
+func (n *node) followDir(ctx context.Context, bc *batchCall, op *keyOp) bool {
 	now, ok := n.key()
-	if ok && now == bc.dir && op.key != "" && underDir(op.key, bc.dir, op.rel) {
-		now, ok = n.settledKey() // a rename may be on its way to the tree
+	if ok && now == bc.dir && op.key != "" && underDir(op.key, bc.dir, op.rel) && bc.dir != "" {
+		// Nothing at the directory's name: a rename of it may be on its
+		// way to go-fuse's tree. (A key whose own directories are
+		// missing waits for no rename.)
+		if _, err := n.fs.st.Stat(ctx, bc.dir); errors.Is(err, store.ErrNotFound) {
+			now, ok = n.settledKey()
+		}
 	}
 	if ok && now != bc.dir {
 		bc.dir = now

@@ -123,9 +123,12 @@ func checkStored(st *store.Store, name string, v []byte) error {
 }
 
 // listedBytes is the most Listxattr can answer for o: its stored names,
-// and the pin's, each with its NUL.
+// and the pin's and the meta's (which a put may add), each with its NUL.
 func listedBytes(o *store.Object) int {
 	n := len(xattrPin) + 1
+	if _, ok := o.Xattrs[xattrMeta]; !ok {
+		n += len(xattrPrefix+xattrMeta) + 1
+	}
 	for k := range o.Xattrs {
 		name, _ := attrName(k)
 		n += len(name) + 1

@@ -587,7 +587,11 @@ print("seen=" + "|".join(s.replace("\n", "/") for s in seen))
 // at a growing delay, some rounds before the copy ends. A put through a
 // file renamed meanwhile failed with ESTALE, one by name with ENOENT,
 // and stored nothing. Then a directory's handle whose directory was
-// removed answers ENOENT, as openat does with it, not ESTALE.
+// removed answers ENOENT, as openat does with it, not ESTALE. Puts of
+// keys that exist, as fast as they go for 3 s while another process
+// renames their directory back and forth, land but for a few (a batch's
+// keys looked up under the old name were committed with that name's
+// objects: EINVAL, every key).
 func TestPutFollowsRename(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, "--size", "1GiB")
@@ -632,13 +636,47 @@ for r in range(6):
     for i in range(16):
         os.unlink(f"{mnt}/b{r}moved/k{i}")
 print(f"bad={bad}")
+# Existing keys, while another process renames their directory back and
+# forth as fast as it can: every put lands (a few may fail where the
+# directory moved again at each of their looks: ENOENT, or EAGAIN).
+import multiprocessing, collections
+os.makedirs(mnt + "/ra")
+for j in range(8):
+    with open(f"{mnt}/ra/k{j}", "wb") as w:
+        w.write(b"old")
+def renamer(stop):
+    while not stop.is_set():
+        os.rename(mnt + "/ra", mnt + "/rb")
+        os.rename(mnt + "/rb", mnt + "/ra")
+stop = multiprocessing.Event()
+p = multiprocessing.Process(target=renamer, args=(stop,))
+p.start()
+dr = mc.Directory(mnt + "/ra")
+seen, calls, end = collections.Counter(), 0, time.time() + 3
+while time.time() < end:
+    calls += 2
+    try:
+        dr.put_key("k0", b"one")
+        seen["ok"] += 1
+    except OSError as e:
+        seen[errno.errorcode[e.errno]] += 1
+    r = dr.batch_put({f"k{j}": b"many" for j in range(8)}, check=False, makedirs=False)
+    for x in set(r.values()):
+        seen[errno.errorcode[-x] if x < 0 else "ok"] += 1
+stop.set()
+p.join()
+failed = sum(v for k, v in seen.items() if k != "ok")
+print("moving_others=%d" % sum(v for k, v in seen.items() if k not in ("ok", "ENOENT", "EAGAIN")))
+print("moving_failed_under_1pct=%d" % (failed * 100 < calls))
+print("moving:", dict(seen))
 os.makedirs(mnt + "/gone")
 g = mc.Directory(mnt + "/gone")
 os.rmdir(mnt + "/gone")
 res("gone_put", g.put_key, "x", b"1")
 res("gone_lookup", g.lookup, "x")
 `, publicPythonDir(t), d.dir)
-	checkResults(t, out, map[string]string{"bad": "0", "gone_put": "ENOENT", "gone_lookup": "ENOENT"})
+	checkResults(t, out, map[string]string{"bad": "0", "gone_put": "ENOENT", "gone_lookup": "ENOENT",
+		"moving_others": "0", "moving_failed_under_1pct": "1"})
 	d.checkAlive(t)
 }
 

@@ -420,12 +420,37 @@ for i in range(2000):
         print("stopped_at=%d %s" % (done, errno.errorcode[e.errno]))
         break
 `
+	// Names up to the list's bound (to within a few bytes; the pin listed)
+	// leave room for the meta a put adds.
+	meta := py(t, keysPrelude+`
+p = mnt + "/named"
+open(p, "wb").close()
+os.setxattr(p, "user.mooncake.pin", b"1")
+i = 0
+for length in (205, 100, 50, 25, 12):
+    while True:
+        base = "user.%x." % i
+        try:
+            os.setxattr(p, base + "z" * max(0, length - len(base)), b"v")
+            i += 1
+        except OSError:
+            break
+print("listed=%d" % len(b"".join(n.encode() + b"\0" for n in os.listxattr(p))))
+d = mc.Directory(mnt)
+res("meta_put", lambda: d.put_key("named", b"v", meta=b"m") > 0)
+res("listed_after", lambda: "user.mooncake.meta" in os.listxattr(p))
+os.setxattr(p, "user.mooncake.pin", b"0")
+os.unlink(p)
+`, publicPythonDir(t), d.dir)
+	checkResults(t, meta, map[string]string{"meta_put": "True", "listed_after": "True"})
 	out, err := asNobody(`exec "$1" -c "$2" "$3"`, python, script, pub)
 	if err != nil {
 		t.Fatalf("nobody's script: %v\n%s", err, out)
 	}
 	checkResults(t, out, map[string]string{"one_0": "OK", "one_1": "ENOSPC", "one_2": "ENOSPC",
 		"names_stopped": "ENOSPC", "listed_names": "1", "names_replace": "OK"})
+	// A put with a meta adds user.mooncake.meta: the names left room for it.
+
 	stop, ok := pyResults(out)["stopped_at"]
 	if !ok || !strings.HasSuffix(stop, "ENOSPC") {
 		t.Fatalf("2000 xattrs of 64 KiB in a 64 MiB store all succeeded (or failed otherwise): %q\n%s", stop, lastLines(out, 5))
