@@ -468,7 +468,7 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 		if _, err := src.WriteFrom(ctx, buf, 0); err != nil {
 			return nil, err
 		}
-		o, err = n.commitFollowing(&opts, func() (*store.Object, error) { return d.CommitInto(ctx, src, opts) })
+		o, err = n.commitFollowing(ctx, &opts, func() (*store.Object, error) { return d.CommitInto(ctx, src, opts) })
 	} else {
 		// An update edits the content as it stands, pending writes
 		// included: a write into the draft, as pwrite(2) then fsync(2).
@@ -477,7 +477,7 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 		if _, err := d.WriteStaged(ctx, buf, objOff); err != nil {
 			return nil, err
 		}
-		o, err = n.commitFollowing(&opts, func() (*store.Object, error) { return d.Commit(ctx, opts) })
+		o, err = n.commitFollowing(ctx, &opts, func() (*store.Object, error) { return d.Commit(ctx, opts) })
 	}
 	if errors.Is(err, store.ErrConflict) && flags&ioctl.FlagExcl != 0 {
 		return nil, fmt.Errorf("put %q: another writer won: %w", key, store.ErrExists)
@@ -494,7 +494,7 @@ const maxFollows = 8
 // meanwhile: a file's writes follow it to its new name, as write(2)'s
 // do. One unlinked or replaced keeps ErrStale. opts.Key is the name
 // committed at.
-func (n *node) commitFollowing(opts *store.CommitOptions, commit func() (*store.Object, error)) (*store.Object, error) {
+func (n *node) commitFollowing(ctx context.Context, opts *store.CommitOptions, commit func() (*store.Object, error)) (*store.Object, error) {
 	for i := 0; ; i++ {
 		o, err := commit()
 		if !errors.Is(err, store.ErrStale) || i == maxFollows {
@@ -504,10 +504,42 @@ func (n *node) commitFollowing(opts *store.CommitOptions, commit func() (*store.
 		if ok && now == opts.Key {
 			now, ok = n.settledKey() // a rename may be on its way to the tree
 		}
+		if ok && now == opts.Key && n.fs.opts.Cluster {
+			// Another node's rename moves no inode in this kernel's
+			// tree: the index says where the file went, if anywhere.
+			now, ok = n.fs.keyOfIno(ctx, n.StableAttr().Ino)
+		}
 		if !ok || now == opts.Key {
 			return o, err
 		}
 		opts.Key = now
+	}
+}
+
+// scanPage is how many objects keyOfIno reads from the index at a time.
+const scanPage = 4096
+
+// keyOfIno finds the file with inode ino in the index, for a writer
+// whose file another node renamed (its name here still the old one): a
+// walk of the whole index, a page at a time, done only when a commit
+// found its file gone from its name. A file unlinked everywhere is not
+// found.
+func (f *FS) keyOfIno(ctx context.Context, ino uint64) (string, bool) {
+	from := ""
+	for {
+		objs, err := f.st.Index().Scan(ctx, "", from, scanPage)
+		if err != nil {
+			return "", false
+		}
+		for _, o := range objs {
+			if o.Ino == ino && o.Kind == store.KindFile && !store.IsInternal(o.Key) {
+				return o.Key, true
+			}
+		}
+		if len(objs) < scanPage {
+			return "", false
+		}
+		from = objs[len(objs)-1].Key + "\x00"
 	}
 }
 

@@ -628,7 +628,7 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 			opts.SetXattrs = dropMeta
 		}
 	}
-	_, err := n.commitFollowing(&opts, func() (*store.Object, error) { return d.Commit(ctx, opts) })
+	_, err := n.commitFollowing(ctx, &opts, func() (*store.Object, error) { return d.Commit(ctx, opts) })
 	if err == nil && shared != 0 {
 		n.sharedRewrite.CompareAndSwap(shared, 0)
 	}

@@ -516,3 +516,44 @@ func TestClusterOpenReaderKeepsVersion(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestClusterWriterFollowsRename: a file open for writing on b, renamed
+// on a (the file, then its directory) while b still writes: b's close
+// publishes everything at the new name, as a local rename is followed
+// (another node's rename moves nothing in b's kernel, so b asks the
+// index where the file went); a put through b's open file after a's
+// rename lands there too. b's close returned 0 and left the new name
+// with the content before the rename, or empty: the rest was lost.
+func TestClusterWriterFollowsRename(t *testing.T) {
+	c := newTestCluster(t, "a", "b")
+	a, b := c.nodes["a"], c.nodes["b"]
+	out := py(t, keysPrelude+`
+A, B = sys.argv[2], sys.argv[3]
+data = os.urandom(3 << 20)
+bad = 0
+def check(label, path, want):
+    global bad
+    for m in (A, B):
+        with open(m + path, "rb") as f:
+            got = f.read()
+        if got != want:
+            bad += 1
+            print(f"{label} on {m}: {len(got)} B, want {len(want)}")
+os.makedirs(A + "/t/d")
+fd = os.open(B + "/t/d/x", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(fd, data[:1 << 20])
+os.rename(A + "/t/d/x", A + "/t/d/y")
+os.write(fd, data[1 << 20:2 << 20])
+os.rename(A + "/t/d", A + "/t/e")
+os.write(fd, data[2 << 20:])
+os.close(fd)
+check("file and directory renamed", "/t/e/y", data)
+f = mc.File(B + "/t/e/y", "w")
+os.rename(A + "/t/e/y", A + "/t/e/z")
+f.put(data[:12345])
+f.close()
+check("put after a rename", "/t/e/z", data[:12345])
+print(f"bad={bad}")
+`, publicPythonDir(t), a.dir, b.dir)
+	checkResults(t, out, map[string]string{"bad": "0"})
+}
