@@ -240,6 +240,9 @@ func runMount(args []string) error {
 		d.stop()
 		return err
 	}
+	if err := startWatchdog(cfg.dir); err != nil {
+		log.WithError(err).Warn("no watchdog: a kill of this daemon may leave the mount hung")
+	}
 	// The harness and scripts wait for this line.
 	fmt.Printf("READY %s\n", cfg.dir)
 	log.WithFields(logrus.Fields{"mountpoint": cfg.dir, "size": formatSize(cfg.size), "segments": len(d.regions)}).Info("mounted")

@@ -53,6 +53,8 @@ func main() {
 		err = runGet(args)
 	case "bench":
 		err = runBench(args)
+	case watchdogCmd: // started by the daemon (watchdog.go)
+		err = runWatchdog(args)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:
