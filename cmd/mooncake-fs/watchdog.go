@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,8 +27,9 @@ import (
 // the daemon's answer. Killed then, the daemon never finishes exiting,
 // /dev/fuse stays open, and the request, its caller and the mount wait
 // for ever. The watchdog, a process of its own session started once the
-// mount is up, sees the daemon die (gone, or a zombie) and, if the
-// connection outlives it by abortGrace, aborts it through fusectl, as
+// mount is up, sees the daemon die (gone, or a zombie) and, if its mount
+// (that device at that path) outlives it by abortGrace, aborts the
+// connection through fusectl, as
 // `echo 1 > /sys/fs/fuse/connections/N/abort` does: the requests fail,
 // the lock is let go, and the daemon's last thread exits.
 
@@ -46,7 +48,7 @@ func startWatchdog(dir string) error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	conn, err := connectionOf(dir)
+	dev, err := deviceOf(dir)
 	if err != nil {
 		return err
 	}
@@ -61,7 +63,14 @@ func startWatchdog(dir string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(exe, watchdogCmd, strconv.Itoa(os.Getpid()), strconv.FormatUint(start, 10), strconv.FormatUint(conn, 10))
+	abs, err := filepath.Abs(dir)
+	if err == nil {
+		abs, err = filepath.EvalSymlinks(abs) // as mountinfo writes it
+	}
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(exe, watchdogCmd, strconv.Itoa(os.Getpid()), strconv.FormatUint(start, 10), dev, abs)
 	// Its own session: a signal to the daemon's group (Ctrl-C) is not
 	// its, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -72,14 +81,31 @@ func startWatchdog(dir string) error {
 	return nil
 }
 
-// connectionOf is the FUSE connection of the mount at dir: the minor
-// number of its device.
-func connectionOf(dir string) (uint64, error) {
+// deviceOf is the device of the mount at dir, as mountinfo writes it
+// (MAJOR:MINOR); the minor number names its FUSE connection.
+func deviceOf(dir string) (string, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
-		return 0, err
+		return "", err
 	}
-	return uint64(unix.Minor(st.Dev)), nil
+	return fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)), nil
+}
+
+// stillMounted says whether mountinfo still has device dev at dir: once
+// the daemon unmounted, its connection's number may be another mount's,
+// which must not be aborted.
+func stillMounted(dev, dir string) bool {
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for line := range bytes.SplitSeq(info, []byte("\n")) {
+		f := bytes.Fields(line)
+		if len(f) > 4 && string(f[2]) == dev && string(f[4]) == dir {
+			return true
+		}
+	}
+	return false
 }
 
 // mountFusectl mounts the FUSE control file system where it is not yet.
@@ -143,16 +169,18 @@ func closeFuse() error {
 	return nil
 }
 
-// runWatchdog is the watchdog: PID START CONN.
+// runWatchdog is the watchdog: PID START DEV DIR.
 func runWatchdog(args []string) error {
-	if len(args) != 3 {
-		return fmt.Errorf("want PID START CONN")
+	if len(args) != 4 {
+		return fmt.Errorf("want PID START DEV DIR")
 	}
 	pid, err1 := strconv.Atoi(args[0])
 	start, err2 := strconv.ParseUint(args[1], 10, 64)
-	conn, err3 := strconv.ParseUint(args[2], 10, 64)
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return err
+	dev, dir := args[2], args[3]
+	_, minor, ok := strings.Cut(dev, ":")
+	conn, err3 := strconv.ParseUint(minor, 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil || !ok {
+		return fmt.Errorf("bad arguments %q: %v", args, err)
 	}
 	// The daemon's /dev/fuse comes across the exec (go-fuse opens it
 	// without O_CLOEXEC): held here, it would keep the connection up
@@ -172,9 +200,12 @@ func runWatchdog(args []string) error {
 		// whose daemon closed it changes nothing; its directory stays
 		// until the mount goes).
 		for deadline := time.Now().Add(abortGrace); time.Now().Before(deadline); time.Sleep(watchEvery) {
-			if _, err := os.Stat(abort); err != nil {
-				return nil // unmounted
+			if !stillMounted(dev, dir) {
+				return nil // unmounted: the number may be another mount's now
 			}
+		}
+		if !stillMounted(dev, dir) {
+			return nil
 		}
 		if err := os.WriteFile(abort, []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("%s: abort connection %d of daemon %d: %w", watchdogNote, conn, pid, err)
