@@ -68,12 +68,31 @@ func ParsePlacement(v string) (policy, node string, err error) {
 		return v, "", nil
 	case strings.HasPrefix(v, "node:"):
 		node = strings.TrimPrefix(v, "node:")
-		if node == "" || len(node) > MaxNameLen || strings.ContainsAny(node, "/\x00\n") {
-			return "", "", fmt.Errorf("placement %q: bad node name: %w", v, ErrInvalid)
+		if !ValidNodeName(node) {
+			return "", "", fmt.Errorf("placement %q: bad node name (letters, digits, '.', '-' and '_', at most %d): %w", v, MaxNodeName, ErrInvalid)
 		}
 		return PolicyNode, node, nil
 	}
 	return "", "", fmt.Errorf("placement %q: want local, spread or node:NAME: %w", v, ErrInvalid)
+}
+
+// MaxNodeName bounds a node's name (a host name's bound).
+const MaxNodeName = 253
+
+// ValidNodeName says whether name can name a node: 1 to MaxNodeName
+// letters, digits, '.', '-' and '_', as a host name has; replica lists
+// (user.mooncake.location) and placement values carry it between spaces,
+// colons and commas.
+func ValidNodeName(name string) bool {
+	if name == "" || len(name) > MaxNodeName {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // ParseReplicas parses a user.mooncake.replicas value.

@@ -457,6 +457,9 @@ func TestCheckPlacement(t *testing.T) {
 		{store.XattrPlacement, "node:" + alone.Node(), nil, nil},
 		{store.XattrPlacement, "node:elsewhere", store.ErrInvalid, nil},
 		{store.XattrPlacement, "node:", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrPlacement, "node:a ", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrPlacement, "node:a,b", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrPlacement, "node:host-1.example_2", store.ErrInvalid, nil},
 		{store.XattrPlacement, "nearby", store.ErrInvalid, store.ErrInvalid},
 		{"mooncake.meta", "1", store.ErrInvalid, store.ErrInvalid},
 	} {

@@ -137,6 +137,9 @@ func parseMountFlags(args []string) (*mountConfig, error) {
 			}
 		}
 	}
+	if !store.ValidNodeName(c.node) {
+		errs = append(errs, fmt.Errorf("--node %q: letters, digits, '.', '-' and '_', at most %d", c.node, store.MaxNodeName))
+	}
 	if c.stopTimeout < 100*time.Millisecond || c.stopTimeout > time.Hour {
 		errs = append(errs, fmt.Errorf("--stop-timeout %v: want 100ms to 1h", c.stopTimeout))
 	}

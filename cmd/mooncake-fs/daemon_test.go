@@ -25,6 +25,21 @@ func TestCacheTimeoutFlag(t *testing.T) {
 	}
 }
 
+// TestNodeFlag: --node takes a host name's characters; a name that
+// replica lists and placement values could not carry is refused.
+func TestNodeFlag(t *testing.T) {
+	for _, good := range []string{"a", "gpu-7.cluster_1", strings.Repeat("n", 253)} {
+		if c, err := parseMountFlags([]string{"--node", good, "/mnt/x"}); err != nil || c.node != good {
+			t.Fatalf("--node %q: %v", good, err)
+		}
+	}
+	for _, bad := range []string{"a b", "a,b", "a:b", "a/b", strings.Repeat("n", 254)} {
+		if _, err := parseMountFlags([]string{"--node", bad, "/mnt/x"}); err == nil || !strings.Contains(err.Error(), "--node") {
+			t.Fatalf("--node %q: %v", bad, err)
+		}
+	}
+}
+
 // TestLazyFreeGODEBUG: madvdontneed=0 is added to a GODEBUG that does not
 // set madvdontneed, kept with the settings already there, and a GODEBUG
 // that sets it, either way, is left as it is.
