@@ -319,22 +319,12 @@ func sideName(dir string) string {
 
 // procCPU returns the user plus system time of process pid, all threads.
 func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := procStat(pid)
 	if err != nil {
 		return 0, err
 	}
-	// Fields after the command name, which may hold spaces: state is
-	// field 3, utime 14, stime 15.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	ut, err1 := strconv.ParseUint(f[11], 10, 64)
-	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	ut, err1 := strconv.ParseUint(string(f[11]), 10, 64)
+	st, err2 := strconv.ParseUint(string(f[12]), 10, 64)
 	if err := errors.Join(err1, err2); err != nil {
 		return 0, err
 	}

@@ -34,11 +34,10 @@ import (
 // the lock is let go, and the daemon's last thread exits.
 
 const (
-	watchdogCmd  = "_watchdog"
-	fusectlDir   = "/sys/fs/fuse/connections"
-	watchEvery   = 250 * time.Millisecond
-	abortGrace   = 2 * time.Second
-	watchdogNote = "mooncake-fs watchdog"
+	watchdogCmd = "_watchdog"
+	fusectlDir  = "/sys/fs/fuse/connections"
+	watchEvery  = 250 * time.Millisecond
+	abortGrace  = 2 * time.Second
 )
 
 // startWatchdog starts the watchdog of the mount at dir, served by this
@@ -132,18 +131,9 @@ func startTime(pid int) (uint64, error) {
 
 // procState reads a process's state letter and start time.
 func procState(pid int) (byte, uint64, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	f, err := procStat(pid)
 	if err != nil {
 		return 0, 0, err
-	}
-	// The name, in parentheses, may hold spaces and parentheses.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: %q", pid, b)
-	}
-	f := bytes.Fields(b[i+2:]) // from field 3, the state
-	if len(f) < 20 {
-		return 0, 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
 	start, err := strconv.ParseUint(string(f[19]), 10, 64)
 	return f[0][0], start, err
@@ -208,7 +198,7 @@ func runWatchdog(args []string) error {
 			return nil
 		}
 		if err := os.WriteFile(abort, []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%s: abort connection %d of daemon %d: %w", watchdogNote, conn, pid, err)
+			return fmt.Errorf("abort connection %d of daemon %d: %w", conn, pid, err)
 		}
 		return nil
 	}
