@@ -394,9 +394,8 @@ func (n *node) targetAfter(ctx context.Context, bc *batchCall, op *keyOp, before
 	}
 	err = bc.checkPath(ctx, n.fs, key)
 	for try := 0; errors.Is(err, store.ErrNotFound) && try < maxPutRetries && n.followDir(ctx, bc, op); try++ {
-		// The call's directory moved: its keys follow it. (batchPut
-		// looks a key up again under the new name.)
-		op.key = ""
+		// The call's directory moved: its keys follow it (fullKey joins
+		// the key again; batchPut looks it up again under the new name).
 		if key = op.fullKey(bc.dir); len(key) > store.MaxKeyLen {
 			err = store.ErrNameTooLong
 			return
@@ -861,8 +860,8 @@ func (n *node) commitChunk(ctx context.Context, bc *batchCall, c *putChunk, invs
 		o, err := pp.d.Commit(ctx, opts)
 		pp.d.Close() // the replaced version's space comes back now
 		if again := errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrNotFound); again {
-			// Changed since checked (or a directory made for it was
-			// removed since): check it again, one key.
+			// Changed since checked (or its directory is not where the
+			// check found it: see putOne): check it again, one key.
 			n.putAlone(ctx, bc, pp.op)
 			continue
 		}
@@ -1001,7 +1000,6 @@ func (n *node) batchGet(ctx context.Context, bc *batchCall, ops []*keyOp) {
 // changed between batchPut's check and its commit. It returns the bytes
 // written and the version.
 func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, uint64, error) {
-	op.key = "" // joined with the call's directory as it is now (followDir)
 	key, bufs, size, err := n.target(ctx, bc, op)
 	if err != nil {
 		return 0, 0, err
@@ -1032,7 +1030,6 @@ func (n *node) putOne(ctx context.Context, bc *batchCall, op *keyOp) (uint64, ui
 				// (FlagParents) was removed (made again). Check the path
 				// again; a put whose directory is gone fails there.
 				bc.searched.Forget(store.Parent(key))
-				op.key = ""
 				if key, bufs, size, err = n.target(ctx, bc, op); err != nil {
 					return 0, 0, err
 				}
