@@ -175,6 +175,8 @@ type batchStats struct {
 	// their requests took in the handler, up to the reply (decoding, the
 	// checks, opening GPU allocations), which the caller waits for.
 	submits, submitNs atomic.Uint64
+	// queueNs: the submitted calls' waits to start (BatchStats.QueueNs).
+	queueNs atomic.Uint64
 }
 
 // BatchStats are the mount's batch figures since it started.
@@ -224,13 +226,18 @@ type BatchStats struct {
 	// reply (the caller is blocked for it, FUSE's round trip on top).
 	Submits  uint64 `json:"submits"`
 	SubmitNs uint64 `json:"submit_ns"`
+	// QueueNs is the submitted calls' time between the go-ahead of their
+	// submit's handler and the start of their own goroutine: a wait for a
+	// thread to run them, which HandlerNs leaves out (a submitted call's
+	// handler time is its submit's, up to the go-ahead, and its run's).
+	QueueNs uint64 `json:"queue_ns"`
 }
 
 // Batches returns the mount's batch figures.
 func (m *Mount) Batches() BatchStats {
 	b := &m.fs.batches
 	st := BatchStats{Keys: b.keys.Load(), HandlerNs: b.handlerNs.Load(), TransferNs: b.transferNs.Load(), CommitNs: b.commitNs.Load(),
-		Submitted: int64(m.fs.asyncHeld.count()), Submits: b.submits.Load(), SubmitNs: b.submitNs.Load()}
+		Submitted: int64(m.fs.asyncHeld.count()), Submits: b.submits.Load(), SubmitNs: b.submitNs.Load(), QueueNs: b.queueNs.Load()}
 	var ru unix.Rusage
 	if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
 		st.CPUNs = uint64(ru.Utime.Nano() + ru.Stime.Nano())

@@ -1252,6 +1252,10 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 			n.fs.async.Add(1)
 			n.fs.ioctls.running.Add(1) // for Unmount, as a request
 			hook := dh.async.beforeRun
+			// The call's handler time is the submit's up to here and its
+			// goroutine's run: the wait between them, for a thread to
+			// run it, is the mount's queueNs.
+			submitted, goAt := time.Since(bc.start), time.Now()
 			go func() {
 				defer func() {
 					n.fs.ioctls.lastEnd.Store(time.Now().UnixNano())
@@ -1261,6 +1265,9 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 				if hook != nil {
 					hook()
 				}
+				n.fs.batches.queueNs.Add(uint64(time.Since(goAt)))
+				bc.start = time.Now().Add(-submitted)
+				growStack()
 				// The keys are the handle's directory's, wherever it is
 				// now (a synchronous call's are while it runs): one
 				// renamed since the submit is followed, not the path it

@@ -361,6 +361,10 @@ type benchResult struct {
 	// KeyCommitUs is the part of key_work_us done after the key's copy
 	// (put cases): committing it. The rest is checking and reserving.
 	KeyCommitUs float64 `json:"key_commit_us,omitempty"`
+	// KeyQueueUs is the time submitted calls waited for a thread to start
+	// them, per key (tensor cases, several calls in flight): latency that
+	// key_work_us leaves out.
+	KeyQueueUs float64 `json:"key_queue_us,omitempty"`
 	// TransferUs is the batches' transfer time per key (kv cases).
 	TransferUs float64 `json:"transfer_us,omitempty"`
 	// CopiesPerKey is the daemon's GPU copies per key (GPU kv cases).
@@ -414,6 +418,7 @@ func makeBenchResult(c benchCase, ceiling string, m, ceil benchSample, reps int)
 		res.KeyLockPollUs = round(float64(m.PollNs)/1e3, 2)
 		res.KeyFaults = round(m.Faults, 3)
 		res.KeyCommitUs = round(float64(m.CommitNs)/1e3, 2)
+		res.KeyQueueUs = round(float64(m.QueueNs)/1e3, 2)
 		res.CopiesPerKey = round(m.CopiesPerKey, 3)
 		res.TransferUs = round(float64(m.TransferNs)/1e3, 2)
 		res.ClientUs, res.FuseUs = round(float64(m.ClientNs)/1e3, 2), round(float64(m.FuseNs)/1e3, 2)

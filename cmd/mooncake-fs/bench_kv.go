@@ -226,8 +226,9 @@ func keyWork(before, after mfs.BatchStats) int64 {
 
 // KeyWaits is where a key's handler time went beyond its work, per key
 // of a pass (mfs.BatchStats' LockWaitNs, SchedWaitNs, GCCPUNs), the
-// daemon's page faults per key (MinorFaults), and the share of a put
-// key's work done after its copy (CommitNs).
+// daemon's page faults per key (MinorFaults), the share of a put key's
+// work done after its copy (CommitNs) and submitted calls' waits to
+// start (QueueNs).
 type KeyWaits struct {
 	LockNs   int64   `json:"key_lock_wait_ns,omitempty"`
 	PollNs   int64   `json:"key_lock_poll_ns,omitempty"`
@@ -235,6 +236,9 @@ type KeyWaits struct {
 	GCNs     int64   `json:"key_gc_ns,omitempty"`
 	Faults   float64 `json:"key_faults,omitempty"`
 	CommitNs int64   `json:"key_commit_ns,omitempty"`
+	// QueueNs is the submitted calls' waits to start (QueueNs), which
+	// their work leaves out.
+	QueueNs int64 `json:"key_queue_ns,omitempty"`
 }
 
 // keyWaits is KeyWaits between two readings of the batch figures.
@@ -246,7 +250,7 @@ func keyWaits(before, after mfs.BatchStats) KeyWaits {
 	per := func(a, b uint64) int64 { return max(int64(b-a), 0) / keys }
 	return KeyWaits{LockNs: per(before.LockWaitNs, after.LockWaitNs), PollNs: per(before.LockPollNs, after.LockPollNs), SchedNs: per(before.SchedWaitNs, after.SchedWaitNs),
 		GCNs: per(before.GCCPUNs, after.GCCPUNs), Faults: float64(after.MinorFaults-min(before.MinorFaults, after.MinorFaults)) / float64(keys),
-		CommitNs: per(before.CommitNs, after.CommitNs)}
+		CommitNs: per(before.CommitNs, after.CommitNs), QueueNs: per(before.QueueNs, after.QueueNs)}
 }
 
 // keyCPU is the daemon's CPU time per key between two readings of its

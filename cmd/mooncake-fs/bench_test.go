@@ -83,13 +83,14 @@ func TestBenchResultJSON(t *testing.T) {
 			name: "waits",
 			c:    small,
 			// The daemon's figures per key: waits, the collector, page
-			// faults (a fault in eight keys) and the work after the copy.
+			// faults (a fault in eight keys), the work after the copy and
+			// the submitted calls' waits to start.
 			m: benchSample{Bytes: 1000 * 4096, Ns: 10_000_000, Ops: 1000, KeyWorkNs: 2_250,
-				KeyWaits: KeyWaits{LockNs: 120, SchedNs: 640, GCNs: 310, Faults: 0.125, CommitNs: 1_040}},
+				KeyWaits: KeyWaits{LockNs: 120, SchedNs: 640, GCNs: 310, Faults: 0.125, CommitNs: 1_040, QueueNs: 380}},
 			k: benchSample{Bytes: 1000 * 4096, Ns: 5_000_000, Ops: 1000},
 			want: `{"case":"fuse-small-files","bytes":4096000,"gbps":0.41,"ceiling":"tmpfs-small-files","ceiling_gbps":0.819,"ratio":0.5,` +
 				`"ops_per_s":100000,"ceiling_ops_per_s":200000,"key_work_us":2.25,"key_lock_wait_us":0.12,"key_sched_wait_us":0.64,` +
-				`"key_gc_us":0.31,"key_faults":0.125,"key_commit_us":1.04,"reps":3}`,
+				`"key_gc_us":0.31,"key_faults":0.125,"key_commit_us":1.04,"key_queue_us":0.38,"reps":3}`,
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -69,7 +69,7 @@ def daemon_figures(out, before, after, wall_ns=0, ioctl_ns=0):
     out["transfer_ns"] = transfer // keys
     out["key_cpu_ns"] = (after.get("cpu_ns", 0) - before.get("cpu_ns", 0)) // keys
     for name, field in (("key_lock_wait_ns", "lock_wait_ns"), ("key_sched_wait_ns", "sched_wait_ns"), ("key_gc_ns", "gc_cpu_ns"),
-                        ("key_commit_ns", "commit_ns")):
+                        ("key_commit_ns", "commit_ns"), ("key_queue_ns", "queue_ns")):
         out[name] = max(after.get(field, 0) - before.get(field, 0), 0) // keys
     out["key_faults"] = max(after.get("minor_faults", 0) - before.get("minor_faults", 0), 0) / keys
     out["copies_per_key"] = (after["gpu_copies"] - before["gpu_copies"]) / keys
