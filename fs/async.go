@@ -214,19 +214,23 @@ func submittable(f *FS, bc *batchCall, dh *dirHandle, a *ioctl.VBatchArg) error 
 	return nil
 }
 
-// callStack is the stack a submitted call's goroutine needs, about: it
-// starts with a few KiB, and a call grew it two or three times, deep in
-// the store's code (a lock's polling, a map lookup), each growth copying
-// and adjusting every frame above: 0.3 us of CPU a key of 64-key tensor
-// calls on an H100 host (2026-12-07). growStack grows it to this once,
-// first, when there is almost nothing to copy.
-const callStack = 32 << 10
+// callFrame sizes the stack a submitted call's goroutine is given first
+// (growStack). A goroutine starts with 2 KiB, and a call's grew two or
+// three times, deep in the store's code (a lock's polling, a map
+// lookup), each growth copying and adjusting every frame above it:
+// 11% of the calls' CPU outside their copies (64-key tensor puts, an
+// H100 host, 2026-12-07). growStack grows it once, first, when there is
+// almost nothing to copy: a frame of 8 KiB makes a stack of 16 KiB, the
+// largest size the runtime keeps per processor, which a call's deepest
+// path fits. (The frame must stay under the runtime's bound for stack
+// variables, 128 KiB, or it moves to the heap and does nothing.)
+const callFrame = 8 << 10
 
-// growStack makes the calling goroutine's stack at least callStack.
+// growStack grows the calling goroutine's stack to hold callFrame more.
 //
 //go:noinline
 func growStack() byte {
-	var frame [callStack]byte
+	var frame [callFrame]byte
 	return lastByte(frame[:])
 }
 

@@ -229,7 +229,9 @@ type BatchStats struct {
 	// QueueNs is the submitted calls' time between the go-ahead of their
 	// submit's handler and the start of their own goroutine: a wait for a
 	// thread to run them, which HandlerNs leaves out (a submitted call's
-	// handler time is its submit's, up to the go-ahead, and its run's).
+	// handler time is its submit's, up to the go-ahead, and its run's)
+	// and SchedWaitNs counts too (a new goroutine's first wait is one the
+	// runtime times).
 	QueueNs uint64 `json:"queue_ns"`
 }
 

@@ -1255,7 +1255,8 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 			// The call's handler time is the submit's up to here and its
 			// goroutine's run: the wait between them, for a thread to
 			// run it, is the mount's queueNs.
-			submitted, goAt := time.Since(bc.start), time.Now()
+			goAt := time.Now()
+			submitted := goAt.Sub(bc.start)
 			go func() {
 				defer func() {
 					n.fs.ioctls.lastEnd.Store(time.Now().UnixNano())
@@ -1265,8 +1266,9 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 				if hook != nil {
 					hook()
 				}
-				n.fs.batches.queueNs.Add(uint64(time.Since(goAt)))
-				bc.start = time.Now().Add(-submitted)
+				now := time.Now()
+				n.fs.batches.queueNs.Add(uint64(now.Sub(goAt)))
+				bc.start = now.Add(-submitted)
 				growStack()
 				// The keys are the handle's directory's, wherever it is
 				// now (a synchronous call's are while it runs): one
