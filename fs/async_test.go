@@ -205,6 +205,8 @@ func TestAsyncVBatchLimits(t *testing.T) {
 	seg := func(id uint64) ioctl.Seg { return ioctl.Seg{ID: id, Off: 0, Len: uint64(len(val))} }
 	oneOf := vcallOf
 	one := func(key string) *ioctl.VBatchArg { return oneOf(key, seg(id)) }
+	batches := (&Mount{fs: fx.root.fs}).Batches
+	before := batches()
 	a := one("bad")
 	a.Flags = ioctl.VBatchAsync | 2
 	if _, errno := fx.root.Ioctl(ctx, fx.dh, ioctl.CmdBatchPutV, 0, a.Marshal(), make([]byte, ioctl.SizeVBatchArg)); errno != syscall.EINVAL {
@@ -248,6 +250,11 @@ func TestAsyncVBatchLimits(t *testing.T) {
 	}
 	if _, errno := waitV(fx, fx.dh, 0, 0); errno != 0 {
 		t.Fatalf("barrier: %v", errno)
+	}
+	// The refused calls are not in the batch figures: they did no key's
+	// work.
+	if after := batches(); after.Keys-before.Keys != ioctl.MaxAsyncCalls || after.Submits-before.Submits != ioctl.MaxAsyncCalls {
+		t.Errorf("%d keys and %d submits counted, want %d of each", after.Keys-before.Keys, after.Submits-before.Submits, ioctl.MaxAsyncCalls)
 	}
 	for i := range ioctl.MaxAsyncCalls {
 		if got := readKey(t, fx, fmt.Sprintf("a%d", i)); !bytes.Equal(got, val) {

@@ -1288,8 +1288,9 @@ func (n *node) vbatch(ctx context.Context, dh *dirHandle, dir string, put bool, 
 		}
 	}
 	if err != nil {
+		// Refused: no key's work, so not in the batch figures.
 		release()
-		bc.end()
+		bc.release(n.fs)
 		vbatchArgs.Put(a)
 		return 0, err
 	}
