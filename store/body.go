@@ -25,6 +25,15 @@ import (
 //	freed       its extents are free again; it is out of the map
 //
 // Its extents are immutable while it is in the map.
+//
+// refs counts the local readers' leases (refsCount's bits), and has
+// refsRetired added once the body is retired and refsDead stored once it
+// is freed: one word, so that a reader may lease an object's own body
+// without Store.mu (Object.body, Reader.bare). Such a reader adds its
+// lease and backs off from a dead body; the free, under Store.mu, claims
+// a retired body that nothing holds by swapping refsRetired for
+// refsDead, which fails once a reader came first; and the release of
+// the last lease of a retired body frees it (release).
 type body struct {
 	id      segment.Extent
 	extents []segment.Extent
@@ -40,6 +49,15 @@ type body struct {
 	delayed bool // the FreeDelay after its last reader ran (or runs)
 	waiting bool // that delay is running
 }
+
+// The parts of body.refs.
+const (
+	refsRetired = 1 << 40         // added when the body is retired
+	refsCount   = refsRetired - 1 // the leases
+	// refsDead is a freed body's: negative however many readers add and
+	// take back a lease on it meanwhile.
+	refsDead = -1 << 62
+)
 
 type bodyState uint8
 
@@ -121,13 +139,14 @@ func (s *Store) retireBodyLocked(b *body) {
 		return
 	}
 	b.state = bodyRetired
+	b.refs.Add(refsRetired)
 	s.tryFreeLocked(b)
 }
 
 // tryFreeLocked frees a retired body once nothing holds it, after one
 // FreeDelay from the first time nothing did. Caller holds s.mu.
 func (s *Store) tryFreeLocked(b *body) {
-	if b.state != bodyRetired || b.refs.Load() > 0 || b.pins > 0 || b.waiting {
+	if b.state != bodyRetired || b.refs.Load()&refsCount > 0 || b.pins > 0 || b.waiting {
 		return
 	}
 	if !b.delayed && s.opts.FreeDelay > 0 {
@@ -139,6 +158,9 @@ func (s *Store) tryFreeLocked(b *body) {
 			s.armDelayedLocked()
 		}
 		return
+	}
+	if !b.refs.CompareAndSwap(refsRetired, refsDead) {
+		return // a reader took a lease without s.mu meanwhile: its release frees it
 	}
 	b.state = bodyFreed
 	s.dropBodyLocked(b)
@@ -169,6 +191,16 @@ func (s *Store) settledLocked(ctx context.Context, first segment.Extent) (*body,
 		}
 		s.mu.Lock()
 	}
+}
+
+// leaseBare takes a lease on b without Store.mu (Reader.bare), for a
+// reader of the object b is the body of; false if b was freed meanwhile.
+func (b *body) leaseBare() bool {
+	if b.refs.Add(1) > 0 {
+		return true
+	}
+	b.refs.Add(-1) // dead: nothing else counts on it
+	return false
 }
 
 // pinLocked keeps the body from being freed until unpinLocked.

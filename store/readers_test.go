@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 // TestOpenReaders: OpenReadersUntouched gives every key what OpenReader
@@ -108,8 +109,17 @@ func TestOpenReaders(t *testing.T) {
 // delete the same keys. Every reader reads whole the bytes of the version
 // it holds (each put's value starts with a tag that the version maps
 // to), never a freed or reused extent, and once all is closed only the
-// live values hold memory.
+// live values hold memory. The writers put through drafts, whose
+// versions the batch opens lease under the store's lock, or as batch
+// puts, whose versions they lease without it (bare), with evictions of
+// the same keys besides.
 func TestOpenReadersRace(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) { testOpenReadersRace(t, batch) })
+	}
+}
+
+func testOpenReadersRace(t *testing.T, batch bool) {
 	s := newTestStore(t, 8<<20, noEvict())
 	ctx := context.Background()
 	const nkeys = 16
@@ -126,26 +136,61 @@ func TestOpenReadersRace(t *testing.T) {
 	var stop atomic.Bool
 	var next atomic.Uint64
 	var wg sync.WaitGroup
+	// put puts v at k and returns the version; 0 where a batch put lost
+	// to another writer of k (the key changed since it was looked up).
+	put := func(k string, v []byte) (uint64, error) {
+		if !batch {
+			o, err := s.tryPut(k, v)
+			if err != nil {
+				return 0, err
+			}
+			return o.Version, nil
+		}
+		cur, err := s.Lookup(ctx, k)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return 0, err
+		}
+		p := s.StartPuts(ctx, []store.PutSpec{{Key: k, Cur: cur, Bufs: []transfer.Buffer{transfer.HostBuffer(v)}, Place: store.DefaultPlacement()}})
+		defer p.Release()
+		objs, errs := p.Commit()
+		if errors.Is(errs[0], store.ErrConflict) || errors.Is(errs[0], store.ErrExists) {
+			return 0, nil
+		}
+		if errs[0] != nil {
+			return 0, errs[0]
+		}
+		return objs[0].Version, nil
+	}
 	for _, k := range keys {
 		tag := next.Add(1)
-		tags.Store(s.put(t, k, value(tag, 2000)).Version, tag)
+		v, err := put(k, value(tag, 2000))
+		if err != nil || v == 0 {
+			t.Fatalf("put %s: version %d, %v", k, v, err)
+		}
+		tags.Store(v, tag)
 	}
 	defer func() { stop.Store(true); wg.Wait() }() // a failed check ends the test with them running
 	for w := range 2 {
 		wg.Go(func() {
 			for i := 0; !stop.Load(); i++ {
 				k := keys[(i*7+w)%nkeys]
-				if i%5 == 4 {
+				switch {
+				case i%5 == 4:
 					_ = s.Delete(ctx, k, 0)
+					continue
+				case batch && i%11 == 10:
+					store.EvictKey(s.Store, k)
 					continue
 				}
 				tag := next.Add(1)
-				o, err := s.tryPut(k, value(tag, 1000+(i%37)*300))
+				v, err := put(k, value(tag, 1000+(i%37)*300))
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				tags.Store(o.Version, tag)
+				if v != 0 {
+					tags.Store(v, tag)
+				}
 			}
 		})
 	}

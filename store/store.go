@@ -465,20 +465,22 @@ func (s *Store) acquireLocked(obj *Object) *body {
 }
 
 func (s *Store) release(b *body) {
-	if b != nil && b.unref() == 0 {
+	if b != nil && b.unrefLast() {
 		s.mu.Lock()
 		s.tryFreeLocked(b)
 		s.mu.Unlock()
 	}
 }
 
-// unref drops a reference on b and returns how many are left.
-func (b *body) unref() int64 {
+// unrefLast drops a lease on b and reports whether it was the last one
+// of a retired body, which the caller must then try to free (under
+// s.mu): a live body's last release needs no lock.
+func (b *body) unrefLast() bool {
 	n := b.refs.Add(-1)
-	if n < 0 {
+	if n < 0 || n&refsCount == refsCount {
 		panic("store: body released more often than acquired")
 	}
-	return n
+	return n == refsRetired
 }
 
 func (s *Store) openIno(ino uint64) {
