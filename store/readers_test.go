@@ -112,7 +112,8 @@ func TestOpenReaders(t *testing.T) {
 // live values hold memory. The writers put through drafts, whose
 // versions the batch opens lease under the store's lock, or as batch
 // puts, whose versions they lease without it (bare), with evictions of
-// the same keys besides.
+// the same keys besides; and they change the keys' modes, whose new
+// versions (clones, which know no body) are leased under the lock.
 func TestOpenReadersRace(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) { testOpenReadersRace(t, batch) })
@@ -180,6 +181,25 @@ func testOpenReadersRace(t *testing.T, batch bool) {
 					continue
 				case batch && i%11 == 10:
 					store.EvictKey(s.Store, k)
+					continue
+				case i%7 == 6:
+					// A new version of the same bytes (a clone, which
+					// knows no body: leased under the store's lock).
+					var tag any
+					o, err := s.Update(ctx, k, 0, func(o *store.Object) error {
+						ok := false
+						for tag, ok = tags.Load(o.Version); !ok; tag, ok = tags.Load(o.Version) {
+							runtime.Gosched() // committed; its writer records it next
+						}
+						o.Mode ^= 0o1
+						return nil
+					})
+					if err == nil {
+						tags.Store(o.Version, tag)
+					} else if !errors.Is(err, store.ErrNotFound) {
+						t.Error(err)
+						return
+					}
 					continue
 				}
 				tag := next.Add(1)
