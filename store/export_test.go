@@ -81,3 +81,11 @@ const TreeAsync, TreeInline = treeAsync, treeInline
 // MetaHeld is the metadata batch commits hold until their swaps, for
 // tests: none once every batch committed.
 func MetaHeld(s *Store) int64 { return s.metaHeld.Load() }
+
+// Bare reports whether r leases its bytes without the store's lock, for
+// tests.
+func Bare(r *Reader) bool { return r.bare }
+
+// LeaseBare takes a lease on the body o was committed with as a batch
+// get does, for tests: false when o knows none or it was freed.
+func LeaseBare(o *Object) bool { return o.body != nil && o.body.leaseBare() }

@@ -105,6 +105,72 @@ func TestOpenReaders(t *testing.T) {
 	}
 }
 
+// TestOpenReadersBare: the versions batch puts committed are leased
+// without the store's lock (bare) and hold their bytes past a replace, a
+// delete and an eviction, two leases of one body as long as either;
+// closing them frees what they held and leaves nothing open, and a
+// lease of a body freed since fails.
+func TestOpenReadersBare(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	put := func(key string, cur *store.Object, v []byte) *store.Object {
+		t.Helper()
+		p := s.StartPuts(ctx, []store.PutSpec{{Key: key, Cur: cur, Bufs: []transfer.Buffer{transfer.HostBuffer(v)}, Place: store.DefaultPlacement()}})
+		defer p.Release()
+		objs, errs := p.Commit()
+		if errs[0] != nil {
+			t.Fatalf("put %s: %v", key, errs[0])
+		}
+		return objs[0]
+	}
+	va, vb, vc := pattern(1, 30_000), pattern(2, 5000), pattern(3, 9000)
+	oa := put("a", nil, va)
+	put("b", nil, vb)
+	put("c", nil, vc)
+	keys := []string{"a", "b", "a", "c"}
+	rs, errs := s.OpenReadersUntouched(ctx, keys)
+	if errs != nil {
+		t.Fatal(errs)
+	}
+	for i, r := range rs {
+		if !store.Bare(r) {
+			t.Fatalf("%s: leased under the lock", keys[i])
+		}
+	}
+	put("a", oa, pattern(4, 70_000))
+	if err := s.Delete(ctx, "b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if !store.EvictKey(s.Store, "c") {
+		t.Fatal("c, read by a batch get only, was not evicted")
+	}
+	for i, want := range [][]byte{va, vb, va, vc} {
+		got, err := readAll(rs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		equalBytes(t, keys[i], got, want)
+	}
+	all := roundUp(uint64(len(va))) + roundUp(uint64(len(vb))) + roundUp(uint64(len(vc))) + roundUp(70_000)
+	if u := s.used(); u != all {
+		t.Fatalf("used %d B with the old versions read, want %d", u, all)
+	}
+	rs[0].Close() // a's other lease (rs[2]) keeps its bytes
+	if u := s.used(); u != all {
+		t.Fatalf("used %d B with one of a's two leases closed, want %d", u, all)
+	}
+	s.CloseReaders(rs)
+	if u := s.used(); u != roundUp(70_000) {
+		t.Fatalf("used %d B after CloseReaders, want %d", u, roundUp(70_000))
+	}
+	if st := s.Stats(); st.OpenObjects != 0 {
+		t.Fatalf("%d objects open", st.OpenObjects)
+	}
+	if store.LeaseBare(oa) {
+		t.Fatal("leased the freed body of a's first version")
+	}
+}
+
 // TestOpenReadersRace: batch opens against writers that replace and
 // delete the same keys. Every reader reads whole the bytes of the version
 // it holds (each put's value starts with a tag that the version maps
