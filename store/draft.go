@@ -1047,7 +1047,12 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			}
 		}
 	}
-	d.s.registerBody(localExt)
+	rec := d.s.registerBody(localExt)
+	if d.s.clustered() || !d.s.isLocal(primary.Node) {
+		// Object.body is what a batch get leases without the store's
+		// lock (openTogether): a store of one node's, the bytes here.
+		rec = nil
+	}
 	published := false
 	defer func() {
 		if !published {
@@ -1070,6 +1075,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		next.Replicas = nil
 		if len(ext) > 0 {
 			next.Replicas = append([]Replica{primary}, extra...)
+			next.body = rec
 		}
 		_, err = d.s.cas(ctx, Swap{Key: o.Key, Old: old, New: next, InDir: cur == nil})
 		if errors.Is(err, ErrConflict) && ctx.Err() == nil {

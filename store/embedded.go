@@ -393,6 +393,7 @@ func (x *Embedded) swap(swaps []Swap, up []*slot, pre []swapPre) (rev uint64, _ 
 		o := s.New
 		if !s.Owned {
 			o = s.New.Clone()
+			o.body = s.New.body // the same version's bytes (a draft's commit)
 		}
 		if sl.obj != nil {
 			dbytes -= int64(sl.meta)

@@ -52,10 +52,12 @@ type Object struct {
 	Xattrs   map[string][]byte
 	Replicas []Replica
 	// body is the record of the local bytes that this store made for the
-	// version at its commit (a batch put's), set before the swap and
-	// never changed: a lookup that has the object then need not look the
-	// record up by extent (bodyOfLocked). Nil in clones and in objects
-	// read from elsewhere.
+	// version at its commit (a batch put's, or a draft's on a store of
+	// one node), set before the swap and never changed: a lookup that has
+	// the object then need not look the record up by extent
+	// (bodyOfLocked), and a batch get leases it without the store's lock
+	// (Reader.bare). Nil in clones (but the index's own copy of a version
+	// it was given) and in objects read from elsewhere.
 	body *body
 	// slot is the embedded index's entry that took this object (Swap.Cur);
 	// nil in clones and in objects no embedded index holds.

@@ -175,11 +175,11 @@ func TestOpenReadersBare(t *testing.T) {
 // delete the same keys. Every reader reads whole the bytes of the version
 // it holds (each put's value starts with a tag that the version maps
 // to), never a freed or reused extent, and once all is closed only the
-// live values hold memory. The writers put through drafts, whose
-// versions the batch opens lease under the store's lock, or as batch
-// puts, whose versions they lease without it (bare), with evictions of
-// the same keys besides; and they change the keys' modes, whose new
-// versions (clones, which know no body) are leased under the lock.
+// live values hold memory. The writers put through drafts, or as batch
+// puts with evictions of the same keys besides: versions the batch opens
+// lease without the store's lock (bare); and they change the keys'
+// modes, whose new versions (clones, which know no body) are leased
+// under the lock.
 func TestOpenReadersRace(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) { testOpenReadersRace(t, batch) })

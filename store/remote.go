@@ -42,14 +42,17 @@ import (
 // that lost its last key is retired only at the end of the commit (the
 // event marked Last), if no key of that commit took it back.
 
-// registerBody notes ext as the body of a commit about to be swapped in.
-func (s *Store) registerBody(ext []segment.Extent) {
+// registerBody notes ext as the body of a commit about to be swapped in,
+// and returns its record (nil for none).
+func (s *Store) registerBody(ext []segment.Extent) *body {
 	if len(ext) == 0 {
-		return
+		return nil
 	}
+	b := newBody(ext, bodyRegistered, 0)
 	s.mu.Lock()
-	s.addBodyLocked(newBody(ext, bodyRegistered, 0))
+	s.addBodyLocked(b)
 	s.mu.Unlock()
+	return b
 }
 
 // unregisterBody forgets a registered body whose commit failed (its
