@@ -42,6 +42,9 @@ var errnoTable = []struct {
 	{transfer.ErrFault, syscall.EFAULT},
 	{transfer.ErrNoProcess, syscall.ESRCH},
 	{transfer.ErrUnreachable, syscall.EHOSTUNREACH},
+	// A node restarted under a write or a read of its bytes: they are
+	// gone as if it had died (a file lost with them is ErrLost, above).
+	{transfer.ErrStaleEpoch, syscall.EHOSTUNREACH},
 	{store.ErrRange, syscall.ERANGE},
 	{store.ErrRemote, syscall.EREMOTE},
 	{errBufRange, syscall.EFAULT},

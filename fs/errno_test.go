@@ -18,6 +18,7 @@ import (
 
 	"github.com/mooncake-fs/mooncake-fs/segment"
 	"github.com/mooncake-fs/mooncake-fs/store"
+	"github.com/mooncake-fs/mooncake-fs/transfer"
 )
 
 func TestErrno(t *testing.T) {
@@ -35,6 +36,8 @@ func TestErrno(t *testing.T) {
 		{fmt.Errorf("x: %w", syscall.EXDEV), syscall.EXDEV},
 		{syscall.ENOSYS, syscall.EIO},
 		{context.Canceled, syscall.EINTR},
+		{fmt.Errorf("store: node restarted: %w", transfer.ErrStaleEpoch), syscall.EHOSTUNREACH},
+		{errors.Join(store.ErrLost, transfer.ErrStaleEpoch), syscall.EIO},
 		{errors.New("something unknown"), syscall.EIO},
 	} {
 		if got := toErrno(c.err); got != c.want {

@@ -317,8 +317,22 @@ func TestClusterReplicasSurviveKill(t *testing.T) {
 }
 
 // TestClusterNodeStoppedMidWrite: the node holding a file being written
-// dies; the write fails cleanly and no partial file becomes visible.
+// dies; the write fails cleanly (EHOSTUNREACH) and no partial file
+// becomes visible.
 func TestClusterNodeStoppedMidWrite(t *testing.T) { testNodeStoppedMidWrite(t) }
+
+// TestClusterNodeRestartedMidWrite: the same, the node started again
+// under its name before the writer goes on: its new daemon knows nothing
+// of the write's space, and the write fails as if the node were gone.
+func TestClusterNodeRestartedMidWrite(t *testing.T) {
+	restartMidWrite = true
+	defer func() { restartMidWrite = false }()
+	testNodeStoppedMidWrite(t)
+}
+
+// restartMidWrite has testNodeStoppedMidWrite start the killed node again
+// before the writer goes on.
+var restartMidWrite bool
 
 // testNodeStoppedMidWrite runs the test with extra mount flags on every
 // node (the RDMA variant is in rdma_test.go).
@@ -347,9 +361,12 @@ except OSError as e:
 `, a.path("onb", "partial"))
 	w.waitOutput(t, "written")
 	b.kill9(t)
+	if restartMidWrite {
+		c.start(t, "b", extra...)
+	}
 	w.stdin.Write([]byte("go\n"))
 	out := w.mustWait(t)
-	if !strings.Contains(out, "failed") {
+	if !strings.Contains(out, "failed No route to host") {
 		t.Fatalf("writer after its node died: %s", out)
 	}
 	for _, d := range []*daemon{a, cc} {
