@@ -319,24 +319,17 @@ func TestClusterReplicasSurviveKill(t *testing.T) {
 // TestClusterNodeStoppedMidWrite: the node holding a file being written
 // dies; the write fails cleanly (EHOSTUNREACH) and no partial file
 // becomes visible.
-func TestClusterNodeStoppedMidWrite(t *testing.T) { testNodeStoppedMidWrite(t) }
+func TestClusterNodeStoppedMidWrite(t *testing.T) { testNodeStoppedMidWrite(t, false) }
 
 // TestClusterNodeRestartedMidWrite: the same, the node started again
 // under its name before the writer goes on: its new daemon knows nothing
 // of the write's space, and the write fails as if the node were gone.
-func TestClusterNodeRestartedMidWrite(t *testing.T) {
-	restartMidWrite = true
-	defer func() { restartMidWrite = false }()
-	testNodeStoppedMidWrite(t)
-}
-
-// restartMidWrite has testNodeStoppedMidWrite start the killed node again
-// before the writer goes on.
-var restartMidWrite bool
+func TestClusterNodeRestartedMidWrite(t *testing.T) { testNodeStoppedMidWrite(t, true) }
 
 // testNodeStoppedMidWrite runs the test with extra mount flags on every
-// node (the RDMA variant is in rdma_test.go).
-func testNodeStoppedMidWrite(t *testing.T, extra ...string) (a *daemon) {
+// node (the RDMA variant is in rdma_test.go), starting the killed node
+// again before the writer goes on with restart.
+func testNodeStoppedMidWrite(t *testing.T, restart bool, extra ...string) (a *daemon) {
 	requireTools(t, "setfattr")
 	c := newTestCluster(t)
 	for _, n := range []string{"a", "b", "c"} {
@@ -361,7 +354,7 @@ except OSError as e:
 `, a.path("onb", "partial"))
 	w.waitOutput(t, "written")
 	b.kill9(t)
-	if restartMidWrite {
+	if restart {
 		c.start(t, "b", extra...)
 	}
 	w.stdin.Write([]byte("go\n"))

@@ -129,7 +129,7 @@ func TestClusterRDMA(t *testing.T) {
 // TestClusterRDMANodeStoppedMidWrite: the node a write goes to over RDMA
 // dies mid-write; the write fails cleanly and nothing partial shows.
 func TestClusterRDMANodeStoppedMidWrite(t *testing.T) {
-	a := testNodeStoppedMidWrite(t, "--rdma-fake", t.TempDir())
+	a := testNodeStoppedMidWrite(t, false, "--rdma-fake", t.TempDir())
 	s := a.rdmaStatus(t)
 	if s.RDMA.State != "on" || s.Transfer.Paths["rdma-staged"].Written < 8<<20 {
 		t.Fatalf("the write did not go over RDMA: %+v %+v", s.RDMA, s.Transfer.Paths)
