@@ -136,6 +136,12 @@ func TestClusterRDMANodeStoppedMidWrite(t *testing.T) {
 	}
 }
 
+// TestClusterRDMANodeRestartedMidWrite: the same, the node started again
+// under its name (on the same fabric) before the writer goes on.
+func TestClusterRDMANodeRestartedMidWrite(t *testing.T) {
+	testNodeStoppedMidWrite(t, true, "--rdma-fake", t.TempDir())
+}
+
 // TestClusterRDMARepair: replicas go to another node over RDMA, and when
 // that node dies the repairing node copies its own replica to a third
 // one straight from its segment: NIC to NIC, no local copy.
