@@ -203,6 +203,18 @@ func (b *body) leaseBare() bool {
 	return false
 }
 
+// leased reports whether a reader holds a lease on the body o was
+// committed with: a batch get's (bare, which the open count leaves out)
+// or any other. Eviction passes over such a file as over an open one:
+// its bytes would come back only when the lease ends, and a pass that
+// took it would go on to take more (a write short of room emptied the
+// store of the keys batch gets were reading, and still failed). A lease
+// taken right after the look only delays the room the eviction frees.
+func (o *Object) leased() bool {
+	b := o.body
+	return b != nil && b.refs.Load()&refsCount > 0
+}
+
 // pinLocked keeps the body from being freed until unpinLocked.
 func (b *body) pinLocked() { b.pins++ }
 

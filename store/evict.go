@@ -147,7 +147,7 @@ func (s *Store) evictOne(ctx context.Context, key string) (evictOutcome, error) 
 	// again, so it either holds the file before it can be evicted or sees
 	// it gone.
 	s.mu.Lock()
-	if s.mu.opens[o.Ino] > 0 {
+	if s.mu.opens[o.Ino] > 0 || o.leased() {
 		// In use: as recently used as it gets (left at the LRU's end,
 		// many open files would use up every pass's look).
 		s.mu.Unlock()
@@ -279,7 +279,7 @@ func (s *Store) mayFree(ctx context.Context, need uint64) bool {
 				continue
 			}
 			s.mu.Lock()
-			open := s.mu.opens[o.Ino] > 0
+			open := s.mu.opens[o.Ino] > 0 || o.leased()
 			s.mu.Unlock()
 			if !open {
 				if have += segment.TotalLen(ext); have >= need {

@@ -497,6 +497,66 @@ func TestEvictPastPinnedAndOpen(t *testing.T) {
 	s.checkAlloc(t)
 }
 
+// TestEvictPastBatchReads: eviction passes over the files batch gets are
+// reading (bare leases, which the open count leaves out) as over open
+// ones: a write short of room evicts one file it can free, not the keys
+// being read and then more in their stead; when every file is being
+// read, it fails with ErrNoSpace and evicts none.
+func TestEvictPastBatchReads(t *testing.T) {
+	const keys, size = 16, 64 << 10
+	s := newTestStore(t, keys*size, withOptions(func(o *store.Options) { o.HighWater, o.LowWater = 1, 1 }))
+	ctx := context.Background()
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("k%02d", i)
+		p := s.StartPuts(ctx, []store.PutSpec{{Key: names[i], Bufs: []transfer.Buffer{transfer.HostBuffer(pattern(byte(i), size))}, Place: store.DefaultPlacement()}})
+		if _, errs := p.Commit(); errs[0] != nil {
+			t.Fatal(errs[0])
+		}
+		p.Release()
+	}
+	read := func(n int) []*store.Reader {
+		t.Helper()
+		rs, errs := s.OpenReadersUntouched(ctx, names[:n]) // the least recently used
+		if errs != nil {
+			t.Fatal(errs)
+		}
+		for _, r := range rs {
+			if !store.Bare(r) {
+				t.Fatalf("%s leased under the store's lock", r.Object().Key)
+			}
+		}
+		return rs
+	}
+	rs := read(4)
+	before := s.Stats().Evictions
+	if _, err := s.tryPut("w1", pattern(100, size)); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.Stats().Evictions - before; n != 1 {
+		t.Fatalf("%d files evicted for one file's room, 4 of 16 being read", n)
+	}
+	if _, gone := s.present(t, names[:4]); len(gone) > 0 {
+		t.Fatalf("evicted %q while batch gets read them", gone)
+	}
+	s.CloseReaders(rs)
+	// Every file being read: nothing to evict.
+	all, _ := s.present(t, append(slices.Clone(names), "w1"))
+	rs, errs := s.OpenReadersUntouched(ctx, all)
+	if errs != nil {
+		t.Fatal(errs)
+	}
+	before = s.Stats().Evictions
+	if _, err := s.tryPut("w2", pattern(101, size)); !errors.Is(err, store.ErrNoSpace) {
+		t.Fatalf("a write with every file being read: %v, want ErrNoSpace", err)
+	}
+	if n := s.Stats().Evictions - before; n != 0 {
+		t.Fatalf("%d files evicted with every file being read", n)
+	}
+	s.CloseReaders(rs)
+	s.checkAlloc(t)
+}
+
 // TestMetaRoomOfBatches: batch puts of new keys into a store whose
 // entries are at their limit: each key finds room by evicting older
 // ones, counting the keys of its own batch not yet in the index, so no

@@ -22,9 +22,10 @@ type Reader struct {
 	remote *remoteBody // set when the bytes are on another node (b is nil)
 	closed atomic.Bool
 	// bare: leased without Store.mu (OpenReadersUntouched), so not
-	// counted among its inode's open readers: a reader for the length
-	// of one call, whose lease keeps the bytes of its version however
-	// the key changes meanwhile (an eviction included).
+	// counted among its inode's open readers (eviction sees the lease on
+	// the body instead, Object.leased): a reader for the length of one
+	// call, whose lease keeps the bytes of its version however the key
+	// changes meanwhile.
 	bare bool
 	// Guarded by Store.mu, remote readers only (hold.go): holding is set
 	// once holds were asked for; holds are those granted.

@@ -106,10 +106,11 @@ func TestOpenReaders(t *testing.T) {
 }
 
 // TestOpenReadersBare: the versions batch puts committed are leased
-// without the store's lock (bare) and hold their bytes past a replace, a
-// delete and an eviction, two leases of one body as long as either;
-// closing them frees what they held and leaves nothing open, and a
-// lease of a body freed since fails.
+// without the store's lock (bare) and hold their bytes past a replace and
+// a delete, two leases of one body as long as either; eviction passes
+// over a key being read, and takes it once it is not; closing them frees
+// what they held and leaves nothing open, and a lease of a body freed
+// since fails.
 func TestOpenReadersBare(t *testing.T) {
 	s := newTestStore(t, 4<<20)
 	ctx := context.Background()
@@ -141,8 +142,8 @@ func TestOpenReadersBare(t *testing.T) {
 	if err := s.Delete(ctx, "b", 0); err != nil {
 		t.Fatal(err)
 	}
-	if !store.EvictKey(s.Store, "c") {
-		t.Fatal("c, read by a batch get only, was not evicted")
+	if store.EvictKey(s.Store, "c") {
+		t.Fatal("c evicted while a batch get reads it")
 	}
 	for i, want := range [][]byte{va, vb, va, vc} {
 		got, err := readAll(rs[i])
@@ -160,6 +161,9 @@ func TestOpenReadersBare(t *testing.T) {
 		t.Fatalf("used %d B with one of a's two leases closed, want %d", u, all)
 	}
 	s.CloseReaders(rs)
+	if !store.EvictKey(s.Store, "c") {
+		t.Fatal("c, read no longer, was not evicted")
+	}
 	if u := s.used(); u != roundUp(70_000) {
 		t.Fatalf("used %d B after CloseReaders, want %d", u, roundUp(70_000))
 	}
