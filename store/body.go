@@ -146,7 +146,7 @@ func (s *Store) retireBodyLocked(b *body) {
 // tryFreeLocked frees a retired body once nothing holds it, after one
 // FreeDelay from the first time nothing did. Caller holds s.mu.
 func (s *Store) tryFreeLocked(b *body) {
-	if b.state != bodyRetired || b.refs.Load()&refsCount > 0 || b.pins > 0 || b.waiting {
+	if b.state != bodyRetired || b.leases() > 0 || b.pins > 0 || b.waiting {
 		return
 	}
 	if !b.delayed && s.opts.FreeDelay > 0 {
@@ -210,10 +210,11 @@ func (b *body) leaseBare() bool {
 // took it would go on to take more (a write short of room emptied the
 // store of the keys batch gets were reading, and still failed). A lease
 // taken right after the look only delays the room the eviction frees.
-func (o *Object) leased() bool {
-	b := o.body
-	return b != nil && b.refs.Load()&refsCount > 0
-}
+func (o *Object) leased() bool { return o.body != nil && o.body.leases() > 0 }
+
+// leases returns how many leases hold b (a freed body: 0, but for a
+// lease backing off from it).
+func (b *body) leases() int64 { return b.refs.Load() & refsCount }
 
 // pinLocked keeps the body from being freed until unpinLocked.
 func (b *body) pinLocked() { b.pins++ }

@@ -195,11 +195,10 @@ func (s *Store) OpenReadersUntouched(ctx context.Context, keys []string) (rs []*
 //
 // A version committed here, by a batch put or a draft, knows its body
 // (Object.body) and is leased bare, as is an empty file, which has no
-// bytes to lease:
-// with four calls in flight on the 2-CPU VM, the lock of every 64 keys'
-// leases and of their release was where the calls' handlers waited for
-// a CPU (1.7 us a key, 2026-12-07), the mutex handed from one to the
-// other. The others (clones of a version made by a rename or a change of
+// bytes to lease: with four calls in flight on the 2-CPU VM, the lock of
+// every 64 keys' leases and of their release was where the calls'
+// handlers waited for a CPU (1.7 us a key, 2026-12-07), the mutex handed
+// from one to the other. The others (clones of a version made by a rename or a change of
 // its metadata, versions in a cluster) are leased under s.mu, as
 // OpenReader leases one.
 func (s *Store) openTogether(ctx context.Context, mf ManyFinder, keys []string, rs []*Reader) {
