@@ -98,6 +98,7 @@ var (
 	_ ManyFinder       = (*Embedded)(nil)
 	_ LRUKeeper        = (*Embedded)(nil)
 	_ ChildGuard       = (*Embedded)(nil)
+	_ EntryFinder      = (*Embedded)(nil)
 )
 
 // treeItem is a slot in the tree, its key beside it: a comparison
@@ -586,6 +587,19 @@ func (x *Embedded) HasChildren(_ context.Context, dir string) (bool, error) {
 		return false, ErrClosed
 	}
 	return x.mu.under[dir] > 0, nil
+}
+
+// FindEntry implements EntryFinder.
+func (x *Embedded) FindEntry(_ context.Context, key string) (*Object, bool, error) {
+	rlockSpin(&x.mu.RWMutex)
+	defer x.mu.RUnlock()
+	if x.mu.closed {
+		return nil, false, ErrClosed
+	}
+	if sl := x.mu.slots[key]; sl != nil {
+		return sl.obj, false, nil
+	}
+	return nil, x.mu.under[key] > 0, nil
 }
 
 // dirLocked reports whether dir is a directory: the root, a directory's

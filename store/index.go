@@ -111,6 +111,15 @@ type ChildChecker interface {
 	HasChildren(ctx context.Context, dir string) (bool, error)
 }
 
+// EntryFinder is an Index that finds a key's own object and, for a key
+// with none, whether keys lie under it, in one read (Stat): asked one
+// after the other, a directory renamed away and back between the two
+// reads is found gone and then with keys under it, an implicit directory
+// (root's, mode 0755) where its owner's stands.
+type EntryFinder interface {
+	FindEntry(ctx context.Context, key string) (o *Object, kids bool, err error)
+}
+
 // ChildGuard is an Index that checks Swap.NoKids in the swap itself,
 // where the answer cannot change before the key is in: a batch put's
 // commit then asks nothing before it (the embedded index, where the

@@ -63,18 +63,39 @@ func (s *Store) Stat(ctx context.Context, key string) (*Object, error) {
 		r.Key, r.slot = "", nil
 		return &r, nil
 	}
-	o, err := s.idx.Get(ctx, key)
-	if err == nil || !errors.Is(err, ErrNotFound) {
-		return o, err
-	}
-	has, err := s.hasChildren(ctx, key)
-	if err != nil {
+	o, has, err := s.findEntry(ctx, key)
+	switch {
+	case err != nil:
 		return nil, err
-	}
-	if !has {
+	case o != nil:
+		return o, nil
+	case !has:
 		return nil, &keyError{"stat", key, ErrNotFound}
 	}
 	return &Object{Key: key, Kind: KindDir, Ino: implicitIno(key), Mode: 0o755}, nil
+}
+
+// findEntry returns key's own object, or nil and whether keys lie under
+// key, as one read where the index can (EntryFinder). Elsewhere a key
+// found missing and then with keys under it is looked up once more: a
+// rename of its directory back to key between the two reads left it
+// there, its own object again.
+func (s *Store) findEntry(ctx context.Context, key string) (*Object, bool, error) {
+	if ef, ok := s.idx.(EntryFinder); ok {
+		return ef.FindEntry(ctx, key)
+	}
+	o, err := s.find(ctx, key)
+	if o != nil || err != nil {
+		return o, false, err
+	}
+	has, err := s.hasChildren(ctx, key)
+	if !has || err != nil {
+		return nil, false, err
+	}
+	if o, err = s.find(ctx, key); o != nil || err != nil {
+		return o, false, err
+	}
+	return nil, true, nil
 }
 
 // LookupMany sets objs[i] to keys[i]'s own object, nil for none, as

@@ -270,8 +270,13 @@ func (s *Store) parentInfoMany(ctx context.Context, dir string) *parentInfo {
 	pi := &parentInfo{}
 	switch {
 	case objs[0] == nil:
-		// As Stat: a directory if keys are under it, else missing.
-		has, err := s.hasChildren(ctx, dir)
+		// As Stat: a directory if keys are under it, else missing. One
+		// there again (renamed away and back since the look) has
+		// attributes of its own to hand down: ask each alone.
+		o, has, err := s.findEntry(ctx, dir)
+		if o != nil && err == nil {
+			return nil
+		}
 		if err != nil || !has {
 			if err == nil {
 				err = &keyError{"stat", dir, ErrNotFound}

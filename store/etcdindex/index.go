@@ -50,7 +50,10 @@ type Index struct {
 	}
 }
 
-var _ store.Index = (*Index)(nil)
+var (
+	_ store.Index       = (*Index)(nil)
+	_ store.EntryFinder = (*Index)(nil)
+)
 
 // New connects to etcd, loads every object under the prefix with one read
 // and starts the watch that keeps the cache current. It fails, within
@@ -114,6 +117,27 @@ func (x *Index) Get(ctx context.Context, key string) (*store.Object, error) {
 		return nil, fmt.Errorf("etcdindex: get %q: %w", key, store.ErrNotFound)
 	}
 	return o, nil
+}
+
+// FindEntry implements store.EntryFinder from the cache: key's object,
+// or whether keys lie under it, at one revision.
+func (x *Index) FindEntry(ctx context.Context, key string) (*store.Object, bool, error) {
+	if err := x.lockCaughtUp(ctx, "get"); err != nil {
+		return nil, false, err
+	}
+	defer x.mu.Unlock()
+	if err := x.mu.corrupt[key]; err != nil {
+		return nil, false, err
+	}
+	if o, ok := x.mu.tree.Get(&store.Object{Key: key}); ok {
+		return o, false, nil
+	}
+	kids := false
+	x.mu.tree.AscendGreaterOrEqual(&store.Object{Key: key + "/"}, func(o *store.Object) bool {
+		kids = strings.HasPrefix(o.Key, key+"/")
+		return false
+	})
+	return nil, kids, nil
 }
 
 // Scan implements store.Index from the cache. Keys whose values do not

@@ -56,6 +56,7 @@ func Run(t *testing.T, newIndex func(t *testing.T) store.Index) {
 		{"WatchOrderUnderConcurrency", testWatchConcurrent},
 		{"ConcurrentIncrements", testConcurrentIncrements},
 		{"DirChecks", testDirChecks},
+		{"FindEntry", testFindEntry},
 		{"Close", testClose},
 	}
 	for _, tc := range tests {
@@ -776,4 +777,93 @@ func testDirChecks(t *testing.T, x store.Index) {
 	if _, err := x.CompareAndSwap(ctx, store.Swap{Key: "e/k", New: obj("e/k", 4), InDir: true}); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("create under a removed directory: %v; want ErrNotFound", err)
 	}
+}
+
+// testFindEntry: an index that finds a key's entry in one read
+// (store.EntryFinder) gives a key's own object, or whether keys lie under
+// it, and never mixes two moments: while a directory and its key move to
+// another name and back, each in one swap, the directory's name holds
+// both or neither, never keys without their directory.
+func testFindEntry(t *testing.T, x store.Index) {
+	ef, ok := x.(store.EntryFinder)
+	if !ok {
+		t.Skip("no store.EntryFinder")
+	}
+	ctx := context.Background()
+	dir := func(k string) *store.Object {
+		return &store.Object{Key: k, Kind: store.KindDir, Ino: 78, Mode: 0o700, Uid: 7}
+	}
+	put(t, x, "f", 0, obj("f", 1))
+	put(t, x, "imp/x", 0, obj("imp/x", 2))
+	put(t, x, "d", 0, dir("d"))
+	put(t, x, "d/k", 0, obj("d/k", 3))
+	put(t, x, "impx", 0, obj("impx", 4)) // shares imp's prefix, not under it
+	for _, c := range []struct {
+		key      string
+		own, has bool
+	}{
+		{"f", true, false}, {"d", true, false}, {"d/k", true, false},
+		{"imp", false, true}, {"im", false, false}, {"gone", false, false}, {"impx/y", false, false},
+	} {
+		o, has, err := ef.FindEntry(ctx, c.key)
+		if err != nil || (o != nil) != c.own || has != c.has || o != nil && o.Key != c.key {
+			t.Errorf("FindEntry(%q) = %v, %v, %v; want own %v, keys under it %v", c.key, o, has, err, c.own, c.has)
+		}
+	}
+	// d and d/k move to e and back, one swap each way.
+	const moves = 100
+	done := make(chan error, 1)
+	go func() {
+		from, to := "d", "e"
+		var err error
+		for i := 0; i < moves && err == nil; i++ {
+			d, k := mustGetErr(ctx, x, from), mustGetErr(ctx, x, from+"/k")
+			if d == nil || k == nil {
+				err = fmt.Errorf("move %d: %q or %q missing", i, from, from+"/k")
+				break
+			}
+			nd, nk := d.Clone(), k.Clone()
+			nd.Key, nk.Key = to, to+"/k"
+			_, err = x.CompareAndSwap(ctx,
+				store.Swap{Key: from, Old: d.Version}, store.Swap{Key: from + "/k", Old: k.Version},
+				store.Swap{Key: to, New: nd}, store.Swap{Key: to + "/k", New: nk})
+			from, to = to, from
+		}
+		done <- err
+	}()
+	seen := map[string]int{}
+	for running := true; running; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = false
+		default:
+		}
+		o, has, err := ef.FindEntry(ctx, "d")
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case o == nil && has:
+			t.Fatal("FindEntry(d): keys under d without d's object: a read across two swaps")
+		case o != nil && (o.Kind != store.KindDir || o.Uid != 7):
+			t.Fatalf("FindEntry(d) = %+v", o)
+		case o != nil:
+			seen["there"]++
+		default:
+			seen["away"]++
+		}
+	}
+	t.Logf("d found %d times, away %d", seen["there"], seen["away"])
+}
+
+// mustGetErr is Get with nil for any error, for a goroutine that reports
+// its own.
+func mustGetErr(ctx context.Context, x store.Index, key string) *store.Object {
+	o, err := x.Get(ctx, key)
+	if err != nil {
+		return nil
+	}
+	return o
 }
