@@ -172,3 +172,60 @@ func TestDirChangedBounded(t *testing.T) {
 		t.Fatalf("keep's mtime set after the floor: still changed at %d", got)
 	}
 }
+
+// TestDraftMtime: a draft's commit publishes its last write's or
+// truncation's time as the file's mtime (and ctime), not the commit's,
+// and Mtime shows it before the commit; a time set after the last change
+// wins until the next change; a commit with no change since leaves none
+// pending.
+func TestDraftMtime(t *testing.T) {
+	s := newDirClock(t)
+	ctx := context.Background()
+	d := s.NewDraft(store.NewIno(), nil, true)
+	defer d.Close()
+	if _, ok := d.Mtime(); ok {
+		t.Fatal("a new draft has a modification time pending")
+	}
+	commit := func(what string, want int64) {
+		t.Helper()
+		s.tick()
+		o, err := d.Commit(ctx, store.CommitOptions{Key: "f"})
+		if err != nil || o.Mtime != want {
+			t.Fatalf("%s: commit: %v, mtime %d; want %d", what, err, o.Mtime, want)
+		}
+		if _, ok := d.Mtime(); ok {
+			t.Fatalf("%s: a modification time still pending after the commit", what)
+		}
+	}
+	wrote := s.tick()
+	if _, err := d.WriteAt(ctx, []byte("abc"), 0); err != nil {
+		t.Fatal(err)
+	}
+	s.tick()
+	if got, ok := d.Mtime(); !ok || got != wrote {
+		t.Fatalf("Mtime after a write = %d, %v; want %d", got, ok, wrote)
+	}
+	commit("write", wrote)
+	if o, _ := s.Stat(ctx, "f"); o.Ctime != wrote {
+		t.Fatalf("ctime %d, want the write's %d", o.Ctime, wrote)
+	}
+	cut := s.tick()
+	if err := d.Truncate(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	commit("truncate", cut)
+	wrote = s.tick()
+	if _, err := d.WriteAt(ctx, []byte("z"), 5); err != nil {
+		t.Fatal(err)
+	}
+	d.SetMtime(42)
+	if got, _ := d.Mtime(); got != 42 {
+		t.Fatalf("Mtime after SetMtime = %d, want 42", got)
+	}
+	commit("set", 42)
+	wrote = s.tick()
+	if _, err := d.WriteAt(ctx, []byte("y"), 0); err != nil {
+		t.Fatal(err)
+	}
+	commit("write after a set", wrote)
+}
