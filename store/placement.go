@@ -95,13 +95,30 @@ func ValidNodeName(name string) bool {
 	return true
 }
 
-// ParseReplicas parses a user.mooncake.replicas value.
+// ParseReplicas parses a user.mooncake.replicas value as stored. It
+// takes spaces around the number and a sign or leading zeros, as values
+// set before CheckPlacement refused them may have; a value set now is
+// the number alone (canonicalCount).
 func ParseReplicas(v string) (int, error) {
 	n, err := strconv.Atoi(strings.TrimSpace(v))
 	if err != nil || n < 1 || n > MaxReplicas {
 		return 0, fmt.Errorf("replicas %q: want 1 to %d: %w", v, MaxReplicas, ErrInvalid)
 	}
 	return n, nil
+}
+
+// canonicalCount says whether v is a positive number in decimal digits
+// alone: no sign, space or leading zero.
+func canonicalCount(v string) bool {
+	if v == "" || v[0] == '0' {
+		return false
+	}
+	for _, c := range []byte(v) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckPlacement validates a value of XattrReplicas or XattrPlacement
@@ -113,6 +130,9 @@ func ParseReplicas(v string) (int, error) {
 func (s *Store) CheckPlacement(name, v string) error {
 	switch name {
 	case XattrReplicas:
+		if !canonicalCount(v) {
+			return fmt.Errorf("replicas %q: want a number from 1 to %d, its digits alone: %w", v, MaxReplicas, ErrInvalid)
+		}
 		n, err := ParseReplicas(v)
 		if err == nil && n > 1 && s.opts.Cluster == nil {
 			return fmt.Errorf("replicas %d: this node is not in a cluster, one at most: %w", n, ErrInvalid)

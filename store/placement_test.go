@@ -440,7 +440,9 @@ func TestPlacementOf(t *testing.T) {
 // TestCheckPlacement: a store outside a cluster refuses the placement
 // values it could never meet (more than one replica, another node), and
 // takes the rest; a store in a cluster takes any well-formed value (its
-// nodes come and go); malformed values fail on both.
+// nodes come and go); malformed values fail on both, a number of
+// replicas with anything but its digits (a space, a sign, a leading zero)
+// included.
 func TestCheckPlacement(t *testing.T) {
 	alone := newTestStore(t, 1<<20)
 	a, _ := newCluster(t, false)
@@ -452,6 +454,12 @@ func TestCheckPlacement(t *testing.T) {
 		{store.XattrReplicas, "2", store.ErrInvalid, nil},
 		{store.XattrReplicas, "0", store.ErrInvalid, store.ErrInvalid},
 		{store.XattrReplicas, "9", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrReplicas, " 2", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrReplicas, "2\n", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrReplicas, "+1", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrReplicas, "02", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrReplicas, "", store.ErrInvalid, store.ErrInvalid},
+		{store.XattrReplicas, "1e0", store.ErrInvalid, store.ErrInvalid},
 		{store.XattrPlacement, "local", nil, nil},
 		{store.XattrPlacement, "spread", nil, nil},
 		{store.XattrPlacement, "node:" + alone.Node(), nil, nil},

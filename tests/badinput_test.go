@@ -301,6 +301,8 @@ try_("get_missing", os.getxattr, f, "user.nothing")
 try_("replicas_2", os.setxattr, f, "user.mooncake.replicas", b"2")
 try_("replicas_1", os.setxattr, f, "user.mooncake.replicas", b"1")
 try_("replicas_0", os.setxattr, f, "user.mooncake.replicas", b"0")
+try_("replicas_padded", os.setxattr, f, "user.mooncake.replicas", b" 1")
+try_("replicas_plus", os.setxattr, f, "user.mooncake.replicas", b"+1")
 try_("placement_other", os.setxattr, dir_, "user.mooncake.placement", b"node:elsewhere")
 try_("placement_spread", os.setxattr, dir_, "user.mooncake.placement", b"spread")
 print("placement_other_set=%d" % ("user.mooncake.placement" in os.listxattr(f)))
@@ -321,7 +323,7 @@ print("stat_size=%d" % os.stat(f).st_size)
 		"user_64KiB": "OK", "user_64KiB_plus_1": "E2BIG",
 		"get_missing": "ENODATA", "create_existing": "EEXIST", "replace_missing": "ENODATA",
 		"size": "1234", "pin": "0", "stat_size": "1234",
-		"replicas_2": "EINVAL", "replicas_1": "OK", "replicas_0": "EINVAL", "placement_other": "EINVAL", "placement_spread": "OK",
+		"replicas_2": "EINVAL", "replicas_1": "OK", "replicas_0": "EINVAL", "replicas_padded": "EINVAL", "replicas_plus": "EINVAL", "placement_other": "EINVAL", "placement_spread": "OK",
 		"placement_other_set": "0",
 	})
 	// The same through setfattr, as a user would see it.
