@@ -29,7 +29,7 @@ func TestFileAttrSizes(t *testing.T) {
 		{10 << 30, 1 << 20, 10 << 21},
 	} {
 		var a fuse.Attr
-		f.fillAttr(&store.Object{Kind: store.KindFile}, liveAttrs{size: c.size}, &a)
+		f.fillAttr(&store.Object{Kind: store.KindFile}, c.size, &a)
 		if a.Blksize != c.blksize || a.Blocks != c.blocks || a.Size != c.size {
 			t.Errorf("size %d: blksize %d blocks %d, want %d and %d", c.size, a.Blksize, a.Blocks, c.blksize, c.blocks)
 		}

@@ -228,8 +228,7 @@ func (f *FS) newNode() *node {
 }
 
 // fillAttr converts an object to kernel attributes.
-func (f *FS) fillAttr(o *store.Object, l liveAttrs, a *fuse.Attr) {
-	size := l.size
+func (f *FS) fillAttr(o *store.Object, size uint64, a *fuse.Attr) {
 	a.Ino = o.Ino
 	a.Size = size
 	a.Blocks = (size + 4095) / 4096 * 8 // whole pages, as tmpfs counts (du)
@@ -243,9 +242,6 @@ func (f *FS) fillAttr(o *store.Object, l liveAttrs, a *fuse.Attr) {
 	}
 	a.Uid, a.Gid = o.Uid, o.Gid
 	mns, cns := o.Mtime, o.Ctime
-	if l.mtime != 0 && o.Kind == store.KindFile {
-		mns, cns = l.mtime, max(cns, l.mtime)
-	}
 	if o.Kind == store.KindDir {
 		// An entry made or removed since the record was written.
 		t := f.st.DirChanged(o)
@@ -274,53 +270,39 @@ func blksize(size uint64) uint32 {
 	return uint32(b)
 }
 
-func (f *FS) entryOut(o *store.Object, l liveAttrs, out *fuse.EntryOut) {
-	f.fillAttr(o, l, &out.Attr)
+func (f *FS) entryOut(o *store.Object, size uint64, out *fuse.EntryOut) {
+	f.fillAttr(o, size, &out.Attr)
 	out.SetEntryTimeout(f.opts.EntryTimeout)
 	out.SetAttrTimeout(f.opts.AttrTimeout)
 }
 
-// liveAttrs is what the kernel should keep of an inode's size and
-// modification time (live): its drafts' while writers are open here,
-// else the version's. The kernel keeps one size per inode, and the
-// writers' own calls depend on it (mmap past it faults with SIGBUS), so
-// while a file is being written here stat shows the size being written,
-// and readers still read the last published version. The modification
-// time is the last write's, as on tmpfs, which the commit then publishes
-// (a stat cached while the file was open stays true after its close).
-type liveAttrs struct {
-	size  uint64
-	mtime int64 // 0: the version's
-}
-
-// live returns n's liveAttrs over its version o. A draft that failed (a
-// write was refused: it can never publish) does not count: its size is
-// of bytes nobody will see.
-func (n *node) live(o *store.Object) liveAttrs {
+// sizeOf returns the size the kernel should keep for the inode: the
+// largest of its drafts' while writers are open here, else the version's.
+// The kernel keeps one size per inode, and the writers' own calls depend
+// on it (mmap past it faults with SIGBUS), so while a file is being
+// written here stat shows the size being written, and readers still read
+// the last published version.
+//
+// A draft that failed (a write was refused: it can never publish) does
+// not count: its size is of bytes nobody will see.
+func (n *node) sizeOf(o *store.Object) uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var l liveAttrs
-	drafts := 0
-	note := func(d *store.Draft) {
-		l.size, drafts = max(l.size, d.Size()), drafts+1
-		if t, ok := d.Mtime(); ok {
-			l.mtime = max(l.mtime, t)
-		}
-	}
+	size, drafts := uint64(0), 0
 	if d := n.mu.draft; d != nil && d.Err() == nil {
-		note(d)
+		size, drafts = d.Size(), 1
 	} else if d := n.mu.orphan; d != nil {
-		note(d)
+		size, drafts = d.Size(), 1
 	}
 	for h := range n.mu.private {
 		if h.priv.Err() == nil {
-			note(h.priv)
+			size, drafts = max(size, h.priv.Size()), drafts+1
 		}
 	}
 	if drafts == 0 {
-		l.size = o.Size
+		return o.Size
 	}
-	return l
+	return size
 }
 
 func caller(ctx context.Context) (uid, gid uint32) {
@@ -354,7 +336,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch 
 	}
 	n.fs.neg.found(n.StableAttr().Ino, name)
 	ch = n.newChild(ctx, o)
-	n.fs.entryOut(o, ch.Operations().(*node).live(o), out)
+	n.fs.entryOut(o, ch.Operations().(*node).sizeOf(o), out)
 	return ch, 0
 }
 
@@ -394,7 +376,7 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	if o == nil {
 		return toErrno(err)
 	}
-	n.fs.fillAttr(o, n.live(o), &out.Attr)
+	n.fs.fillAttr(o, n.sizeOf(o), &out.Attr)
 	if gone {
 		out.Attr.Nlink = 0
 	}
@@ -425,7 +407,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		if err != nil || h.obj == nil {
 			return toErrno(err)
 		}
-		n.fs.fillAttr(h.obj, n.live(h.obj), &out.Attr)
+		n.fs.fillAttr(h.obj, n.sizeOf(h.obj), &out.Attr)
 		out.SetTimeout(n.fs.opts.AttrTimeout)
 		return 0
 	}
@@ -483,7 +465,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	if err != nil {
 		return toErrno(err)
 	}
-	n.fs.fillAttr(o, n.live(o), &out.Attr)
+	n.fs.fillAttr(o, n.sizeOf(o), &out.Attr)
 	out.SetTimeout(n.fs.opts.AttrTimeout)
 	return 0
 }
@@ -580,7 +562,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	if err != nil {
 		return nil, nil, 0, toErrno(err)
 	}
-	n.fs.entryOut(o, cn.live(o), out)
+	n.fs.entryOut(o, cn.sizeOf(o), out)
 	return ch, h, h.fuseFlags(), 0
 }
 
@@ -661,7 +643,7 @@ func (n *node) makeEntry(ctx context.Context, op, name string, out *fuse.EntryOu
 		return nil, toErrno(err)
 	}
 	ch = n.newChild(ctx, o)
-	n.fs.entryOut(o, liveAttrs{}, out)
+	n.fs.entryOut(o, 0, out)
 	return ch, 0
 }
 

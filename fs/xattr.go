@@ -167,7 +167,7 @@ func (n *node) xattrValue(ctx context.Context, attr string) ([]byte, error) {
 	}
 	switch attr {
 	case xattrSize:
-		return []byte(strconv.FormatUint(n.live(o).size, 10)), nil
+		return []byte(strconv.FormatUint(n.sizeOf(o), 10)), nil
 	case xattrVersion:
 		return []byte(strconv.FormatUint(o.Version, 10)), nil
 	case xattrLocation:

@@ -73,13 +73,8 @@ type Draft struct {
 		// not happen (no space, a failed copy, its node died): the draft
 		// can no longer commit.
 		failed error
-		mtime  int64 // explicit modification time (SetMtime) since the last change; 0: the change's
-		// changed is when a write or truncation last changed the bytes
-		// since the last commit (0: none): the modification time the
-		// next commit publishes, unless one is set (mtime), as tmpfs
-		// takes a file's at each write, not at its close.
-		changed int64
-		place   Placement
+		mtime  int64 // explicit modification time (SetMtime) since the last change; 0: now
+		place  Placement
 	}
 }
 
@@ -704,7 +699,7 @@ func (w pendingWrite) finish(ctx context.Context, err error) (uint64, error) {
 	d.size.Store(max(d.size.Load(), w.end))
 	d.dirty.Store(true)
 	d.mu.Unlock()
-	d.changedNow()
+	d.setMtime(0)
 	return w.n, nil
 }
 
@@ -889,34 +884,13 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 
 // SetMtime sets the modification time the next commit publishes (as
 // futimens does before close, for cp -p and tar); a later write or
-// truncate resets it to that change's time.
+// truncate resets it to the commit time.
 func (d *Draft) SetMtime(ns int64) { d.setMtime(ns) }
 
 func (d *Draft) setMtime(ns int64) {
 	d.meta.Lock()
 	d.meta.mtime = ns
 	d.meta.Unlock()
-}
-
-// changedNow notes a change of the bytes now: the modification time of
-// the next commit, a time set before it forgotten.
-func (d *Draft) changedNow() {
-	now := d.s.now()
-	d.meta.Lock()
-	d.meta.mtime, d.meta.changed = 0, now
-	d.meta.Unlock()
-}
-
-// Mtime returns the modification time the draft's next commit publishes,
-// when it changed the bytes or had one set (SetMtime) since the last:
-// what a stat of the file shows while it is written.
-func (d *Draft) Mtime() (int64, bool) {
-	d.meta.Lock()
-	defer d.meta.Unlock()
-	if d.meta.mtime != 0 {
-		return d.meta.mtime, true
-	}
-	return d.meta.changed, d.meta.changed != 0
 }
 
 // Truncate sets the draft's size; growing fills with zeros. A failed
@@ -978,7 +952,7 @@ func (d *Draft) resize(ctx context.Context, size uint64, growOnly bool) error {
 	d.mu.zeroed = size
 	d.size.Store(size)
 	d.dirty.Store(true)
-	d.changedNow()
+	d.setMtime(0)
 	return nil
 }
 
@@ -1042,7 +1016,7 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		return nil, fmt.Errorf("commit %q: %w", o.Key, err)
 	}
 	d.meta.Lock()
-	place, mtime, changed := d.meta.place, d.meta.mtime, d.meta.changed
+	place, mtime := d.meta.place, d.meta.mtime
 	d.meta.Unlock()
 	if !d.mu.own {
 		// Unchanged since the base version: nothing to publish.
@@ -1098,15 +1072,6 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		if err != nil {
 			return nil, err
 		}
-		if mtime == 0 && changed != 0 {
-			// The bytes' last change, as a stat while they were written
-			// showed it (Mtime), not the commit's time; a change of the
-			// metadata since (a chmod) keeps its ctime.
-			next.Mtime, next.Ctime = changed, changed
-			if cur != nil {
-				next.Ctime = max(changed, cur.Ctime)
-			}
-		}
 		next.Replicas = nil
 		if len(ext) > 0 {
 			next.Replicas = append([]Replica{primary}, extra...)
@@ -1151,9 +1116,6 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 		d.meta.Lock()
 		if d.meta.mtime == mtime {
 			d.meta.mtime = 0
-		}
-		if d.meta.changed == changed {
-			d.meta.changed = 0
 		}
 		d.meta.Unlock()
 		switch {
@@ -1458,7 +1420,7 @@ func (d *Draft) CommitInto(ctx context.Context, src *Draft, o CommitOptions) (*O
 	d.mu.Unlock()
 	d.s.freeReservations(ctx, old)
 	d.meta.Lock()
-	d.meta.failed, d.meta.mtime, d.meta.changed = nil, 0, 0
+	d.meta.failed, d.meta.mtime = nil, 0
 	d.meta.Unlock()
 	return obj, nil
 }

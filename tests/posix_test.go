@@ -619,39 +619,6 @@ os.close(fd)
 	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", filepath.Join(dir, "cp-p"))); got != "1600000000" {
 		t.Errorf("mtime after cp -p = %s, want 1600000000", got)
 	}
-
-	// A file's mtime is its last write's, as on tmpfs: a stat while it is
-	// written shows each write's, and what the close publishes is the
-	// last one, so a stat the kernel cached before the close stays true
-	// (it showed the version before for up to the attribute timeout, and
-	// then the time of the close). The pauses only make the clock move.
-	out = py(t, `
-import os, sys, time
-p = sys.argv[1] + "/written"
-with open(p, "wb") as f:
-    f.write(b"a")
-before = os.stat(p).st_mtime_ns
-time.sleep(0.02)
-f = open(p, "r+b")
-f.write(b"bb"); f.flush()
-first = os.stat(p).st_mtime_ns
-time.sleep(0.02)
-f.write(b"c"); f.flush()
-last = os.stat(p).st_mtime_ns
-f.close()
-print(before, first, last, os.stat(p).st_mtime_ns)
-`, dir)
-	var before, first, last, closed int64
-	if _, err := fmt.Sscan(out, &before, &first, &last, &closed); err != nil {
-		t.Fatalf("%q: %v", out, err)
-	}
-	if !(before < first && first < last) || closed != last {
-		t.Errorf("mtime before the writes %d, after the first %d, after the second %d, after the close %d; want each write's, kept at the close", before, first, last, closed)
-	}
-	fresh := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%.9Y", filepath.Join(dir, "written")))
-	if want := fmt.Sprintf("%d.%09d", last/1e9, last%1e9); fresh != want {
-		t.Errorf("mtime published at the close %s, want the last write's %s", fresh, want)
-	}
 }
 
 // testPermissions checks that mode bits hold for an unprivileged user.
