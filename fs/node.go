@@ -434,6 +434,11 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		if d := n.mu.draft; d != nil {
 			d.SetMtime(mtime.UnixNano())
 		}
+		for ph := range n.mu.private {
+			// Another's O_TRUNC writer (a time set by path, touch -d):
+			// its close publishes the file too.
+			ph.priv.SetMtime(mtime.UnixNano())
+		}
 		n.mu.Unlock()
 	}
 	if hasMode || hasUID || hasGID || hasMtime {

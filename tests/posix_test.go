@@ -609,6 +609,19 @@ os.close(fd)
 	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", filepath.Join(dir, "futimens"))); got != "2000000000" {
 		t.Errorf("mtime set with futimens before close(2) = %s after close, want 2000000000", got)
 	}
+	// The same set by path while another process writes the file through
+	// an O_TRUNC descriptor (its own draft), as touch -d would.
+	py(t, `
+import os, sys
+p = sys.argv[1] + "/touched"
+fd = os.open(p, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+os.write(fd, b"data")
+os.utime(p, ns=(2100000000 * 10**9, 2100000000 * 10**9))
+os.close(fd)
+`, dir)
+	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", filepath.Join(dir, "touched"))); got != "2100000000" {
+		t.Errorf("mtime set by path while an O_TRUNC writer had the file open = %s after its close, want 2100000000", got)
+	}
 	src := filepath.Join(t.TempDir(), "src")
 	writeRandom(t, src, 10000, 7)
 	mt := time.Unix(1600000000, 0)
