@@ -520,11 +520,16 @@ func (n *node) commitFollowing(ctx context.Context, opts *store.CommitOptions, c
 const scanPage = 4096
 
 // keyOfIno finds the file with inode ino in the index, for a writer
-// whose file another node renamed (its name here still the old one): a
-// walk of the whole index, a page at a time, done only when a commit
-// found its file gone from its name. A file unlinked everywhere is not
-// found.
+// whose file another node renamed (its name here still the old one),
+// done only when a commit found its file gone from its name: one look
+// where the index keeps files by inode number (store.InoFinder, the
+// cluster's), else a walk of the whole index, a page at a time. A file
+// unlinked everywhere is not found.
 func (f *FS) keyOfIno(ctx context.Context, ino uint64) (string, bool) {
+	if fi, ok := f.st.Index().(store.InoFinder); ok {
+		key, found, err := fi.FindIno(ctx, ino)
+		return key, found && err == nil
+	}
 	from := ""
 	for {
 		objs, err := f.st.Index().Scan(ctx, "", from, scanPage)

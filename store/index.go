@@ -120,6 +120,13 @@ type EntryFinder interface {
 	FindEntry(ctx context.Context, key string) (o *Object, kids bool, err error)
 }
 
+// InoFinder is an Index that finds the key of the file with inode number
+// ino without a walk of every key (a writer's commit whose file another
+// node renamed asks where it went). Internal keys are not answered.
+type InoFinder interface {
+	FindIno(ctx context.Context, ino uint64) (key string, ok bool, err error)
+}
+
 // ChildGuard is an Index that checks Swap.NoKids in the swap itself,
 // where the answer cannot change before the key is in: a batch put's
 // commit then asks nothing before it (the embedded index, where the

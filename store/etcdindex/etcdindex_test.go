@@ -363,3 +363,60 @@ func TestCompactedWatchReloads(t *testing.T) {
 		t.Fatal("watch dead after reload")
 	}
 }
+
+// TestFindIno: both nodes' caches find a file by its inode number
+// through a create, a rename (one swap: the old key out, the new one in,
+// in either order), a replacement by another inode and a delete, and
+// after a reload; directories are not answered.
+func TestFindIno(t *testing.T) {
+	s := startEtcd(t)
+	prefix := freshPrefix()
+	a := newIndex(t, s, prefix, 10*time.Second)
+	b := newIndex(t, s, prefix, 10*time.Second)
+	ctx := context.Background()
+	file := func(key string, ino uint64) *store.Object {
+		o := testObj(key, 1)
+		o.Ino = ino
+		return o
+	}
+	want := func(what string, ino uint64, key string) {
+		t.Helper()
+		for _, x := range []*Index{a, b} {
+			eventually(t, what, func() bool {
+				got, ok, err := x.FindIno(ctx, ino)
+				return err == nil && ok == (key != "") && got == key
+			})
+		}
+	}
+	v, err := a.CompareAndSwap(ctx, store.Swap{Key: "d/f", New: file("d/f", 7)},
+		store.Swap{Key: "dir", New: &store.Object{Key: "dir", Kind: store.KindDir, Ino: 8, Mode: 0o755}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("a create", 7, "d/f")
+	want("a directory", 8, "")
+	v, err = a.CompareAndSwap(ctx, store.Swap{Key: "d/f", Old: v}, store.Swap{Key: "d/g", New: file("d/g", 7)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("a rename, old key first", 7, "d/g")
+	v, err = b.CompareAndSwap(ctx, store.Swap{Key: "e/h", New: file("e/h", 7)}, store.Swap{Key: "d/g", Old: v})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("a rename, new key first", 7, "e/h")
+	v, err = a.CompareAndSwap(ctx, store.Swap{Key: "e/h", Old: v, New: file("e/h", 9)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want("replaced by another inode", 7, "")
+	want("the new inode", 9, "e/h")
+	c := newIndex(t, s, prefix, 10*time.Second) // loaded, not watched into
+	if got, ok, err := c.FindIno(ctx, 9); err != nil || !ok || got != "e/h" {
+		t.Fatalf("after a load: %q, %v, %v", got, ok, err)
+	}
+	if _, err := b.CompareAndSwap(ctx, store.Swap{Key: "e/h", Old: v}); err != nil {
+		t.Fatal(err)
+	}
+	want("a delete", 9, "")
+}

@@ -37,6 +37,9 @@ type Index struct {
 		tree    *btree.BTreeG[*store.Object]
 		bytes   uint64           // MetaBytes of the cached entries
 		corrupt map[string]error // keys whose values do not decode
+		// files maps a file's inode number to its key (FindIno); internal
+		// keys are left out.
+		files map[uint64]string
 		// rev is the etcd revision the cache reflects: every change at or
 		// below it has been applied.
 		rev int64
@@ -53,6 +56,7 @@ type Index struct {
 var (
 	_ store.Index       = (*Index)(nil)
 	_ store.EntryFinder = (*Index)(nil)
+	_ store.InoFinder   = (*Index)(nil)
 )
 
 // New connects to etcd, loads every object under the prefix with one read
@@ -88,6 +92,7 @@ func open(opts Options) (*Index, error) {
 	x.ctx, x.cancel = context.WithCancel(context.Background())
 	x.mu.tree = newTree()
 	x.mu.corrupt = map[string]error{}
+	x.mu.files = map[uint64]string{}
 	x.mu.advanced = make(chan struct{})
 	if err := x.load(); err != nil {
 		x.cancel()
@@ -444,6 +449,7 @@ func (x *Index) load() error {
 	}
 	tree := newTree()
 	corrupt := map[string]error{}
+	files := map[uint64]string{}
 	var bytes uint64
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key[len(x.objPrefix):])
@@ -454,6 +460,9 @@ func (x *Index) load() error {
 		}
 		tree.ReplaceOrInsert(o)
 		bytes += o.MetaBytes()
+		if indexedFile(o) {
+			files[o.Ino] = o.Key
+		}
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -466,7 +475,7 @@ func (x *Index) load() error {
 		d[i].Rev = uint64(resp.Header.Revision)
 	}
 	x.sendLocked(d)
-	x.mu.tree, x.mu.corrupt, x.mu.bytes = tree, corrupt, bytes
+	x.mu.tree, x.mu.corrupt, x.mu.files, x.mu.bytes = tree, corrupt, files, bytes
 	x.advanceLocked(resp.Header.Revision)
 	return nil
 }
@@ -574,8 +583,12 @@ func (x *Index) applyLocked(evs []*clientv3.Event) {
 			if err == nil {
 				if had {
 					x.mu.bytes -= prev.MetaBytes()
+					x.forgetFileLocked(prev)
 				}
 				x.mu.tree.ReplaceOrInsert(o)
+				if indexedFile(o) {
+					x.mu.files[o.Ino] = key
+				}
 				x.mu.bytes += o.MetaBytes()
 				out = append(out, store.Event{Type: store.EventPut, Object: o, Rev: uint64(rev)})
 				continue
@@ -585,12 +598,35 @@ func (x *Index) applyLocked(evs []*clientv3.Event) {
 		// A delete, or a put this version cannot read: the object is gone.
 		if had {
 			x.mu.bytes -= prev.MetaBytes()
+			x.forgetFileLocked(prev)
 			x.mu.tree.Delete(prev)
 			out = append(out, store.Event{Type: store.EventDelete, Object: prev, Rev: uint64(rev)})
 		}
 	}
 	x.sendLocked(out)
 	x.advanceLocked(last)
+}
+
+// indexedFile says whether FindIno answers for o.
+func indexedFile(o *store.Object) bool { return o.Kind == store.KindFile && !store.IsInternal(o.Key) }
+
+// forgetFileLocked drops o's entry in files, unless another key took its
+// inode number since (a rename's new key applied before its old one
+// left).
+func (x *Index) forgetFileLocked(o *store.Object) {
+	if k, ok := x.mu.files[o.Ino]; ok && k == o.Key {
+		delete(x.mu.files, o.Ino)
+	}
+}
+
+// FindIno implements store.InoFinder from the cache.
+func (x *Index) FindIno(ctx context.Context, ino uint64) (string, bool, error) {
+	if err := x.lockCaughtUp(ctx, "find inode"); err != nil {
+		return "", false, err
+	}
+	defer x.mu.Unlock()
+	key, ok := x.mu.files[ino]
+	return key, ok, nil
 }
 
 // MetaBytes implements store.MetaSizer: the cache's entries.
