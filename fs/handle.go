@@ -141,6 +141,17 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	if o == nil {
 		o, _ = n.fs.st.Stat(ctx, key)
 	}
+	if h.priv != nil && o != nil && o.Ino == ino && o.Size == 0 && n.sizeOf(o) == 0 {
+		// An O_TRUNC open of an empty file changes no bytes, and its
+		// close publishes nothing: marked modified now, as on tmpfs.
+		now := time.Now().UnixNano()
+		if t, err := n.fs.st.Update(ctx, key, ino, func(o *store.Object) error {
+			o.Mtime = now
+			return nil
+		}); err == nil {
+			o = t
+		}
+	}
 	h.obj = o
 	return h, nil
 }

@@ -411,9 +411,16 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		out.SetTimeout(n.fs.opts.AttrTimeout)
 		return 0
 	}
+	// A truncation to the size the file has changes no bytes, so no new
+	// version carries its time: the file is marked modified here, as on
+	// tmpfs (make's stamp files are truncated that way, ": > stamp").
+	unchanged := false
 	if size, has := in.GetSize(); has {
 		if n.IsDir() {
 			return syscall.EISDIR
+		}
+		if o, serr := n.fs.st.Stat(ctx, key); serr == nil && o.Ino == n.StableAttr().Ino && n.sizeOf(o) == size {
+			unchanged = true
 		}
 		if err = n.truncate(ctx, h, key, size); err != nil {
 			return toErrno(err)
@@ -441,7 +448,9 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		}
 		n.mu.Unlock()
 	}
-	if hasMode || hasUID || hasGID || hasMtime {
+	touch := unchanged && !hasMtime
+	now := time.Now().UnixNano()
+	if hasMode || hasUID || hasGID || hasMtime || touch {
 		_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
 			if hasMode {
 				o.Mode = mode & 0o7777
@@ -454,6 +463,9 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 			}
 			if hasMtime {
 				o.Mtime = mtime.UnixNano()
+			}
+			if touch {
+				o.Mtime = now // and the ctime, as every update
 			}
 			return nil
 		})

@@ -622,6 +622,31 @@ os.close(fd)
 	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", filepath.Join(dir, "touched"))); got != "2100000000" {
 		t.Errorf("mtime set by path while an O_TRUNC writer had the file open = %s after its close, want 2100000000", got)
 	}
+	// A truncation that changes no bytes still marks the file modified,
+	// as on tmpfs: an O_TRUNC open of an empty file (make's ": > stamp"),
+	// truncate(2) and ftruncate(2) to the size the file has. Each file
+	// is first given a time long past.
+	py(t, `
+import os, sys
+d = sys.argv[1]
+old = (1000000000 * 10**9, 1000000000 * 10**9)
+for name, data in (("stamp", b""), ("same", b"abc"), ("fsame", b"abc")):
+    p = d + "/" + name
+    with open(p, "wb") as f:
+        f.write(data)
+    os.utime(p, ns=old)
+os.close(os.open(d + "/stamp", os.O_WRONLY | os.O_TRUNC))
+os.truncate(d + "/same", 3)
+fd = os.open(d + "/fsame", os.O_WRONLY)
+os.ftruncate(fd, 3)
+os.close(fd)
+`, dir)
+	for _, name := range []string{"stamp", "same", "fsame"} {
+		out := strings.Fields(run(t, "stat", "--cached=never", "-c", "%Y %s", filepath.Join(dir, name)))
+		if len(out) != 2 || out[0] <= "1000000000" || len(out[0]) != 10 {
+			t.Errorf("%s: mtime and size %q after a truncation that changed no bytes; want its time, not 1000000000", name, out)
+		}
+	}
 	src := filepath.Join(t.TempDir(), "src")
 	writeRandom(t, src, 10000, 7)
 	mt := time.Unix(1600000000, 0)
