@@ -3,6 +3,7 @@ package fs
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -429,22 +430,23 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	mode, hasMode := in.GetMode()
 	uid, hasUID := in.GetUID()
 	gid, hasGID := in.GetGID()
-	mtime, hasMtime := in.GetMTime()
+	mt, hasMtime := in.GetMTime()
+	mtime := unixNanos(mt)
 	if hasMtime {
 		// An open writer commits at close: keep the time for that commit.
 		if h != nil && h.writable {
 			if d := h.draft(); d != nil {
-				d.SetMtime(mtime.UnixNano())
+				d.SetMtime(mtime)
 			}
 		}
 		n.lockSettled()
 		if d := n.mu.draft; d != nil {
-			d.SetMtime(mtime.UnixNano())
+			d.SetMtime(mtime)
 		}
 		for ph := range n.mu.private {
 			// Another's O_TRUNC writer (a time set by path, touch -d):
 			// its close publishes the file too.
-			ph.priv.SetMtime(mtime.UnixNano())
+			ph.priv.SetMtime(mtime)
 		}
 		n.mu.Unlock()
 	}
@@ -462,7 +464,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 				o.Gid = gid
 			}
 			if hasMtime {
-				o.Mtime = mtime.UnixNano()
+				o.Mtime = mtime
 			}
 			if touch {
 				o.Mtime = now // and the ctime, as every update
@@ -485,6 +487,23 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	n.fs.fillAttr(o, n.sizeOf(o), &out.Attr)
 	out.SetTimeout(n.fs.opts.AttrTimeout)
 	return 0
+}
+
+// Times are kept as int64 nanoseconds since 1970, about 1677 to 2262.
+var minTime, maxTime = time.Unix(0, math.MinInt64), time.Unix(0, math.MaxInt64)
+
+// unixNanos is t in nanoseconds since 1970, clamped to the range kept, as
+// the kernel clamps a time set on a file system with a narrower one than
+// the caller's: a time past it (touch -d 2300-01-01, tar of such a file)
+// wrapped around to 1715.
+func unixNanos(t time.Time) int64 {
+	switch {
+	case t.Before(minTime):
+		return math.MinInt64
+	case t.After(maxTime):
+		return math.MaxInt64
+	}
+	return t.UnixNano()
 }
 
 // truncate changes the size: through a writable handle, its draft; with

@@ -647,6 +647,14 @@ os.close(fd)
 			t.Errorf("%s: mtime and size %q after a truncation that changed no bytes; want its time, not 1000000000", name, out)
 		}
 	}
+	// Times past what the store keeps (int64 nanoseconds, 1677 to 2262)
+	// are clamped to its ends, not wrapped around.
+	far := filepath.Join(dir, "far")
+	run(t, "touch", far)
+	run(t, "touch", "-m", "-d", "2300-01-01 UTC", far)
+	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", far)); got != "9223372036" {
+		t.Errorf("mtime set to 2300 reads %s, want the last second kept, 9223372036", got)
+	}
 	src := filepath.Join(t.TempDir(), "src")
 	writeRandom(t, src, 10000, 7)
 	mt := time.Unix(1600000000, 0)
