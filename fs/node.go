@@ -237,9 +237,14 @@ func (f *FS) fillAttr(o *store.Object, size uint64, a *fuse.Attr) {
 	a.Mode = fileType(o.Kind) | o.Mode&0o7777
 	a.Nlink = 1
 	if o.Kind == store.KindDir {
-		a.Nlink = 2
+		// Not 2: a directory's links are 2 and one per subdirectory,
+		// which the index does not count; tools that skip a directory
+		// once its subdirectories are seen (File::Find, fts's leaf
+		// optimization) missed files under one with subdirectories.
+		// 1 says "not counted", as btrfs has it. Nor does a directory
+		// take pages: du counts none for it, as on tmpfs.
 		a.Size = 4096
-		a.Blocks = 8
+		a.Blocks = 0
 	}
 	a.Uid, a.Gid = o.Uid, o.Gid
 	mns, cns := o.Mtime, o.Ctime

@@ -655,6 +655,16 @@ os.close(fd)
 	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", far)); got != "9223372036" {
 		t.Errorf("mtime set to 2300 reads %s, want the last second kept, 9223372036", got)
 	}
+	// A directory shows one link, "not counted" (its count would be 2
+	// and one per subdirectory, which the store does not keep: 2 told
+	// walkers such as File::Find that it had no subdirectories), and no
+	// blocks, as tmpfs (du).
+	if err := os.MkdirAll(filepath.Join(dir, "nl", "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%h %b", filepath.Join(dir, "nl"))); got != "1 0" {
+		t.Errorf("a directory with a subdirectory: links and blocks %q, want \"1 0\"", got)
+	}
 	src := filepath.Join(t.TempDir(), "src")
 	writeRandom(t, src, 10000, 7)
 	mt := time.Unix(1600000000, 0)
