@@ -138,10 +138,11 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	} else if err := n.joinShared(ctx, key); err != nil {
 		return nil, err
 	}
+	made := o != nil // by the caller, just now: its time is the open's
 	if o == nil {
 		o, _ = n.fs.st.Stat(ctx, key)
 	}
-	if h.priv != nil && o != nil && o.Ino == ino && o.Size == 0 && n.sizeOf(o) == 0 {
+	if h.priv != nil && !made && o != nil && o.Ino == ino && o.Size == 0 && n.sizeOf(o) == 0 {
 		// An O_TRUNC open of an empty file changes no bytes, and its
 		// close publishes nothing: marked modified now, as on tmpfs.
 		now := time.Now().UnixNano()
