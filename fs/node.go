@@ -457,7 +457,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	}
 	touch := unchanged && !hasMtime
 	now := time.Now().UnixNano()
-	if hasMode || hasUID || hasGID || hasMtime || touch {
+	if hasMode || hasUID || hasGID || hasMtime {
 		_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
 			if hasMode {
 				o.Mode = mode & 0o7777
@@ -476,6 +476,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 			}
 			return nil
 		})
+		touch = false
 		if err != nil {
 			return toErrno(err)
 		}
@@ -484,6 +485,13 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 			// shown as set until the next entry change.
 			n.fs.st.DirTimesSet(key)
 		}
+	}
+	if touch {
+		// The truncation is done: a file replaced since keeps its times.
+		_, _ = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
+			o.Mtime = now
+			return nil
+		})
 	}
 	o, err := n.fs.st.Stat(ctx, key)
 	if err != nil {
