@@ -2,10 +2,12 @@ package fs
 
 import (
 	"context"
+	"encoding/binary"
 	"syscall"
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"golang.org/x/sys/unix"
 
 	"github.com/mooncake-fs/mooncake-fs/ioctl"
 )
@@ -24,6 +26,43 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 		n.fs.ioctls.running.Add(-1)
 		n.fs.opDone(ctx, "ioctl", key, 0, start, errno, err)
 	}()
+	switch cmd {
+	case unix.FS_IOC_GETFLAGS, fsIOC32GetFlags:
+		// lsattr, and the kernel's file attributes: none is set.
+		if len(output) < 4 {
+			return 0, syscall.EINVAL
+		}
+		clear(output[:4])
+		return 0, 0
+	case unix.FS_IOC_SETFLAGS, fsIOC32SetFlags:
+		// chattr: clearing every flag is what there is to do; no flag
+		// (immutable, append only, no dump, ...) is kept.
+		if len(input) < 4 {
+			return 0, syscall.EINVAL
+		}
+		if binary.NativeEndian.Uint32(input) != 0 {
+			return 0, syscall.EOPNOTSUPP
+		}
+		return 0, 0
+	case fsIOCFSGetXattr:
+		// The same as extended flags (struct fsxattr), which the kernel
+		// reads before it sets flags: all zero.
+		if len(output) < sizeFsxattr {
+			return 0, syscall.EINVAL
+		}
+		clear(output[:sizeFsxattr])
+		return 0, 0
+	case fsIOCFSSetXattr:
+		if len(input) < sizeFsxattr {
+			return 0, syscall.EINVAL
+		}
+		for _, b := range input[:20] { // xflags, extsize, nextents, projid, cowextsize
+			if b != 0 {
+				return 0, syscall.EOPNOTSUPP
+			}
+		}
+		return 0, 0
+	}
 	if ioctl.TypeOf(cmd) != ioctl.Type {
 		return 0, syscall.ENOTTY
 	}
@@ -64,6 +103,18 @@ func (n *node) Ioctl(ctx context.Context, fh gofs.FileHandle, cmd uint32, arg ui
 	}
 	return 0, syscall.ENOTTY
 }
+
+// The 32-bit forms of FS_IOC_GETFLAGS and FS_IOC_SETFLAGS (an int, not a
+// long: what the kernel itself sends a FUSE server for its file
+// attributes).
+const (
+	fsIOC32GetFlags = 0x80046601
+	fsIOC32SetFlags = 0x40046602
+	// FS_IOC_FSGETXATTR and FS_IOC_FSSETXATTR, of a struct fsxattr.
+	fsIOCFSGetXattr = 0x801c581f
+	fsIOCFSSetXattr = 0x401c5820
+	sizeFsxattr     = 28
+)
 
 // ioctlHook, when set (tests), runs in every data-path ioctl once it is
 // counted, before the command.

@@ -126,7 +126,7 @@ var allowedErrnos = map[syscall.Errno]bool{
 	syscall.ENOSPC: true, syscall.ENOTDIR: true, syscall.EISDIR: true, syscall.ESRCH: true,
 	syscall.ENAMETOOLONG: true, syscall.EACCES: true, syscall.EFBIG: true,
 	syscall.ENODEV: true, syscall.ENOMEM: true, syscall.EBADMSG: true, syscall.EOVERFLOW: true,
-	syscall.EBUSY: true,
+	syscall.EBUSY: true, syscall.EOPNOTSUPP: true,
 }
 
 // FuzzIoctl drives the ioctl dispatch with arbitrary commands and bytes:
@@ -139,6 +139,9 @@ func FuzzIoctl(f *testing.F) {
 	f.Add(uint8(8), uint32(0), false, (&ioctl.StatArg{}).Marshal())
 	f.Add(uint8(9), uint32(0), true, (&ioctl.BatchArg{Count: 1}).Marshal())
 	f.Add(uint8(200), uint32(0xdeadbeef), false, []byte{1, 2, 3})
+	f.Add(uint8(200), uint32(unix.FS_IOC_GETFLAGS), false, []byte{})
+	f.Add(uint8(200), uint32(unix.FS_IOC_SETFLAGS), false, []byte{0x10, 0, 0, 0, 0, 0, 0, 0}) // immutable: not kept
+	f.Add(uint8(200), uint32(fsIOCFSSetXattr), true, make([]byte, sizeFsxattr))
 	f.Add(uint8(13), uint32(0), true, (&ioctl.KeyArg{KeyLen: 1, Len: 8}).Marshal())
 	f.Add(uint8(15), uint32(0), true, (&ioctl.VBatchArg{Count: 1}).Marshal())
 	f.Add(uint8(15), uint32(0), true, (&ioctl.VBatchArg{Header: ioctl.Header{Flags: ioctl.VBatchAsync}, Count: 1}).Marshal())

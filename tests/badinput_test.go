@@ -153,6 +153,13 @@ try_("m_magic_short", fcntl.ioctl, fd, IOC(2, M, 1, 8), bytearray(8), True)
 try_("m_magic_write", fcntl.ioctl, fd, IOC(1, M, 1, 16), bytearray(16), True)
 try_("m_max_size", fcntl.ioctl, fd, IOC(3, M, 0x55, 16383), bytearray(16383), True)
 
+# File flags (lsattr, chattr): none set, none kept; clearing them is fine.
+flags = bytearray(8)
+if try_("getflags", fcntl.ioctl, fd, 0x80086601, flags, True) is not None:
+    print("flags=" + flags.hex())
+try_("setflags_none", fcntl.ioctl, fd, 0x40086602, struct.pack("l", 0))
+try_("setflags_immutable", fcntl.ioctl, fd, 0x40086602, struct.pack("l", 0x10))
+
 # Random commands; type bytes the VFS or other layers answer themselves
 # (0x00 FIBMAP/FIGETBSZ, 'T' FIO*, 'f' and 'X' file attributes, 0x94
 # FICLONE, 0x15 FS_IOC_GETFSUUID) are left out.
@@ -189,7 +196,7 @@ func testIoctl(t *testing.T, d *daemon, dir string) {
 		"get_abi": "OK", "abi": fmt.Sprintf("%d.%d", ioctl.ABIMajor, ioctl.ABIMinor),
 		"other_type": "ENOTTY", "m_unknown_nr": "ENOTTY", "m_no_arg": "ENOTTY",
 		"m_magic_short": "ENOTTY", "m_magic_write": "ENOTTY", "m_max_size": "ENOTTY",
-		"random": "OK",
+		"random": "OK", "getflags": "OK", "flags": "0000000000000000", "setflags_none": "OK", "setflags_immutable": "EOPNOTSUPP",
 	})
 
 	// The Go client's Probe, from a helper process.
