@@ -117,6 +117,9 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 			return nil, err
 		}
 		h := &handle{n: n, reader: r, obj: r.Object()}
+		n.mu.Lock()
+		n.mu.opened = h.obj
+		n.mu.Unlock()
 		h.regs.fs = n.fs
 		h.follow.Store(follow)
 		return h, nil
@@ -154,6 +157,11 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 		}
 	}
 	h.obj = o
+	if o != nil {
+		n.mu.Lock()
+		n.mu.opened = o
+		n.mu.Unlock()
+	}
 	return h, nil
 }
 

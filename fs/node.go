@@ -49,6 +49,15 @@ type node struct {
 		// closed with the last of them.
 		followers int
 		orphan    *store.Draft
+		// gone is the file's attributes as a chmod, chown or utime
+		// through a descriptor (or a path walk that raced the removal)
+		// set them after the file left its name (unlinked, renamed
+		// over): what fstat of its descriptors shows from then on, as on
+		// tmpfs, where such a call changes the nameless file.
+		gone *store.Object
+		// opened is the version a descriptor of the file last opened:
+		// the attributes gone starts from when a call comes without one.
+		opened *store.Object
 		// bound holds, for each shared draft that followers read (each
 		// reads one: handle.bound), their count and what the draft left
 		// once closed (the version its writers published, or the one
@@ -122,6 +131,17 @@ func (n *node) ghostReader() *store.Reader {
 		return nil
 	}
 	return n.mu.ghost.Dup()
+}
+
+// ghostObject returns the version a rename through this mount replaced
+// (node.mu.ghost), nil without one.
+func (n *node) ghostObject() *store.Object {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.mu.ghost == nil {
+		return nil
+	}
+	return n.mu.ghost.Object()
 }
 
 // key returns the node's key; ok is false for a node that is no longer
@@ -362,7 +382,14 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	var o *store.Object
 	o, err = n.liveObject(ctx, key, ok)
 	gone := o == nil
-	if gone {
+	if gone && !ok {
+		n.mu.Lock()
+		if g := n.mu.gone; g != nil {
+			o, err = g, nil
+		}
+		n.mu.Unlock()
+	}
+	if gone && o == nil {
 		// Unlinked or replaced but still open (a file or a directory,
 		// as fstat of a descriptor sees it): answer from what the
 		// handle knows, with no link left, as tmpfs does. Without a
@@ -400,20 +427,58 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	defer func() { n.fs.opDone(ctx, "setattr", key, 0, start, errno, err) }()
 	h, _ := fh.(*handle)
 	if !ok {
-		if h == nil {
-			return syscall.ESTALE
+		// A file unlinked or renamed over while open (or while a path
+		// walk reached it): the call changes the nameless file, as on
+		// tmpfs. A truncation changes the draft, which goes nowhere, as
+		// its writes do; the attributes are kept for its descriptors'
+		// fstat (node.mu.gone).
+		n.mu.Lock()
+		base := n.mu.gone
+		n.mu.Unlock()
+		if dh, isD := fh.(*dirHandle); isD && base == nil {
+			base = dh.obj
 		}
-		// ftruncate of a file unlinked while open: the draft changes,
-		// and goes nowhere, as its writes do.
-		if size, has := in.GetSize(); has && h.writable {
+		if base == nil && h != nil {
+			base = h.obj
+		}
+		if base == nil {
+			base = n.ghostObject()
+		}
+		if base == nil {
+			n.mu.Lock()
+			base = n.mu.opened
+			n.mu.Unlock()
+		}
+		if base == nil {
+			return syscall.ESTALE // the kernel looks the path up again
+		}
+		if size, has := in.GetSize(); has && h != nil && h.writable {
 			if d := h.draft(); d != nil {
 				err = d.Truncate(ctx, size)
 			}
 		}
-		if err != nil || h.obj == nil {
+		if err != nil {
 			return toErrno(err)
 		}
-		n.fs.fillAttr(h.obj, n.sizeOf(h.obj), &out.Attr)
+		o := base.Clone()
+		if mode, has := in.GetMode(); has {
+			o.Mode = mode & 0o7777
+		}
+		if uid, has := in.GetUID(); has {
+			o.Uid = uid
+		}
+		if gid, has := in.GetGID(); has {
+			o.Gid = gid
+		}
+		if mt, has := in.GetMTime(); has {
+			o.Mtime = unixNanos(mt)
+		}
+		o.Ctime = time.Now().UnixNano()
+		n.mu.Lock()
+		n.mu.gone = o
+		n.mu.Unlock()
+		n.fs.fillAttr(o, n.sizeOf(o), &out.Attr)
+		out.Attr.Nlink = 0
 		out.SetTimeout(n.fs.opts.AttrTimeout)
 		return 0
 	}

@@ -655,6 +655,29 @@ os.close(fd)
 	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", far)); got != "9223372036" {
 		t.Errorf("mtime set to 2300 reads %s, want the last second kept, 9223372036", got)
 	}
+	// fchmod, fchown and futimens of a file unlinked while open change
+	// the nameless file, as on tmpfs, where they failed with ESTALE: fstat
+	// of its descriptors shows them.
+	out = py(t, `
+import os, sys
+p = sys.argv[1] + "/unlinked"
+res = []
+for flags in (os.O_RDWR, os.O_RDONLY):
+    with open(p, "wb") as f:
+        f.write(b"data")
+    fd = os.open(p, flags)
+    os.unlink(p)
+    os.fchmod(fd, 0o600)
+    os.fchown(fd, 7, 8)
+    os.utime(fd, ns=(5 * 10**9, 5 * 10**9))
+    st = os.fstat(fd)
+    res.append("%o %d %d %d %d %d" % (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_mtime_ns // 10**9, st.st_nlink, st.st_size))
+    os.close(fd)
+print(" | ".join(res))
+`, dir)
+	if got, want := strings.TrimSpace(out), "600 7 8 5 0 4 | 600 7 8 5 0 4"; got != want {
+		t.Errorf("an unlinked open file after fchmod, fchown, futimens: %q, want %q", got, want)
+	}
 	// A directory shows one link, "not counted" (its count would be 2
 	// and one per subdirectory, which the store does not keep: 2 told
 	// walkers such as File::Find that it had no subdirectories), and no
