@@ -84,6 +84,7 @@ var (
 	_ gofs.NodeLookuper      = (*node)(nil)
 	_ gofs.NodeGetattrer     = (*node)(nil)
 	_ gofs.NodeSetattrer     = (*node)(nil)
+	_ gofs.NodeLseeker       = (*node)(nil)
 	_ gofs.NodeCreater       = (*node)(nil)
 	_ gofs.NodeOpener        = (*node)(nil)
 	_ gofs.NodeReader        = (*node)(nil)
@@ -565,6 +566,26 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 	n.fs.fillAttr(o, n.sizeOf(o), &out.Attr)
 	out.SetTimeout(n.fs.opts.AttrTimeout)
 	return 0
+}
+
+// Lseek implements gofs.NodeLseeker: SEEK_DATA and SEEK_HOLE (the kernel
+// answers the other whences) as on tmpfs for a file without holes: data
+// everywhere before the end, the one hole at it, and neither at or past
+// the end (ENXIO), where go-fuse's default found a hole at the end.
+func (n *node) Lseek(ctx context.Context, f gofs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	var a fuse.AttrOut
+	if errno := n.Getattr(ctx, f, &a); errno != 0 {
+		return 0, errno
+	}
+	switch {
+	case whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE:
+		return 0, syscall.EINVAL
+	case off >= a.Size:
+		return 0, syscall.ENXIO
+	case whence == unix.SEEK_DATA:
+		return off, 0
+	}
+	return a.Size, 0
 }
 
 // Times are kept as int64 nanoseconds since 1970, about 1677 to 2262.

@@ -678,6 +678,26 @@ print(" | ".join(res))
 	if got, want := strings.TrimSpace(out), "600 7 8 5 0 4 | 600 7 8 5 0 4"; got != want {
 		t.Errorf("an unlinked open file after fchmod, fchown, futimens: %q, want %q", got, want)
 	}
+	// SEEK_DATA and SEEK_HOLE as on tmpfs: no holes before the end,
+	// neither at or past it (ENXIO).
+	out = py(t, `
+import errno, os, sys
+p = sys.argv[1] + "/seek"
+with open(p, "wb") as f:
+    f.write(b"x" * 5000)
+fd = os.open(p, os.O_RDONLY)
+res = [os.lseek(fd, 10, os.SEEK_DATA), os.lseek(fd, 10, os.SEEK_HOLE)]
+for off, whence in ((5000, os.SEEK_HOLE), (5000, os.SEEK_DATA), (6000, os.SEEK_HOLE)):
+    try:
+        res.append(os.lseek(fd, off, whence))
+    except OSError as e:
+        res.append(errno.errorcode[e.errno])
+os.close(fd)
+print(*res)
+`, dir)
+	if got, want := strings.TrimSpace(out), "10 5000 ENXIO ENXIO ENXIO"; got != want {
+		t.Errorf("SEEK_DATA/SEEK_HOLE of a 5000 B file at 10, and SEEK_HOLE, SEEK_DATA at 5000 and 6000: %q, want %q", got, want)
+	}
 	// A directory shows one link, "not counted" (its count would be 2
 	// and one per subdirectory, which the store does not keep: 2 told
 	// walkers such as File::Find that it had no subdirectories), and no
