@@ -657,7 +657,7 @@ os.close(fd)
 	}
 	// fchmod, fchown and futimens of a file unlinked while open change
 	// the nameless file, as on tmpfs, where they failed with ESTALE: fstat
-	// of its descriptors shows them.
+	// of its descriptors shows them; its xattrs still read.
 	out = py(t, `
 import os, sys
 p = sys.argv[1] + "/unlinked"
@@ -665,18 +665,20 @@ res = []
 for flags in (os.O_RDWR, os.O_RDONLY):
     with open(p, "wb") as f:
         f.write(b"data")
+    os.setxattr(p, "user.tag", b"t")
     fd = os.open(p, flags)
     os.unlink(p)
+    tag = os.getxattr(fd, "user.tag").decode() + ",".join(os.listxattr(fd))
     os.fchmod(fd, 0o600)
     os.fchown(fd, 7, 8)
     os.utime(fd, ns=(5 * 10**9, 5 * 10**9))
     st = os.fstat(fd)
-    res.append("%o %d %d %d %d %d" % (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_mtime_ns // 10**9, st.st_nlink, st.st_size))
+    res.append("%o %d %d %d %d %d %s %s" % (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_mtime_ns // 10**9, st.st_nlink, st.st_size, tag, os.getxattr(fd, "user.tag").decode()))
     os.close(fd)
 print(" | ".join(res))
 `, dir)
-	if got, want := strings.TrimSpace(out), "600 7 8 5 0 4 | 600 7 8 5 0 4"; got != want {
-		t.Errorf("an unlinked open file after fchmod, fchown, futimens: %q, want %q", got, want)
+	if got, want := strings.TrimSpace(out), "600 7 8 5 0 4 tuser.tag t | 600 7 8 5 0 4 tuser.tag t"; got != want {
+		t.Errorf("an unlinked open file's xattrs, and it after fchmod, fchown, futimens: %q, want %q", got, want)
 	}
 	// SEEK_DATA and SEEK_HOLE as on tmpfs: no holes before the end,
 	// neither at or past it (ENXIO).
