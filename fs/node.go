@@ -453,7 +453,12 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		if base == nil {
 			return syscall.ESTALE // the kernel looks the path up again
 		}
-		if size, has := in.GetSize(); has && h != nil && h.writable {
+		if size, has := in.GetSize(); has {
+			if h == nil || !h.writable {
+				// A truncate by path that met the file leaving: the kernel
+				// looks the path up again.
+				return syscall.ESTALE
+			}
 			if d := h.draft(); d != nil {
 				err = d.Truncate(ctx, size)
 			}
