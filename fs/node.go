@@ -134,15 +134,32 @@ func (n *node) ghostReader() *store.Reader {
 	return n.mu.ghost.Dup()
 }
 
-// ghostObject returns the version a rename through this mount replaced
-// (node.mu.ghost), nil without one.
-func (n *node) ghostObject() *store.Object {
+// namelessObject is what n's attributes are once its key no longer holds
+// its inode (unlinked, or replaced by a rename, while open or while the
+// kernel's walk reached it), nil when nothing is known: with left (n has
+// no name at all), as a call through a descriptor set them since
+// (node.mu.gone); else the version the descriptor fh has; else the one a
+// rename through this mount replaced (the ghost); else, with left, the
+// version a descriptor last opened (node.mu.opened).
+func (n *node) namelessObject(fh gofs.FileHandle, left bool) *store.Object {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.mu.ghost == nil {
-		return nil
+	if left && n.mu.gone != nil {
+		return n.mu.gone
 	}
-	return n.mu.ghost.Object()
+	if h, isH := fh.(*handle); isH && h.obj != nil {
+		return h.obj
+	}
+	if dh, isD := fh.(*dirHandle); isD && dh.obj != nil {
+		return dh.obj
+	}
+	if n.mu.ghost != nil {
+		return n.mu.ghost.Object()
+	}
+	if left {
+		return n.mu.opened
+	}
+	return nil
 }
 
 // key returns the node's key; ok is false for a node that is no longer
@@ -383,26 +400,14 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	var o *store.Object
 	o, err = n.liveObject(ctx, key, ok)
 	gone := o == nil
-	if gone && !ok {
-		n.mu.Lock()
-		if g := n.mu.gone; g != nil {
-			o, err = g, nil
-		}
-		n.mu.Unlock()
-	}
-	if gone && o == nil {
+	if gone {
 		// Unlinked or replaced but still open (a file or a directory,
-		// as fstat of a descriptor sees it): answer from what the
-		// handle knows, with no link left, as tmpfs does. Without a
-		// handle, ESTALE: the kernel looks the path up again and finds
-		// what is there now.
-		if h, isH := fh.(*handle); isH && h.obj != nil {
-			o, err = h.obj, nil
-		} else if dh, isD := fh.(*dirHandle); isD && dh.obj != nil {
-			o, err = dh.obj, nil
-		} else if g := n.ghostReader(); g != nil {
-			o, err = g.Object(), nil
-			g.Close()
+		// as fstat of a descriptor sees it): answer from what is known
+		// of it, with no link left, as tmpfs does. With nothing known,
+		// ESTALE: the kernel looks the path up again and finds what is
+		// there now.
+		if o = n.namelessObject(fh, !ok); o != nil {
+			err = nil
 		} else if err == nil {
 			err = store.ErrStale
 		}
@@ -433,23 +438,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		// tmpfs. A truncation changes the draft, which goes nowhere, as
 		// its writes do; the attributes are kept for its descriptors'
 		// fstat (node.mu.gone).
-		n.mu.Lock()
-		base := n.mu.gone
-		n.mu.Unlock()
-		if dh, isD := fh.(*dirHandle); isD && base == nil {
-			base = dh.obj
-		}
-		if base == nil && h != nil {
-			base = h.obj
-		}
-		if base == nil {
-			base = n.ghostObject()
-		}
-		if base == nil {
-			n.mu.Lock()
-			base = n.mu.opened
-			n.mu.Unlock()
-		}
+		base := n.namelessObject(fh, true)
 		if base == nil {
 			return syscall.ESTALE // the kernel looks the path up again
 		}
@@ -526,8 +515,6 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		}
 		n.mu.Unlock()
 	}
-	touch := unchanged && !hasMtime
-	now := time.Now().UnixNano()
 	if hasMode || hasUID || hasGID || hasMtime {
 		_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
 			if hasMode {
@@ -542,12 +529,8 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 			if hasMtime {
 				o.Mtime = mtime
 			}
-			if touch {
-				o.Mtime = now // and the ctime, as every update
-			}
 			return nil
 		})
-		touch = false
 		if err != nil {
 			return toErrno(err)
 		}
@@ -557,10 +540,11 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 			n.fs.st.DirTimesSet(key)
 		}
 	}
-	if touch {
+	if unchanged && !hasMtime {
 		// The truncation is done: a file replaced since keeps its times.
+		now := time.Now().UnixNano()
 		_, _ = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
-			o.Mtime = now
+			o.Mtime = now // and the ctime, as every update
 			return nil
 		})
 	}

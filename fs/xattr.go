@@ -191,9 +191,7 @@ func (n *node) xattrValue(ctx context.Context, attr string) ([]byte, error) {
 // xattrObject is the version whose attributes n's reads: the one its key
 // holds while that is still n's inode (liveObject). Once n was unlinked
 // or replaced (a rename over it: the kernel can still hold its dentry),
-// the attributes a call through a descriptor gave it since (node.mu.gone),
-// the version a rename replaced while open (the ghost), or the version a
-// descriptor last opened (node.mu.opened); else ErrStale, on
+// what is known of it (namelessObject); else ErrStale, on
 // which the kernel looks the path up again and asks what is there now,
 // as for a stat; not ENOENT for a name that never stopped existing, nor
 // the attributes of another file.
@@ -203,18 +201,8 @@ func (n *node) xattrObject(ctx context.Context) (*store.Object, error) {
 	if o != nil || err != nil {
 		return o, err
 	}
-	n.mu.Lock()
-	gone, opened := n.mu.gone, n.mu.opened
-	n.mu.Unlock()
-	if !ok && gone != nil {
-		return gone, nil // as a call through a descriptor since set it
-	}
-	if g := n.ghostReader(); g != nil {
-		defer g.Close()
-		return g.Object(), nil
-	}
-	if !ok && opened != nil {
-		return opened, nil // unlinked while open: as its descriptor has it
+	if o := n.namelessObject(nil, !ok); o != nil {
+		return o, nil
 	}
 	return nil, store.ErrStale
 }

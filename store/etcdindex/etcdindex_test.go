@@ -59,11 +59,15 @@ func testObj(key string, size uint64) *store.Object {
 	return &store.Object{Key: key, Kind: store.KindFile, Size: size, Mode: 0o644, Xattrs: map[string][]byte{"a": {1, 2}}}
 }
 
+// twoNodes starts etcd and two indexes over one fresh prefix, as two
+// nodes of a cluster have.
+func twoNodes(t *testing.T) (s *etcdServer, prefix string, a, b *Index) {
+	s, prefix = startEtcd(t), freshPrefix()
+	return s, prefix, newIndex(t, s, prefix, 10*time.Second), newIndex(t, s, prefix, 10*time.Second)
+}
+
 func TestTwoNodes(t *testing.T) {
-	s := startEtcd(t)
-	prefix := freshPrefix()
-	a := newIndex(t, s, prefix, 10*time.Second)
-	b := newIndex(t, s, prefix, 10*time.Second)
+	s, _, a, b := twoNodes(t)
 	ctx := context.Background()
 
 	bw, err := b.Watch(ctx, "")
@@ -369,10 +373,7 @@ func TestCompactedWatchReloads(t *testing.T) {
 // in either order), a replacement by another inode and a delete, and
 // after a reload; directories are not answered.
 func TestFindIno(t *testing.T) {
-	s := startEtcd(t)
-	prefix := freshPrefix()
-	a := newIndex(t, s, prefix, 10*time.Second)
-	b := newIndex(t, s, prefix, 10*time.Second)
+	s, prefix, a, b := twoNodes(t)
 	ctx := context.Background()
 	file := func(key string, ino uint64) *store.Object {
 		o := testObj(key, 1)
