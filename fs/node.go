@@ -144,6 +144,11 @@ func (n *node) ghostReader() *store.Reader {
 func (n *node) namelessObject(fh gofs.FileHandle, left bool) *store.Object {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.namelessLocked(fh, left)
+}
+
+// namelessLocked is namelessObject with n.mu held.
+func (n *node) namelessLocked(fh gofs.FileHandle, left bool) *store.Object {
 	if left && n.mu.gone != nil {
 		return n.mu.gone
 	}
@@ -160,6 +165,29 @@ func (n *node) namelessObject(fh gofs.FileHandle, left bool) *store.Object {
 		return n.mu.opened
 	}
 	return nil
+}
+
+// changeNameless changes the attributes of n, which has no name left
+// (unlinked or renamed over), as a call through a descriptor (or a path
+// walk that raced the removal) asks: a copy of what namelessObject knows
+// of it, changed by change and kept for its descriptors (node.mu.gone),
+// its ctime now; all under n.mu, so that two such calls both stick. With
+// nothing known, or when change fails, nothing changes: ErrStale (the
+// kernel looks the path up again) or change's error.
+func (n *node) changeNameless(fh gofs.FileHandle, change func(o *store.Object) error) (*store.Object, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	base := n.namelessLocked(fh, true)
+	if base == nil {
+		return nil, store.ErrStale
+	}
+	o := base.Clone()
+	if err := change(o); err != nil {
+		return nil, err
+	}
+	o.Ctime = time.Now().UnixNano()
+	n.mu.gone = o
+	return o, nil
 }
 
 // key returns the node's key; ok is false for a node that is no longer
@@ -438,8 +466,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		// tmpfs. A truncation changes the draft, which goes nowhere, as
 		// its writes do; the attributes are kept for its descriptors'
 		// fstat (node.mu.gone).
-		base := n.namelessObject(fh, true)
-		if base == nil {
+		if n.namelessObject(fh, true) == nil {
 			return syscall.ESTALE // the kernel looks the path up again
 		}
 		if size, has := in.GetSize(); has {
@@ -455,23 +482,25 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttr
 		if err != nil {
 			return toErrno(err)
 		}
-		o := base.Clone()
-		if mode, has := in.GetMode(); has {
-			o.Mode = mode & 0o7777
+		var o *store.Object
+		o, err = n.changeNameless(fh, func(o *store.Object) error {
+			if mode, has := in.GetMode(); has {
+				o.Mode = mode & 0o7777
+			}
+			if uid, has := in.GetUID(); has {
+				o.Uid = uid
+			}
+			if gid, has := in.GetGID(); has {
+				o.Gid = gid
+			}
+			if mt, has := in.GetMTime(); has {
+				o.Mtime = unixNanos(mt)
+			}
+			return nil
+		})
+		if err != nil {
+			return toErrno(err)
 		}
-		if uid, has := in.GetUID(); has {
-			o.Uid = uid
-		}
-		if gid, has := in.GetGID(); has {
-			o.Gid = gid
-		}
-		if mt, has := in.GetMTime(); has {
-			o.Mtime = unixNanos(mt)
-		}
-		o.Ctime = time.Now().UnixNano()
-		n.mu.Lock()
-		n.mu.gone = o
-		n.mu.Unlock()
 		n.fs.fillAttr(o, n.sizeOf(o), &out.Attr)
 		out.Attr.Nlink = 0
 		out.SetTimeout(n.fs.opts.AttrTimeout)

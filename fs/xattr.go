@@ -238,10 +238,7 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if len(data) > maxXattrValue || len(name) > store.MaxNameLen {
 		return syscall.E2BIG
 	}
-	key, ok := n.key()
-	if !ok {
-		return syscall.ESTALE // unlinked or replaced: as Update says for a replaced inode
-	}
+	var change func(o *store.Object) error
 	if name == "mooncake.pin" {
 		var pin bool
 		switch strings.TrimSpace(string(data)) {
@@ -251,40 +248,57 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 		default:
 			return syscall.EINVAL
 		}
-		_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
+		change = func(o *store.Object) error {
 			o.Pinned = pin
 			return nil
-		})
-		return toErrno(err)
+		}
+	} else {
+		if strings.HasPrefix(name, mooncakeNS) && !storedMooncake[name] {
+			// Computed attributes are read-only; unknown ones are reserved.
+			return syscall.EPERM
+		}
+		if err = checkStored(n.fs.st, name, data); err != nil {
+			return toErrno(err)
+		}
+		change = func(o *store.Object) error {
+			_, exists := o.Xattrs[name]
+			if flags&0x1 != 0 && exists { // XATTR_CREATE
+				return store.ErrExists
+			}
+			if flags&0x2 != 0 && !exists { // XATTR_REPLACE
+				return syscall.ENODATA
+			}
+			if o.Xattrs == nil {
+				o.Xattrs = map[string][]byte{}
+			}
+			o.Xattrs[name] = append([]byte(nil), data...)
+			if o.XattrBytes() > maxFileXattrs || !exists && listedBytes(o) > maxXattrList {
+				return syscall.ENOSPC
+			}
+			return nil
+		}
 	}
-	if strings.HasPrefix(name, mooncakeNS) && !storedMooncake[name] {
-		// Computed attributes are read-only; unknown ones are reserved.
-		return syscall.EPERM
+	err = n.changeXattrs(ctx, name, change)
+	return toErrno(err)
+}
+
+// changeXattrs makes change to the object of n, whose stored attribute
+// name it sets or removes: to the version its key holds, or, once n has
+// no name left (unlinked or renamed over while open), to the nameless
+// file's attributes that its descriptors see, as on tmpfs
+// (changeNameless).
+func (n *node) changeXattrs(ctx context.Context, name string, change func(o *store.Object) error) error {
+	key, ok := n.key()
+	var err error
+	if ok {
+		_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, change)
+	} else {
+		_, err = n.changeNameless(nil, change)
 	}
-	if err = checkStored(n.fs.st, name, data); err != nil {
-		return toErrno(err)
-	}
-	_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
-		_, exists := o.Xattrs[name]
-		if flags&0x1 != 0 && exists { // XATTR_CREATE
-			return store.ErrExists
-		}
-		if flags&0x2 != 0 && !exists { // XATTR_REPLACE
-			return syscall.ENODATA
-		}
-		if o.Xattrs == nil {
-			o.Xattrs = map[string][]byte{}
-		}
-		o.Xattrs[name] = append([]byte(nil), data...)
-		if o.XattrBytes() > maxFileXattrs || !exists && listedBytes(o) > maxXattrList {
-			return syscall.ENOSPC
-		}
-		return nil
-	})
 	if err == nil && name == xattrMeta {
 		n.metaGen.Add(1)
 	}
-	return toErrno(err)
+	return err
 }
 
 // Removexattr implements gofs.NodeRemovexattrer.
@@ -300,20 +314,13 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 	if strings.HasPrefix(name, mooncakeNS) && !storedMooncake[name] {
 		return syscall.EPERM
 	}
-	key, ok := n.key()
-	if !ok {
-		return syscall.ESTALE // unlinked or replaced: as Update says for a replaced inode
-	}
-	_, err = n.fs.st.Update(ctx, key, n.StableAttr().Ino, func(o *store.Object) error {
+	err = n.changeXattrs(ctx, name, func(o *store.Object) error {
 		if _, ok := o.Xattrs[name]; !ok {
 			return syscall.ENODATA
 		}
 		delete(o.Xattrs, name)
 		return nil
 	})
-	if err == nil && name == xattrMeta {
-		n.metaGen.Add(1)
-	}
 	return toErrno(err)
 }
 

@@ -651,11 +651,12 @@ os.close(fd)
 	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", far)); got != "9223372036" {
 		t.Errorf("mtime set to 2300 reads %s, want the last second kept, 9223372036", got)
 	}
-	// fchmod, fchown and futimens of a file unlinked while open change
-	// the nameless file, as on tmpfs, where they failed with ESTALE: fstat
-	// of its descriptors shows them; its xattrs still read.
+	// fchmod, fchown, futimens, fsetxattr and fremovexattr of a file
+	// unlinked while open change the nameless file, as on tmpfs, where
+	// they failed with ESTALE: fstat and fgetxattr of its descriptors
+	// show them; its xattrs still read.
 	out = py(t, `
-import os, sys
+import errno, os, sys
 p = sys.argv[1] + "/unlinked"
 res = []
 for flags in (os.O_RDWR, os.O_RDONLY):
@@ -668,13 +669,22 @@ for flags in (os.O_RDWR, os.O_RDONLY):
     os.fchmod(fd, 0o600)
     os.fchown(fd, 7, 8)
     os.utime(fd, ns=(5 * 10**9, 5 * 10**9))
+    old = os.getxattr(fd, "user.tag").decode()
+    os.setxattr(fd, "user.new", b"n")
+    os.removexattr(fd, "user.tag")
+    try:
+        os.setxattr(fd, "user.new", b"x", os.XATTR_CREATE)
+        again = "replaced"
+    except OSError as e:
+        again = errno.errorcode[e.errno]
     st = os.fstat(fd)
-    res.append("%o %d %d %d %d %d %s %s" % (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_mtime_ns // 10**9, st.st_nlink, st.st_size, tag, os.getxattr(fd, "user.tag").decode()))
+    res.append("%o %d %d %d %d %d %s %s %s=%s %s" % (st.st_mode & 0o7777, st.st_uid, st.st_gid, st.st_mtime_ns // 10**9, st.st_nlink, st.st_size, tag, old,
+        ",".join(os.listxattr(fd)), os.getxattr(fd, "user.new").decode(), again))
     os.close(fd)
 print(" | ".join(res))
 `, dir)
-	if got, want := strings.TrimSpace(out), "600 7 8 5 0 4 tuser.tag t | 600 7 8 5 0 4 tuser.tag t"; got != want {
-		t.Errorf("an unlinked open file's xattrs, and it after fchmod, fchown, futimens: %q, want %q", got, want)
+	if got, want := strings.TrimSpace(out), "600 7 8 5 0 4 tuser.tag t user.new=n EEXIST | 600 7 8 5 0 4 tuser.tag t user.new=n EEXIST"; got != want {
+		t.Errorf("an unlinked open file's xattrs, and it after fchmod, fchown, futimens, fsetxattr, fremovexattr: %q, want %q", got, want)
 	}
 	// SEEK_DATA and SEEK_HOLE as on tmpfs: no holes before the end,
 	// neither at or past it (ENXIO).
