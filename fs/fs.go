@@ -133,6 +133,9 @@ type FS struct {
 	// renaming is read-held by each rename from before its store rename
 	// until go-fuse moved the inode in its tree (renames.go).
 	renaming sync.RWMutex
+	// moves follows the renames in flight for the calls they make fail
+	// (renames.go).
+	moves *moves
 	// ioctls counts the ioctls running, submitted calls included, and
 	// when one last ended (Unix ns): ioctls copy client memory, whose
 	// page faults can wait for ever (and GPU copies), and Unmount gives
@@ -314,7 +317,7 @@ func newFS(o Options) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite)}
+	f := &FS{opts: o, st: o.Store, log: o.Log, metrics: m, splice: SpliceReady(o.MaxWrite), moves: newMoves()}
 	f.asyncCtx, f.asyncStop = context.WithCancel(context.Background())
 	f.initCounts()
 	f.ipc.register = o.RegisterDevice

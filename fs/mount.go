@@ -72,7 +72,7 @@ func MountFS(dir string, o Options) (*Mount, error) {
 		NullPermissions: true,
 	})
 	procs := runtime.GOMAXPROCS(0)
-	server, err := fuse.NewServer(newClosers(renames{raw, &f.renaming}), dir, &mo)
+	server, err := fuse.NewServer(newClosers(renames{raw, &f.renaming, f.moves}), dir, &mo)
 	if err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
 	}

@@ -21,6 +21,10 @@ import (
 type node struct {
 	gofs.Inode
 	fs *FS
+	// moving is the rename in flight that moves n, from before the store
+	// moves its key until go-fuse's tree has n at its new name
+	// (renames.go); nil otherwise.
+	moving atomic.Pointer[moveWait]
 
 	// mu guards the drafts of this file: the shared one, which every
 	// writable handle opened without O_TRUNC edits (writes through
@@ -386,6 +390,11 @@ func caller(ctx context.Context) (uid, gid uint32) {
 
 // Lookup implements gofs.NodeLookuper.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch *gofs.Inode, errno syscall.Errno) {
+	errno = n.afterRenames(func() syscall.Errno { ch, errno = n.lookup(ctx, name, out); return errno })
+	return ch, errno
+}
+
+func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch *gofs.Inode, errno syscall.Errno) {
 	start := time.Now()
 	var err error
 	key := name
@@ -416,6 +425,7 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch 
 func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) (errno syscall.Errno) {
 	start := time.Now()
 	var err error
+	m := n.fs.moves.mark()
 	key, ok := n.key()
 	defer func() { n.fs.opDone(ctx, "getattr", key, 0, start, errno, err) }()
 	// The file as it is now, even for a reader's fstat: the kernel keeps
@@ -427,6 +437,13 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 	// rewritten since stopped at the old size.
 	var o *store.Object
 	o, err = n.liveObject(ctx, key, ok)
+	for try := 1; o == nil && err == nil && ok && try < maxMoveTries && n.waitMoves(m); try++ {
+		// Not at its name, but a rename may have moved it there (or a
+		// directory above): it is not gone (renames.go).
+		m = n.fs.moves.mark()
+		key, ok = n.key()
+		o, err = n.liveObject(ctx, key, ok)
+	}
 	gone := o == nil
 	if gone {
 		// Unlinked or replaced but still open (a file or a directory,
@@ -453,7 +470,11 @@ func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOu
 
 // Setattr implements gofs.NodeSetattrer: size through the draft, the rest
 // as a metadata update.
-func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
+func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	return n.afterRenames(func() syscall.Errno { return n.setattr(ctx, fh, in, out) })
+}
+
+func (n *node) setattr(ctx context.Context, fh gofs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -691,6 +712,11 @@ func (n *node) template(ctx context.Context, mode uint32, dir bool) *store.Objec
 
 // Create implements gofs.NodeCreater.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+	errno = n.afterRenames(func() syscall.Errno { ch, fh, fuseFlags, errno = n.create(ctx, name, flags, mode, out); return errno })
+	return ch, fh, fuseFlags, errno
+}
+
+func (n *node) create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -711,16 +737,33 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	ch = n.newChild(ctx, o)
 	cn := ch.Operations().(*node)
-	h, err := cn.openCounted(ctx, uid, key, o, flags)
-	if err != nil {
-		return nil, nil, 0, toErrno(err)
+	// The file is made: a rename of a directory above that moves it
+	// before it is opened is followed, rather than the create failing
+	// (and failing again as one of an existing file).
+	var h *handle
+	if errno = n.afterRenames(func() syscall.Errno {
+		at, kerr := n.childKey(name)
+		if kerr != nil {
+			return toErrno(kerr)
+		}
+		h, err = cn.openHandle(ctx, at, o, flags)
+		return toErrno(err)
+	}); errno != 0 {
+		n.fs.opens.put(uid)
+		return nil, nil, 0, errno
 	}
+	h.uid = uid
 	n.fs.entryOut(o, cn.sizeOf(o), out)
 	return ch, h, h.fuseFlags(), 0
 }
 
 // Open implements gofs.NodeOpener.
 func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+	errno = n.afterRenames(func() syscall.Errno { fh, fuseFlags, errno = n.openNode(ctx, flags); return errno })
+	return fh, fuseFlags, errno
+}
+
+func (n *node) openNode(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
 	start := time.Now()
 	var err error
 	key, ok := n.key()
@@ -746,7 +789,11 @@ func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuse
 }
 
 // Unlink implements gofs.NodeUnlinker.
-func (n *node) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	return n.afterRenames(func() syscall.Errno { return n.unlink(ctx, name) })
+}
+
+func (n *node) unlink(ctx context.Context, name string) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -760,7 +807,11 @@ func (n *node) Unlink(ctx context.Context, name string) (errno syscall.Errno) {
 }
 
 // Rmdir implements gofs.NodeRmdirer.
-func (n *node) Rmdir(ctx context.Context, name string) (errno syscall.Errno) {
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return n.afterRenames(func() syscall.Errno { return n.rmdir(ctx, name) })
+}
+
+func (n *node) rmdir(ctx context.Context, name string) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -783,6 +834,11 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 // makeEntry serves a call that makes entry name of n with mk (mkdir,
 // mknod): the new node, with its attributes in out.
 func (n *node) makeEntry(ctx context.Context, op, name string, out *fuse.EntryOut, mk func(ctx context.Context, key string) (*store.Object, error)) (ch *gofs.Inode, errno syscall.Errno) {
+	errno = n.afterRenames(func() syscall.Errno { ch, errno = n.makeEntryOnce(ctx, op, name, out, mk); return errno })
+	return ch, errno
+}
+
+func (n *node) makeEntryOnce(ctx context.Context, op, name string, out *fuse.EntryOut, mk func(ctx context.Context, key string) (*store.Object, error)) (ch *gofs.Inode, errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -801,7 +857,15 @@ func (n *node) makeEntry(ctx context.Context, op, name string, out *fuse.EntryOu
 }
 
 // Rename implements gofs.NodeRenamer.
-func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) (errno syscall.Errno) {
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	var req <-chan struct{} // the request, whose rename marks what it moves (renames.go)
+	if c, ok := ctx.(*fuse.Context); ok {
+		req = c.Cancel
+	}
+	return n.afterRenames(func() syscall.Errno { return n.rename(ctx, req, name, newParent, newName, flags) })
+}
+
+func (n *node) rename(ctx context.Context, req <-chan struct{}, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -841,6 +905,15 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 				r.Close()
 			}
 		}
+	}
+	// What moves is marked first: a call on a node under it that finds
+	// nothing at the old name until go-fuse's tree has the new one waits
+	// for this rename and goes again (node.afterRenames).
+	if ch := n.GetChild(name); ch != nil {
+		n.fs.moves.marking(req, nodeOf(ch))
+	}
+	if ch := np.GetChild(newName); ch != nil && flags&unix.RENAME_EXCHANGE != 0 {
+		n.fs.moves.marking(req, nodeOf(ch))
 	}
 	err = n.fs.st.Rename(ctx, key, to, f)
 	if ghost != nil {

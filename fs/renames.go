@@ -2,7 +2,10 @@ package fs
 
 import (
 	"sync"
+	"sync/atomic"
+	"syscall"
 
+	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
@@ -10,17 +13,139 @@ import (
 // (a read share) through each rename: from before node.Rename moves the
 // key in the store until the bridge, after it returns, moves the inode
 // in its tree. In between, node.key still says the old name, which the
-// store no longer has; settledKey waits that out.
+// store no longer has; settledKey waits that out, and so does a call
+// that failed meanwhile on a node under the moving one (afterRenames).
 type renames struct {
 	fuse.RawFileSystem
-	mu *sync.RWMutex
+	mu    *sync.RWMutex
+	moves *moves
 }
 
 // Rename implements fuse.RawFileSystem.
 func (r renames) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
+	w := r.moves.begin(cancel)
+	defer r.moves.end(cancel, w)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.RawFileSystem.Rename(cancel, in, oldName, newName)
+}
+
+// moves follows the renames in flight, for the calls whose node one of
+// them moves: such a call computes its key from go-fuse's tree (node.key),
+// which moves the node only after the store did, so in between the call
+// looks for the node at its old name and finds nothing (ENOENT, ESTALE;
+// a dirfd-relative stat, an open by a directory descriptor or the
+// working directory). The call then waits for the rename and goes again
+// (afterRenames), as on tmpfs, where a rename moves a name at once.
+type moves struct {
+	// started and done count the renames begun and ended: a call that
+	// failed knows whether one ran since it began, whatever it moved.
+	started, done atomic.Uint64
+	mu            sync.Mutex
+	byReq         map[<-chan struct{}]*moveWait // in flight, by request
+}
+
+// moveWait is one rename in flight: the nodes it moves (node.moving
+// points here until go-fuse's tree has them at their new names) and
+// what closes then.
+type moveWait struct {
+	done  chan struct{}
+	nodes []*node // only the rename's own goroutine touches it
+}
+
+// moveMark is what a call knows of the renames when it began.
+type moveMark struct {
+	started  uint64
+	inflight bool
+}
+
+func newMoves() *moves {
+	return &moves{byReq: map[<-chan struct{}]*moveWait{}}
+}
+
+// begin counts a rename of request cancel in and registers it for
+// node.Rename, which marks the nodes it moves (marking).
+func (m *moves) begin(cancel <-chan struct{}) *moveWait {
+	w := &moveWait{done: make(chan struct{})}
+	m.mu.Lock()
+	m.byReq[cancel] = w
+	m.mu.Unlock()
+	m.started.Add(1)
+	return w
+}
+
+// end counts the rename out once go-fuse moved its nodes in its tree
+// (or it failed): their marks go and their waiters go again.
+func (m *moves) end(cancel <-chan struct{}, w *moveWait) {
+	for _, n := range w.nodes {
+		n.moving.CompareAndSwap(w, nil)
+	}
+	close(w.done)
+	m.mu.Lock()
+	delete(m.byReq, cancel)
+	m.mu.Unlock()
+	m.done.Add(1)
+}
+
+// marking marks n as moved by the rename of request cancel (nothing when
+// the request is not a rename through renames, as in tests of the node
+// layer alone, whose FS may have no moves).
+func (m *moves) marking(cancel <-chan struct{}, n *node) {
+	if m == nil || n == nil || cancel == nil {
+		return
+	}
+	m.mu.Lock()
+	w := m.byReq[cancel]
+	m.mu.Unlock()
+	if w == nil {
+		return
+	}
+	n.moving.Store(w)
+	w.nodes = append(w.nodes, n)
+}
+
+func (m *moves) mark() moveMark {
+	if m == nil {
+		return moveMark{}
+	}
+	d := m.done.Load()
+	s := m.started.Load()
+	return moveMark{started: s, inflight: s != d}
+}
+
+// maxMoveTries bounds how often afterRenames runs a call.
+const maxMoveTries = 5
+
+// afterRenames runs call, and again while it fails with ENOENT or ESTALE
+// and a rename may have moved n (or a directory above it) under it: it
+// waits for a rename that still moves one, and goes again at once when
+// renames ran elsewhere since call began (n's name may have changed by
+// then). A call that fails with no rename since it began fails once.
+func (n *node) afterRenames(call func() syscall.Errno) syscall.Errno {
+	for try := 1; ; try++ {
+		m := n.fs.moves.mark()
+		errno := call()
+		if errno != syscall.ENOENT && errno != syscall.ESTALE || try == maxMoveTries || !n.waitMoves(m) {
+			return errno
+		}
+	}
+}
+
+// waitMoves waits for the renames that move n or a directory above it,
+// and reports whether any rename ran since m (those, or others: n may
+// have been moved meanwhile by one that has ended).
+func (n *node) waitMoves(m moveMark) bool {
+	root := n.Root()
+	for cur := &n.Inode; cur != nil && cur != root; {
+		if cn := nodeOf(cur); cn != nil {
+			if w := cn.moving.Load(); w != nil {
+				<-w.done
+				return true
+			}
+		}
+		_, cur = cur.Parent()
+	}
+	return m.inflight || n.fs.moves != nil && n.fs.moves.started.Load() != m.started
 }
 
 // settledKey is n.key once no rename is between the store and go-fuse's
@@ -31,4 +156,10 @@ func (n *node) settledKey() (string, bool) {
 	n.fs.renaming.Lock()
 	n.fs.renaming.Unlock() // (a wait for the renames in flight: nothing to guard)
 	return n.key()
+}
+
+// nodeOf is the node of inode in, nil for one of another kind.
+func nodeOf(in *gofs.Inode) *node {
+	n, _ := in.Operations().(*node)
+	return n
 }

@@ -209,6 +209,11 @@ func (n *node) xattrObject(ctx context.Context) (*store.Object, error) {
 
 // Getxattr implements gofs.NodeGetxattrer.
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (sz uint32, errno syscall.Errno) {
+	errno = n.afterRenames(func() syscall.Errno { sz, errno = n.getxattr(ctx, attr, dest); return errno })
+	return sz, errno
+}
+
+func (n *node) getxattr(ctx context.Context, attr string, dest []byte) (sz uint32, errno syscall.Errno) {
 	start := time.Now()
 	var err error
 	defer func() { n.fs.opDone(ctx, "getxattr", attr, 0, start, errno, err) }()
@@ -226,7 +231,11 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (sz uint3
 }
 
 // Setxattr implements gofs.NodeSetxattrer.
-func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) (errno syscall.Errno) {
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return n.afterRenames(func() syscall.Errno { return n.setxattr(ctx, attr, data, flags) })
+}
+
+func (n *node) setxattr(ctx context.Context, attr string, data []byte, flags uint32) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -302,7 +311,11 @@ func (n *node) changeXattrs(ctx context.Context, name string, change func(o *sto
 }
 
 // Removexattr implements gofs.NodeRemovexattrer.
-func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errno) {
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return n.afterRenames(func() syscall.Errno { return n.removexattr(ctx, attr) })
+}
+
+func (n *node) removexattr(ctx context.Context, attr string) (errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
@@ -326,6 +339,11 @@ func (n *node) Removexattr(ctx context.Context, attr string) (errno syscall.Errn
 
 // Listxattr implements gofs.NodeListxattrer.
 func (n *node) Listxattr(ctx context.Context, dest []byte) (sz uint32, errno syscall.Errno) {
+	errno = n.afterRenames(func() syscall.Errno { sz, errno = n.listxattr(ctx, dest); return errno })
+	return sz, errno
+}
+
+func (n *node) listxattr(ctx context.Context, dest []byte) (sz uint32, errno syscall.Errno) {
 	// The computed names (size, version, location, the root's status)
 	// are read by name, not listed: programs that copy a file's
 	// attributes (cp -a, rsync -X, tar --xattrs) copy what is listed, and

@@ -167,3 +167,81 @@ for p in kids: os.waitpid(p, 0)
 		t.Fatalf("%d objects left after rm -rf", st.Objects)
 	}
 }
+
+// TestRenameDirUnderDescriptors: while one process renames a directory
+// back and forth, another works in it through a descriptor of it (and
+// of a file in it), as programs with a working directory do: every call
+// on what is in it finds it, as on tmpfs. They failed with ENOENT or
+// ESTALE while a rename was between the store and go-fuse's tree (a
+// quarter of the stats of files that never went away), and the kernel
+// then kept the ENOENT as a negative entry, so the files stayed missing
+// by path too for a second after the renames ended.
+func TestRenameDirUnderDescriptors(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "256MiB")
+	script := `
+import errno, os, sys, time
+root, secs = sys.argv[1], float(sys.argv[2])
+os.makedirs(root + "/p/x")
+N = 200
+for i in range(N):
+    with open(root + "/p/x/e%d" % i, "w") as f:
+        f.write("v%d" % i)
+dfd = os.open(root + "/p/x", os.O_RDONLY)
+ffd = os.open(root + "/p/x/e0", os.O_RDONLY)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.read(r, 1)
+    end = time.time() + secs
+    while time.time() < end:
+        os.rename(root + "/p/x", root + "/p/y")
+        os.rename(root + "/p/y", root + "/p/x")
+    os._exit(0)
+def stat(i): os.stat("e%d" % i, dir_fd=dfd)
+def read(i):
+    fd = os.open("e%d" % i, os.O_RDONLY, dir_fd=dfd)
+    try:
+        got = os.read(fd, 100)
+    finally:
+        os.close(fd)
+    if got != b"v%d" % i:
+        raise OSError(errno.EIO, "e%d reads %r" % (i, got))
+def chmod(i): os.chmod("e%d" % i, 0o644, dir_fd=dfd)
+def xattr(i):
+    try: os.getxattr("/proc/self/fd/%d/e%d" % (dfd, i), "user.none")
+    except OSError as e:
+        if e.errno != errno.ENODATA: raise
+def create(i):
+    fd = os.open("c%d" % i, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644, dir_fd=dfd)
+    os.close(fd)
+    os.unlink("c%d" % i, dir_fd=dfd)
+def mkdir(i):
+    os.mkdir("d%d" % i, dir_fd=dfd)
+    os.rmdir("d%d" % i, dir_fd=dfd)
+def fstat(i):
+    for fd in (dfd, ffd):
+        if os.fstat(fd).st_nlink == 0:
+            raise OSError(errno.ESTALE, "fstat shows no link")
+ops = [stat, read, chmod, xattr, create, mkdir, fstat]
+fails, n = {}, 0
+os.write(w, b"g")
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    op = ops[n % len(ops)]
+    try:
+        op(n % N)
+    except OSError as e:
+        k = "%s %s" % (op.__name__, errno.errorcode.get(e.errno, e.strerror))
+        fails[k] = fails.get(k, 0) + 1
+    n += 1
+missing = [i for i in range(N) if not os.path.exists(root + "/p/x/e%d" % i)]
+print(n, sorted(fails.items()), missing[:5])
+`
+	out := strings.Fields(strings.TrimSpace(py(t, script, filepath.Join(d.dir, "u"), "2")))
+	if len(out) < 1 {
+		t.Fatalf("no output")
+	}
+	if got := strings.Join(out[1:], " "); got != "[] []" {
+		t.Errorf("calls on a directory's files through descriptors while it was renamed (%s calls): failures and files missing after: %s; want none", out[0], got)
+	}
+}
