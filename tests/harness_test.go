@@ -378,7 +378,9 @@ type status struct {
 		Limit uint64 `json:"limit"`
 	} `json:"metadata_bytes"`
 	Memory struct {
-		Hugepages bool `json:"hugepages"`
+		Hugepages bool   `json:"hugepages"`
+		HeapBytes uint64 `json:"heap_bytes"`
+		HeapLimit int64  `json:"heap_limit_bytes"`
 	} `json:"memory"`
 	Segments []struct {
 		Size uint64 `json:"size"`

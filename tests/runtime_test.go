@@ -69,3 +69,28 @@ func TestDaemonFreesHeapLazily(t *testing.T) {
 		d.stop(t)
 	}
 }
+
+// TestDaemonHeapLimit: the daemon runs with a soft memory limit of four
+// times its metadata bound and 512 MiB (status shows it, with the heap
+// in use), unless GOMEMLIMIT sets one. Without it, a burst of requests
+// (a thousand 1 MiB reads at once) left the collector's goal at
+// gigabytes, which later traffic filled.
+func TestDaemonHeapLimit(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, "--size", "64MiB")
+	st := d.status(t)
+	if want := int64(4*st.Metadata.Limit + 512<<20); st.Memory.HeapLimit != want || st.Metadata.Limit == 0 {
+		t.Errorf("heap limit %d with a metadata bound of %d, want %d", st.Memory.HeapLimit, st.Metadata.Limit, want)
+	}
+	if st.Memory.HeapBytes == 0 || int64(st.Memory.HeapBytes) > st.Memory.HeapLimit {
+		t.Errorf("heap in use %d, limit %d", st.Memory.HeapBytes, st.Memory.HeapLimit)
+	}
+	if out := run(t, daemonBin(), "status", d.dir); !strings.Contains(out, "soft limit") {
+		t.Errorf("status shows no heap line:\n%s", out)
+	}
+	d.stop(t)
+	d = startDaemonEnv(t, newMountpoint(t), []string{"GOMEMLIMIT=300MiB"}, "--size", "64MiB")
+	if got := d.status(t).Memory.HeapLimit; got != 300<<20 {
+		t.Errorf("started with GOMEMLIMIT=300MiB: heap limit %d, want %d", got, 300<<20)
+	}
+}

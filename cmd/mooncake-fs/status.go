@@ -76,6 +76,7 @@ func printStatus(s *Status) {
 		{"free", fmt.Sprintf("%s, largest range %s, fragmentation %.2f", formatSize(s.Free), formatSize(s.LargestFree), s.Fragmentation)},
 		{"objects", fmt.Sprintf("%d (%d open)", s.Objects, s.OpenObjects)},
 		{"metadata", fmt.Sprintf("%s of %s", formatSize(s.Metadata.Used), formatSize(s.Metadata.Limit))},
+		{"heap", fmt.Sprintf("%s, soft limit %s", formatSize(s.Memory.HeapBytes), formatSize(uint64(max(s.Memory.HeapLimit, 0))))},
 		{"open files", fmt.Sprintf("%d of %d, %d of them directories", s.OpenFiles.Used, s.OpenFiles.Limit, s.OpenDirs)},
 		{"memory", mem},
 		{"locked", fmt.Sprintf("%s of %s", formatSize(s.Memory.LockedBytes), formatSize(s.Capacity))},
