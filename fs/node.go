@@ -769,14 +769,21 @@ func (n *node) openNode(ctx context.Context, flags uint32) (fh gofs.FileHandle, 
 	key, ok := n.key()
 	defer func() { n.fs.opDone(ctx, "open", key, 0, start, errno, err) }()
 	var h *handle
-	if ok {
+	if ok && flags&syscall.O_ACCMODE == syscall.O_RDONLY && flags&syscall.O_TRUNC != 0 && !n.IsDir() {
+		// Linux empties the file on O_RDONLY|O_TRUNC too (the kernel
+		// checked that the caller may write it): published at once, as by
+		// truncate(2), and then read.
+		n.killSUID(ctx)
+		err = n.truncate(detached(ctx), nil, key, 0)
+	}
+	if ok && err == nil {
 		h, err = n.open(ctx, key, nil, flags)
-	} else {
+	} else if !ok {
 		// Unlinked or replaced since the kernel looked it up: ESTALE
 		// makes the kernel look the path up again.
 		err = store.ErrStale
 	}
-	if errors.Is(err, store.ErrStale) {
+	if errors.Is(err, store.ErrStale) && (flags&syscall.O_TRUNC == 0 || flags&syscall.O_ACCMODE != syscall.O_RDONLY) {
 		uid, _ := caller(ctx)
 		if gh := n.openGhost(uid, flags); gh != nil {
 			h, err = gh, nil

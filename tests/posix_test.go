@@ -706,6 +706,20 @@ print(*res)
 	if got, want := strings.TrimSpace(out), "10 5000 ENXIO ENXIO ENXIO"; got != want {
 		t.Errorf("SEEK_DATA/SEEK_HOLE of a 5000 B file at 10, and SEEK_HOLE, SEEK_DATA at 5000 and 6000: %q, want %q", got, want)
 	}
+	// O_RDONLY|O_TRUNC empties the file, as Linux does on tmpfs (it was
+	// opened for reading as it was).
+	out = py(t, `
+import os, sys
+p = sys.argv[1] + "/rotrunc"
+with open(p, "wb") as f:
+    f.write(b"content")
+fd = os.open(p, os.O_RDONLY | os.O_TRUNC)
+print(len(os.read(fd, 100)), os.fstat(fd).st_size, os.stat(p).st_size)
+os.close(fd)
+`, dir)
+	if got, want := strings.TrimSpace(out), "0 0 0"; got != want {
+		t.Errorf("O_RDONLY|O_TRUNC open of a 7 B file: bytes read, fstat and stat sizes %q, want %q", got, want)
+	}
 	// A directory shows one link, "not counted" (its count would be 2
 	// and one per subdirectory, which the store does not keep: 2 told
 	// walkers such as File::Find that it had no subdirectories), and no
