@@ -923,6 +923,9 @@ func (n *node) rename(ctx context.Context, req <-chan struct{}, name string, new
 		n.fs.moves.marking(req, nodeOf(ch))
 	}
 	err = n.fs.st.Rename(ctx, key, to, f)
+	if err != nil {
+		n.fs.moves.unmark(req) // nothing moved
+	}
 	if ghost != nil {
 		if err == nil {
 			replaced.setGhost(ghost)

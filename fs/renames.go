@@ -23,8 +23,8 @@ type renames struct {
 
 // Rename implements fuse.RawFileSystem.
 func (r renames) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
-	w := r.moves.begin(cancel)
-	defer r.moves.end(cancel, w)
+	req := r.moves.begin(cancel)
+	defer r.moves.end(cancel, req)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.RawFileSystem.Rename(cancel, in, oldName, newName)
@@ -42,15 +42,24 @@ type moves struct {
 	// failed knows whether one ran since it began, whatever it moved.
 	started, done atomic.Uint64
 	mu            sync.Mutex
-	byReq         map[<-chan struct{}]*moveWait // in flight, by request
+	byReq         map[<-chan struct{}]*moveReq // in flight, by request
 }
 
-// moveWait is one rename in flight: the nodes it moves (node.moving
-// points here until go-fuse's tree has them at their new names) and
-// what closes then.
+// moveReq is one rename request in flight: the marks of its try now.
+// Only the request's own goroutine touches it.
+type moveReq struct {
+	cur *moveWait
+}
+
+// moveWait is the marks of one try of a rename: the nodes it moves
+// (node.moving points here) and what closes once they are gone, when
+// go-fuse's tree has the nodes at their new names or the try failed in
+// the store. A rename holds marks only from just before its store
+// rename until then, and never waits for another meanwhile, so waits
+// for marks never go round in a circle.
 type moveWait struct {
 	done  chan struct{}
-	nodes []*node // only the rename's own goroutine touches it
+	nodes []*node
 }
 
 // moveMark is what a call knows of the renames when it began.
@@ -60,27 +69,24 @@ type moveMark struct {
 }
 
 func newMoves() *moves {
-	return &moves{byReq: map[<-chan struct{}]*moveWait{}}
+	return &moves{byReq: map[<-chan struct{}]*moveReq{}}
 }
 
 // begin counts a rename of request cancel in and registers it for
 // node.Rename, which marks the nodes it moves (marking).
-func (m *moves) begin(cancel <-chan struct{}) *moveWait {
-	w := &moveWait{done: make(chan struct{})}
+func (m *moves) begin(cancel <-chan struct{}) *moveReq {
+	r := &moveReq{}
 	m.mu.Lock()
-	m.byReq[cancel] = w
+	m.byReq[cancel] = r
 	m.mu.Unlock()
 	m.started.Add(1)
-	return w
+	return r
 }
 
 // end counts the rename out once go-fuse moved its nodes in its tree
-// (or it failed): their marks go and their waiters go again.
-func (m *moves) end(cancel <-chan struct{}, w *moveWait) {
-	for _, n := range w.nodes {
-		n.moving.CompareAndSwap(w, nil)
-	}
-	close(w.done)
+// (or it failed): its marks go and their waiters go again.
+func (m *moves) end(cancel <-chan struct{}, r *moveReq) {
+	r.release()
 	m.mu.Lock()
 	delete(m.byReq, cancel)
 	m.mu.Unlock()
@@ -91,17 +97,45 @@ func (m *moves) end(cancel <-chan struct{}, w *moveWait) {
 // the request is not a rename through renames, as in tests of the node
 // layer alone, whose FS may have no moves).
 func (m *moves) marking(cancel <-chan struct{}, n *node) {
-	if m == nil || n == nil || cancel == nil {
+	r := m.request(cancel)
+	if r == nil || n == nil {
 		return
 	}
+	if r.cur == nil {
+		r.cur = &moveWait{done: make(chan struct{})}
+	}
+	n.moving.Store(r.cur)
+	r.cur.nodes = append(r.cur.nodes, n)
+}
+
+// unmark drops the marks of request cancel's try, which moved nothing
+// (its store rename failed).
+func (m *moves) unmark(cancel <-chan struct{}) {
+	if r := m.request(cancel); r != nil {
+		r.release()
+	}
+}
+
+func (m *moves) request(cancel <-chan struct{}) *moveReq {
+	if m == nil || cancel == nil {
+		return nil
+	}
 	m.mu.Lock()
-	w := m.byReq[cancel]
-	m.mu.Unlock()
+	defer m.mu.Unlock()
+	return m.byReq[cancel]
+}
+
+// release drops r's marks and wakes their waiters.
+func (r *moveReq) release() {
+	w := r.cur
 	if w == nil {
 		return
 	}
-	n.moving.Store(w)
-	w.nodes = append(w.nodes, n)
+	r.cur = nil
+	for _, n := range w.nodes {
+		n.moving.CompareAndSwap(w, nil)
+	}
+	close(w.done)
 }
 
 func (m *moves) mark() moveMark {
