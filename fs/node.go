@@ -712,28 +712,34 @@ func (n *node) template(ctx context.Context, mode uint32, dir bool) *store.Objec
 
 // Create implements gofs.NodeCreater.
 func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
-	errno = n.afterRenames(func() syscall.Errno { ch, fh, fuseFlags, errno = n.create(ctx, name, flags, mode, out); return errno })
+	errno = n.afterRenamesUntil(func() (syscall.Errno, bool) {
+		var made bool
+		ch, fh, fuseFlags, made, errno = n.create(ctx, name, flags, mode, out)
+		return errno, made // a file made is not made again
+	})
 	return ch, fh, fuseFlags, errno
 }
 
-func (n *node) create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+// create serves Create once; made says whether it made the file (even if
+// it then failed to open it).
+func (n *node) create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (ch *gofs.Inode, fh gofs.FileHandle, fuseFlags uint32, made bool, errno syscall.Errno) {
 	ctx = detached(ctx)
 	start := time.Now()
 	var err error
 	key := name
 	defer func() { n.fs.opDone(ctx, "create", key, 0, start, errno, err) }()
 	if key, err = n.childKey(name); err != nil {
-		return nil, nil, 0, toErrno(err)
+		return nil, nil, 0, false, toErrno(err)
 	}
 	// The caller's open is counted first: past its share nothing is made.
 	uid, _ := caller(ctx)
 	if err = n.fs.opens.take(uid); err != nil {
-		return nil, nil, 0, toErrno(err)
+		return nil, nil, 0, false, toErrno(err)
 	}
 	o, err := n.fs.st.Create(ctx, key, n.template(ctx, mode, false), flags&syscall.O_EXCL != 0)
 	if err != nil {
 		n.fs.opens.put(uid)
-		return nil, nil, 0, toErrno(err)
+		return nil, nil, 0, false, toErrno(err)
 	}
 	ch = n.newChild(ctx, o)
 	cn := ch.Operations().(*node)
@@ -750,49 +756,70 @@ func (n *node) create(ctx context.Context, name string, flags uint32, mode uint3
 		return toErrno(err)
 	}); errno != 0 {
 		n.fs.opens.put(uid)
-		return nil, nil, 0, errno
+		return nil, nil, 0, true, errno
 	}
 	h.uid = uid
 	n.fs.entryOut(o, cn.sizeOf(o), out)
-	return ch, h, h.fuseFlags(), 0
+	return ch, h, h.fuseFlags(), true, 0
 }
 
 // Open implements gofs.NodeOpener.
 func (n *node) Open(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
-	errno = n.afterRenames(func() syscall.Errno { fh, fuseFlags, errno = n.openNode(ctx, flags); return errno })
+	errno = n.afterRenamesUntil(func() (syscall.Errno, bool) {
+		var emptied bool
+		fh, fuseFlags, emptied, errno = n.openNode(ctx, flags)
+		return errno, emptied // a file emptied is not emptied again
+	})
 	return fh, fuseFlags, errno
 }
 
-func (n *node) openNode(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, errno syscall.Errno) {
+// openNode serves Open once; emptied says whether it emptied the file
+// (O_RDONLY|O_TRUNC), even if it then failed to open it.
+func (n *node) openNode(ctx context.Context, flags uint32) (fh gofs.FileHandle, fuseFlags uint32, emptied bool, errno syscall.Errno) {
 	start := time.Now()
 	var err error
 	key, ok := n.key()
 	defer func() { n.fs.opDone(ctx, "open", key, 0, start, errno, err) }()
 	var h *handle
-	if ok && flags&syscall.O_ACCMODE == syscall.O_RDONLY && flags&syscall.O_TRUNC != 0 && !n.IsDir() {
-		// Linux empties the file on O_RDONLY|O_TRUNC too (the kernel
-		// checked that the caller may write it): published at once, as by
-		// truncate(2), and then read.
-		n.killSUID(ctx)
-		err = n.truncate(detached(ctx), nil, key, 0)
-	}
-	if ok && err == nil {
-		h, err = n.open(ctx, key, nil, flags)
-	} else if !ok {
+	switch {
+	case !ok:
 		// Unlinked or replaced since the kernel looked it up: ESTALE
 		// makes the kernel look the path up again.
 		err = store.ErrStale
+	case flags&syscall.O_ACCMODE == syscall.O_RDONLY && flags&syscall.O_TRUNC != 0 && !n.IsDir():
+		h, emptied, err = n.openEmptied(ctx, key, flags)
+	default:
+		h, err = n.open(ctx, key, nil, flags)
 	}
-	if errors.Is(err, store.ErrStale) && (flags&syscall.O_TRUNC == 0 || flags&syscall.O_ACCMODE != syscall.O_RDONLY) {
+	if errors.Is(err, store.ErrStale) && !emptied && (flags&syscall.O_TRUNC == 0 || flags&syscall.O_ACCMODE != syscall.O_RDONLY) {
 		uid, _ := caller(ctx)
 		if gh := n.openGhost(uid, flags); gh != nil {
 			h, err = gh, nil
 		}
 	}
 	if err != nil {
-		return nil, 0, toErrno(err)
+		return nil, 0, emptied, toErrno(err)
 	}
-	return h, h.fuseFlags(), 0
+	return h, h.fuseFlags(), emptied, 0
+}
+
+// openEmptied serves an O_RDONLY|O_TRUNC open of file n at key: Linux
+// empties the file then too (the kernel checked that the caller may
+// write it), so it is emptied and published at once, as by truncate(2),
+// once the open is counted (past the caller's share of open files
+// nothing changes), and opened for reading. emptied says whether it was.
+func (n *node) openEmptied(ctx context.Context, key string, flags uint32) (h *handle, emptied bool, err error) {
+	uid, _ := caller(ctx)
+	if err := n.fs.opens.take(uid); err != nil {
+		return nil, false, err
+	}
+	if err := n.truncate(detached(ctx), nil, key, 0); err != nil {
+		n.fs.opens.put(uid)
+		return nil, false, err
+	}
+	n.killSUID(ctx)
+	h, err = n.openCounted(ctx, uid, key, nil, flags)
+	return h, true, err
 }
 
 // Unlink implements gofs.NodeUnlinker.

@@ -64,8 +64,7 @@ type moveWait struct {
 
 // moveMark is what a call knows of the renames when it began.
 type moveMark struct {
-	started  uint64
-	inflight bool
+	started, done uint64
 }
 
 func newMoves() *moves {
@@ -142,9 +141,7 @@ func (m *moves) mark() moveMark {
 	if m == nil {
 		return moveMark{}
 	}
-	d := m.done.Load()
-	s := m.started.Load()
-	return moveMark{started: s, inflight: s != d}
+	return moveMark{started: m.started.Load(), done: m.done.Load()}
 }
 
 // maxMoveTries bounds how often afterRenames runs a call.
@@ -152,22 +149,30 @@ const maxMoveTries = 5
 
 // afterRenames runs call, and again while it fails with ENOENT or ESTALE
 // and a rename may have moved n (or a directory above it) under it: it
-// waits for a rename that still moves one, and goes again at once when
-// renames ran elsewhere since call began (n's name may have changed by
+// waits for a rename that still moves one, and goes again at once when a
+// rename began or ended since call began (n's name may have changed by
 // then). A call that fails with no rename since it began fails once.
 func (n *node) afterRenames(call func() syscall.Errno) syscall.Errno {
+	return n.afterRenamesUntil(func() (syscall.Errno, bool) { return call(), false })
+}
+
+// afterRenamesUntil is afterRenames for a call that may say its answer is
+// final (it changed something before it failed: it is not run again).
+func (n *node) afterRenamesUntil(call func() (syscall.Errno, bool)) syscall.Errno {
 	for try := 1; ; try++ {
 		m := n.fs.moves.mark()
-		errno := call()
-		if errno != syscall.ENOENT && errno != syscall.ESTALE || try == maxMoveTries || !n.waitMoves(m) {
+		errno, final := call()
+		if final || errno != syscall.ENOENT && errno != syscall.ESTALE || try == maxMoveTries || !n.waitMoves(m) {
 			return errno
 		}
 	}
 }
 
 // waitMoves waits for the renames that move n or a directory above it,
-// and reports whether any rename ran since m (those, or others: n may
-// have been moved meanwhile by one that has ended).
+// and reports whether a rename began or ended since m (those, or others:
+// n may have been moved meanwhile by one that has ended; one that was
+// under way at m and has neither marked n's way up nor ended has moved
+// nothing of it yet).
 func (n *node) waitMoves(m moveMark) bool {
 	root := n.Root()
 	for cur := &n.Inode; cur != nil && cur != root; {
@@ -179,7 +184,8 @@ func (n *node) waitMoves(m moveMark) bool {
 		}
 		_, cur = cur.Parent()
 	}
-	return m.inflight || n.fs.moves != nil && n.fs.moves.started.Load() != m.started
+	mv := n.fs.moves
+	return mv != nil && (mv.started.Load() != m.started || mv.done.Load() != m.done)
 }
 
 // settledKey is n.key once no rename is between the store and go-fuse's

@@ -172,10 +172,18 @@ func TestReaddirLarge(t *testing.T) {
 // TestOpenShare: with --max-open 40, a user other than root holds at most
 // 10 open files and directories of the mount (ENFILE past them, through
 // the kernel), while root goes on opening; a --max-open below 4 is
-// refused with a clear error.
+// refused with a clear error. An O_RDONLY|O_TRUNC open refused so leaves
+// its file as it was (it emptied it first).
 func TestOpenShare(t *testing.T) {
 	requireTools(t, python, "setpriv")
 	d := startDaemon(t, "--size", "64MiB", "--max-open", "40")
+	kept := d.path("kept")
+	if err := os.WriteFile(kept, []byte("kept"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(kept, 0o666); err != nil {
+		t.Fatal(err)
+	}
 	script := `
 import os, sys
 fds = []
@@ -184,9 +192,14 @@ try:
         fds.append(os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY))
 except OSError as e:
     print(len(fds), e.errno, flush=True)
+try:
+    os.open(sys.argv[2], os.O_RDONLY | os.O_TRUNC)
+    print(0, flush=True)
+except OSError as e:
+    print(e.errno, flush=True)
 sys.stdin.read()
 `
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script, d.dir)
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script, d.dir, kept)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -208,6 +221,13 @@ sys.stdin.read()
 	}
 	if held != 10 || errno != int(unix.ENFILE) {
 		t.Fatalf("user 65534 held %d and got errno %d; want 10, then ENFILE", held, errno)
+	}
+	var truncErr int
+	if _, err := fmt.Fscan(out, &truncErr); err != nil {
+		t.Fatalf("the unprivileged opener: %v", err)
+	}
+	if got, err := os.ReadFile(kept); truncErr != int(unix.ENFILE) || string(got) != "kept" {
+		t.Errorf("O_RDONLY|O_TRUNC open past the share: errno %d, the file reads %q, %v after; want ENFILE and %q", truncErr, got, err, "kept")
 	}
 	var fds []int
 	defer func() {

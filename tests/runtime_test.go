@@ -71,7 +71,7 @@ func TestDaemonFreesHeapLazily(t *testing.T) {
 }
 
 // TestDaemonHeapLimit: the daemon runs with a soft memory limit of four
-// times its metadata bound and 512 MiB (status shows it, with the heap
+// times its metadata bound and 1 GiB (status shows it, with the heap
 // in use), unless GOMEMLIMIT sets one. Without it, a burst of requests
 // (a thousand 1 MiB reads at once) left the collector's goal at
 // gigabytes, which later traffic filled.
@@ -79,7 +79,7 @@ func TestDaemonHeapLimit(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, "--size", "64MiB")
 	st := d.status(t)
-	if want := int64(4*st.Metadata.Limit + 512<<20); st.Memory.HeapLimit != want || st.Metadata.Limit == 0 {
+	if want := int64(4*st.Metadata.Limit + 1<<30); st.Memory.HeapLimit != want || st.Metadata.Limit == 0 {
 		t.Errorf("heap limit %d with a metadata bound of %d, want %d", st.Memory.HeapLimit, st.Metadata.Limit, want)
 	}
 	if st.Memory.HeapBytes == 0 || int64(st.Memory.HeapBytes) > st.Memory.HeapLimit {

@@ -217,12 +217,15 @@ const daemonGCPercent = 200
 // (store.Options.MetaLimit): room for the heap at that bound as
 // daemonGCPercent lets it grow (the live heap is about 1.1-1.3 times the
 // metadata counted; 505k keys of 4 KiB: 150 MiB counted, 167 MB live),
-// and 512 MiB for the requests in flight. Past it the collector runs
-// sooner. Without it a burst of requests (a thousand 1 MiB reads at
-// once, each holding a reply buffer of go-fuse's pool) left a collection
-// goal of gigabytes behind it, which later traffic then filled.
+// and 1 GiB for the requests and transfers in flight (a 1 MiB buffer a
+// request, 4 MiB bounce buffers for remote copies). Past it the
+// collector runs sooner. Without it a burst of requests (a thousand 1
+// MiB reads at once, each holding a reply buffer of go-fuse's pool) left
+// a collection goal of gigabytes behind it, which later traffic then
+// filled. Not in a cluster, whose index cache holds every node's
+// entries.
 func daemonMemoryLimit(meta uint64) int64 {
-	return int64(min(4*meta+512<<20, math.MaxInt64/2))
+	return int64(min(4*meta+1<<30, math.MaxInt64/2))
 }
 
 // heapInUse is the Go heap's spans in use: its objects, live or not yet
@@ -355,7 +358,9 @@ func (d *daemon) start() error {
 	if d.st, err = store.New(so); err != nil {
 		return err
 	}
-	if os.Getenv("GOMEMLIMIT") == "" {
+	if os.Getenv("GOMEMLIMIT") == "" && d.cl == nil {
+		// (In a cluster the index's cache holds every node's entries,
+		// which this node's bound does not bound.)
 		debug.SetMemoryLimit(daemonMemoryLimit(d.st.Stats().MetaLimit))
 	}
 	if d.cl != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -76,7 +77,7 @@ func printStatus(s *Status) {
 		{"free", fmt.Sprintf("%s, largest range %s, fragmentation %.2f", formatSize(s.Free), formatSize(s.LargestFree), s.Fragmentation)},
 		{"objects", fmt.Sprintf("%d (%d open)", s.Objects, s.OpenObjects)},
 		{"metadata", fmt.Sprintf("%s of %s", formatSize(s.Metadata.Used), formatSize(s.Metadata.Limit))},
-		{"heap", fmt.Sprintf("%s, soft limit %s", formatSize(s.Memory.HeapBytes), formatSize(uint64(max(s.Memory.HeapLimit, 0))))},
+		{"heap", heapLine(s.Memory)},
 		{"open files", fmt.Sprintf("%d of %d, %d of them directories", s.OpenFiles.Used, s.OpenFiles.Limit, s.OpenDirs)},
 		{"memory", mem},
 		{"locked", fmt.Sprintf("%s of %s", formatSize(s.Memory.LockedBytes), formatSize(s.Capacity))},
@@ -191,4 +192,12 @@ func pathsLine(m map[transfer.Path]transfer.PathStats) string {
 		parts = append(parts, fmt.Sprintf("%s %s (%.2f copies/B)", n, formatSize(ps.Bytes()), cpb))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// heapLine is the heap in use and the soft memory limit, if any.
+func heapLine(m MemoryStatus) string {
+	if m.HeapLimit <= 0 || m.HeapLimit == math.MaxInt64 {
+		return formatSize(m.HeapBytes) + ", no soft limit"
+	}
+	return fmt.Sprintf("%s, soft limit %s", formatSize(m.HeapBytes), formatSize(uint64(m.HeapLimit)))
 }
