@@ -83,13 +83,15 @@ func (m *moves) begin(cancel <-chan struct{}) *moveReq {
 }
 
 // end counts the rename out once go-fuse moved its nodes in its tree
-// (or it failed): its marks go and their waiters go again.
+// (or it failed): its marks go and their waiters go again. It is counted
+// first: a call that finds no mark on its way up then sees the count
+// moved (waitMoves), never neither.
 func (m *moves) end(cancel <-chan struct{}, r *moveReq) {
+	m.done.Add(1)
 	r.release()
 	m.mu.Lock()
 	delete(m.byReq, cancel)
 	m.mu.Unlock()
-	m.done.Add(1)
 }
 
 // marking marks n as moved by the rename of request cancel (nothing when
