@@ -390,6 +390,43 @@ func BenchmarkBatchPutSize(b *testing.B) {
 	}
 }
 
+// BenchmarkBatchPutGrow is BenchmarkBatchPutSize in a store that fills
+// up: 48 calls of 64 new keys before any is removed, so the index and
+// the heap grow as in a cache being filled (what a key leaves on the
+// heap shows in B/op; the body table's leaves were 2 KiB of it a 1 MiB
+// value).
+func BenchmarkBatchPutGrow(b *testing.B) {
+	for _, size := range []int{16 << 10, 1 << 20} {
+		b.Run(fmt.Sprint(size>>10, "KiB"), func(b *testing.B) {
+			const calls = 48
+			fx := newFixtureWith(b, calls*64*size+(64<<20), true)
+			ctx := context.Background()
+			if _, err := fx.st.Mkdir(ctx, "a", &store.Object{Mode: 0o755}); err != nil {
+				b.Fatal(err)
+			}
+			data := bytes.Repeat([]byte{7}, size)
+			entries := make([]batchEntry, 64)
+			b.ReportAllocs()
+			defer reportKeyWork(b, fx.root.fs)()
+			for i := 0; b.Loop(); i++ {
+				if i%calls == 0 && i > 0 {
+					b.StopTimer()
+					for j := range calls * 64 {
+						if err := fx.st.Delete(ctx, fmt.Sprintf("a/n%d", j), 0); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StartTimer()
+				}
+				for k := range entries {
+					entries[k] = batchEntry{key: fmt.Sprintf("a/n%d", (i%calls)*64+k), data: data}
+				}
+				runBatch(b, fx, true, entries)
+			}
+		})
+	}
+}
+
 // BenchmarkBatchGet measures one BATCH_GET of 64 4 KiB keys into the
 // caller's memory, two directories deep (per call, as BenchmarkBatchPut).
 func BenchmarkBatchGet(b *testing.B) {
