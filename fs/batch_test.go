@@ -359,10 +359,25 @@ func reportKeyWork(b *testing.B, f *FS) func() {
 // finds the index, the bodies and the allocator cold, as a GPU call's
 // commit after a long wait does.
 func BenchmarkBatchPutSize(b *testing.B) {
-	for _, size := range []int{16 << 10, 256 << 10, 1 << 20} {
+	benchPutBlocks(b, []int{16 << 10, 256 << 10, 1 << 20}, 4, 2)
+}
+
+// BenchmarkBatchPutGrow is BenchmarkBatchPutSize in a store that fills
+// up: 48 calls of 64 new keys before any is removed, so the index and
+// the heap grow as in a cache being filled (what a key leaves on the
+// heap shows in B/op; the body table's leaves were 2 KiB of it a 1 MiB
+// value).
+func BenchmarkBatchPutGrow(b *testing.B) {
+	benchPutBlocks(b, []int{16 << 10, 1 << 20}, 48, 2)
+}
+
+// benchPutBlocks puts new keys of each size, 64 a call from the caller's
+// memory, into a store of room times what calls calls put, and removes
+// each calls calls' keys after them, untimed.
+func benchPutBlocks(b *testing.B, sizes []int, calls, room int) {
+	for _, size := range sizes {
 		b.Run(fmt.Sprint(size>>10, "KiB"), func(b *testing.B) {
-			const calls = 4
-			fx := newFixtureWith(b, 2*calls*64*size+(64<<20), true)
+			fx := newFixtureWith(b, room*calls*64*size+(64<<20), true)
 			ctx := context.Background()
 			if _, err := fx.st.Mkdir(ctx, "a", &store.Object{Mode: 0o755}); err != nil {
 				b.Fatal(err)
@@ -385,43 +400,6 @@ func BenchmarkBatchPutSize(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-			}
-		})
-	}
-}
-
-// BenchmarkBatchPutGrow is BenchmarkBatchPutSize in a store that fills
-// up: 48 calls of 64 new keys before any is removed, so the index and
-// the heap grow as in a cache being filled (what a key leaves on the
-// heap shows in B/op; the body table's leaves were 2 KiB of it a 1 MiB
-// value).
-func BenchmarkBatchPutGrow(b *testing.B) {
-	for _, size := range []int{16 << 10, 1 << 20} {
-		b.Run(fmt.Sprint(size>>10, "KiB"), func(b *testing.B) {
-			const calls = 48
-			fx := newFixtureWith(b, calls*64*size+(64<<20), true)
-			ctx := context.Background()
-			if _, err := fx.st.Mkdir(ctx, "a", &store.Object{Mode: 0o755}); err != nil {
-				b.Fatal(err)
-			}
-			data := bytes.Repeat([]byte{7}, size)
-			entries := make([]batchEntry, 64)
-			b.ReportAllocs()
-			defer reportKeyWork(b, fx.root.fs)()
-			for i := 0; b.Loop(); i++ {
-				if i%calls == 0 && i > 0 {
-					b.StopTimer()
-					for j := range calls * 64 {
-						if err := fx.st.Delete(ctx, fmt.Sprintf("a/n%d", j), 0); err != nil {
-							b.Fatal(err)
-						}
-					}
-					b.StartTimer()
-				}
-				for k := range entries {
-					entries[k] = batchEntry{key: fmt.Sprintf("a/n%d", (i%calls)*64+k), data: data}
-				}
-				runBatch(b, fx, true, entries)
 			}
 		})
 	}
