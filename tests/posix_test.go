@@ -651,11 +651,14 @@ os.close(fd)
 	if got := strings.TrimSpace(run(t, "stat", "--cached=never", "-c", "%Y", far)); got != "9223372036" {
 		t.Errorf("mtime set to 2300 reads %s, want the last second kept, 9223372036", got)
 	}
-	// fchmod, fchown, futimens, fsetxattr and fremovexattr of a file
-	// unlinked while open change the nameless file, as on tmpfs, where
-	// they failed with ESTALE: fstat and fgetxattr of its descriptors
-	// show them; its xattrs still read.
-	out = py(t, `
+	// Python checks of calls on one file each: what the script prints,
+	// against what tmpfs prints.
+	for _, c := range []struct{ what, script, want string }{
+		// fchmod, fchown, futimens, fsetxattr and fremovexattr of a file
+		// unlinked while open change the nameless file, as on tmpfs,
+		// where they failed with ESTALE: fstat and fgetxattr of its
+		// descriptors show them; its xattrs still read.
+		{"an unlinked open file's xattrs, and it after fchmod, fchown, futimens, fsetxattr, fremovexattr", `
 import errno, os, sys
 p = sys.argv[1] + "/unlinked"
 res = []
@@ -682,13 +685,11 @@ for flags in (os.O_RDWR, os.O_RDONLY):
         ",".join(os.listxattr(fd)), os.getxattr(fd, "user.new").decode(), again))
     os.close(fd)
 print(" | ".join(res))
-`, dir)
-	if got, want := strings.TrimSpace(out), "600 7 8 5 0 4 tuser.tag t user.new=n EEXIST | 600 7 8 5 0 4 tuser.tag t user.new=n EEXIST"; got != want {
-		t.Errorf("an unlinked open file's xattrs, and it after fchmod, fchown, futimens, fsetxattr, fremovexattr: %q, want %q", got, want)
-	}
-	// SEEK_DATA and SEEK_HOLE as on tmpfs: no holes before the end,
-	// neither at or past it (ENXIO).
-	out = py(t, `
+`,
+			"600 7 8 5 0 4 tuser.tag t user.new=n EEXIST | 600 7 8 5 0 4 tuser.tag t user.new=n EEXIST"},
+		// SEEK_DATA and SEEK_HOLE as on tmpfs: no holes before the end,
+		// neither at or past it (ENXIO).
+		{"SEEK_DATA/SEEK_HOLE of a 5000 B file at 10, and SEEK_HOLE, SEEK_DATA at 5000 and 6000", `
 import errno, os, sys
 p = sys.argv[1] + "/seek"
 with open(p, "wb") as f:
@@ -702,13 +703,11 @@ for off, whence in ((5000, os.SEEK_HOLE), (5000, os.SEEK_DATA), (6000, os.SEEK_H
         res.append(errno.errorcode[e.errno])
 os.close(fd)
 print(*res)
-`, dir)
-	if got, want := strings.TrimSpace(out), "10 5000 ENXIO ENXIO ENXIO"; got != want {
-		t.Errorf("SEEK_DATA/SEEK_HOLE of a 5000 B file at 10, and SEEK_HOLE, SEEK_DATA at 5000 and 6000: %q, want %q", got, want)
-	}
-	// O_RDONLY|O_TRUNC empties the file, as Linux does on tmpfs (it was
-	// opened for reading as it was).
-	out = py(t, `
+`,
+			"10 5000 ENXIO ENXIO ENXIO"},
+		// O_RDONLY|O_TRUNC empties the file, as Linux does on tmpfs (it
+		// was opened for reading as it was).
+		{"O_RDONLY|O_TRUNC open of a 7 B file: bytes read, fstat and stat sizes", `
 import os, sys
 p = sys.argv[1] + "/rotrunc"
 with open(p, "wb") as f:
@@ -716,9 +715,12 @@ with open(p, "wb") as f:
 fd = os.open(p, os.O_RDONLY | os.O_TRUNC)
 print(len(os.read(fd, 100)), os.fstat(fd).st_size, os.stat(p).st_size)
 os.close(fd)
-`, dir)
-	if got, want := strings.TrimSpace(out), "0 0 0"; got != want {
-		t.Errorf("O_RDONLY|O_TRUNC open of a 7 B file: bytes read, fstat and stat sizes %q, want %q", got, want)
+`,
+			"0 0 0"},
+	} {
+		if got := strings.TrimSpace(py(t, c.script, dir)); got != c.want {
+			t.Errorf("%s: %q, want %q", c.what, got, c.want)
+		}
 	}
 	// A directory shows one link, "not counted" (its count would be 2
 	// and one per subdirectory, which the store does not keep: 2 told
