@@ -24,7 +24,9 @@ import (
 // O_TRUNC) reads their draft instead, as it grows, and once the last of
 // them is gone the version they published (follow, live), as readers of
 // a file written in place do on tmpfs: git's index-pack reads the pack its
-// other half is still writing. A writable
+// other half is still writing. So does one opened before them, when their
+// draft starts from the version it reads (node.mu.readers): tail -f sees
+// what >> appends. A writable
 // handle opened with O_TRUNC writes a new version of its own (priv): two
 // processes that rewrite one file at once each publish a whole file, the
 // last close winning, never a mix of both. Other writable handles join the
@@ -37,8 +39,13 @@ type handle struct {
 	// follow: a read-only handle opened while the file had writers; it
 	// reads their draft while there is one, then live (n.liveDraft,
 	// handle.refresh).
-	follow   atomic.Bool
-	live     atomic.Pointer[store.Reader]
+	follow atomic.Bool
+	live   atomic.Pointer[store.Reader]
+	// liveMu is held for reading while a read takes a hold on the reader
+	// it reads (readerNow), or reads another node's bytes through it, and
+	// for writing while refresh replaces live: the reader it replaces is
+	// closed only once no read is taking it. Taken before n.mu.
+	liveMu   sync.RWMutex
 	bound    *store.Draft // the shared draft it follows, once it read one (node.mu)
 	writable bool
 	priv     *store.Draft // O_TRUNC handles: their own new version
@@ -117,11 +124,14 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 			return nil, err
 		}
 		h := &handle{n: n, reader: r, obj: r.Object()}
-		n.mu.Lock()
-		n.mu.opened = h.obj
-		n.mu.Unlock()
 		h.regs.fs = n.fs
 		h.follow.Store(follow)
+		n.mu.Lock()
+		n.mu.opened = h.obj
+		if !follow {
+			n.watchLocked(h, h.obj.Version, nil)
+		}
+		n.mu.Unlock()
 		return h, nil
 	}
 	h := &handle{n: n, writable: true, append: flags&syscall.O_APPEND != 0}
@@ -216,10 +226,53 @@ func (n *node) joinShared(ctx context.Context, key string) error {
 	if err == nil {
 		n.mu.draft = d
 		n.mu.writers++
+		n.followReadersLocked(d)
 	}
 	n.mu.Unlock()
 	close(opening)
 	return err
+}
+
+// watchLocked registers h, a read-only handle that follows no draft and
+// reads version v, among the readers that follow the shared draft once
+// one starts from v; if one did already, h follows it now, unless it is
+// not. The caller holds n.mu.
+func (n *node) watchLocked(h *handle, v uint64, not *store.Draft) {
+	if d := n.mu.draft; d != nil && d != not && n.mu.closing == nil && v != 0 && d.From() == v {
+		n.followLocked(h, d)
+		return
+	}
+	if n.mu.readers == nil {
+		n.mu.readers = map[*handle]struct{}{}
+	}
+	n.mu.readers[h] = struct{}{}
+}
+
+// followReadersLocked makes the registered readers of the version d, a
+// new shared draft, starts from follow it: they read the writers' bytes
+// from now on, as readers opened while they write do. The caller holds
+// n.mu.
+func (n *node) followReadersLocked(d *store.Draft) {
+	v := d.From()
+	if v == 0 {
+		return
+	}
+	for h := range n.mu.readers {
+		if h.readerNow().Object().Version == v {
+			delete(n.mu.readers, h)
+			n.followLocked(h, d)
+		}
+	}
+}
+
+// followLocked makes h, a read-only handle that reads the version d
+// starts from, a follower of d, bound to it: once d is gone it reads what
+// d left, never a version that replaced the file meanwhile (an O_TRUNC
+// writer's). The caller holds n.mu.
+func (n *node) followLocked(h *handle, d *store.Draft) {
+	n.bindLocked(h, d)
+	h.follow.Store(true)
+	n.mu.followers++
 }
 
 // leaveShared drops a writer of the shared draft; the last one publishes
@@ -237,7 +290,9 @@ func (n *node) leaveShared(ctx context.Context) error {
 	n.mu.closing = closing
 	n.mu.Unlock()
 	err := n.publish(ctx, d, nil)
-	n.retire(ctx, d)
+	if !n.retire(ctx, d) {
+		n.refreshBound(ctx, d)
+	}
 	n.mu.Lock()
 	n.mu.draft, n.mu.closing = nil, nil
 	n.mu.Unlock()
@@ -245,11 +300,32 @@ func (n *node) leaveShared(ctx context.Context) error {
 	return err
 }
 
+// refreshBound moves the handles that read d, a shared draft just
+// settled, on to what it left (handle.refresh) before other writers can
+// share the file again: a draft that then starts from that version is
+// theirs to follow (watchLocked), where a handle left to refresh at its
+// next read would have stayed on it and missed the later writers' bytes
+// (tail -f of a log that >> appends to).
+func (n *node) refreshBound(ctx context.Context, d *store.Draft) {
+	n.mu.Lock()
+	var hs []*handle
+	if b := n.mu.bound[d]; b != nil {
+		for h := range b.handles {
+			hs = append(hs, h)
+		}
+	}
+	n.mu.Unlock()
+	for _, h := range hs {
+		h.refresh(ctx, nil)
+	}
+}
+
 // retire closes the shared draft once its last writer is done with it,
 // published or not; one whose file went (unlinked, replaced) while
 // readers follow it is kept for them instead (node.mu.orphan), as an
-// unlinked file's bytes stay for whoever has it open.
-func (n *node) retire(ctx context.Context, d *store.Draft) {
+// unlinked file's bytes stay for whoever has it open. It says whether it
+// kept d.
+func (n *node) retire(ctx context.Context, d *store.Draft) bool {
 	n.mu.Lock()
 	followed, orphaned := n.mu.followers > 0, n.mu.orphan != nil
 	n.mu.Unlock()
@@ -268,13 +344,14 @@ func (n *node) retire(ctx context.Context, d *store.Draft) {
 				}
 				n.mu.Unlock()
 				if kept {
-					return
+					return true
 				}
 			}
 		}
 		n.settle(d)
 	}
 	d.Close()
+	return false
 }
 
 // boundDraft is a shared draft's followers (node.mu.bound): how many, and
@@ -282,6 +359,7 @@ func (n *node) retire(ctx context.Context, d *store.Draft) {
 type boundDraft struct {
 	followers int
 	left      *store.Reader
+	handles   map[*handle]struct{} // the followers (refreshBound)
 }
 
 // settle keeps what d, a shared draft about to close, leaves for the
@@ -299,27 +377,33 @@ func (n *node) settle(d *store.Draft) {
 	}
 }
 
-// unbind ends h's following of the draft it read (refresh, release):
-// with take, it returns a lease of its own on what that draft left, if
-// kept; the last of the draft's followers lets that go.
-func (n *node) unbind(h *handle, take bool) *store.Reader {
-	var r, done *store.Reader
+// unbind ends h's following of the draft it read (release).
+func (n *node) unbind(h *handle) {
 	n.mu.Lock()
+	_, done := n.unbindLocked(h, false)
+	n.mu.Unlock()
+	if done != nil {
+		done.Close()
+	}
+}
+
+// unbindLocked ends h's following of the draft it read (refresh,
+// release): with take, it returns a lease of its own on what that draft
+// left, if kept. The last of the draft's followers lets that go: done,
+// for the caller to close once it lets go of n.mu, which it holds.
+func (n *node) unbindLocked(h *handle, take bool) (r, done *store.Reader) {
 	if b := n.mu.bound[h.bound]; b != nil {
 		if take && b.left != nil {
 			r = b.left.Dup()
 		}
+		delete(b.handles, h)
 		if b.followers--; b.followers == 0 {
 			delete(n.mu.bound, h.bound)
 			done = b.left
 		}
 	}
 	h.bound = nil
-	n.mu.Unlock()
-	if done != nil {
-		done.Close()
-	}
-	return r
+	return r, done
 }
 
 // lockSettled locks n.mu once no last writer's release is publishing the
@@ -359,23 +443,35 @@ func (n *node) addFollower() bool {
 // closed; the last one closes an orphaned draft.
 func (n *node) dropFollower() {
 	n.mu.Lock()
-	n.mu.followers--
-	var d *store.Draft
-	if n.mu.followers == 0 {
-		d, n.mu.orphan = n.mu.orphan, nil
-	}
+	d := n.dropFollowerLocked()
 	n.mu.Unlock()
 	if d != nil {
 		d.Close()
 	}
 }
 
+// dropFollowerLocked is dropFollower under n.mu: it returns the orphaned
+// draft for the caller to close once it lets go of n.mu.
+func (n *node) dropFollowerLocked() *store.Draft {
+	n.mu.followers--
+	var d *store.Draft
+	if n.mu.followers == 0 {
+		d, n.mu.orphan = n.mu.orphan, nil
+	}
+	return d
+}
+
 // liveDraft returns the draft follower h reads: the shared one, or the
 // one its file left behind (orphan), the first it reads binding it
-// (h.bound); nil once that one is gone (a later one is not its to read).
+// (h.bound); nil once that one is gone (a later one is not its to read),
+// or once h no longer follows (a refresh of another read's came first:
+// follow changes under n.mu).
 func (n *node) liveDraft(h *handle) *store.Draft {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if !h.follow.Load() {
+		return nil
+	}
 	d := n.mu.draft
 	if d == nil || d.Err() != nil {
 		d = n.mu.orphan
@@ -383,20 +479,26 @@ func (n *node) liveDraft(h *handle) *store.Draft {
 	switch {
 	case d == nil:
 	case h.bound == nil:
-		h.bound = d
-		b := n.mu.bound[d]
-		if b == nil {
-			if n.mu.bound == nil {
-				n.mu.bound = map[*store.Draft]*boundDraft{}
-			}
-			b = &boundDraft{}
-			n.mu.bound[d] = b
-		}
-		b.followers++
+		n.bindLocked(h, d)
 	case d != h.bound:
 		return nil
 	}
 	return d
+}
+
+// bindLocked makes h a follower of d's (h.bound). The caller holds n.mu.
+func (n *node) bindLocked(h *handle, d *store.Draft) {
+	h.bound = d
+	b := n.mu.bound[d]
+	if b == nil {
+		if n.mu.bound == nil {
+			n.mu.bound = map[*store.Draft]*boundDraft{}
+		}
+		b = &boundDraft{handles: map[*handle]struct{}{}}
+		n.mu.bound[d] = b
+	}
+	b.followers++
+	b.handles[h] = struct{}{}
 }
 
 // readLive reads for a following handle: from the writers' draft while
@@ -411,7 +513,7 @@ func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bo
 		// Published and closed since it was picked: read what it
 		// published.
 	}
-	h.refresh(ctx)
+	h.refresh(ctx, nil)
 	return 0, false, nil
 }
 
@@ -419,28 +521,65 @@ func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bo
 // left (node.mu.bound) from now on, else the file's current version,
 // as one opened now would (kept in live; the version at open stays held
 // for the ioctls, which read versions), or keeps its own if the file is
-// gone or replaced by another.
-func (h *handle) refresh(ctx context.Context) {
+// gone or replaced by another. Then it follows the next draft that
+// starts from that version (watchLocked), but for not.
+func (h *handle) refresh(ctx context.Context, not *store.Draft) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.follow.Load() || h.released {
 		return
 	}
-	// live is set before follow is cleared: a read that finds follow
-	// false reads live.
-	if r := h.n.unbind(h, true); r != nil {
-		h.live.Store(r)
-	} else if key, ok := h.n.key(); ok {
-		if r, err := h.n.fs.st.OpenReader(ctx, key); err == nil {
-			if r.Object().Ino == h.n.StableAttr().Ino {
-				h.live.Store(r)
-			} else {
-				r.Close()
-			}
+	n := h.n
+	// The file's version now, for when the draft left none (looked up
+	// first: n.mu is never held across a lookup).
+	var cur *store.Reader
+	if key, ok := n.key(); ok {
+		if cur, _ = n.fs.st.OpenReader(ctx, key); cur != nil && cur.Object().Ino != n.StableAttr().Ino {
+			cur.Close()
+			cur = nil
 		}
 	}
+	// One step under n.mu, where follow changes: no read binds h to a
+	// draft between its unbinding and the end of its following
+	// (liveDraft). live is set before follow is cleared: a read that
+	// finds follow false reads live. (liveMu first: a read of another
+	// node's bytes holds it, never n.mu, across the network.)
+	h.liveMu.Lock()
+	n.mu.Lock()
+	r, done := n.unbindLocked(h, true)
+	if r == nil {
+		r, cur = cur, nil
+	}
+	var old *store.Reader
+	if r != nil {
+		old = h.live.Swap(r) // a handle that followed writers before
+	}
 	h.follow.Store(false)
-	h.n.dropFollower()
+	orphan := n.dropFollowerLocked()
+	n.watchLocked(h, h.readerNow().Object().Version, not) // the next writers'
+	n.mu.Unlock()
+	h.liveMu.Unlock()
+	for _, r := range []*store.Reader{cur, done, old} {
+		if r != nil {
+			r.Close()
+		}
+	}
+	if orphan != nil {
+		orphan.Close()
+	}
+}
+
+// holdReader returns the reader POSIX reads through h use and a hold on
+// its bytes (store.Reader.Hold), taken so that refresh cannot close it
+// first.
+func (h *handle) holdReader() (*store.Reader, func()) {
+	h.liveMu.RLock()
+	defer h.liveMu.RUnlock()
+	r := h.readerNow()
+	if r == nil {
+		return nil, nil
+	}
+	return r, r.Hold()
 }
 
 // readerNow is the reader POSIX reads through h use.
@@ -514,14 +653,16 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 			return fuse.ReadResultData(dest[:got]), 0
 		}
 	}
-	if r := h.readerNow(); r != nil {
-		release := r.Hold()
+	if r, release := h.holdReader(); r != nil {
 		var slices [][]byte
 		slices, err = r.Slices(uint64(off), uint64(len(dest)))
 		if errors.Is(err, store.ErrRemote) {
-			// The bytes live on another node: fetch them into dest.
+			// The bytes live on another node: fetch them into dest,
+			// with r kept open.
+			h.liveMu.RLock()
+			got, err = h.readerNow().ReadAt(ctx, dest, uint64(off))
+			h.liveMu.RUnlock()
 			release()
-			got, err = r.ReadAt(ctx, dest, uint64(off))
 			if err != nil {
 				return nil, toErrno(err)
 			}
@@ -676,7 +817,35 @@ func (n *node) rebaseShared(ctx context.Context) {
 		return
 	}
 	if key, ok := n.key(); ok {
+		// Its readers keep the version it began from: the rewrite is
+		// another version, not a change of the bytes they read.
+		n.detachFollowers(ctx, d)
 		d.Rebase(ctx, key)
+	}
+}
+
+// detachFollowers ends the following of d, a shared draft with no changes
+// of its own that is about to move onto another version (Draft.Rebase),
+// by the handles bound to it: they read on in what it holds now (its
+// base), as a reader of the version a rewrite replaces does.
+func (n *node) detachFollowers(ctx context.Context, d *store.Draft) {
+	base := d.BaseReader()
+	n.mu.Lock()
+	var hs []*handle
+	if b := n.mu.bound[d]; b != nil {
+		if b.left == nil {
+			b.left, base = base, nil
+		}
+		for h := range b.handles {
+			hs = append(hs, h)
+		}
+	}
+	n.mu.Unlock()
+	if base != nil {
+		base.Close()
+	}
+	for _, h := range hs {
+		h.refresh(ctx, d)
 	}
 }
 
@@ -757,6 +926,11 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	defer n.fs.opens.put(h.uid)
 	h.regs.closeAll()
 	if h.reader != nil {
+		// Out of the readers first: no draft makes it follow after the
+		// look at follow below.
+		n.mu.Lock()
+		delete(n.mu.readers, h)
+		n.mu.Unlock()
 		h.reader.Close()
 		h.mu.Lock() // refresh changes follow and live under it, unless released
 		if r := h.live.Load(); r != nil {
@@ -765,7 +939,7 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 		following := h.follow.Load()
 		h.mu.Unlock()
 		if following {
-			n.unbind(h, false)
+			n.unbind(h)
 			n.dropFollower()
 		}
 		return 0

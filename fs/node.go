@@ -53,6 +53,12 @@ type node struct {
 		// closed with the last of them.
 		followers int
 		orphan    *store.Draft
+		// readers is the read-only handles that do not follow a draft
+		// (handle.follow), by the version they read: when writers that
+		// share the file start a draft from that version, they follow it
+		// (followReadersLocked), as a descriptor opened before an
+		// appender sees its appends on tmpfs (tail -f).
+		readers map[*handle]struct{}
 		// gone is the file's attributes as a chmod, chown or utime
 		// through a descriptor (or a path walk that raced the removal)
 		// set them after the file left its name (unlinked, renamed

@@ -42,7 +42,10 @@ type Draft struct {
 	// of a file being committed answers at once.
 	size  atomic.Uint64
 	dirty atomic.Bool // differs from the version it started from
-	mu    struct {
+	// from is the version the draft started from (From), set at its start
+	// and by Rebase.
+	from atomic.Uint64
+	mu   struct {
 		sync.Mutex
 		base     *Reader // unmodified base version, nil once copied
 		own      bool    // the draft has its own extents
@@ -91,6 +94,9 @@ func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 	d := &Draft{s: s, ino: ino}
 	d.meta.place = DefaultPlacement()
 	s.openIno(ino)
+	if base != nil {
+		d.from.Store(base.Object().Version)
+	}
 	if base != nil && !trunc && base.Size() > 0 {
 		d.mu.base = base
 		d.size.Store(base.Size())
@@ -182,6 +188,7 @@ func (d *Draft) Rebase(ctx context.Context, key string) bool {
 	var old *Reader
 	if !keep {
 		old = d.mu.base
+		d.from.Store(r.Object().Version)
 		if r.Size() > 0 {
 			d.mu.base, d.mu.own = r, false
 			d.size.Store(r.Size())
@@ -201,6 +208,12 @@ func (d *Draft) Rebase(ctx context.Context, key string) bool {
 	}
 	return !keep
 }
+
+// From returns the version the draft started from, or that Rebase moved
+// it onto; 0 for a draft of no version. Its commits do not change it: a
+// reader of that version sees the draft's writes as changes to the bytes
+// it reads, a reader of another does not.
+func (d *Draft) From() uint64 { return d.from.Load() }
 
 // Size returns the draft's current size.
 func (d *Draft) Size() uint64 {

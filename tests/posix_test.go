@@ -1292,6 +1292,113 @@ early.close()
 	}
 }
 
+// TestReaderFollowsAppends: a descriptor opened for reading before
+// writers that share the file (>>, O_APPEND, in-place writes) reads what
+// they write, as on tmpfs, whether they closed yet or not: tail -f shows
+// each line a shell appends, and a reader polling while another process
+// appends 3000 records (each its own open, write and close) reads every
+// record once, in order. A rewrite (O_TRUNC) is still another version:
+// the reader keeps the one it read, and appends to the new one are not
+// its to read.
+func TestReaderFollowsAppends(t *testing.T) {
+	t.Parallel()
+	requireTools(t, "tail")
+	d := startDaemon(t, "--size", "64MiB")
+	out := py(t, `
+import os, subprocess, sys
+os.chdir(sys.argv[1])
+def say(*a): print(*a, flush=True)
+
+with open("log", "wb") as f:
+    f.write(b"first\n")
+r = open("log", "rb")
+got, want = r.read(), b"first\n"
+for i in range(60):
+    line = b"line %d\n" % i
+    w = os.open("log", os.O_WRONLY | os.O_APPEND)
+    os.write(w, line)
+    want += line
+    if i % 3 == 0:
+        os.close(w)  # read after the appender closed
+    got += r.read()
+    if i % 3 != 0:
+        os.close(w)  # read while it is open
+say("appends", got == want)
+for i in range(5):
+    subprocess.run("echo shell %d >> log" % i, shell=True, check=True)
+    want += b"shell %d\n" % i
+got += r.read()
+say("shell appends", got == want)
+w = open("log", "ab", buffering=0)
+for i in range(20):
+    w.write(b"long %d\n" % i)
+    want += b"long %d\n" % i
+    got += r.read()
+w.close()
+got += r.read()
+say("long appender", got == want)
+w = os.open("log", os.O_WRONLY)
+os.pwrite(w, b"FIRST", 0)
+os.close(w)
+want = b"FIRST" + want[5:]
+r.seek(0)
+say("in place", r.read() == want)
+subprocess.run("echo rewritten > log", shell=True, check=True)
+r.seek(0)
+say("rewrite", r.read() == want)
+subprocess.run("echo more >> log", shell=True, check=True)
+r.seek(0)
+say("append to rewrite", r.read() == want)
+r.close()
+
+open("conc", "wb").close()
+r = open("conc", "rb")
+p = subprocess.Popen([sys.executable, "-c", """
+import os, sys
+for i in range(3000):
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"%06d\\n" % i)
+    os.close(fd)
+""", "conc"])
+got = b""
+while p.poll() is None:
+    got += r.read()
+got += r.read()
+say("concurrent", p.wait(), got == b"".join(b"%06d\n" % i for i in range(3000)))
+
+# A reader that read half the file through the draft of a writer that
+# shares it (kept open, writing nothing) reads the other half of the same
+# version after an O_TRUNC writer replaced the file, not the new bytes
+# the shared draft moves onto for its writer.
+with open("held", "wb") as f:
+    f.write(b"A" * (2 << 20))
+h = os.open("held", os.O_RDWR)
+r = os.open("held", os.O_RDONLY)
+first = os.pread(r, 1 << 20, 0)
+w = os.open("held", os.O_WRONLY | os.O_TRUNC)
+os.write(w, b"B" * (3 << 20))
+os.close(w)
+rest = os.pread(r, 4 << 20, 1 << 20)
+os.write(h, b"C")
+os.close(h)
+say("rewrite under a reader", first + rest == b"A" * (2 << 20), os.pread(r, 1, 2 << 20))
+os.close(r)
+`, d.dir)
+	if want := "appends True\nshell appends True\nlong appender True\nin place True\nrewrite True\nappend to rewrite True\nconcurrent 0 True\nrewrite under a reader True b''\n"; out != want {
+		t.Errorf("got:\n%s\nwant:\n%s", out, want)
+	}
+
+	log := d.path("tailed")
+	run(t, "sh", "-c", `echo start > "$1"`, "sh", log)
+	tail := background(t, "tail", "-n", "+1", "-f", log)
+	tail.waitOutput(t, "start\n")
+	for i := range 5 {
+		line := fmt.Sprintf("appended %d\n", i)
+		run(t, "sh", "-c", `printf "$2" >> "$1"`, "sh", log, line)
+		tail.waitOutput(t, line)
+	}
+}
+
 // TestWriteKillsSetID: as on tmpfs, bytes written by a user without the
 // privilege to keep them clear a file's set-user-ID bit, and its
 // set-group-ID bit where the group may execute: through write(2) (a new
