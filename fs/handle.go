@@ -45,11 +45,14 @@ type handle struct {
 	// it reads (readerNow), or reads another node's bytes through it, and
 	// for writing while refresh replaces live: the reader it replaces is
 	// closed only once no read is taking it. Taken before n.mu.
-	liveMu   sync.RWMutex
-	bound    *store.Draft // the shared draft it follows, once it read one (node.mu)
-	writable bool
-	priv     *store.Draft // O_TRUNC handles: their own new version
-	append   bool         // O_APPEND: every write goes to the end
+	liveMu sync.RWMutex
+	bound  *store.Draft // the shared draft it follows, once it read one (node.mu)
+	// boundFrom is the bytes it read when it bound to bound: the draft's
+	// start, which its reads of the draft ask for (Draft.ReadAtFrom).
+	boundFrom store.BytesID
+	writable  bool
+	priv      *store.Draft // O_TRUNC handles: their own new version
+	append    bool         // O_APPEND: every write goes to the end
 	// abandoned: the process writing priv was killed before it closed
 	// it; release discards priv unless a later write took it up again.
 	abandoned atomic.Bool
@@ -108,7 +111,7 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	if acc == syscall.O_RDONLY {
 		// Whether to follow is decided first: writers that leave before
 		// the reader is opened have published by then, and it reads that.
-		follow := n.addFollower()
+		follow, drafts := n.addFollower()
 		r, err := n.fs.st.OpenReader(ctx, key)
 		if errors.Is(err, store.ErrNotFound) {
 			err = store.ErrStale
@@ -125,11 +128,18 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 		}
 		h := &handle{n: n, reader: r, obj: r.Object()}
 		h.regs.fs = n.fs
-		h.follow.Store(follow)
 		n.mu.Lock()
 		n.mu.opened = h.obj
+		if !follow && n.mu.drafts != drafts {
+			// Writers came (and perhaps went) since: follow, as one
+			// opened while they write, whose first read finds their
+			// draft or what they published.
+			follow = true
+			n.mu.followers++
+		}
+		h.follow.Store(follow)
 		if !follow {
-			n.watchLocked(h, h.obj.Version, nil)
+			n.watchLocked(h, r.BytesID())
 		}
 		n.mu.Unlock()
 		return h, nil
@@ -226,6 +236,7 @@ func (n *node) joinShared(ctx context.Context, key string) error {
 	if err == nil {
 		n.mu.draft = d
 		n.mu.writers++
+		n.mu.drafts++
 		n.followReadersLocked(d)
 	}
 	n.mu.Unlock()
@@ -234,12 +245,12 @@ func (n *node) joinShared(ctx context.Context, key string) error {
 }
 
 // watchLocked registers h, a read-only handle that follows no draft and
-// reads version v, among the readers that follow the shared draft once
-// one starts from v; if one did already, h follows it now, unless it is
-// not. The caller holds n.mu.
-func (n *node) watchLocked(h *handle, v uint64, not *store.Draft) {
-	if d := n.mu.draft; d != nil && d != not && n.mu.closing == nil && v != 0 && d.From() == v {
-		n.followLocked(h, d)
+// reads the bytes id, among the readers that follow the shared draft once
+// one starts from them; if one did already, h follows it now. The caller
+// holds n.mu.
+func (n *node) watchLocked(h *handle, id store.BytesID) {
+	if d := n.mu.draft; d != nil && n.mu.closing == nil && d.From() == id {
+		n.followLocked(h, d, id)
 		return
 	}
 	if n.mu.readers == nil {
@@ -253,24 +264,21 @@ func (n *node) watchLocked(h *handle, v uint64, not *store.Draft) {
 // from now on, as readers opened while they write do. The caller holds
 // n.mu.
 func (n *node) followReadersLocked(d *store.Draft) {
-	v := d.From()
-	if v == 0 {
-		return
-	}
+	id := d.From()
 	for h := range n.mu.readers {
-		if h.readerNow().Object().Version == v {
+		if h.readerNow().BytesID() == id {
 			delete(n.mu.readers, h)
-			n.followLocked(h, d)
+			n.followLocked(h, d, id)
 		}
 	}
 }
 
-// followLocked makes h, a read-only handle that reads the version d
+// followLocked makes h, a read-only handle that reads the bytes id d
 // starts from, a follower of d, bound to it: once d is gone it reads what
 // d left, never a version that replaced the file meanwhile (an O_TRUNC
 // writer's). The caller holds n.mu.
-func (n *node) followLocked(h *handle, d *store.Draft) {
-	n.bindLocked(h, d)
+func (n *node) followLocked(h *handle, d *store.Draft, id store.BytesID) {
+	n.bindLocked(h, d, id)
 	h.follow.Store(true)
 	n.mu.followers++
 }
@@ -309,14 +317,16 @@ func (n *node) leaveShared(ctx context.Context) error {
 func (n *node) refreshBound(ctx context.Context, d *store.Draft) {
 	n.mu.Lock()
 	var hs []*handle
-	if b := n.mu.bound[d]; b != nil {
-		for h := range b.handles {
-			hs = append(hs, h)
+	for k, b := range n.mu.bound {
+		if k.d == d {
+			for h := range b.handles {
+				hs = append(hs, h)
+			}
 		}
 	}
 	n.mu.Unlock()
 	for _, h := range hs {
-		h.refresh(ctx, nil)
+		h.refresh(ctx, d)
 	}
 }
 
@@ -354,6 +364,14 @@ func (n *node) retire(ctx context.Context, d *store.Draft) bool {
 	return false
 }
 
+// boundKey is a shared draft and the bytes its followers in one
+// boundDraft read when they bound to it: a draft that Rebase moved onto
+// other bytes has followers of each.
+type boundKey struct {
+	d    *store.Draft
+	from store.BytesID
+}
+
 // boundDraft is a shared draft's followers (node.mu.bound): how many, and
 // what it left them once closed (nil while open, or when it left none).
 type boundDraft struct {
@@ -366,10 +384,16 @@ type boundDraft struct {
 // followers that read it; none when it has changes of its own (a publish
 // failed) or is empty.
 func (n *node) settle(d *store.Draft) {
-	r := d.BaseReader()
+	n.leave(d, d.From(), d.BaseReader())
+}
+
+// leave keeps r for the followers of d that bound to it at from, to read
+// once they leave it (unbindLocked), in place of what it kept for them
+// before, if anything (a nil r keeps that); r is closed if none did.
+func (n *node) leave(d *store.Draft, from store.BytesID, r *store.Reader) {
 	n.mu.Lock()
-	if b := n.mu.bound[d]; b != nil && r != nil {
-		b.left, r = r, nil
+	if b := n.mu.bound[boundKey{d, from}]; b != nil && r != nil {
+		b.left, r = r, b.left
 	}
 	n.mu.Unlock()
 	if r != nil {
@@ -392,17 +416,18 @@ func (n *node) unbind(h *handle) {
 // left, if kept. The last of the draft's followers lets that go: done,
 // for the caller to close once it lets go of n.mu, which it holds.
 func (n *node) unbindLocked(h *handle, take bool) (r, done *store.Reader) {
-	if b := n.mu.bound[h.bound]; b != nil {
+	k := boundKey{h.bound, h.boundFrom}
+	if b := n.mu.bound[k]; b != nil {
 		if take && b.left != nil {
 			r = b.left.Dup()
 		}
 		delete(b.handles, h)
 		if b.followers--; b.followers == 0 {
-			delete(n.mu.bound, h.bound)
+			delete(n.mu.bound, k)
 			done = b.left
 		}
 	}
-	h.bound = nil
+	h.bound, h.boundFrom = nil, store.BytesID{}
 	return r, done
 }
 
@@ -427,16 +452,17 @@ func (n *node) lockSettled() {
 
 // addFollower counts a new read-only handle as a follower if the file
 // has writers that share it (the shared draft, open or opening), and says
-// whether it did. O_TRUNC writers do not count: each writes a version of
-// its own, which nobody sees before its close.
-func (n *node) addFollower() bool {
+// whether it did, and how many shared drafts the file had so far
+// (node.mu.drafts). O_TRUNC writers do not count: each writes a version
+// of its own, which nobody sees before its close.
+func (n *node) addFollower() (bool, uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.mu.draft == nil && n.mu.opening == nil {
-		return false
+		return false, n.mu.drafts
 	}
 	n.mu.followers++
-	return true
+	return true, n.mu.drafts
 }
 
 // dropFollower uncounts a follower that stopped following (refresh) or
@@ -465,55 +491,72 @@ func (n *node) dropFollowerLocked() *store.Draft {
 // one its file left behind (orphan), the first it reads binding it
 // (h.bound); nil once that one is gone (a later one is not its to read),
 // or once h no longer follows (a refresh of another read's came first:
-// follow changes under n.mu).
-func (n *node) liveDraft(h *handle) *store.Draft {
+// follow changes under n.mu). It also returns the draft h is bound to,
+// nil for none, for refresh to check that nothing changed since.
+func (n *node) liveDraft(h *handle) (d *store.Draft, from store.BytesID, bound *store.Draft) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !h.follow.Load() {
-		return nil
+		return nil, store.BytesID{}, h.bound
 	}
-	d := n.mu.draft
+	d = n.mu.draft
 	if d == nil || d.Err() != nil {
 		d = n.mu.orphan
 	}
 	switch {
 	case d == nil:
+		return nil, store.BytesID{}, h.bound
 	case h.bound == nil:
-		n.bindLocked(h, d)
+		// Only a draft of the bytes it opened: one that began from
+		// others (a rewrite came between) is not its to read.
+		id := h.readerNow().BytesID()
+		if d.From() != id {
+			return nil, store.BytesID{}, nil
+		}
+		n.bindLocked(h, d, id)
 	case d != h.bound:
-		return nil
+		return nil, store.BytesID{}, h.bound
 	}
-	return d
+	return d, h.boundFrom, d
 }
 
-// bindLocked makes h a follower of d's (h.bound). The caller holds n.mu.
-func (n *node) bindLocked(h *handle, d *store.Draft) {
-	h.bound = d
-	b := n.mu.bound[d]
+// bindLocked makes h a follower of d's (h.bound), bound at the bytes id
+// it read. The caller holds n.mu.
+func (n *node) bindLocked(h *handle, d *store.Draft, id store.BytesID) {
+	h.bound, h.boundFrom = d, id
+	k := boundKey{d, id}
+	b := n.mu.bound[k]
 	if b == nil {
-		if n.mu.bound == nil {
-			n.mu.bound = map[*store.Draft]*boundDraft{}
-		}
-		b = &boundDraft{handles: map[*handle]struct{}{}}
-		n.mu.bound[d] = b
+		b = n.newBoundLocked(k)
 	}
 	b.followers++
 	b.handles[h] = struct{}{}
+}
+
+// newBoundLocked adds k's followers, none yet. The caller holds n.mu.
+func (n *node) newBoundLocked(k boundKey) *boundDraft {
+	if n.mu.bound == nil {
+		n.mu.bound = map[boundKey]*boundDraft{}
+	}
+	b := &boundDraft{handles: map[*handle]struct{}{}}
+	n.mu.bound[k] = b
+	return b
 }
 
 // readLive reads for a following handle: from the writers' draft while
 // there is one (ok), else, once, it opens the version they published
 // (refresh) and says to read that (!ok).
 func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bool, error) {
-	if d := h.n.liveDraft(h); d != nil {
-		got, err := d.ReadAt(ctx, dest, off)
-		if !errors.Is(err, store.ErrClosed) {
+	d, from, bound := h.n.liveDraft(h)
+	if d != nil {
+		got, err := d.ReadAtFrom(ctx, dest, off, from)
+		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrMoved) {
 			return got, true, err
 		}
-		// Published and closed since it was picked: read what it
-		// published.
+		// Published and closed since it was picked, or moved onto a
+		// rewrite: read what it left.
 	}
-	h.refresh(ctx, nil)
+	h.refresh(ctx, bound)
 	return 0, false, nil
 }
 
@@ -522,18 +565,27 @@ func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bo
 // as one opened now would (kept in live; the version at open stays held
 // for the ioctls, which read versions), or keeps its own if the file is
 // gone or replaced by another. Then it follows the next draft that
-// starts from that version (watchLocked), but for not.
-func (h *handle) refresh(ctx context.Context, not *store.Draft) {
+// starts from those bytes (watchLocked). It does nothing unless h still
+// follows, bound to bound (nil: to none), as its caller found it: a draft
+// it was made to follow since is not one it is done with.
+func (h *handle) refresh(ctx context.Context, bound *store.Draft) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.follow.Load() || h.released {
+	n := h.n
+	n.mu.Lock()
+	if !h.follow.Load() || h.released || h.bound != bound {
+		n.mu.Unlock()
 		return
 	}
-	n := h.n
 	// The file's version now, for when the draft left none (looked up
-	// first: n.mu is never held across a lookup).
+	// first: n.mu is never held across a lookup). A draft's left never
+	// goes while a follower is bound to it (leave), and h's following
+	// changes only here (h.mu) or under n.mu while it is unbound.
+	b := n.mu.bound[boundKey{h.bound, h.boundFrom}]
+	hasLeft := b != nil && b.left != nil
+	n.mu.Unlock()
 	var cur *store.Reader
-	if key, ok := n.key(); ok {
+	if key, ok := n.key(); ok && !hasLeft {
 		if cur, _ = n.fs.st.OpenReader(ctx, key); cur != nil && cur.Object().Ino != n.StableAttr().Ino {
 			cur.Close()
 			cur = nil
@@ -546,6 +598,16 @@ func (h *handle) refresh(ctx context.Context, not *store.Draft) {
 	// node's bytes holds it, never n.mu, across the network.)
 	h.liveMu.Lock()
 	n.mu.Lock()
+	if !h.follow.Load() || h.bound != bound {
+		// Made to follow a draft meanwhile (watchLocked, liveDraft: h
+		// was unbound).
+		n.mu.Unlock()
+		h.liveMu.Unlock()
+		if cur != nil {
+			cur.Close()
+		}
+		return
+	}
 	r, done := n.unbindLocked(h, true)
 	if r == nil {
 		r, cur = cur, nil
@@ -556,7 +618,7 @@ func (h *handle) refresh(ctx context.Context, not *store.Draft) {
 	}
 	h.follow.Store(false)
 	orphan := n.dropFollowerLocked()
-	n.watchLocked(h, h.readerNow().Object().Version, not) // the next writers'
+	n.watchLocked(h, h.readerNow().BytesID()) // the next writers'
 	n.mu.Unlock()
 	h.liveMu.Unlock()
 	for _, r := range []*store.Reader{cur, done, old} {
@@ -817,35 +879,33 @@ func (n *node) rebaseShared(ctx context.Context) {
 		return
 	}
 	if key, ok := n.key(); ok {
-		// Its readers keep the version it began from: the rewrite is
-		// another version, not a change of the bytes they read.
-		n.detachFollowers(ctx, d)
+		n.rebaseMu.Lock() // From and BaseReader stay as read until Rebase
+		defer n.rebaseMu.Unlock()
+		// Its followers keep the bytes it began from: the rewrite is
+		// another version, not a change of what they read. What it holds
+		// now is left for them before it moves (their reads of it fail
+		// from then on: Draft.ReadAtFrom), as a closing draft leaves what
+		// it published; kept for those that bind to it until it moved
+		// too.
+		from := d.From()
+		k := boundKey{d, from}
+		n.mu.Lock()
+		if n.mu.bound[k] == nil {
+			n.newBoundLocked(k)
+		}
+		n.mu.Unlock()
+		n.leave(d, from, d.BaseReader())
 		d.Rebase(ctx, key)
-	}
-}
-
-// detachFollowers ends the following of d, a shared draft with no changes
-// of its own that is about to move onto another version (Draft.Rebase),
-// by the handles bound to it: they read on in what it holds now (its
-// base), as a reader of the version a rewrite replaces does.
-func (n *node) detachFollowers(ctx context.Context, d *store.Draft) {
-	base := d.BaseReader()
-	n.mu.Lock()
-	var hs []*handle
-	if b := n.mu.bound[d]; b != nil {
-		if b.left == nil {
-			b.left, base = base, nil
+		var left *store.Reader
+		n.mu.Lock()
+		if b := n.mu.bound[k]; b != nil && b.followers == 0 {
+			delete(n.mu.bound, k)
+			left = b.left
 		}
-		for h := range b.handles {
-			hs = append(hs, h)
+		n.mu.Unlock()
+		if left != nil {
+			left.Close()
 		}
-	}
-	n.mu.Unlock()
-	if base != nil {
-		base.Close()
-	}
-	for _, h := range hs {
-		h.refresh(ctx, d)
 	}
 }
 

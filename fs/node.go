@@ -59,6 +59,9 @@ type node struct {
 		// (followReadersLocked), as a descriptor opened before an
 		// appender sees its appends on tmpfs (tail -f).
 		readers map[*handle]struct{}
+		// drafts counts the shared drafts the file had (a new read-only
+		// handle that saw none at first looks again once it is open).
+		drafts uint64
 		// gone is the file's attributes as a chmod, chown or utime
 		// through a descriptor (or a path walk that raced the removal)
 		// set them after the file left its name (unlinked, renamed
@@ -75,11 +78,15 @@ type node struct {
 		// current by then: a later draft's, or an O_TRUNC writer's
 		// published meanwhile, would follow the first part of a read with
 		// another version's bytes. Let go with the last of its followers.
-		bound map[*store.Draft]*boundDraft
+		bound map[boundKey]*boundDraft
 	}
 	// putMu makes each PUT ioctl through this file's drafts one version
 	// change: truncate, write and publish (dataio.go).
 	putMu sync.Mutex
+	// rebaseMu makes rebaseShared's leaving of the draft's bytes to its
+	// followers and its move onto the new version one step among those
+	// of other publishes.
+	rebaseMu sync.Mutex
 	// metaGen counts setxattr/removexattr of user.mooncake.meta through
 	// this file. A rewrite (an O_TRUNC open, a truncation) drops the meta
 	// when it publishes unless one was set since it began: the meta

@@ -42,11 +42,9 @@ type Draft struct {
 	// of a file being committed answers at once.
 	size  atomic.Uint64
 	dirty atomic.Bool // differs from the version it started from
-	// from is the version the draft started from (From), set at its start
-	// and by Rebase.
-	from atomic.Uint64
-	mu   struct {
+	mu    struct {
 		sync.Mutex
+		from     BytesID // the bytes it started from (From)
 		base     *Reader // unmodified base version, nil once copied
 		own      bool    // the draft has its own extents
 		ext      []segment.Extent
@@ -95,7 +93,7 @@ func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 	d.meta.place = DefaultPlacement()
 	s.openIno(ino)
 	if base != nil {
-		d.from.Store(base.Object().Version)
+		d.mu.from = base.BytesID()
 	}
 	if base != nil && !trunc && base.Size() > 0 {
 		d.mu.base = base
@@ -181,14 +179,18 @@ func (d *Draft) Rebase(ctx context.Context, key string) bool {
 		r.Close()
 		return false
 	}
-	d.rw.Lock() // no write is copying
+	// No append is between its look at the size and its write (it
+	// would land at the old version's end), and no write is copying.
+	d.appendMu.Lock()
+	defer d.appendMu.Unlock()
+	d.rw.Lock()
 	d.mu.Lock()
 	keep := d.mu.closed || d.dirty.Load() || d.Err() != nil || len(d.mu.ext) > 0 ||
 		d.mu.base != nil && d.mu.base.Object().Version == r.Object().Version
 	var old *Reader
 	if !keep {
 		old = d.mu.base
-		d.from.Store(r.Object().Version)
+		d.mu.from = r.BytesID()
 		if r.Size() > 0 {
 			d.mu.base, d.mu.own = r, false
 			d.size.Store(r.Size())
@@ -209,11 +211,15 @@ func (d *Draft) Rebase(ctx context.Context, key string) bool {
 	return !keep
 }
 
-// From returns the version the draft started from, or that Rebase moved
-// it onto; 0 for a draft of no version. Its commits do not change it: a
-// reader of that version sees the draft's writes as changes to the bytes
-// it reads, a reader of another does not.
-func (d *Draft) From() uint64 { return d.from.Load() }
+// From identifies the bytes the draft started from, or that Rebase moved
+// it onto (the zero BytesID for none, or an empty version). Its commits
+// do not change it: a reader of those bytes sees the draft's writes as
+// changes to what it reads, a reader of others does not.
+func (d *Draft) From() BytesID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.from
+}
 
 // Size returns the draft's current size.
 func (d *Draft) Size() uint64 {
@@ -867,12 +873,27 @@ func (w *Writes) Wait() []error {
 // ReadAt copies draft bytes at off into p and returns the count, short at
 // the draft's end.
 func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
-	d.rw.RLock()
+	return d.readAt(ctx, p, off, nil)
+}
+
+// ReadAtFrom is ReadAt for a reader of the bytes from, which the draft
+// changes: once Rebase moved the draft onto others, it reads nothing and
+// fails with ErrMoved.
+func (d *Draft) ReadAtFrom(ctx context.Context, p []byte, off uint64, from BytesID) (int, error) {
+	return d.readAt(ctx, p, off, &from)
+}
+
+func (d *Draft) readAt(ctx context.Context, p []byte, off uint64, from *BytesID) (int, error) {
+	d.rw.RLock() // Rebase holds it alone
 	defer d.rw.RUnlock()
 	d.mu.Lock()
 	if d.mu.closed {
 		d.mu.Unlock()
 		return 0, ErrClosed
+	}
+	if from != nil && *from != d.mu.from {
+		d.mu.Unlock()
+		return 0, ErrMoved
 	}
 	if base := d.mu.base; base != nil {
 		d.mu.Unlock()
@@ -930,6 +951,10 @@ func (d *Draft) resize(ctx context.Context, size uint64, growOnly bool) error {
 	if err := d.Err(); err != nil {
 		return err
 	}
+	// An append lands at the end as it is after the resize or before it,
+	// never past a shrunk end (a gap of zeros) or inside a grown one.
+	d.appendMu.Lock()
+	defer d.appendMu.Unlock()
 	d.rw.Lock()
 	defer d.rw.Unlock()
 	d.mu.Lock()

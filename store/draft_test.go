@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1238,5 +1239,81 @@ func TestDraftRebase(t *testing.T) {
 	s.put(t, "f", []byte("another file\n"))
 	if other.Rebase(ctx, "f") {
 		t.Fatal("rebased onto another file")
+	}
+}
+
+// An append through a clean draft that a rewrite moves meanwhile
+// (Rebase) lands at the end of one version or the other: after the old
+// version's bytes (the append came first, and the draft keeps it) or
+// after the new one's, never at the old end inside the new bytes, nor
+// past the new end with zeros between.
+func TestDraftAppendDuringRebase(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	for i := range 300 {
+		short, long := "old\n", strings.Repeat("new version\n", 1+i%7)
+		if i%2 == 1 {
+			short, long = long, short // the rewrite shrinks the file
+		}
+		o := s.put(t, "f", []byte(short))
+		shared, err := s.OpenDraft(ctx, "f", o.Ino, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := s.OpenDraft(ctx, "f", o.Ino, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.WriteAt(ctx, []byte(long), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.Commit(ctx, store.CommitOptions{Key: "f", IfIno: o.Ino}); err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, _, err := shared.AppendFrom(ctx, transfer.HostBuffer([]byte("A\n"))); err != nil {
+				t.Error(err)
+			}
+		})
+		shared.Rebase(ctx, "f")
+		wg.Wait()
+		if got := string(readDraft(t, shared)); got != short+"A\n" && got != long+"A\n" {
+			t.Fatalf("round %d: the draft holds %q, want %q or %q", i, got, short+"A\n", long+"A\n")
+		}
+		shared.Close()
+		if err := s.Delete(ctx, "f", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// An append racing a truncation of its draft lands at the end as it is
+// before the truncation or after it: the truncation cuts it, or it
+// follows the cut bytes; never past the cut with zeros between.
+func TestDraftAppendDuringTruncate(t *testing.T) {
+	s := newTestStore(t, 4<<20)
+	ctx := context.Background()
+	o := s.put(t, "f", []byte("0123456789"))
+	for i := range 300 {
+		shared, err := s.OpenDraft(ctx, "f", o.Ino, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if _, _, err := shared.AppendFrom(ctx, transfer.HostBuffer([]byte("AB"))); err != nil {
+				t.Error(err)
+			}
+		})
+		if err := shared.Truncate(ctx, 4); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		if got := string(readDraft(t, shared)); got != "0123AB" && got != "0123" {
+			t.Fatalf("round %d: the draft holds %q, want \"0123AB\" or \"0123\"", i, got)
+		}
+		shared.Close()
 	}
 }

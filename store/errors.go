@@ -21,6 +21,9 @@ var (
 	ErrInvalid     = errors.New("store: invalid argument")
 	ErrTooLarge    = errors.New("store: too large")
 	ErrClosed      = errors.New("store: closed")
+	// ErrMoved means a draft no longer continues the bytes a reader of it
+	// asked for (Draft.ReadAtFrom).
+	ErrMoved       = errors.New("store: draft moved onto other bytes")
 	ErrUnsupported = errors.New("store: unsupported")
 	ErrRange       = errors.New("store: offset outside the object")
 	// ErrUnavailable means a shared index (etcd) did not answer: the

@@ -320,6 +320,27 @@ func (r *Reader) Dup() *Reader {
 // Object returns the version this reader holds.
 func (r *Reader) Object() *Object { return r.obj }
 
+// BytesID identifies the bytes of a version: two versions of a file that
+// differ only in metadata (a chmod, a touch, a rename) have the same,
+// two whose bytes were written apart never do, and every empty version
+// has the zero BytesID. Bytes here are known by their record, which a
+// reader's lease keeps; another node's by the version alone.
+type BytesID struct {
+	b *body
+	v uint64
+}
+
+// BytesID identifies the bytes r holds.
+func (r *Reader) BytesID() BytesID {
+	switch {
+	case r.b != nil:
+		return BytesID{b: r.b}
+	case r.obj.Size > 0:
+		return BytesID{v: r.obj.Version}
+	}
+	return BytesID{}
+}
+
 // Size returns the size of the held version.
 func (r *Reader) Size() uint64 { return r.obj.Size }
 

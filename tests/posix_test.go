@@ -1337,6 +1337,16 @@ for i in range(20):
 w.close()
 got += r.read()
 say("long appender", got == want)
+# A touch, a chmod, an xattr or a rename change no bytes: still followed.
+for i, change in enumerate((lambda: os.utime("log"), lambda: os.chmod("log", 0o600),
+                            lambda: os.setxattr("log", "user.x", b"1"), lambda: os.rename("log", "log.1"),
+                            lambda: os.rename("log.1", "log"))):
+    change()
+    with open("log" if os.path.exists("log") else "log.1", "ab") as w:
+        w.write(b"meta %d\n" % i)
+    want += b"meta %d\n" % i
+got += r.read()
+say("after metadata", got == want)
 w = os.open("log", os.O_WRONLY)
 os.pwrite(w, b"FIRST", 0)
 os.close(w)
@@ -1384,7 +1394,7 @@ os.close(h)
 say("rewrite under a reader", first + rest == b"A" * (2 << 20), os.pread(r, 1, 2 << 20))
 os.close(r)
 `, d.dir)
-	if want := "appends True\nshell appends True\nlong appender True\nin place True\nrewrite True\nappend to rewrite True\nconcurrent 0 True\nrewrite under a reader True b''\n"; out != want {
+	if want := "appends True\nshell appends True\nlong appender True\nafter metadata True\nin place True\nrewrite True\nappend to rewrite True\nconcurrent 0 True\nrewrite under a reader True b''\n"; out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
 
