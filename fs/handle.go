@@ -544,11 +544,18 @@ func (n *node) newBoundLocked(k boundKey) *boundDraft {
 }
 
 // readLive reads for a following handle: from the writers' draft while
-// there is one (ok), else, once, it opens the version they published
-// (refresh) and says to read that (!ok).
+// there is one and it changed the handle's bytes (ok), else, once, it
+// opens the version they published (refresh) and says to read that
+// (!ok); while the draft still holds the handle's bytes, it says to read
+// those (!ok, no refresh).
 func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bool, error) {
 	d, from, bound := h.n.liveDraft(h)
 	if d != nil {
+		if d.Holds(from) {
+			// Its writers changed nothing yet: the handle's own reader
+			// holds the same bytes, read without a copy.
+			return 0, false, nil
+		}
 		got, err := d.ReadAtFrom(ctx, dest, off, from)
 		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrMoved) {
 			return got, true, err

@@ -870,6 +870,22 @@ func (w *Writes) Wait() []error {
 	return w.errs
 }
 
+// Holds says whether the draft's bytes are now exactly the bytes id: it
+// changed nothing since it started from them (or Rebase moved it onto
+// them), and committed nothing either. A reader of id then reads what
+// the draft would give it.
+func (d *Draft) Holds(id BytesID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch {
+	case d.mu.closed || d.dirty.Load():
+		return false
+	case d.mu.base != nil:
+		return d.mu.base.BytesID() == id
+	}
+	return d.mu.own && len(d.mu.ext) == 0 && d.size.Load() == 0 && id == BytesID{}
+}
+
 // ReadAt copies draft bytes at off into p and returns the count, short at
 // the draft's end.
 func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
