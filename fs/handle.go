@@ -47,9 +47,11 @@ type handle struct {
 	// closed only once no read is taking it. Taken before n.mu.
 	liveMu sync.RWMutex
 	bound  *store.Draft // the shared draft it follows, once it read one (node.mu)
-	// boundFrom is the bytes it read when it bound to bound: the draft's
-	// start, which its reads of the draft ask for (Draft.ReadAtFrom).
+	// boundFrom is the bytes it read when it bound to bound, which the
+	// draft continued at its move boundGen (Draft.Continues): its reads
+	// of the draft ask for that move (Draft.ReadAtGen).
 	boundFrom store.BytesID
+	boundGen  uint64
 	writable  bool
 	priv      *store.Draft // O_TRUNC handles: their own new version
 	append    bool         // O_APPEND: every write goes to the end
@@ -109,40 +111,39 @@ func (n *node) openHandle(ctx context.Context, key string, o *store.Object, flag
 	ino := n.StableAttr().Ino
 	acc := flags & syscall.O_ACCMODE
 	if acc == syscall.O_RDONLY {
-		// Whether to follow is decided first: writers that leave before
-		// the reader is opened have published by then, and it reads that.
-		follow, drafts := n.addFollower()
-		r, err := n.fs.st.OpenReader(ctx, key)
-		if errors.Is(err, store.ErrNotFound) {
-			err = store.ErrStale
-		}
-		if err == nil && r.Object().Ino != ino {
-			r.Close()
-			err = store.ErrStale
-		}
-		if err != nil {
-			if follow {
-				n.dropFollower()
+		// Whether it follows writers that share the file is decided by
+		// the bytes it opened (watchLocked), with no shared draft being
+		// opened or closed meanwhile (lockSettled): a draft that began,
+		// ended or moved while the version was looked up (changes) has it
+		// look again.
+		for tries := 0; ; tries++ {
+			n.lockSettled()
+			changes := n.mu.changes
+			n.mu.Unlock()
+			r, err := n.fs.st.OpenReader(ctx, key)
+			if errors.Is(err, store.ErrNotFound) {
+				err = store.ErrStale
 			}
-			return nil, err
-		}
-		h := &handle{n: n, reader: r, obj: r.Object()}
-		h.regs.fs = n.fs
-		n.mu.Lock()
-		n.mu.opened = h.obj
-		if !follow && n.mu.drafts != drafts {
-			// Writers came (and perhaps went) since: follow, as one
-			// opened while they write, whose first read finds their
-			// draft or what they published.
-			follow = true
-			n.mu.followers++
-		}
-		h.follow.Store(follow)
-		if !follow {
+			if err == nil && r.Object().Ino != ino {
+				r.Close()
+				err = store.ErrStale
+			}
+			if err != nil {
+				return nil, err
+			}
+			n.lockSettled()
+			if n.mu.changes != changes && tries < 3 {
+				n.mu.Unlock()
+				r.Close()
+				continue
+			}
+			h := &handle{n: n, reader: r, obj: r.Object()}
+			h.regs.fs = n.fs
+			n.mu.opened = h.obj
 			n.watchLocked(h, r.BytesID())
+			n.mu.Unlock()
+			return h, nil
 		}
-		n.mu.Unlock()
-		return h, nil
 	}
 	h := &handle{n: n, writable: true, append: flags&syscall.O_APPEND != 0}
 	h.regs.fs = n.fs
@@ -236,7 +237,7 @@ func (n *node) joinShared(ctx context.Context, key string) error {
 	if err == nil {
 		n.mu.draft = d
 		n.mu.writers++
-		n.mu.drafts++
+		n.mu.changes++
 		n.followReadersLocked(d)
 	}
 	n.mu.Unlock()
@@ -246,12 +247,14 @@ func (n *node) joinShared(ctx context.Context, key string) error {
 
 // watchLocked registers h, a read-only handle that follows no draft and
 // reads the bytes id, among the readers that follow the shared draft once
-// one starts from them; if one did already, h follows it now. The caller
-// holds n.mu.
+// one starts from them; if the one open continues them already (began
+// from them, or published them), h follows it now. The caller holds n.mu.
 func (n *node) watchLocked(h *handle, id store.BytesID) {
-	if d := n.mu.draft; d != nil && n.mu.closing == nil && d.From() == id {
-		n.followLocked(h, d, id)
-		return
+	if d := n.mu.draft; d != nil && n.mu.closing == nil {
+		if gen, ok := d.Continues(id); ok {
+			n.followLocked(h, d, gen, id)
+			return
+		}
 	}
 	if n.mu.readers == nil {
 		n.mu.readers = map[*handle]struct{}{}
@@ -264,21 +267,21 @@ func (n *node) watchLocked(h *handle, id store.BytesID) {
 // from now on, as readers opened while they write do. The caller holds
 // n.mu.
 func (n *node) followReadersLocked(d *store.Draft) {
-	id := d.From()
 	for h := range n.mu.readers {
-		if h.readerNow().BytesID() == id {
+		id := h.readerNow().BytesID()
+		if gen, ok := d.Continues(id); ok {
 			delete(n.mu.readers, h)
-			n.followLocked(h, d, id)
+			n.followLocked(h, d, gen, id)
 		}
 	}
 }
 
 // followLocked makes h, a read-only handle that reads the bytes id d
-// starts from, a follower of d, bound to it: once d is gone it reads what
-// d left, never a version that replaced the file meanwhile (an O_TRUNC
-// writer's). The caller holds n.mu.
-func (n *node) followLocked(h *handle, d *store.Draft, id store.BytesID) {
-	n.bindLocked(h, d, id)
+// continues (at its move gen), a follower of d, bound to it: once d is
+// gone it reads what d left, never a version that replaced the file
+// meanwhile (an O_TRUNC writer's). The caller holds n.mu.
+func (n *node) followLocked(h *handle, d *store.Draft, gen uint64, id store.BytesID) {
+	n.bindLocked(h, d, gen, id)
 	h.follow.Store(true)
 	n.mu.followers++
 }
@@ -299,10 +302,11 @@ func (n *node) leaveShared(ctx context.Context) error {
 	n.mu.Unlock()
 	err := n.publish(ctx, d, nil)
 	if !n.retire(ctx, d) {
-		n.refreshBound(ctx, d)
+		n.refreshBound(d)
 	}
 	n.mu.Lock()
 	n.mu.draft, n.mu.closing = nil, nil
+	n.mu.changes++
 	n.mu.Unlock()
 	close(closing)
 	return err
@@ -314,7 +318,7 @@ func (n *node) leaveShared(ctx context.Context) error {
 // theirs to follow (watchLocked), where a handle left to refresh at its
 // next read would have stayed on it and missed the later writers' bytes
 // (tail -f of a log that >> appends to).
-func (n *node) refreshBound(ctx context.Context, d *store.Draft) {
+func (n *node) refreshBound(d *store.Draft) {
 	n.mu.Lock()
 	var hs []*handle
 	for k, b := range n.mu.bound {
@@ -326,7 +330,7 @@ func (n *node) refreshBound(ctx context.Context, d *store.Draft) {
 	}
 	n.mu.Unlock()
 	for _, h := range hs {
-		h.refresh(ctx, d)
+		h.refresh(d)
 	}
 }
 
@@ -346,7 +350,7 @@ func (n *node) retire(ctx context.Context, d *store.Draft) bool {
 		// One draft is kept whole at a time (orphan); any other that
 		// followers read leaves them what it settled on.
 		if !orphaned {
-			if o, _ := n.object(ctx); o == nil {
+			if !n.stillThere(ctx) {
 				n.mu.Lock()
 				kept := n.mu.followers > 0 && n.mu.orphan == nil
 				if kept {
@@ -364,12 +368,28 @@ func (n *node) retire(ctx context.Context, d *store.Draft) bool {
 	return false
 }
 
-// boundKey is a shared draft and the bytes its followers in one
-// boundDraft read when they bound to it: a draft that Rebase moved onto
-// other bytes has followers of each.
+// stillThere says whether the node's file still has a name: looked up by
+// the name the tree gives it, and once more after the renames in flight
+// (settledKey), since the store moves a file before the tree does and a
+// look between them misses it.
+func (n *node) stillThere(ctx context.Context) bool {
+	if o, _ := n.object(ctx); o != nil {
+		return true
+	}
+	key, ok := n.settledKey()
+	if !ok {
+		return false
+	}
+	o, err := n.fs.st.Stat(ctx, key)
+	return err == nil && o.Ino == n.StableAttr().Ino
+}
+
+// boundKey is a shared draft and its move (Draft.Gen) when the followers
+// of one boundDraft bound to it: a draft that Rebase moved onto other
+// bytes has followers of each.
 type boundKey struct {
-	d    *store.Draft
-	from store.BytesID
+	d   *store.Draft
+	gen uint64
 }
 
 // boundDraft is a shared draft's followers (node.mu.bound): how many, and
@@ -384,15 +404,15 @@ type boundDraft struct {
 // followers that read it; none when it has changes of its own (a publish
 // failed) or is empty.
 func (n *node) settle(d *store.Draft) {
-	n.leave(d, d.From(), d.BaseReader())
+	n.leave(d, d.Gen(), d.BaseReader())
 }
 
-// leave keeps r for the followers of d that bound to it at from, to read
-// once they leave it (unbindLocked), in place of what it kept for them
-// before, if anything (a nil r keeps that); r is closed if none did.
-func (n *node) leave(d *store.Draft, from store.BytesID, r *store.Reader) {
+// leave keeps r for the followers of d that bound to it at its move gen,
+// to read once they leave it (unbindLocked), in place of what it kept for
+// them before, if anything (a nil r keeps that); r is closed if none did.
+func (n *node) leave(d *store.Draft, gen uint64, r *store.Reader) {
 	n.mu.Lock()
-	if b := n.mu.bound[boundKey{d, from}]; b != nil && r != nil {
+	if b := n.mu.bound[boundKey{d, gen}]; b != nil && r != nil {
 		b.left, r = r, b.left
 	}
 	n.mu.Unlock()
@@ -416,7 +436,7 @@ func (n *node) unbind(h *handle) {
 // left, if kept. The last of the draft's followers lets that go: done,
 // for the caller to close once it lets go of n.mu, which it holds.
 func (n *node) unbindLocked(h *handle, take bool) (r, done *store.Reader) {
-	k := boundKey{h.bound, h.boundFrom}
+	k := boundKey{h.bound, h.boundGen}
 	if b := n.mu.bound[k]; b != nil {
 		if take && b.left != nil {
 			r = b.left.Dup()
@@ -427,7 +447,7 @@ func (n *node) unbindLocked(h *handle, take bool) (r, done *store.Reader) {
 			done = b.left
 		}
 	}
-	h.bound, h.boundFrom = nil, store.BytesID{}
+	h.bound, h.boundFrom, h.boundGen = nil, store.BytesID{}, 0
 	return r, done
 }
 
@@ -448,21 +468,6 @@ func (n *node) lockSettled() {
 		n.mu.Unlock()
 		<-ch
 	}
-}
-
-// addFollower counts a new read-only handle as a follower if the file
-// has writers that share it (the shared draft, open or opening), and says
-// whether it did, and how many shared drafts the file had so far
-// (node.mu.drafts). O_TRUNC writers do not count: each writes a version
-// of its own, which nobody sees before its close.
-func (n *node) addFollower() (bool, uint64) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.mu.draft == nil && n.mu.opening == nil {
-		return false, n.mu.drafts
-	}
-	n.mu.followers++
-	return true, n.mu.drafts
 }
 
 // dropFollower uncounts a follower that stopped following (refresh) or
@@ -493,38 +498,27 @@ func (n *node) dropFollowerLocked() *store.Draft {
 // or once h no longer follows (a refresh of another read's came first:
 // follow changes under n.mu). It also returns the draft h is bound to,
 // nil for none, for refresh to check that nothing changed since.
-func (n *node) liveDraft(h *handle) (d *store.Draft, from store.BytesID, bound *store.Draft) {
+func (n *node) liveDraft(h *handle) (d *store.Draft, gen uint64, from store.BytesID, bound *store.Draft) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !h.follow.Load() {
-		return nil, store.BytesID{}, h.bound
+		return nil, 0, store.BytesID{}, h.bound
 	}
 	d = n.mu.draft
 	if d == nil || d.Err() != nil {
 		d = n.mu.orphan
 	}
-	switch {
-	case d == nil:
-		return nil, store.BytesID{}, h.bound
-	case h.bound == nil:
-		// Only a draft of the bytes it opened: one that began from
-		// others (a rewrite came between) is not its to read.
-		id := h.readerNow().BytesID()
-		if d.From() != id {
-			return nil, store.BytesID{}, nil
-		}
-		n.bindLocked(h, d, id)
-	case d != h.bound:
-		return nil, store.BytesID{}, h.bound
+	if d == nil || d != h.bound {
+		return nil, 0, store.BytesID{}, h.bound
 	}
-	return d, h.boundFrom, d
+	return d, h.boundGen, h.boundFrom, d
 }
 
 // bindLocked makes h a follower of d's (h.bound), bound at the bytes id
-// it read. The caller holds n.mu.
-func (n *node) bindLocked(h *handle, d *store.Draft, id store.BytesID) {
-	h.bound, h.boundFrom = d, id
-	k := boundKey{d, id}
+// it read, which d continued at its move gen. The caller holds n.mu.
+func (n *node) bindLocked(h *handle, d *store.Draft, gen uint64, id store.BytesID) {
+	h.bound, h.boundFrom, h.boundGen = d, id, gen
+	k := boundKey{d, gen}
 	b := n.mu.bound[k]
 	if b == nil {
 		b = n.newBoundLocked(k)
@@ -549,51 +543,40 @@ func (n *node) newBoundLocked(k boundKey) *boundDraft {
 // (!ok); while the draft still holds the handle's bytes, it says to read
 // those (!ok, no refresh).
 func (h *handle) readLive(ctx context.Context, dest []byte, off uint64) (int, bool, error) {
-	d, from, bound := h.n.liveDraft(h)
+	d, gen, from, bound := h.n.liveDraft(h)
 	if d != nil {
 		if d.Holds(from) {
 			// Its writers changed nothing yet: the handle's own reader
 			// holds the same bytes, read without a copy.
 			return 0, false, nil
 		}
-		got, err := d.ReadAtFrom(ctx, dest, off, from)
+		got, err := d.ReadAtGen(ctx, dest, off, gen)
 		if !errors.Is(err, store.ErrClosed) && !errors.Is(err, store.ErrMoved) {
 			return got, true, err
 		}
 		// Published and closed since it was picked, or moved onto a
 		// rewrite: read what it left.
 	}
-	h.refresh(ctx, bound)
+	h.refresh(bound)
 	return 0, false, nil
 }
 
 // refresh ends following: the handle reads what the draft it followed
-// left (node.mu.bound) from now on, else the file's current version,
-// as one opened now would (kept in live; the version at open stays held
-// for the ioctls, which read versions), or keeps its own if the file is
-// gone or replaced by another. Then it follows the next draft that
-// starts from those bytes (watchLocked). It does nothing unless h still
-// follows, bound to bound (nil: to none), as its caller found it: a draft
-// it was made to follow since is not one it is done with.
-func (h *handle) refresh(ctx context.Context, bound *store.Draft) {
+// left (node.mu.bound) from now on (kept in live; the version at open
+// stays held for the ioctls, which read versions), else its own bytes,
+// and follows the next draft that starts from them (watchLocked). It does
+// nothing unless h still follows, bound to bound, as its caller found it:
+// a draft it was made to follow since is not one it is done with.
+func (h *handle) refresh(bound *store.Draft) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := h.n
-	n.mu.Lock()
-	if !h.follow.Load() || h.released || h.bound != bound {
-		n.mu.Unlock()
-		return
-	}
-	// The file's version now, for when the draft left none (looked up
-	// first: n.mu is never held across a lookup). A draft's left never
-	// goes while a follower is bound to it (leave), and h's following
-	// changes only here (h.mu) or under n.mu while it is unbound.
-	b := n.mu.bound[boundKey{h.bound, h.boundFrom}]
-	hasLeft := b != nil && b.left != nil
-	n.mu.Unlock()
+	// The file's version now (looked up first: n.mu is never held
+	// across a lookup), for when the draft left nothing kept but its
+	// last commit is that version.
 	var cur *store.Reader
-	if key, ok := n.key(); ok && !hasLeft {
-		if cur, _ = n.fs.st.OpenReader(ctx, key); cur != nil && cur.Object().Ino != n.StableAttr().Ino {
+	if key, ok := n.key(); ok && bound != nil {
+		if cur, _ = n.fs.st.OpenReader(context.Background(), key); cur != nil && cur.Object().Ino != n.StableAttr().Ino {
 			cur.Close()
 			cur = nil
 		}
@@ -605,15 +588,23 @@ func (h *handle) refresh(ctx context.Context, bound *store.Draft) {
 	// node's bytes holds it, never n.mu, across the network.)
 	h.liveMu.Lock()
 	n.mu.Lock()
-	if !h.follow.Load() || h.bound != bound {
-		// Made to follow a draft meanwhile (watchLocked, liveDraft: h
-		// was unbound).
+	if !h.follow.Load() || h.released || h.bound != bound {
 		n.mu.Unlock()
 		h.liveMu.Unlock()
 		if cur != nil {
 			cur.Close()
 		}
 		return
+	}
+	// What the draft left, else the version now if the draft published
+	// it and never moved since h bound to it, else (its changes were
+	// lost, or its bytes were the empty file's) the handle's own bytes:
+	// never a version a rewrite made.
+	if cur != nil {
+		if last, gen := bound.Last(); last != cur.BytesID() || gen != h.boundGen {
+			cur.Close()
+			cur = nil
+		}
 	}
 	r, done := n.unbindLocked(h, true)
 	if r == nil {
@@ -894,21 +885,25 @@ func (n *node) rebaseShared(ctx context.Context) {
 		// from then on: Draft.ReadAtFrom), as a closing draft leaves what
 		// it published; kept for those that bind to it until it moved
 		// too.
-		from := d.From()
-		k := boundKey{d, from}
+		// (Counted among them meanwhile, so that it stays for one that
+		// binds now, when the last before it leaves.)
+		k := boundKey{d, d.Gen()}
 		n.mu.Lock()
-		if n.mu.bound[k] == nil {
-			n.newBoundLocked(k)
+		b := n.mu.bound[k]
+		if b == nil {
+			b = n.newBoundLocked(k)
 		}
+		b.followers++
 		n.mu.Unlock()
-		n.leave(d, from, d.BaseReader())
+		n.leave(d, k.gen, d.BaseReader())
 		d.Rebase(ctx, key)
 		var left *store.Reader
 		n.mu.Lock()
-		if b := n.mu.bound[k]; b != nil && b.followers == 0 {
+		if b.followers--; b.followers == 0 {
 			delete(n.mu.bound, k)
 			left = b.left
 		}
+		n.mu.changes++
 		n.mu.Unlock()
 		if left != nil {
 			left.Close()

@@ -59,9 +59,9 @@ type node struct {
 		// (followReadersLocked), as a descriptor opened before an
 		// appender sees its appends on tmpfs (tail -f).
 		readers map[*handle]struct{}
-		// drafts counts the shared drafts the file had (a new read-only
-		// handle that saw none at first looks again once it is open).
-		drafts uint64
+		// changes counts the shared drafts' starts, ends and moves (a
+		// read-only open that saw one looks the version up again).
+		changes uint64
 		// gone is the file's attributes as a chmod, chown or utime
 		// through a descriptor (or a path walk that raced the removal)
 		// set them after the file left its name (unlinked, renamed

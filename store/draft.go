@@ -45,6 +45,8 @@ type Draft struct {
 	mu    struct {
 		sync.Mutex
 		from     BytesID // the bytes it started from (From)
+		last     BytesID // the bytes it committed last, else from (Continues)
+		gen      uint64  // Rebase moves made (Continues)
 		base     *Reader // unmodified base version, nil once copied
 		own      bool    // the draft has its own extents
 		ext      []segment.Extent
@@ -95,6 +97,7 @@ func (s *Store) NewDraft(ino uint64, base *Reader, trunc bool) *Draft {
 	if base != nil {
 		d.mu.from = base.BytesID()
 	}
+	d.mu.last = d.mu.from
 	if base != nil && !trunc && base.Size() > 0 {
 		d.mu.base = base
 		d.size.Store(base.Size())
@@ -191,6 +194,8 @@ func (d *Draft) Rebase(ctx context.Context, key string) bool {
 	if !keep {
 		old = d.mu.base
 		d.mu.from = r.BytesID()
+		d.mu.last = d.mu.from
+		d.mu.gen++
 		if r.Size() > 0 {
 			d.mu.base, d.mu.own = r, false
 			d.size.Store(r.Size())
@@ -892,14 +897,38 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 	return d.readAt(ctx, p, off, nil)
 }
 
-// ReadAtFrom is ReadAt for a reader of the bytes from, which the draft
-// changes: once Rebase moved the draft onto others, it reads nothing and
-// fails with ErrMoved.
-func (d *Draft) ReadAtFrom(ctx context.Context, p []byte, off uint64, from BytesID) (int, error) {
-	return d.readAt(ctx, p, off, &from)
+// Continues says whether the draft's bytes continue the bytes id (it
+// started from them, Rebase moved it onto them, or it committed them
+// last), and since which of its moves (gen, for ReadAtGen).
+func (d *Draft) Continues(id BytesID) (gen uint64, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.gen, !d.mu.closed && (id == d.mu.from || id == d.mu.last)
 }
 
-func (d *Draft) readAt(ctx context.Context, p []byte, off uint64, from *BytesID) (int, error) {
+// Last returns the bytes the draft committed last (else those it started
+// from) and its Rebase moves so far, closed or not.
+func (d *Draft) Last() (BytesID, uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.last, d.mu.gen
+}
+
+// Gen is the count of the draft's Rebase moves.
+func (d *Draft) Gen() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mu.gen
+}
+
+// ReadAtGen is ReadAt for a reader of bytes the draft continued at its
+// move gen (Continues): once Rebase moved it again, onto other bytes, it
+// reads nothing and fails with ErrMoved.
+func (d *Draft) ReadAtGen(ctx context.Context, p []byte, off uint64, gen uint64) (int, error) {
+	return d.readAt(ctx, p, off, &gen)
+}
+
+func (d *Draft) readAt(ctx context.Context, p []byte, off uint64, gen *uint64) (int, error) {
 	d.rw.RLock() // Rebase holds it alone
 	defer d.rw.RUnlock()
 	d.mu.Lock()
@@ -907,7 +936,7 @@ func (d *Draft) readAt(ctx context.Context, p []byte, off uint64, from *BytesID)
 		d.mu.Unlock()
 		return 0, ErrClosed
 	}
-	if from != nil && *from != d.mu.from {
+	if gen != nil && *gen != d.mu.gen {
 		d.mu.Unlock()
 		return 0, ErrMoved
 	}
@@ -1172,6 +1201,9 @@ func (d *Draft) Commit(ctx context.Context, o CommitOptions) (*Object, error) {
 			d.meta.mtime = 0
 		}
 		d.meta.Unlock()
+		if base != nil {
+			d.mu.last = base.BytesID()
+		}
 		switch {
 		case o.Last:
 			d.closeCommittedLocked()

@@ -1393,8 +1393,52 @@ os.write(h, b"C")
 os.close(h)
 say("rewrite under a reader", first + rest == b"A" * (2 << 20), os.pread(r, 1, 2 << 20))
 os.close(r)
+
+# A reader opened while a writer holds the file O_RDWR without writing,
+# then an O_TRUNC rewrite: the reader keeps the bytes it opened, empty
+# ones too.
+for old in (b"A" * 100, b""):
+    with open("idle", "wb") as f:
+        f.write(old)
+    h = os.open("idle", os.O_RDWR)
+    r = os.open("idle", os.O_RDONLY)
+    with open("idle", "wb") as f:
+        f.write(b"B" * 100)
+    say("rewrite under an idle holder", len(old), os.read(r, 200) == old)
+    os.close(r)
+    os.close(h)
+
+# A log renamed back and forth while it is appended to: every append read.
+import threading
+open("rlog", "wb").close()
+r = open("rlog", "rb")
+stop = []
+def renamer():
+    while not stop:
+        try:
+            os.rename("rlog", "rlog.1")
+            os.rename("rlog.1", "rlog")
+        except FileNotFoundError:
+            pass
+t = threading.Thread(target=renamer)
+t.start()
+got, want = b"", b""
+for i in range(400):
+    while True:
+        try:
+            w = os.open("rlog", os.O_WRONLY | os.O_APPEND)
+            break
+        except FileNotFoundError:
+            pass
+    os.write(w, b"%d\n" % i)
+    os.close(w)
+    want += b"%d\n" % i
+    got += r.read()
+stop.append(1)
+t.join()
+say("appends across renames", got + r.read() == want)
 `, d.dir)
-	if want := "appends True\nshell appends True\nlong appender True\nafter metadata True\nin place True\nrewrite True\nappend to rewrite True\nconcurrent 0 True\nrewrite under a reader True b''\n"; out != want {
+	if want := "appends True\nshell appends True\nlong appender True\nafter metadata True\nin place True\nrewrite True\nappend to rewrite True\nconcurrent 0 True\nrewrite under a reader True b''\nrewrite under an idle holder 100 True\nrewrite under an idle holder 0 True\nappends across renames True\n"; out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
 
