@@ -421,16 +421,6 @@ func (n *node) leave(d *store.Draft, gen uint64, r *store.Reader) {
 	}
 }
 
-// unbind ends h's following of the draft it read (release).
-func (n *node) unbind(h *handle) {
-	n.mu.Lock()
-	_, done := n.unbindLocked(h, false)
-	n.mu.Unlock()
-	if done != nil {
-		done.Close()
-	}
-}
-
 // unbindLocked ends h's following of the draft it read (refresh,
 // release): with take, it returns a lease of its own on what that draft
 // left, if kept. The last of the draft's followers lets that go: done,
@@ -470,19 +460,9 @@ func (n *node) lockSettled() {
 	}
 }
 
-// dropFollower uncounts a follower that stopped following (refresh) or
-// closed; the last one closes an orphaned draft.
-func (n *node) dropFollower() {
-	n.mu.Lock()
-	d := n.dropFollowerLocked()
-	n.mu.Unlock()
-	if d != nil {
-		d.Close()
-	}
-}
-
-// dropFollowerLocked is dropFollower under n.mu: it returns the orphaned
-// draft for the caller to close once it lets go of n.mu.
+// dropFollowerLocked uncounts a follower that stopped following
+// (refresh) or closed; the last one takes an orphaned draft, returned for
+// the caller to close once it lets go of n.mu, which it holds.
 func (n *node) dropFollowerLocked() *store.Draft {
 	n.mu.followers--
 	var d *store.Draft
@@ -571,11 +551,16 @@ func (h *handle) refresh(bound *store.Draft) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := h.n
-	// The file's version now (looked up first: n.mu is never held
-	// across a lookup), for when the draft left nothing kept but its
-	// last commit is that version.
+	// The file's version now, for when the draft left nothing kept but
+	// its last commit is that version: looked up first (n.mu is never
+	// held across a lookup), and only then (a draft's kept bytes stay
+	// while a follower is bound to it).
+	n.mu.Lock()
+	b := n.mu.bound[boundKey{h.bound, h.boundGen}]
+	kept := b != nil && b.left != nil
+	n.mu.Unlock()
 	var cur *store.Reader
-	if key, ok := n.key(); ok && bound != nil {
+	if key, ok := n.key(); ok && bound != nil && !kept {
 		if cur, _ = n.fs.st.OpenReader(context.Background(), key); cur != nil && cur.Object().Ino != n.StableAttr().Ino {
 			cur.Close()
 			cur = nil
@@ -988,21 +973,29 @@ func (n *node) Release(ctx context.Context, fh gofs.FileHandle) (errno syscall.E
 	defer n.fs.opens.put(h.uid)
 	h.regs.closeAll()
 	if h.reader != nil {
-		// Out of the readers first: no draft makes it follow after the
-		// look at follow below.
+		// Out of the readers and its following in one step under n.mu,
+		// where follow changes (refresh no longer does: released).
+		var done *store.Reader
+		var orphan *store.Draft
 		n.mu.Lock()
 		delete(n.mu.readers, h)
+		if h.follow.Load() {
+			_, done = n.unbindLocked(h, false)
+			orphan = n.dropFollowerLocked()
+			h.follow.Store(false)
+		}
 		n.mu.Unlock()
 		h.reader.Close()
-		h.mu.Lock() // refresh changes follow and live under it, unless released
+		h.mu.Lock() // a refresh that began before swapped live under it
 		if r := h.live.Load(); r != nil {
 			r.Close()
 		}
-		following := h.follow.Load()
 		h.mu.Unlock()
-		if following {
-			n.unbind(h)
-			n.dropFollower()
+		if done != nil {
+			done.Close()
+		}
+		if orphan != nil {
+			orphan.Close()
 		}
 		return 0
 	}

@@ -44,7 +44,7 @@ type Draft struct {
 	dirty atomic.Bool // differs from the version it started from
 	mu    struct {
 		sync.Mutex
-		from     BytesID // the bytes it started from (From)
+		from     BytesID // the bytes it started from, or Rebase moved it onto
 		last     BytesID // the bytes it committed last, else from (Continues)
 		gen      uint64  // Rebase moves made (Continues)
 		base     *Reader // unmodified base version, nil once copied
@@ -214,16 +214,6 @@ func (d *Draft) Rebase(ctx context.Context, key string) bool {
 		r.Close()
 	}
 	return !keep
-}
-
-// From identifies the bytes the draft started from, or that Rebase moved
-// it onto (the zero BytesID for none, or an empty version). Its commits
-// do not change it: a reader of those bytes sees the draft's writes as
-// changes to what it reads, a reader of others does not.
-func (d *Draft) From() BytesID {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.mu.from
 }
 
 // Size returns the draft's current size.
