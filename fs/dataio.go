@@ -485,35 +485,44 @@ func (n *node) putThrough(ctx context.Context, h *handle, key string, buf transf
 	return o, err
 }
 
-// maxFollows bounds how often one commit follows its file to a new name.
+// maxFollows bounds how often one commit follows its file to a new name
+// another node gave it.
 const maxFollows = 8
 
 // commitFollowing runs commit at opts.Key, the file's name when its
-// write began, and again at its name now while the commit finds another
-// inode there, or none (ErrStale), because a rename moved the file
-// meanwhile: a file's writes follow it to its new name, as write(2)'s
-// do. One unlinked or replaced keeps ErrStale. opts.Key is the name
-// committed at.
+// write began, and once more at its name now when the commit found
+// another inode there, or none (ErrStale), because a rename moved the
+// file meanwhile: a file's writes follow it to its new name, as
+// write(2)'s do. The second try runs with no rename in flight and none
+// starting until it is done (namesSettled), so the name it commits at is
+// the file's in the store: a file renamed back and forth while its
+// writer publishes is found, never taken for gone. In a cluster, where
+// another node's rename moves no inode in this kernel's tree, a commit
+// that still finds nothing there follows the index (keyOfIno), up to
+// maxFollows times. One unlinked or replaced keeps ErrStale. opts.Key
+// is the name committed at.
 func (n *node) commitFollowing(ctx context.Context, opts *store.CommitOptions, commit func() (*store.Object, error)) (*store.Object, error) {
-	for i := 0; ; i++ {
-		o, err := commit()
-		if !errors.Is(err, store.ErrStale) || i == maxFollows {
-			return o, err
-		}
-		now, ok := n.key()
-		if ok && now == opts.Key {
-			now, ok = n.settledKey() // a rename may be on its way to the tree
-		}
-		if ok && now == opts.Key && n.fs.opts.Cluster {
-			// Another node's rename moves no inode in this kernel's
-			// tree: the index says where the file went, if anywhere.
-			now, ok = n.fs.keyOfIno(ctx, n.StableAttr().Ino)
-		}
-		if !ok || now == opts.Key {
-			return o, err
-		}
-		opts.Key = now
+	o, err := commit()
+	if hook := n.fs.hooks.commitStale; hook != nil && errors.Is(err, store.ErrStale) {
+		hook(opts.Key)
 	}
+	for i := 0; errors.Is(err, store.ErrStale) && i < maxFollows; i++ {
+		found := false
+		n.fs.namesSettled(func() {
+			now, ok := n.key()
+			if ok && i > 0 {
+				now, ok = n.fs.keyOfIno(ctx, n.StableAttr().Ino)
+			}
+			if found = ok; ok {
+				opts.Key = now
+				o, err = commit()
+			}
+		})
+		if !found || !n.fs.opts.Cluster {
+			break
+		}
+	}
+	return o, err
 }
 
 // scanPage is how many objects keyOfIno reads from the index at a time.

@@ -163,6 +163,16 @@ type FS struct {
 	asyncHeld userCounts
 	asyncCtx  context.Context
 	asyncStop context.CancelFunc
+	// hooks are tests' ways into the windows between a rename's steps
+	// (nil outside tests).
+	hooks struct {
+		// storeRenamed runs in a rename once the store moved the key,
+		// before go-fuse's tree does.
+		storeRenamed func(from, to string)
+		// commitStale runs when a commit first found its file gone from
+		// its name (commitFollowing), before it looks for it again.
+		commitStale func(key string)
+	}
 }
 
 // batchStats count the keys of batch ioctls and where their time went:

@@ -369,19 +369,24 @@ func (n *node) retire(ctx context.Context, d *store.Draft) bool {
 }
 
 // stillThere says whether the node's file still has a name: looked up by
-// the name the tree gives it, and once more after the renames in flight
-// (settledKey), since the store moves a file before the tree does and a
-// look between them misses it.
+// the name the tree gives it, and once that finds nothing, again with no
+// rename in flight (namesSettled), since the store moves a file before
+// the tree does and a look between them misses it. In a cluster, where
+// another node's rename moves nothing in this tree, the index says
+// whether the inode has a name anywhere (keyOfIno).
 func (n *node) stillThere(ctx context.Context) bool {
 	if o, _ := n.object(ctx); o != nil {
 		return true
 	}
-	key, ok := n.settledKey()
-	if !ok {
-		return false
+	found := false
+	n.fs.namesSettled(func() {
+		o, _ := n.object(ctx)
+		found = o != nil
+	})
+	if !found && n.fs.opts.Cluster {
+		_, found = n.fs.keyOfIno(ctx, n.StableAttr().Ino)
 	}
-	o, err := n.fs.st.Stat(ctx, key)
-	return err == nil && o.Ino == n.StableAttr().Ino
+	return found
 }
 
 // boundKey is a shared draft and its move (Draft.Gen) when the followers

@@ -33,6 +33,12 @@ func MountFS(dir string, o Options) (*Mount, error) {
 	if err != nil {
 		return nil, err
 	}
+	return mountWith(f, dir)
+}
+
+// mountWith mounts f at dir and starts serving (MountFS).
+func mountWith(f *FS, dir string) (*Mount, error) {
+	o := f.opts
 	if err := PrepareMountpoint(dir); err != nil {
 		return nil, err
 	}

@@ -965,6 +965,8 @@ func (n *node) rename(ctx context.Context, req <-chan struct{}, name string, new
 	err = n.fs.st.Rename(ctx, key, to, f)
 	if err != nil {
 		n.fs.moves.unmark(req) // nothing moved
+	} else if hook := n.fs.hooks.storeRenamed; hook != nil {
+		hook(key, to)
 	}
 	if ghost != nil {
 		if err == nil {

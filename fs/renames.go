@@ -200,6 +200,17 @@ func (n *node) settledKey() (string, bool) {
 	return n.key()
 }
 
+// namesSettled runs fn with no rename in flight and none starting until
+// it returns: go-fuse's tree then has every file of this node where the
+// store has it, so node.key is a file's name in the store, for a call
+// that found its file gone from its name and must tell a rename from a
+// removal.
+func (f *FS) namesSettled(fn func()) {
+	f.renaming.Lock()
+	defer f.renaming.Unlock()
+	fn()
+}
+
 // nodeOf is the node of inode in, nil for one of another kind.
 func nodeOf(in *gofs.Inode) *node {
 	n, _ := in.Operations().(*node)
