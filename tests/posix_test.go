@@ -1436,9 +1436,10 @@ for i in range(400):
     got += r.read()
 stop.append(1)
 t.join()
-say("appends across renames", got + r.read() == want)
+with open("rlog", "rb") as f:
+    say("appends across renames", got + r.read() == want, f.read() == want)
 `, d.dir)
-	if want := "appends True\nshell appends True\nlong appender True\nafter metadata True\nin place True\nrewrite True\nappend to rewrite True\nconcurrent 0 True\nrewrite under a reader True b''\nrewrite under an idle holder 100 True\nrewrite under an idle holder 0 True\nappends across renames True\n"; out != want {
+	if want := "appends True\nshell appends True\nlong appender True\nafter metadata True\nin place True\nrewrite True\nappend to rewrite True\nconcurrent 0 True\nrewrite under a reader True b''\nrewrite under an idle holder 100 True\nrewrite under an idle holder 0 True\nappends across renames True True\n"; out != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out, want)
 	}
 
