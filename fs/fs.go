@@ -163,16 +163,32 @@ type FS struct {
 	asyncHeld userCounts
 	asyncCtx  context.Context
 	asyncStop context.CancelFunc
-	// hooks are tests' ways into the windows between a rename's steps
-	// (nil outside tests).
-	hooks struct {
-		// storeRenamed runs in a rename once the store moved the key,
-		// before go-fuse's tree does.
-		storeRenamed func(from, to string)
-		// commitStale runs when a commit first found its file gone from
-		// its name (commitFollowing), before it looks for it again.
-		commitStale func(key string)
-	}
+	// hooks are tests' ways into the windows between a rename's and a
+	// lookup's steps (none outside tests).
+	hooks testHooks
+}
+
+// testHooks are functions tests set before mounting, each run at one
+// step of a call when set.
+type testHooks struct {
+	// storeRenamed runs in a rename once the store moved the key,
+	// before go-fuse's tree does.
+	storeRenamed func(from, to string)
+	// renameWaits runs in a rename before it takes its directories'
+	// locks (renames.Rename).
+	renameWaits func()
+	// lookedUp runs in a lookup that found name in the store, before
+	// go-fuse's tree enters it.
+	lookedUp func(name string)
+	// commitStale runs when a commit first found its file gone from its
+	// name (commitFollowing), before it looks for it again.
+	commitStale func(key string)
+	// rewritten runs once an O_TRUNC writer published its version,
+	// before the shared draft moves onto it (rebaseShared).
+	rewritten func()
+	// settling runs when a call waits for the renames in flight to hold
+	// them off (namesSettled).
+	settling func()
 }
 
 // batchStats count the keys of batch ioctls and where their time went:

@@ -389,6 +389,34 @@ func (n *node) stillThere(ctx context.Context) bool {
 	return found
 }
 
+// versionNow opens the node's file as it is now: at the name the tree
+// gives it, or, when that finds another file or none, again with no
+// rename in flight (namesSettled). Nil when the file has no name (or, in
+// a cluster, another node moved it).
+func (n *node) versionNow(ctx context.Context) *store.Reader {
+	open := func() *store.Reader {
+		key, ok := n.key()
+		if !ok {
+			return nil
+		}
+		r, err := n.fs.st.OpenReader(ctx, key)
+		if err != nil {
+			return nil
+		}
+		if r.Object().Ino != n.StableAttr().Ino {
+			r.Close()
+			return nil
+		}
+		return r
+	}
+	if r := open(); r != nil {
+		return r
+	}
+	var r *store.Reader
+	n.fs.namesSettled(func() { r = open() })
+	return r
+}
+
 // boundKey is a shared draft and its move (Draft.Gen) when the followers
 // of one boundDraft bound to it: a draft that Rebase moved onto other
 // bytes has followers of each.
@@ -565,11 +593,8 @@ func (h *handle) refresh(bound *store.Draft) {
 	kept := b != nil && b.left != nil
 	n.mu.Unlock()
 	var cur *store.Reader
-	if key, ok := n.key(); ok && bound != nil && !kept {
-		if cur, _ = n.fs.st.OpenReader(context.Background(), key); cur != nil && cur.Object().Ino != n.StableAttr().Ino {
-			cur.Close()
-			cur = nil
-		}
+	if bound != nil && !kept {
+		cur = n.versionNow(context.Background())
 	}
 	// One step under n.mu, where follow changes: no read binds h to a
 	// draft between its unbinding and the end of its following
@@ -844,6 +869,9 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 		n.sharedRewrite.CompareAndSwap(shared, 0)
 	}
 	if err == nil && h != nil && h.priv == d {
+		if hook := n.fs.hooks.rewritten; hook != nil {
+			hook()
+		}
 		n.rebaseShared(ctx)
 	}
 	if errors.Is(err, store.ErrStale) {
@@ -866,38 +894,41 @@ func (n *node) rebaseShared(ctx context.Context) {
 	if d == nil || d.Dirty() {
 		return
 	}
-	if key, ok := n.key(); ok {
-		n.rebaseMu.Lock() // From and BaseReader stay as read until Rebase
-		defer n.rebaseMu.Unlock()
-		// Its followers keep the bytes it began from: the rewrite is
-		// another version, not a change of what they read. What it holds
-		// now is left for them before it moves (their reads of it fail
-		// from then on: Draft.ReadAtFrom), as a closing draft leaves what
-		// it published; kept for those that bind to it until it moved
-		// too.
-		// (Counted among them meanwhile, so that it stays for one that
-		// binds now, when the last before it leaves.)
-		k := boundKey{d, d.Gen()}
-		n.mu.Lock()
-		b := n.mu.bound[k]
-		if b == nil {
-			b = n.newBoundLocked(k)
-		}
-		b.followers++
-		n.mu.Unlock()
-		n.leave(d, k.gen, d.BaseReader())
-		d.Rebase(ctx, key)
-		var left *store.Reader
-		n.mu.Lock()
-		if b.followers--; b.followers == 0 {
-			delete(n.mu.bound, k)
-			left = b.left
-		}
-		n.mu.changes++
-		n.mu.Unlock()
-		if left != nil {
-			left.Close()
-		}
+	n.rebaseMu.Lock() // From and BaseReader stay as read until Rebase
+	defer n.rebaseMu.Unlock()
+	// (The version looked up while held: of two rebases, the later one
+	// moves the draft onto the later version.)
+	r := n.versionNow(ctx)
+	if r == nil {
+		return
+	}
+	// Its followers keep the bytes it began from: the rewrite is another
+	// version, not a change of what they read. What it holds now is left
+	// for them before it moves (their reads of it fail from then on:
+	// Draft.ReadAtFrom), as a closing draft leaves what it published;
+	// kept for those that bind to it until it moved too.
+	// (Counted among them meanwhile, so that it stays for one that binds
+	// now, when the last before it leaves.)
+	k := boundKey{d, d.Gen()}
+	n.mu.Lock()
+	b := n.mu.bound[k]
+	if b == nil {
+		b = n.newBoundLocked(k)
+	}
+	b.followers++
+	n.mu.Unlock()
+	n.leave(d, k.gen, d.BaseReader())
+	d.RebaseOnto(r)
+	var left *store.Reader
+	n.mu.Lock()
+	if b.followers--; b.followers == 0 {
+		delete(n.mu.bound, k)
+		left = b.left
+	}
+	n.mu.changes++
+	n.mu.Unlock()
+	if left != nil {
+		left.Close()
 	}
 }
 

@@ -78,7 +78,7 @@ func mountWith(f *FS, dir string) (*Mount, error) {
 		NullPermissions: true,
 	})
 	procs := runtime.GOMAXPROCS(0)
-	server, err := fuse.NewServer(newClosers(renames{raw, &f.renaming, f.moves}), dir, &mo)
+	server, err := fuse.NewServer(newClosers(renames{raw, &f.renaming, f.moves, new(dirLocks), &f.hooks}), dir, &mo)
 	if err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", dir, err)
 	}

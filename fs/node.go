@@ -85,7 +85,7 @@ type node struct {
 	putMu sync.Mutex
 	// rebaseMu makes rebaseShared's leaving of the draft's bytes to its
 	// followers and its move onto the new version one step among those
-	// of other publishes.
+	// of other publishes. Taken before FS.renaming (versionNow).
 	rebaseMu sync.Mutex
 	// metaGen counts setxattr/removexattr of user.mooncake.meta through
 	// this file. A rewrite (an O_TRUNC open, a truncation) drops the meta
@@ -429,6 +429,9 @@ func (n *node) lookup(ctx context.Context, name string, out *fuse.EntryOut) (ch 
 		return nil, toErrno(err)
 	}
 	n.fs.neg.found(n.StableAttr().Ino, name)
+	if hook := n.fs.hooks.lookedUp; hook != nil {
+		hook(name)
+	}
 	ch = n.newChild(ctx, o)
 	n.fs.entryOut(o, ch.Operations().(*node).sizeOf(o), out)
 	return ch, 0

@@ -15,10 +15,41 @@ import (
 // in its tree. In between, node.key still says the old name, which the
 // store no longer has; settledKey waits that out, and so does a call
 // that failed meanwhile on a node under the moving one (afterRenames).
+//
+// It also keeps lookups and renames of one directory apart (dirs): a
+// lookup reads the store, and the bridge then enters what it found in
+// its tree. The kernel sends lookups that revalidate a cached name
+// without the directory's lock, so a whole rename could run in between,
+// and the tree then gave the moved file its old name back (a file as its
+// newest name, a directory for good), which node.key answers until the
+// next rename: a writer's close then committed at a name the store no
+// longer had and its bytes were dropped as a removed file's.
 type renames struct {
 	fuse.RawFileSystem
 	mu    *sync.RWMutex
 	moves *moves
+	dirs  *dirLocks
+	hooks *testHooks
+}
+
+// dirLocks are read-held by a lookup in a directory, from before it
+// reads the store until the bridge entered its answer in the tree, and
+// held by a rename for its old and new directories: a stripe of them a
+// directory, by node ID. (Renames in one directory, or across two, are
+// serialized by the kernel anyway, and so are the lookups it makes with
+// the directory's lock held.)
+type dirLocks [64]sync.RWMutex
+
+func (l *dirLocks) of(dir uint64) *sync.RWMutex { return &l[l.stripe(dir)] }
+
+func (l *dirLocks) stripe(dir uint64) int { return int(dir % uint64(len(l))) }
+
+// Lookup implements fuse.RawFileSystem.
+func (r renames) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
+	l := r.dirs.of(header.NodeId)
+	l.RLock()
+	defer l.RUnlock()
+	return r.RawFileSystem.Lookup(cancel, header, name, out)
 }
 
 // Rename implements fuse.RawFileSystem.
@@ -27,6 +58,19 @@ func (r renames) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newN
 	defer r.moves.end(cancel, req)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
+	// The two directories' stripes, in the array's order (one when they
+	// share it).
+	if r.hooks.renameWaits != nil {
+		r.hooks.renameWaits()
+	}
+	i, j := r.dirs.stripe(in.NodeId), r.dirs.stripe(in.Newdir)
+	i, j = min(i, j), max(i, j)
+	r.dirs[i].Lock()
+	defer r.dirs[i].Unlock()
+	if j != i {
+		r.dirs[j].Lock()
+		defer r.dirs[j].Unlock()
+	}
 	return r.RawFileSystem.Rename(cancel, in, oldName, newName)
 }
 
@@ -206,6 +250,9 @@ func (n *node) settledKey() (string, bool) {
 // that found its file gone from its name and must tell a rename from a
 // removal.
 func (f *FS) namesSettled(fn func()) {
+	if f.hooks.settling != nil {
+		f.hooks.settling()
+	}
 	f.renaming.Lock()
 	defer f.renaming.Unlock()
 	fn()

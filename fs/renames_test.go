@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -141,5 +142,157 @@ func TestCommitFollowsRenameAndBack(t *testing.T) {
 	}
 	if want := []byte("first\nsecond\n"); !bytes.Equal(got, want) {
 		t.Fatalf("after the rename away and back: %q, want %q", got, want)
+	}
+}
+
+// TestLookupDuringRename: a lookup that revalidates a cached name (which
+// the kernel sends without the directory's lock) reads the store, and a
+// whole rename of the file could run before go-fuse's tree entered the
+// answer: the tree then gave the file its old name back, and a writer's
+// close committed there, found nothing and dropped the append (about one
+// in 10,000 appends to a file renamed back and forth while another
+// process stats it, with an entry timeout of 0). The rename now waits
+// for the lookup.
+func TestLookupDuringRename(t *testing.T) {
+	var armed, paused atomic.Bool
+	looked, renameWaiting, renameDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var waitOnce sync.Once
+	f, dir := mountFixture(t, func(mf *FS) {
+		mf.opts.EntryTimeout = 0 // every walk revalidates its names
+		mf.hooks.lookedUp = func(name string) {
+			// The first lookup of log once armed (the stat's) pauses;
+			// others (the rename's own walk) go on.
+			if name != "log" || !armed.Load() || !paused.CompareAndSwap(false, true) {
+				return
+			}
+			close(looked)
+			// The rename runs whole (nothing keeps it from the
+			// directory), or waits for this lookup.
+			select {
+			case <-renameDone:
+			case <-renameWaiting:
+			}
+		}
+		mf.hooks.renameWaits = func() {
+			if armed.Load() {
+				waitOnce.Do(func() { close(renameWaiting) })
+			}
+		}
+	})
+	p, moved := filepath.Join(dir, "log"), filepath.Join(dir, "log.1")
+	if err := os.WriteFile(p, []byte("first\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.WriteString("second\n"); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	statErr := make(chan error, 1)
+	go func() {
+		_, err := os.Stat(p)
+		statErr <- err
+	}()
+	<-looked
+	var renameErr error
+	go func() {
+		defer close(renameDone)
+		renameErr = os.Rename(p, moved)
+	}()
+	if err := <-statErr; err != nil {
+		t.Fatal(err)
+	}
+	<-renameDone
+	if renameErr != nil {
+		t.Fatal(renameErr)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := f.st.Stat(context.Background(), "log.1"); err != nil {
+		t.Fatal(err)
+	} else if o.Size != 13 {
+		t.Fatalf("after the close: %d bytes published at the file's name, want 13", o.Size)
+	}
+	if got, err := os.ReadFile(moved); err != nil || string(got) != "first\nsecond\n" {
+		t.Fatalf("%s: %q, %v", moved, got, err)
+	}
+}
+
+// TestRewriteDuringRename: an O_TRUNC rewrite of a file that another
+// process holds open read-write without writing moves that holder's
+// shared draft onto the new version (rebaseShared), else the next append
+// through it would publish the old content over the rewrite. A rename
+// between the rewrite's commit and that move made the move look for the
+// file at a name the store no longer had, and it kept the old content:
+// about 3% of rewrites then appends while another thread renamed the
+// file back and forth lost the rewrite. The move now finds the file
+// with the renames in flight done.
+func TestRewriteDuringRename(t *testing.T) {
+	var armed atomic.Bool
+	moved, resume := make(chan struct{}), make(chan struct{})
+	var resumeOnce sync.Once
+	release := func() { resumeOnce.Do(func() { close(resume) }) }
+	renameErr := make(chan error, 1)
+	var dir string
+	_, dir = mountFixture(t, func(mf *FS) {
+		mf.hooks.rewritten = func() {
+			if !armed.CompareAndSwap(true, false) {
+				return
+			}
+			// A rename of the file starts, and its store step is done
+			// before the shared draft looks for the new version.
+			go func() { renameErr <- os.Rename(filepath.Join(dir, "f"), filepath.Join(dir, "g")) }()
+			select {
+			case <-moved:
+			case err := <-renameErr:
+				renameErr <- err
+			}
+		}
+		mf.hooks.storeRenamed = func(from, to string) {
+			if to == "g" {
+				close(moved)
+				<-resume
+			}
+		}
+		mf.hooks.settling = release
+	})
+	defer release() // (a rename left waiting would hold the unmount)
+	p, q := filepath.Join(dir, "f"), filepath.Join(dir, "g")
+	if err := os.WriteFile(p, []byte("old\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	armed.Store(true)
+	if err := os.WriteFile(p, []byte("new\n"), 0o644); err != nil { // O_TRUNC
+		t.Fatal(err)
+	}
+	release()
+	if armed.Load() {
+		t.Fatal("the rewrite's hook did not run")
+	}
+	if err := <-renameErr; err != nil {
+		t.Fatal(err)
+	}
+	a, err := os.OpenFile(q, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.WriteString("appended\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(q); err != nil || string(got) != "new\nappended\n" {
+		t.Fatalf("%s: %q, %v; want the rewrite and the append", q, got, err)
 	}
 }

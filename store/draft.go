@@ -178,6 +178,13 @@ func (d *Draft) Rebase(ctx context.Context, key string) bool {
 	if err != nil {
 		return false
 	}
+	return d.RebaseOnto(r)
+}
+
+// RebaseOnto is Rebase onto r, a version of the draft's file the caller
+// opened (its file found by the caller, wherever renames took it). It
+// takes r over, and closes it unless the draft keeps it.
+func (d *Draft) RebaseOnto(r *Reader) bool {
 	if r.Object().Ino != d.ino {
 		r.Close()
 		return false
