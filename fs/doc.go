@@ -140,8 +140,8 @@
 // waits: it must not wait for anything that process holds.
 //
 // Renames (renames.go): a rename holds FS.renaming shared and then its
-// directories' stripes of dirLocks; a lookup holds its directory's stripe
-// shared. A call that found its file gone from its name looks again with
+// directories' dirLocks, the lower node ID's first; a lookup holds its
+// directory's shared. A call that found its file gone from its name looks again with
 // FS.renaming held (namesSettled), after any handle, node.rebaseMu or
 // draft lock it holds, never after node.mu; nothing under it waits for a
 // rename or a FUSE request.

@@ -34,21 +34,58 @@ type renames struct {
 
 // dirLocks are read-held by a lookup in a directory, from before it
 // reads the store until the bridge entered its answer in the tree, and
-// held by a rename for its old and new directories: a stripe of them a
-// directory, by node ID. (Renames in one directory, or across two, are
-// serialized by the kernel anyway, and so are the lookups it makes with
-// the directory's lock held.)
-type dirLocks [64]sync.RWMutex
+// held by a rename for its old and new directories: one lock a directory
+// in use, by node ID, so that a long rename (of a directory of many
+// entries) holds off lookups in its own directories only. (Renames in
+// one directory, or across two, are serialized by the kernel anyway, and
+// so are the lookups it makes with the directory's lock held.)
+type dirLocks struct {
+	shards [64]struct {
+		mu sync.Mutex
+		m  map[uint64]*dirLock
+	}
+}
 
-func (l *dirLocks) of(dir uint64) *sync.RWMutex { return &l[l.stripe(dir)] }
+// dirLock is one directory's lock and how many calls hold or wait for it.
+type dirLock struct {
+	sync.RWMutex
+	refs int
+}
 
-func (l *dirLocks) stripe(dir uint64) int { return int(dir % uint64(len(l))) }
+// get returns directory id's lock, counted in until put.
+func (l *dirLocks) get(id uint64) *dirLock {
+	sh := &l.shards[id%uint64(len(l.shards))]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	d := sh.m[id]
+	if d == nil {
+		if sh.m == nil {
+			sh.m = map[uint64]*dirLock{}
+		}
+		d = &dirLock{}
+		sh.m[id] = d
+	}
+	d.refs++
+	return d
+}
+
+// put counts a call out of directory id's lock d, which goes once none
+// is in.
+func (l *dirLocks) put(id uint64, d *dirLock) {
+	sh := &l.shards[id%uint64(len(l.shards))]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if d.refs--; d.refs == 0 {
+		delete(sh.m, id)
+	}
+}
 
 // Lookup implements fuse.RawFileSystem.
 func (r renames) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	l := r.dirs.of(header.NodeId)
-	l.RLock()
-	defer l.RUnlock()
+	d := r.dirs.get(header.NodeId)
+	defer r.dirs.put(header.NodeId, d)
+	d.RLock()
+	defer d.RUnlock()
 	return r.RawFileSystem.Lookup(cancel, header, name, out)
 }
 
@@ -58,18 +95,21 @@ func (r renames) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newN
 	defer r.moves.end(cancel, req)
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	// The two directories' stripes, in the array's order (one when they
-	// share it).
 	if r.hooks.renameWaits != nil {
 		r.hooks.renameWaits()
 	}
-	i, j := r.dirs.stripe(in.NodeId), r.dirs.stripe(in.Newdir)
-	i, j = min(i, j), max(i, j)
-	r.dirs[i].Lock()
-	defer r.dirs[i].Unlock()
-	if j != i {
-		r.dirs[j].Lock()
-		defer r.dirs[j].Unlock()
+	// The two directories' locks, the lower node ID's first (one when
+	// they are the same).
+	lo, hi := min(in.NodeId, in.Newdir), max(in.NodeId, in.Newdir)
+	dl := r.dirs.get(lo)
+	defer r.dirs.put(lo, dl)
+	dl.Lock()
+	defer dl.Unlock()
+	if hi != lo {
+		dh := r.dirs.get(hi)
+		defer r.dirs.put(hi, dh)
+		dh.Lock()
+		defer dh.Unlock()
 	}
 	return r.RawFileSystem.Rename(cancel, in, oldName, newName)
 }
