@@ -368,25 +368,19 @@ func (n *node) retire(ctx context.Context, d *store.Draft) bool {
 	return false
 }
 
-// stillThere says whether the node's file still has a name: looked up by
-// the name the tree gives it, and once that finds nothing, again with no
-// rename in flight (namesSettled), since the store moves a file before
-// the tree does and a look between them misses it. In a cluster, where
-// another node's rename moves nothing in this tree, the index says
-// whether the inode has a name anywhere (keyOfIno).
+// stillThere says whether the node's file still has a name: its version
+// now (versionNow) or, in a cluster, where another node's rename moves
+// nothing in this tree, any name the index has for the inode (keyOfIno).
 func (n *node) stillThere(ctx context.Context) bool {
-	if o, _ := n.object(ctx); o != nil {
+	if r := n.versionNow(ctx); r != nil {
+		r.Close()
 		return true
 	}
-	found := false
-	n.fs.namesSettled(func() {
-		o, _ := n.object(ctx)
-		found = o != nil
-	})
-	if !found && n.fs.opts.Cluster {
-		_, found = n.fs.keyOfIno(ctx, n.StableAttr().Ino)
+	if n.fs.opts.Cluster {
+		_, found := n.fs.keyOfIno(ctx, n.StableAttr().Ino)
+		return found
 	}
-	return found
+	return false
 }
 
 // versionNow opens the node's file as it is now: at the name the tree
