@@ -508,16 +508,24 @@ func (n *node) commitFollowing(ctx context.Context, opts *store.CommitOptions, c
 	}
 	for i := 0; errors.Is(err, store.ErrStale) && i < maxFollows; i++ {
 		found := false
-		n.fs.namesSettled(func() {
-			now, ok := n.key()
-			if ok && i > 0 {
-				now, ok = n.fs.keyOfIno(ctx, n.StableAttr().Ino)
-			}
-			if found = ok; ok {
+		if i == 0 {
+			n.fs.namesSettled(func() {
+				var now string
+				if now, found = n.key(); found {
+					opts.Key = now
+					o, err = commit()
+				}
+			})
+		} else {
+			// Another node moved it: the index's scan and the commit
+			// there run with renames free to go on (a local one shows on
+			// the next look).
+			var now string
+			if now, found = n.fs.keyOfIno(ctx, n.StableAttr().Ino); found {
 				opts.Key = now
 				o, err = commit()
 			}
-		})
+		}
 		if !found || !n.fs.opts.Cluster {
 			break
 		}

@@ -412,7 +412,7 @@ func (n *node) versionNow(ctx context.Context) *store.Reader {
 }
 
 // boundKey is a shared draft and its move (Draft.Gen) when the followers
-// of one boundDraft bound to it: a draft that Rebase moved onto other
+// of one boundDraft bound to it: a draft that RebaseOnto moved onto other
 // bytes has followers of each.
 type boundKey struct {
 	d   *store.Draft
@@ -875,7 +875,7 @@ func (n *node) publish(ctx context.Context, d *store.Draft, h *handle) error {
 }
 
 // rebaseShared moves the shared draft, while it has no changes of its
-// own, onto the file's version now (Draft.Rebase), after a writer with a
+// own, onto the file's version now (Draft.RebaseOnto), after a writer with a
 // draft of its own published or a put by name replaced the file: an
 // O_RDWR descriptor kept open without writing (a lock file, a process
 // that may write later) would otherwise keep the draft on the version
@@ -888,7 +888,7 @@ func (n *node) rebaseShared(ctx context.Context) {
 	if d == nil || d.Dirty() {
 		return
 	}
-	n.rebaseMu.Lock() // From and BaseReader stay as read until Rebase
+	n.rebaseMu.Lock() // From and BaseReader stay as read until RebaseOnto
 	defer n.rebaseMu.Unlock()
 	// (The version looked up while held: of two rebases, the later one
 	// moves the draft onto the later version.)

@@ -44,9 +44,9 @@ type Draft struct {
 	dirty atomic.Bool // differs from the version it started from
 	mu    struct {
 		sync.Mutex
-		from     BytesID // the bytes it started from, or Rebase moved it onto
+		from     BytesID // the bytes it started from, or RebaseOnto moved it onto
 		last     BytesID // the bytes it committed last, else from (Continues)
-		gen      uint64  // Rebase moves made (Continues)
+		gen      uint64  // RebaseOnto moves made (Continues)
 		base     *Reader // unmodified base version, nil once copied
 		own      bool    // the draft has its own extents
 		ext      []segment.Extent
@@ -162,28 +162,16 @@ func (d *Draft) BaseReader() *Reader {
 	return d.mu.base.Dup()
 }
 
-// Rebase starts a draft that has no changes of its own anew from the
-// current version of key, when that is a later version of the same file
-// (a writer of its own published one since the draft began): the draft's
+// RebaseOnto starts a draft that has no changes of its own anew from r,
+// the current version of its file as the caller found it (wherever
+// renames took it), when that is a later version of the same file (a
+// writer of its own published one since the draft began): the draft's
 // writers then go on from what they would find in the file they share
 // on tmpfs, and its readers read that. It reports whether it did. A draft
 // with changes of its own keeps them (its commit replaces the version:
 // the last close wins), and so does a closed or failed draft, or one
-// whose key now holds another file or none.
-func (d *Draft) Rebase(ctx context.Context, key string) bool {
-	if d.dirty.Load() {
-		return false // (checked again below, held: no lookup for it)
-	}
-	r, err := d.s.OpenReader(ctx, key)
-	if err != nil {
-		return false
-	}
-	return d.RebaseOnto(r)
-}
-
-// RebaseOnto is Rebase onto r, a version of the draft's file the caller
-// opened (its file found by the caller, wherever renames took it). It
-// takes r over, and closes it unless the draft keeps it.
+// that r is another file's version of. It takes r over, and closes it
+// unless the draft keeps it.
 func (d *Draft) RebaseOnto(r *Reader) bool {
 	if r.Object().Ino != d.ino {
 		r.Close()
@@ -873,7 +861,7 @@ func (w *Writes) Wait() []error {
 }
 
 // Holds says whether the draft's bytes are now exactly the bytes id: it
-// changed nothing since it started from them (or Rebase moved it onto
+// changed nothing since it started from them (or RebaseOnto moved it onto
 // them), and committed nothing either. A reader of id then reads what
 // the draft would give it.
 func (d *Draft) Holds(id BytesID) bool {
@@ -895,7 +883,7 @@ func (d *Draft) ReadAt(ctx context.Context, p []byte, off uint64) (int, error) {
 }
 
 // Continues says whether the draft's bytes continue the bytes id (it
-// started from them, Rebase moved it onto them, or it committed them
+// started from them, RebaseOnto moved it onto them, or it committed them
 // last), and since which of its moves (gen, for ReadAtGen).
 func (d *Draft) Continues(id BytesID) (gen uint64, ok bool) {
 	d.mu.Lock()
@@ -904,14 +892,14 @@ func (d *Draft) Continues(id BytesID) (gen uint64, ok bool) {
 }
 
 // Last returns the bytes the draft committed last (else those it started
-// from) and its Rebase moves so far, closed or not.
+// from) and its RebaseOnto moves so far, closed or not.
 func (d *Draft) Last() (BytesID, uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.mu.last, d.mu.gen
 }
 
-// Gen is the count of the draft's Rebase moves.
+// Gen is the count of the draft's RebaseOnto moves.
 func (d *Draft) Gen() uint64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -919,14 +907,14 @@ func (d *Draft) Gen() uint64 {
 }
 
 // ReadAtGen is ReadAt for a reader of bytes the draft continued at its
-// move gen (Continues): once Rebase moved it again, onto other bytes, it
+// move gen (Continues): once RebaseOnto moved it again, onto other bytes, it
 // reads nothing and fails with ErrMoved.
 func (d *Draft) ReadAtGen(ctx context.Context, p []byte, off uint64, gen uint64) (int, error) {
 	return d.readAt(ctx, p, off, &gen)
 }
 
 func (d *Draft) readAt(ctx context.Context, p []byte, off uint64, gen *uint64) (int, error) {
-	d.rw.RLock() // Rebase holds it alone
+	d.rw.RLock() // RebaseOnto holds it alone
 	defer d.rw.RUnlock()
 	d.mu.Lock()
 	if d.mu.closed {

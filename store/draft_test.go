@@ -1181,7 +1181,7 @@ func TestKillSUID(t *testing.T) {
 	}
 }
 
-// Rebase moves a draft without changes of its own onto the version a
+// RebaseOnto moves a draft without changes of its own onto the version a
 // writer of its own published since it began, and leaves one with
 // changes, or one whose key holds another file, as it is.
 func TestDraftRebase(t *testing.T) {
@@ -1193,7 +1193,7 @@ func TestDraftRebase(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shared.Close()
-	if shared.Rebase(ctx, "f") {
+	if rebaseAt(t, s, shared, "f") {
 		t.Fatal("rebased onto the version it began from")
 	}
 	rewrite := func(data string) {
@@ -1211,7 +1211,7 @@ func TestDraftRebase(t *testing.T) {
 		}
 	}
 	rewrite("NEWER\n")
-	if !shared.Rebase(ctx, "f") {
+	if !rebaseAt(t, s, shared, "f") {
 		t.Fatal("a clean draft did not move onto the new version")
 	}
 	if got := string(readDraft(t, shared)); got != "NEWER\n" || shared.Size() != 6 {
@@ -1221,7 +1221,7 @@ func TestDraftRebase(t *testing.T) {
 		t.Fatal(err)
 	}
 	rewrite("v3\n")
-	if shared.Rebase(ctx, "f") {
+	if rebaseAt(t, s, shared, "f") {
 		t.Fatal("a draft with changes of its own was rebased")
 	}
 	if got := string(readDraft(t, shared)); got != "XEWER\n" {
@@ -1237,13 +1237,13 @@ func TestDraftRebase(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.put(t, "f", []byte("another file\n"))
-	if other.Rebase(ctx, "f") {
+	if rebaseAt(t, s, other, "f") {
 		t.Fatal("rebased onto another file")
 	}
 }
 
 // An append through a clean draft that a rewrite moves meanwhile
-// (Rebase) lands at the end of one version or the other: after the old
+// (RebaseOnto) lands at the end of one version or the other: after the old
 // version's bytes (the append came first, and the draft keeps it) or
 // after the new one's, never at the old end inside the new bytes, nor
 // past the new end with zeros between.
@@ -1277,7 +1277,7 @@ func TestDraftAppendDuringRebase(t *testing.T) {
 				t.Error(err)
 			}
 		})
-		shared.Rebase(ctx, "f")
+		rebaseAt(t, s, shared, "f")
 		wg.Wait()
 		if got := string(readDraft(t, shared)); got != short+"A\n" && got != long+"A\n" {
 			t.Fatalf("round %d: the draft holds %q, want %q or %q", i, got, short+"A\n", long+"A\n")
@@ -1316,4 +1316,15 @@ func TestDraftAppendDuringTruncate(t *testing.T) {
 		}
 		shared.Close()
 	}
+}
+
+// rebaseAt rebases d onto key's current version, as the daemon does once
+// it found the draft's file: false when key holds nothing.
+func rebaseAt(t *testing.T, s *testStore, d *store.Draft, key string) bool {
+	t.Helper()
+	r, err := s.OpenReader(context.Background(), key)
+	if err != nil {
+		return false
+	}
+	return d.RebaseOnto(r)
 }
