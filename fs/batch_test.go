@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -359,7 +360,7 @@ func reportKeyWork(b *testing.B, f *FS) func() {
 // finds the index, the bodies and the allocator cold, as a GPU call's
 // commit after a long wait does.
 func BenchmarkBatchPutSize(b *testing.B) {
-	benchPutBlocks(b, []int{16 << 10, 256 << 10, 1 << 20}, 4, 2)
+	benchPutBlocks(b, putBlocks{sizes: []int{16 << 10, 256 << 10, 1 << 20}, calls: 4, room: 2})
 }
 
 // BenchmarkBatchPutGrow is BenchmarkBatchPutSize in a store that fills
@@ -368,32 +369,68 @@ func BenchmarkBatchPutSize(b *testing.B) {
 // heap shows in B/op; the body table's leaves were 2 KiB of it a 1 MiB
 // value).
 func BenchmarkBatchPutGrow(b *testing.B) {
-	benchPutBlocks(b, []int{16 << 10, 1 << 20}, 48, 2)
+	benchPutBlocks(b, putBlocks{sizes: []int{16 << 10, 1 << 20}, calls: 48, room: 2})
 }
 
-// benchPutBlocks puts new keys of each size, 64 a call from the caller's
-// memory, into a store of room times what calls calls put, and removes
-// each calls calls' keys after them, untimed.
-func benchPutBlocks(b *testing.B, sizes []int, calls, room int) {
-	for _, size := range sizes {
+// BenchmarkBatchPutCold is BenchmarkBatchPutSize's 16 KiB keys, 16 or
+// 64 a call, each call after the CPU's caches are filled with other
+// data (untimed): what a call costs when the daemon's code and data are
+// all cold, as the first calls of a burst and a GPU call's commit after
+// its copies' long wait find them. On the dev VM (Intel Xeon, 2026-12-08)
+// the work a key went from 1.2-1.6 us to 2.2-3.7 at 64 keys a call and
+// from 2.3 to 4.8-5.9 at 16: about 37 us a call and 0.8 us a key more
+// when cold, the shape of the GPU host's 1 MiB puts (2.7-3.3 us a key,
+// every call of their short passes cold). Run it with -benchtime 200x:
+// each call's eviction takes a few hundred milliseconds.
+func BenchmarkBatchPutCold(b *testing.B) {
+	for _, per := range []int{16, 64} {
+		b.Run(fmt.Sprint(per, "keys"), func(b *testing.B) {
+			benchPutBlocks(b, putBlocks{sizes: []int{16 << 10}, calls: 4, room: 2, per: per, cold: true})
+		})
+	}
+}
+
+// putBlocks is what benchPutBlocks puts: new keys of each size, per a
+// call (64 if 0), into a store of room times what calls calls put, each
+// calls calls' keys removed after them; with cold, each call after
+// evictCaches.
+type putBlocks struct {
+	sizes            []int
+	calls, room, per int
+	cold             bool
+}
+
+// benchPutBlocks runs o's calls from the caller's memory, the removals
+// and evictions untimed.
+func benchPutBlocks(b *testing.B, o putBlocks) {
+	per := o.per
+	if per == 0 {
+		per = 64
+	}
+	for _, size := range o.sizes {
 		b.Run(fmt.Sprint(size>>10, "KiB"), func(b *testing.B) {
-			fx := newFixtureWith(b, room*calls*64*size+(64<<20), true)
+			fx := newFixtureWith(b, o.room*o.calls*per*size+(64<<20), true)
 			ctx := context.Background()
 			if _, err := fx.st.Mkdir(ctx, "a", &store.Object{Mode: 0o755}); err != nil {
 				b.Fatal(err)
 			}
 			data := bytes.Repeat([]byte{7}, size)
-			entries := make([]batchEntry, 64)
+			entries := make([]batchEntry, per)
 			b.ReportAllocs()
 			defer reportKeyWork(b, fx.root.fs)()
 			for i := 0; b.Loop(); i++ {
 				for k := range entries {
-					entries[k] = batchEntry{key: fmt.Sprintf("a/n%d", i*64+k), data: data}
+					entries[k] = batchEntry{key: fmt.Sprintf("a/n%d", i*per+k), data: data}
+				}
+				if o.cold {
+					b.StopTimer()
+					evictCaches()
+					b.StartTimer()
 				}
 				runBatch(b, fx, true, entries)
-				if i%calls == calls-1 {
+				if i%o.calls == o.calls-1 {
 					b.StopTimer()
-					for j := (i - calls + 1) * 64; j < (i+1)*64; j++ {
+					for j := (i - o.calls + 1) * per; j < (i+1)*per; j++ {
 						if err := fx.st.Delete(ctx, fmt.Sprintf("a/n%d", j), 0); err != nil {
 							b.Fatal(err)
 						}
@@ -402,6 +439,30 @@ func benchPutBlocks(b *testing.B, sizes []int, calls, room int) {
 				}
 			}
 		})
+	}
+}
+
+// evictBuf is evictCaches' memory: twice the last-level cache that
+// sysfs reports (256 MiB where it reports none), 64 MiB to 1 GiB.
+var evictBuf = sync.OnceValue(func() []byte {
+	n := uint64(128 << 20)
+	if raw, err := os.ReadFile("/sys/devices/system/cpu/cpu0/cache/index3/size"); err == nil {
+		if k, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(string(raw)), "K"), 10, 64); err == nil {
+			n = k << 10
+		}
+	}
+	return make([]byte, min(max(2*n, 64<<20), 1<<30))
+})
+
+// evictCaches writes a byte of every line of evictBuf three times over,
+// leaving the caches full of it: a single pass of a stream, which caches
+// that resist scans keep from most of their ways, evicts little.
+func evictCaches() {
+	buf := evictBuf()
+	for range 3 {
+		for i := 0; i < len(buf); i += 64 {
+			buf[i]++
+		}
 	}
 }
 
