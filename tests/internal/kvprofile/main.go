@@ -6,7 +6,11 @@
 // kv-put-host cases do (table calls of up to ioctl.BatchCallKeys keys),
 // registered once, into MOUNTDIR itself under names led by the pass's
 // number; -pass sets the bytes of a pass (as few keys a pass as a
-// bench repetition's keep the daemon's index small, as there).
+// bench repetition's keep the daemon's index small, as there). A pass
+// goes as one client batch, as the bench sends it; -batch N cuts it into
+// client calls of N keys, one after the other. A client call of 64 keys
+// or fewer is one call to the daemon, so with such an N a phase's calls
+// in flight never overlap.
 // Unlike the bench, whose daemon spends most of a repetition setting up
 // and checking, the daemon here does nothing else, so a CPU profile and a
 // runtime trace taken during a phase (from the daemon's --metrics
