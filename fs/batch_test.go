@@ -374,14 +374,14 @@ func BenchmarkBatchPutGrow(b *testing.B) {
 
 // BenchmarkBatchPutCold is BenchmarkBatchPutSize's 16 KiB keys, 16 or
 // 64 a call, each call after the CPU's caches are filled with other
-// data (untimed): what a call costs when the daemon's code and data are
-// all cold, as the first calls of a burst and a GPU call's commit after
-// its copies' long wait find them. On the dev VM (Intel Xeon, 2026-12-08)
-// the work a key went from 1.2-1.6 us to 2.2-3.7 at 64 keys a call and
-// from 2.3 to 4.8-5.9 at 16: about 37 us a call and 0.8 us a key more
-// when cold, the shape of the GPU host's 1 MiB puts (2.7-3.3 us a key,
-// every call of their short passes cold). Run it with -benchtime 200x:
-// each call's eviction takes a few hundred milliseconds.
+// data (untimed): what a call costs when its data, and its code beyond
+// the first-level cache, are cold, as the first calls of a burst find
+// them. On the dev VM (Intel Xeon, 2026-12-08) the work a key went from
+// 1.2-1.6 us to 2.1-3.7 at 64 keys a call and from 2.3 to 4.8-5.9 at 16:
+// about 36 us a call and 0.8 us a key more when cold. Run it with
+// -benchtime 100x: each eviction writes a buffer of twice the
+// last-level cache three times over (about 0.1 s there), and the buffer
+// stays on the heap for the benchmarks run after it.
 func BenchmarkBatchPutCold(b *testing.B) {
 	for _, per := range []int{16, 64} {
 		b.Run(fmt.Sprint(per, "keys"), func(b *testing.B) {
